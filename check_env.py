@@ -1,0 +1,43 @@
+"""Print the versions, backend and devices this project runs on; exit 1 with one line if something is missing.
+
+    python check_env.py
+"""
+
+from __future__ import annotations
+
+import importlib
+import platform
+import sys
+from importlib.metadata import PackageNotFoundError, version
+
+REQUIRED = {  # distribution name -> module to import
+    "jax": "jax", "jaxlib": "jaxlib", "equinox": "equinox", "optax": "optax", "orbax-checkpoint": "orbax.checkpoint",
+    "chex": "chex", "hydra-core": "hydra", "datasets": "datasets", "tokenizers": "tokenizers", "tiktoken": "tiktoken",
+    "wandb": "wandb", "tensorboardX": "tensorboardX", "tqdm": "tqdm", "python-dotenv": "dotenv",
+}
+
+
+def main() -> int:
+    missing = []
+    print(f"python        {platform.python_version()} ({sys.executable})")
+    for dist, module in REQUIRED.items():
+        try:
+            importlib.import_module(module)
+            print(f"{dist:<13} {version(dist)}")
+        except (ImportError, PackageNotFoundError) as e:
+            missing.append(f"{dist} ({type(e).__name__}: {e})")
+    if missing:
+        print(f"error: missing packages: {'; '.join(missing)}. Run `source activate_env.sh`", file=sys.stderr)
+        return 1
+    import jax
+
+    devices = jax.devices()
+    kinds = sorted({d.device_kind for d in devices})
+    print(f"backend       {jax.default_backend()}")
+    print(f"devices       {len(devices)} ({', '.join(kinds)}), {jax.local_device_count()} local, "
+          f"process {jax.process_index()} of {jax.process_count()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""Model registry: `model.arch` names a builder `(run config, vocab_size, key) -> model`."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+from models.gpt import GPT, GPTConfig
+from training.errors import ConfigError
+
+
+def build_gpt(cfg: Any, vocab_size: int, key: jax.Array) -> GPT:
+    return GPT.init(gpt_config(cfg.model, vocab_size, resolve_attention(cfg.model.attention, cfg.system.dtype)), key)
+
+
+def gpt_config(model_cfg: Any, vocab_size: int, attention: str = "xla") -> GPTConfig:
+    """The static model description from the `model` config section and the tokenizer's vocab size."""
+    m = model_cfg
+    return GPTConfig(vocab_size=vocab_size, n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd,
+                     context_size=m.context_size, dropout=m.dropout, bias=m.bias, vocab_multiple=m.vocab_multiple,
+                     attention=attention, remat=m.remat, scan_layers=m.scan_layers)
+
+
+@functools.cache
+def resolve_attention(requested: str, dtype: str) -> str:
+    """`auto` -> cuDNN's fused attention where it runs (NVIDIA GPU, 16-bit compute), else XLA's."""
+    backend = jax.default_backend()
+    if requested == "xla":
+        return "xla"
+    works = backend == "gpu" and _cudnn_attention_runs(dtype)
+    if requested == "cudnn" and not works:
+        why = f"the backend is {backend}" if backend != "gpu" else f"cuDNN rejects {dtype} attention here"
+        raise ConfigError(f"config: model.attention: cudnn is not available ({why}); use model.attention=auto or xla")
+    return "cudnn" if works else "xla"
+
+
+def _cudnn_attention_runs(dtype: str) -> bool:
+    try:
+        q = jnp.zeros((1, 128, 2, 64), jnp.dtype(dtype))
+        jax.block_until_ready(jax.nn.dot_product_attention(q, q, q, is_causal=True, implementation="cudnn"))
+        return True
+    except Exception:  # unsupported dtype, GPU generation or cuDNN version: XLA's attention is the fallback
+        return False
+
+
+MODEL_BUILDERS: dict[str, Callable[[Any, int, jax.Array], Any]] = {"gpt2": build_gpt}

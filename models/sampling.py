@@ -1,0 +1,70 @@
+"""Sampling from a trained model: temperature, top-k, top-p, stop at <EOS>, seedable.
+
+`generate_no_cache` recomputes the whole window for every new token: simple, and the reference the KV-cached decoder
+is checked against.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def sample_logits(logits_BV: jax.Array, key: jax.Array, temperature: float, top_k: int | None, top_p: float | None
+                  ) -> jax.Array:
+    """One token id per row. temperature 0 = greedy; top_k / top_p keep the k most likely ids / the smallest set
+    whose probability reaches p."""
+    logits_BV = logits_BV.astype(jnp.float32)
+    if temperature == 0.0:
+        return jnp.argmax(logits_BV, axis=-1)
+    logits_BV = logits_BV / temperature
+    if top_k is not None and top_k > 0:
+        kth = jax.lax.top_k(logits_BV, min(top_k, logits_BV.shape[-1]))[0][:, -1:]
+        logits_BV = jnp.where(logits_BV < kth, -jnp.inf, logits_BV)
+    if top_p is not None and top_p < 1.0:
+        sorted_desc = jnp.sort(logits_BV, axis=-1)[:, ::-1]
+        cumulative = jnp.cumsum(jax.nn.softmax(sorted_desc, axis=-1), axis=-1)
+        # the smallest logit still inside the nucleus: keep every id at least that likely
+        cutoff_index = jnp.sum(cumulative < top_p, axis=-1, keepdims=True)
+        cutoff = jnp.take_along_axis(sorted_desc, cutoff_index, axis=-1)
+        logits_BV = jnp.where(logits_BV < cutoff, -jnp.inf, logits_BV)
+    return jax.random.categorical(key, logits_BV, axis=-1)
+
+
+@eqx.filter_jit
+def _next_token(model: Any, window_BC: jax.Array, lengths_B: jax.Array, key: jax.Array, temperature: float,
+                top_k: int | None, top_p: float | None) -> jax.Array:
+    logits_BCV = model(window_BC)
+    last_BV = jnp.take_along_axis(logits_BCV, (lengths_B - 1)[:, None, None], axis=1)[:, 0]
+    return sample_logits(last_BV, key, temperature, top_k, top_p)
+
+
+def generate_no_cache(model: Any, prompts: list[list[int]], max_new_tokens: int, *, temperature: float = 1.0,
+                      top_k: int | None = None, top_p: float | None = None, seed: int = 0,
+                      eos_id: int | None = None) -> list[list[int]]:
+    """Continue each prompt by up to `max_new_tokens` ids (fewer once a row emits `eos_id`). Prompts may differ in
+    length; when a sequence outgrows the context, the model sees its last `context_size` tokens."""
+    context = model.cfg.context_size
+    key = jax.random.PRNGKey(seed)
+    sequences = [list(p) for p in prompts]
+    done = [False] * len(prompts)
+    for _ in range(max_new_tokens):
+        window = np.zeros((len(sequences), context), np.int32)
+        lengths = np.zeros(len(sequences), np.int32)
+        for row, seq in enumerate(sequences):
+            tail = seq[-context:]
+            window[row, : len(tail)] = tail
+            lengths[row] = len(tail)
+        key, step_key = jax.random.split(key)
+        next_ids = np.asarray(_next_token(model, window, lengths, step_key, temperature, top_k, top_p))
+        for row, token in enumerate(next_ids):
+            if not done[row]:
+                sequences[row].append(int(token))
+                done[row] = eos_id is not None and int(token) == eos_id
+        if all(done):
+            break
+    return [seq[len(p):] for seq, p in zip(sequences, prompts)]

@@ -1,0 +1,47 @@
+"""Learning-rate schedules built from optax: a linear warmup joined to a decay shape, with a floor `min_lr`.
+
+Step s (0-based) of a warmup of w steps uses lr * (s + 1) / w, so the first step learns (lr / w, not 0) and step w - 1
+reaches the peak. The decay then runs from step w to `max_steps`:
+  constant          lr throughout
+  linear            lr -> min_lr in a straight line
+  cosine            lr -> min_lr along half a cosine
+  trapezoid         lr until the last decay_fraction of the steps, then linearly to min_lr (warmup-stable-decay)
+  piecewise_linear  straight lines through (boundaries[i], boundary_lrs[i]), counted from the end of the warmup
+Past `max_steps` every schedule holds its final value.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optax
+
+
+def build_schedule(lr_cfg: Any, total_steps: int) -> optax.Schedule:
+    """`total_steps`: the schedule's length (optimizer steps), `lr_config.max_steps` or else `train.max_steps`."""
+    peak, floor, warmup = lr_cfg.lr, lr_cfg.min_lr, lr_cfg.warmup
+    decay_steps = max(total_steps - warmup, 1)
+    name = lr_cfg.name
+    if name == "constant":
+        decay = optax.constant_schedule(peak)
+    elif name == "linear":
+        decay = optax.linear_schedule(peak, floor, decay_steps)
+    elif name == "cosine":
+        decay = optax.cosine_decay_schedule(peak, decay_steps, alpha=floor / peak if peak > 0 else 0.0)
+    elif name == "trapezoid":
+        cooldown = max(round(lr_cfg.decay_fraction * total_steps), 1)
+        stable = max(decay_steps - cooldown, 0)
+        decay = optax.join_schedules(
+            [optax.constant_schedule(peak), optax.linear_schedule(peak, floor, cooldown)], [stable]
+        )
+    elif name == "piecewise_linear":
+        points = [(0, peak)] + list(zip(lr_cfg.boundaries, lr_cfg.boundary_lrs))
+        pieces = [optax.linear_schedule(v0, v1, s1 - s0) for (s0, v0), (s1, v1) in zip(points, points[1:])]
+        pieces.append(optax.constant_schedule(points[-1][1]))
+        decay = optax.join_schedules(pieces, [s for s, _ in points[1:]])
+    else:
+        raise ValueError(f"unknown schedule {name!r}")
+    if warmup == 0:
+        return decay
+    ramp = optax.linear_schedule(peak / warmup, peak, max(warmup - 1, 0))
+    return optax.join_schedules([ramp, decay], [warmup])

@@ -1,0 +1,99 @@
+"""Benchmark the train step of a config: N timed steps after warm-up, one JSON line out.
+
+    python scripts/bench.py [--steps 20] [--warmup 3] [hydra overrides ...]
+    python scripts/bench.py --steps 20 model=gpt2-mini dataset.tokenizer=byte train.batch_size=16
+
+Each timed step is synchronised (block_until_ready), so ms/step is the device time of one step plus dispatch; the
+median is reported. Batches come from the real data pipeline, prepared before timing. Reported: tokens/s, ms/step
+(median, min, max), compile seconds, MFU where the device's peak is known, peak memory where the backend reports it,
+device kind and a config summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import jax  # noqa: E402
+
+import train_jax  # noqa: E402
+from models.gpt import count_params  # noqa: E402
+from training import config as config_lib  # noqa: E402
+from training.errors import PipelineError  # noqa: E402
+from training.flops import flops_per_token, mfu, peak_flops  # noqa: E402
+from training.sharding import put_batch  # noqa: E402
+
+
+def bench(overrides: list[str], steps: int, warmup: int) -> dict:
+    cfg = config_lib.load_config(overrides)
+    config_lib.validate(cfg, jax.local_device_count())
+    p = train_jax.build(cfg)
+    mesh, data, state, train_step = p.mesh, p.data, p.state, p.train_step
+    batches = [put_batch(data.train.batch(s), mesh) for s in range(warmup + steps)]
+
+    t0 = time.perf_counter()
+    state, metrics = train_step(state, batches[0])
+    jax.block_until_ready(metrics)
+    compile_s = time.perf_counter() - t0
+    for b in batches[1:warmup]:
+        state, metrics = train_step(state, b)
+    jax.block_until_ready(metrics)
+    times = []
+    for b in batches[warmup:]:
+        t = time.perf_counter()
+        state, metrics = train_step(state, b)
+        jax.block_until_ready(metrics)
+        times.append(time.perf_counter() - t)
+
+    context = config_lib.context_size(cfg)
+    tokens_per_step = data.train.global_batch * context
+    median = statistics.median(times)
+    tokens_per_s = tokens_per_step / median
+    device = jax.devices()[0]
+    peak = peak_flops(device.device_kind, cfg.system.dtype, cfg.system.get("peak_flops"))
+    stats = device.memory_stats() or {}
+    return {
+        "tokens_per_s": round(tokens_per_s, 1),
+        "ms_per_step_median": round(1000 * median, 2),
+        "ms_per_step_min": round(1000 * min(times), 2),
+        "ms_per_step_max": round(1000 * max(times), 2),
+        "compile_s": round(compile_s, 2),
+        "mfu": None if peak is None else round(mfu(tokens_per_s, state.model, context, peak, len(mesh.devices.flat)), 4),
+        "peak_memory_bytes": stats.get("peak_bytes_in_use"),
+        "device_kind": device.device_kind,
+        "num_devices": len(mesh.devices.flat),
+        "steps_timed": steps,
+        "loss_last": float(metrics["loss"]),
+        "config": {
+            "model": cfg.model.name, "n_layer": cfg.model.n_layer, "n_embd": cfg.model.n_embd,
+            "n_head": cfg.model.n_head, "context": context, "vocab": p.tokenizer.vocab_size,
+            "params": count_params(state.model), "flops_per_token": flops_per_token(state.model, context),
+            "global_batch": data.train.global_batch, "grad_accum_steps": cfg.train.grad_accum_steps,
+            "dtype": cfg.system.dtype, "sharding": cfg.system.sharding, "remat": cfg.model.remat,
+            "scan_layers": cfg.model.scan_layers, "attention": state.model.cfg.attention,
+            "optimizer": cfg.optimizer.name,
+        },
+    }
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    args, overrides = parser.parse_known_args(argv)
+    try:
+        print(json.dumps(bench(overrides, args.steps, max(args.warmup, 1))), flush=True)
+    except PipelineError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The test suite, exactly as CI runs it. Extra arguments go to pytest, e.g.: bash scripts/test.sh -k resume
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source activate_env.sh
+python check_env.py
+python -m pytest "$@"

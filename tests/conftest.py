@@ -1,0 +1,16 @@
+"""Test set-up: 8 simulated CPU devices, wandb offline and quiet, one shared data cache per session."""
+
+import os
+
+# Before JAX starts: 8 host devices, so sharded and single-device runs can be compared in one process.
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+os.environ.setdefault("WANDB_SILENT", "true")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def data_cache(tmp_path_factory) -> str:
+    """Tokenised datasets and trained tokenizers, shared by every test (and their subprocesses)."""
+    return str(tmp_path_factory.mktemp("data-cache"))

@@ -1,0 +1,58 @@
+"""Config is checked at the door: each bad value exits 2 with one line naming the key, before anything runs."""
+
+import pytest
+
+import train_jax
+from helpers import run_cli, tiny_overrides
+from training.config import load_config
+
+BAD_CONFIGS = [
+    (["train.foo=1"], "unknown key 'train.foo'"),
+    (["+nonsense=1"], "unknown key 'nonsense'"),
+    (["train.batch_size=abc"], "train.batch_size"),
+    (["optimizer.lr_config.lr=-0.1"], "optimizer.lr_config.lr: must be >= 0"),
+    (["model.n_head=5"], "model.n_embd: 64 is not divisible by model.n_head=5"),
+    (["dataset.context_size=128"], "dataset.context_size: 128 must be in [1, model.context_size=64]"),
+    (["system.num_devices=null", "train.batch_size=12"], "train.batch_size: 12 is not divisible by the 8 local devices"),
+    (["train.grad_accum_steps=0"], "train.grad_accum_steps: must be >= 1"),
+    (["model=gpt3"], "model=gpt3 does not exist; choose one of gpt2, gpt2-large"),
+    (["optimizer=adamw", "optimizer/lr_config=exponential"], "optimizer/lr_config=exponential does not exist"),
+    (["optimizer.name=adagrad"], "optimizer.name: must be one of adamw"),
+    (["train.max_training_hours=-1"], "train.max_training_hours: must be > 0"),
+    (["checkpoint.save_steps=[10,-5]"], "checkpoint.save_steps"),
+    (["checkpoint.load=True"], "checkpoint.load_path"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", BAD_CONFIGS, ids=[o[0][-1] for o in BAD_CONFIGS])
+def test_bad_config_exits_2_with_one_line_naming_the_key(overrides, message, tmp_path, capsys, data_cache):
+    run_dir = tmp_path / "run"
+    code = train_jax.run(tiny_overrides(data_cache, f"logging.run_dir={run_dir}", *overrides))
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("error: config: ") and message in err, err
+    assert not run_dir.exists(), "nothing is written for a bad config"
+
+
+def test_bad_config_from_the_command_line_has_no_traceback(tmp_path):
+    result = run_cli(["train.foo=1", f"logging.run_dir={tmp_path}/run"], timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: config: unknown key 'train.foo' (python train_jax.py --cfg lists every key)"
+    ]
+
+
+def test_overrides_and_groups_compose_like_hydra():
+    cfg = load_config(["model=gpt2", "optimizer=sgdm", "optimizer/lr_config=linear", "optimizer.lr_config.lr=0.5",
+                       "train.batch_size=4"])
+    assert (cfg.model.n_layer, cfg.model.n_embd, cfg.model.context_size) == (12, 768, 1024)
+    assert cfg.optimizer.name == "sgdm" and cfg.optimizer.momentum == 0.9
+    assert cfg.optimizer.lr_config.name == "linear" and cfg.optimizer.lr_config.lr == 0.5
+    assert cfg.train.batch_size == 4
+
+
+def test_config_is_read_only_once_loaded():
+    cfg = load_config([])
+    with pytest.raises(Exception):
+        cfg.train.batch_size = 3

@@ -1,0 +1,119 @@
+"""Data: deterministic splits, packing with <EOS>, and batches that are a pure function of (seed, step, process)."""
+
+import numpy as np
+import pytest
+
+from data.packing import EvalBatches, TrainBatches, tokenize_split
+from data.sources import load_corpus, split_of, stdlib_files
+from data.tokenizers import ByteTokenizer
+from training.config import load_config
+from training.errors import DataError
+
+PAD = 257
+
+
+def stream(n=5000, seed=0):
+    return np.random.default_rng(seed).integers(0, 256, n).astype(np.uint16)
+
+
+def test_split_is_a_stable_hash_of_the_identity():
+    labels = [split_of(f"pkg/file{i}.py", 0.1, 0.1) for i in range(5000)]
+    assert labels == [split_of(f"pkg/file{i}.py", 0.1, 0.1) for i in range(5000)]
+    share = {name: labels.count(name) / len(labels) for name in ("train", "val", "test")}
+    assert abs(share["val"] - 0.1) < 0.02 and abs(share["test"] - 0.1) < 0.02
+
+
+def test_pystdlib_holds_out_whole_packages_as_extra_validation_splits(data_cache):
+    cfg = load_config([f"dataset.cache_dir={data_cache}", "dataset.extra_val_splits=[json,email]"])
+    corpus = load_corpus(cfg.dataset)
+    assert set(corpus) == {"train", "val", "test", "json", "email"}
+    root, files = stdlib_files()
+    json_files = {str(p) for p in files if p.relative_to(root).parts[0] == "json"}
+    assert len(corpus["json"]) == len(json_files)
+    assert "site-packages" not in str(files) and not any("/test/" in str(p) for p in files)
+    assert sum(len(corpus[s]) for s in corpus) == len(files)  # every file in exactly one split
+    joined = "".join(corpus["train"]["text"])
+    assert "class JSONDecoder" not in joined  # json/decoder.py lives in the json split only
+
+
+def test_tokenize_split_joins_documents_with_eos(data_cache):
+    import datasets
+
+    docs = datasets.Dataset.from_dict({"text": ["ab", "", "c"]})
+    tokens = tokenize_split(docs, ByteTokenizer(), num_proc=1)
+    assert tokens.tolist() == [97, 98, 256, 99, 256]  # the empty row is not a document
+
+
+def test_train_batch_is_a_pure_function_of_seed_and_step():
+    a = TrainBatches(stream(), 16, 4, 1, 0, 1, seed=3, pad_id=PAD)
+    b = TrainBatches(stream(), 16, 4, 1, 0, 1, seed=3, pad_id=PAD)
+    for step in (0, 7, 100, 5):
+        for key in ("inputs", "targets", "loss_mask"):
+            np.testing.assert_array_equal(a.batch(step)[key], b.batch(step)[key])
+    c = TrainBatches(stream(), 16, 4, 1, 0, 1, seed=4, pad_id=PAD)
+    assert not np.array_equal(a.batch(0)["inputs"], c.batch(0)["inputs"])
+
+
+def test_batch_shapes_and_targets_are_inputs_shifted():
+    data = stream()
+    batches = TrainBatches(data, 16, 4, 2, 0, 1, seed=0, pad_id=PAD)
+    batch = batches.batch(3)
+    assert batch["inputs"].shape == (2, 4, 16) and batch["inputs"].dtype == np.int32
+    np.testing.assert_array_equal(batch["inputs"][..., 1:], batch["targets"][..., :-1])
+    assert batch["loss_mask"].min() == 1.0  # packed pretraining data has no padding
+
+
+def test_processes_slice_the_single_process_batch():
+    full = TrainBatches(stream(), 16, 8, 2, 0, 1, seed=0, pad_id=PAD).batch(5)
+    parts = [TrainBatches(stream(), 16, 4, 2, p, 2, seed=0, pad_id=PAD).batch(5) for p in range(2)]
+    np.testing.assert_array_equal(np.concatenate([p["inputs"] for p in parts], axis=1), full["inputs"])
+
+
+def test_accumulated_micro_batches_are_the_big_batch():
+    micro = TrainBatches(stream(), 16, 4, 3, 0, 1, seed=0, pad_id=PAD).batch(2)["inputs"]
+    big = TrainBatches(stream(), 16, 12, 1, 0, 1, seed=0, pad_id=PAD).batch(2)["inputs"]
+    np.testing.assert_array_equal(micro.reshape(1, 12, 16), big)
+
+
+def test_an_epoch_visits_every_window_once():
+    data = np.arange(16 * 50 + 40, dtype=np.int64) % 60000  # distinct values identify windows
+    batches = TrainBatches(data.astype(np.uint16), 16, 5, 1, 0, 1, seed=1, pad_id=PAD)
+    starts = []
+    for step in range(batches.num_windows // 5):
+        starts.extend(batches.batch(step)["inputs"][0, :, 0].tolist())
+    assert len(set(starts)) == len(starts) == (batches.num_windows // 5) * 5
+    assert all(s % 16 == starts[0] % 16 for s in starts)  # one epoch, one offset
+
+
+def test_eval_batches_are_fixed_and_padded():
+    data = stream(16 * 10 + 1)
+    ev = EvalBatches(data, 16, 4, num_batches=5, process_index=0, process_count=1, pad_id=PAD)
+    batches = list(ev)
+    assert len(batches) == len(ev) == 3  # all 10 windows, in batches of 4
+    np.testing.assert_array_equal(batches[0]["inputs"][0], data[:16])
+    assert batches[2]["loss_mask"][:2].min() == 1 and batches[2]["loss_mask"][2:].max() == 0
+    again = list(EvalBatches(data, 16, 4, 5, 0, 1, PAD))
+    np.testing.assert_array_equal(again[1]["targets"], batches[1]["targets"])
+
+
+def test_eval_windows_spread_over_the_whole_split():
+    data = np.arange(16 * 100 + 1, dtype=np.int64).astype(np.uint16)
+    ev = EvalBatches(data, 16, 5, num_batches=2, process_index=0, process_count=1, pad_id=PAD)
+    starts = np.concatenate([b["inputs"][:, 0] for b in ev])
+    np.testing.assert_array_equal(starts, np.arange(10) * 160)  # 10 of 100 windows, every 10th
+
+
+def test_text_files_source_reads_the_users_files(tmp_path, data_cache):
+    for i in range(40):
+        (tmp_path / f"doc{i}.txt").write_text(f"document number {i}\n" * 20)
+    cfg = load_config(["dataset=text_files", f"dataset.files=[{tmp_path}/*.txt]", f"dataset.cache_dir={data_cache}",
+                       "dataset.val_fraction=0.2", "dataset.test_fraction=0.1"])
+    corpus = load_corpus(cfg.dataset)
+    assert sum(len(v) for v in corpus.values()) == 40
+    assert len(corpus["val"]) > 0 and len(corpus["train"]) > len(corpus["val"])
+
+
+def test_text_files_that_match_nothing_fail_clearly(tmp_path):
+    cfg = load_config(["dataset=text_files", f"dataset.files=[{tmp_path}/missing/*.txt]"])
+    with pytest.raises(DataError, match="matches no file"):
+        load_corpus(cfg.dataset)

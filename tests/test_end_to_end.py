@@ -1,0 +1,86 @@
+"""The command line end to end, in real subprocesses: train, log everywhere, sample; offline Hub datasets fail clearly."""
+
+import json
+
+import pytest
+
+from helpers import read_metrics, run_cli, tiny_overrides
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory, data_cache):
+    run_dir = tmp_path_factory.mktemp("e2e") / "run"
+    result = run_cli(tiny_overrides(data_cache, f"logging.run_dir={run_dir}", "logging.wandb=offline",
+                                    "train.max_steps=40", "train.eval_interval=20", "train.log_interval=5",
+                                    "optimizer.lr_config.lr=3e-3"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir, result
+
+
+def test_tiny_run_loss_falls(tiny_run):
+    run_dir, _ = tiny_run
+    train = read_metrics(run_dir, "train")
+    assert [r["step"] for r in train] == list(range(5, 41, 5))
+    assert train[-1]["loss"] < train[0]["loss"] - 1.0
+    val = read_metrics(run_dir, "val")
+    assert [r["step"] for r in val] == [20, 40] and val[1]["loss"] < val[0]["loss"]
+    for key in ("lr", "grad_norm", "tokens_per_s", "ms_per_step", "tokens_seen", "elapsed_s", "remaining_s"):
+        assert key in train[-1]
+
+
+def test_every_validation_split_reports_loss_perplexity_and_bytes(tiny_run):
+    run_dir, result = tiny_run
+    final = {r["split"]: r for r in read_metrics(run_dir) if r["step"] == 40 and r["split"] != "train"}
+    assert set(final) == {"val", "email", "asyncio", "json"}
+    for r in final.values():
+        assert r["perplexity"] == pytest.approx(2.718281828 ** r["loss"], rel=1e-6)
+        assert r["bits_per_byte"] == pytest.approx(r["nats_per_byte"] / 0.693147, rel=1e-4)
+    assert "final evaluation at step 40" in result.stdout
+    for split in final:
+        assert f"\n{split} " in result.stdout
+
+
+def test_run_writes_wandb_offline_and_tensorboard_files(tiny_run):
+    run_dir, _ = tiny_run
+    offline_runs = list((run_dir / "wandb").glob("offline-run-*"))
+    assert len(offline_runs) == 1 and list(offline_runs[0].glob("*.wandb"))
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    tags = events.Tags()["scalars"]
+    for tag in ("train/loss", "train/lr", "train/tokens_per_s", "val/loss", "val/perplexity", "json/loss"):
+        assert tag in tags, tags
+    assert [e.step for e in events.Scalars("val/loss")] == [20, 40]
+    assert list((run_dir / "tensorboard").rglob("hparams*")) or list((run_dir / "tensorboard").rglob("*tfevents*"))
+
+
+def test_run_saves_config_and_checkpoint(tiny_run):
+    run_dir, _ = tiny_run
+    assert (run_dir / "config.yaml").read_text().startswith("mode: train")
+    steps = sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
+    assert steps[-1] == 40
+    meta = json.loads((run_dir / "checkpoints" / "40" / "meta" / "metadata").read_text())
+    assert meta["step"] == 40 and meta["tokenizer"] == {"kind": "byte"} and meta["config"]["model"]["name"] == "gpt2-tiny"
+
+
+def test_sample_script_generates_from_the_run(tiny_run):
+    run_dir, _ = tiny_run
+    result = run_cli([str(run_dir), "--prompt", "def ", "--max-new-tokens", "20", "--seed", "1"],
+                     script="scripts/sample.py", timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    body = result.stdout.split("-" * 60)[1]
+    assert body.strip().startswith("def") and len(body.strip()) > len("def")
+
+
+def test_hub_dataset_offline_fails_with_one_line(tmp_path):
+    result = run_cli(["dataset=wikitext2", f"dataset.cache_dir={tmp_path}/cache", f"logging.run_dir={tmp_path}/run",
+                      "logging.wandb=disabled", "system.num_devices=1"], timeout=120,
+                     env={"HF_HUB_OFFLINE": "1"})
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert lines[0].startswith("error: dataset Salesforce/wikitext (wikitext-2-raw-v1)")
+    assert "dataset=pystdlib" in lines[0]

@@ -1,0 +1,76 @@
+"""Tokenizers round-trip text, rebuild from their JSON description, and fail clearly when GPT-2's files are missing."""
+
+import json
+
+import numpy as np
+import pytest
+
+from data.tokenizers import BpeTokenizer, ByteTokenizer, Gpt2Tokenizer, build_tokenizer, tokenizer_from_json
+from training.errors import DataError
+
+TEXTS = [
+    "def f(x):\n    return x ** 2  # square\n",
+    "Unicode: héllo wörld, ✓, 日本語, emoji 🎹\n\ttabs\tand  spaces",
+    "a document that mentions <EOS>, <PAD> and <GENAI> as plain text",
+    "",
+]
+
+
+@pytest.fixture(scope="module")
+def bpe(tmp_path_factory):
+    corpus = [t * 20 for t in TEXTS] + [open(json.__file__).read()]
+    return build_tokenizer("bpe", bpe_vocab_size=400, train_texts=corpus, corpus_fingerprint="test",
+                           cache_dir=str(tmp_path_factory.mktemp("tok")))
+
+
+@pytest.mark.parametrize("kind", ["byte", "bpe"])
+def test_round_trip_and_json_rebuild(kind, bpe):
+    tok = ByteTokenizer() if kind == "byte" else bpe
+    rebuilt = tokenizer_from_json(json.loads(json.dumps(tok.to_json())))
+    for text in TEXTS:
+        ids = tok.encode(text)
+        assert tok.decode(ids) == text
+        assert rebuilt.encode(text) == ids
+    assert rebuilt.vocab_size == tok.vocab_size and rebuilt.special_ids == tok.special_ids
+
+
+@pytest.mark.parametrize("kind", ["byte", "bpe"])
+def test_special_token_names_in_text_stay_text(kind, bpe):
+    tok = ByteTokenizer() if kind == "byte" else bpe
+    ids = tok.encode("x <EOS> y <GENAI>")
+    assert not set(ids) & set(tok.special_ids.values())
+    assert tok.decode([tok.eos_id]) == "<EOS>" and tok.decode([tok.genai_id]) == "<GENAI>"
+
+
+@pytest.mark.parametrize("kind", ["byte", "bpe"])
+def test_token_byte_lengths_add_up_to_the_utf8_length(kind, bpe):
+    tok = ByteTokenizer() if kind == "byte" else bpe
+    lengths = tok.token_byte_lengths()
+    assert lengths.shape == (tok.vocab_size,)
+    for text in TEXTS:
+        assert int(lengths[np.asarray(tok.encode(text), int)].sum()) == len(text.encode("utf-8"))
+    assert all(lengths[i] == 0 for i in tok.special_ids.values())
+
+
+def test_bpe_compresses_and_is_cached(bpe, tmp_path):
+    text = TEXTS[0] * 5
+    assert len(bpe.encode(text)) < len(text.encode()) / 2
+    cache = tmp_path / "cache"
+    first = build_tokenizer("bpe", bpe_vocab_size=300, train_texts=TEXTS * 10, corpus_fingerprint="c1", cache_dir=str(cache))
+    files = list((cache / "tokenizers").iterdir())
+    assert len(files) == 1
+    second = build_tokenizer("bpe", bpe_vocab_size=300, train_texts=iter(()), corpus_fingerprint="c1", cache_dir=str(cache))
+    assert second.to_json() == first.to_json()  # read back, not retrained on the (empty) texts
+
+
+def test_gpt2_tokenizer_offline_fails_with_one_actionable_line(monkeypatch, tmp_path):
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))  # an empty cache: tiktoken must download
+    try:
+        tok = Gpt2Tokenizer()
+    except DataError as e:
+        message = str(e)
+        assert "\n" not in message
+        assert "tokenizer gpt2" in message and "dataset.tokenizer=bpe" in message and "TIKTOKEN_CACHE_DIR" in message
+    else:  # a machine that can reach the internet: then the real tokenizer must work
+        ids = tok.encode("Hello world")
+        assert tok.decode(ids) == "Hello world" and tok.vocab_size == 50259

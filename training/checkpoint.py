@@ -1,0 +1,218 @@
+"""Checkpoints through Orbax: one directory per step holding the train state's arrays and a JSON metadata item.
+
+    <save_path>/config.yaml          the run's config (what `checkpoint.overwrite_config=False` restores)
+    <save_path>/<step>/model/        the parameters (the Equinox model's arrays)
+    <save_path>/<step>/opt_state/    the optimizer state, incl. MultiSteps' accumulator and any loss scale
+    <save_path>/<step>/progress/     step and PRNG key
+    <save_path>/<step>/meta/         JSON: step, tokens seen, losses, config, tokenizer, wandb id, versions, ...
+
+The three array items together are the whole TrainState; they are separate so that a run can take the weights alone
+(`init_from`, `checkpoint.overwrite_optimizer=True`) even when its optimizer state has another structure.
+
+Saves are asynchronous: `save` returns once the arrays are copied off the devices and Orbax commits in the background.
+A step directory only appears under its final name once complete, so a save interrupted by `kill -9` is never listed.
+Kept: the `max_to_keep` most recent checkpoints, the best one by main validation loss, and the steps listed in
+`checkpoint.save_steps` when it is a list. No pickle anywhere: arrays are Orbax/TensorStore, the rest is JSON/YAML.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import absl.logging
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import orbax.checkpoint as ocp
+from orbax.checkpoint import checkpoint_managers as policies
+
+from training.errors import CheckpointError
+
+absl.logging.set_verbosity(absl.logging.ERROR)  # Orbax reports routine events (read-only opens, ...) as warnings
+
+PARTS = ("model", "opt_state", "progress")  # the TrainState, split by what a restore may want
+META = "meta"
+
+
+def _val_loss(metrics: dict) -> float:
+    return metrics["val_loss"]
+
+
+class Checkpointer:
+    def __init__(self, directory: str | Path, max_to_keep: int | None = None, keep_steps: list[int] | None = None,
+                 read_only: bool = False) -> None:
+        self.directory = Path(directory).absolute()
+        keep = [policies.LatestN(max_to_keep), policies.BestN(get_metric_fn=_val_loss, reverse=True, n=1,
+                                                               keep_checkpoints_without_metrics=False)]
+        if keep_steps:
+            keep.append(policies.CustomSteps(list(keep_steps)))
+        options = ocp.CheckpointManagerOptions(
+            best_fn=_val_loss,  # lets best_step() rank by metric (else it silently returns the latest step)
+            best_mode="min",
+            preservation_policy=None if read_only else policies.AnyPreservationPolicy(keep),
+            enable_async_checkpointing=not read_only,
+            create=not read_only,
+            read_only=read_only,
+        )
+        self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=PARTS + (META,))
+
+    # -- writing ---------------------------------------------------------------------------------------------------
+    def save(self, state: Any, meta: dict, val_loss: float | None = None) -> bool:
+        """Start an async save of `state` at its step. Refuses (returns False) when a parameter is not finite."""
+        if not bool(_all_finite(eqx.filter(state.model, eqx.is_array))):
+            return False
+        step = int(state.step)
+        if step in self._manager.all_steps():
+            return True  # already saved (e.g. an eval and the end of the run fall on the same step)
+        self._manager.save(
+            step,
+            args=ocp.args.Composite(
+                **{part: ocp.args.StandardSave(arrays) for part, arrays in _parts(state).items()},
+                **{META: ocp.args.JsonSave(meta)},
+            ),
+            metrics={"val_loss": val_loss} if val_loss is not None and math.isfinite(val_loss) else None,
+            force=True,
+        )
+        return True
+
+    def wait(self) -> None:
+        self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        self._manager.wait_until_finished()
+        self._manager.close()
+
+    # -- reading ---------------------------------------------------------------------------------------------------
+    def steps(self) -> list[int]:
+        return sorted(self._manager.all_steps())
+
+    def resolve(self, load_file: str) -> int:
+        """`latest`, `best` or a step number -> a step that exists here."""
+        steps = self.steps()
+        if not steps:
+            raise CheckpointError(f"checkpoint.load_path: {self.directory} holds no complete checkpoint")
+        if load_file == "latest":
+            return steps[-1]
+        if load_file == "best":
+            best = self._manager.best_step()
+            return best if best is not None else steps[-1]
+        step = int(load_file)
+        if step not in steps:
+            raise CheckpointError(
+                f"checkpoint.load_file: step {step} is not in {self.directory}; it has {', '.join(map(str, steps))}"
+            )
+        return step
+
+    def read_meta(self, step: int) -> dict:
+        path = self.directory / str(step) / META / "metadata"
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise CheckpointError(
+                f"checkpoint {self.directory}/{step}: metadata unreadable ({type(e).__name__}); corrupt or truncated?"
+            ) from None
+
+    def restore(self, step: int, like: Any, parts: tuple[str, ...] = PARTS) -> Any:
+        """`like` (a TrainState on the target devices) with `parts` replaced by the checkpoint's at `step`.
+
+        Arrays come back in the shardings of `like`'s, whatever device layout the checkpoint was written with.
+        """
+        restored = {part: self._restore_part(step, part, arrays) for part, arrays in _parts(like).items()
+                    if part in parts}
+        model = eqx.combine(restored["model"], like.model) if "model" in restored else like.model
+        progress = restored.get("progress", {"step": like.step, "key": like.key})
+        opt_state = restored.get("opt_state", like.opt_state)
+        return type(like)(step=progress["step"], model=model, opt_state=opt_state, key=progress["key"])
+
+    def restore_model(self, step: int, like: Any) -> Any:
+        """Only the parameters, into the structure and shardings of the model `like` (sampling, export); `like` may
+        be abstract (ShapeDtypeStruct leaves with shardings), so the full model is never built twice."""
+        is_leaf = lambda x: isinstance(x, (jax.Array, jax.ShapeDtypeStruct))  # noqa: E731
+        restored = self._restore_part(step, "model", eqx.filter(like, is_leaf))
+        return eqx.combine(restored, eqx.filter(like, is_leaf, inverse=True))
+
+    def _restore_part(self, step: int, part: str, arrays: Any) -> Any:
+        target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), arrays)
+        try:
+            return self._manager.restore(step, args=ocp.args.Composite(**{part: ocp.args.StandardRestore(target)}))[part]
+        except Exception as e:  # TensorStore/Orbax raise many types for missing, damaged or mismatched files
+            reason = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+            hint = {"model": "a different model, or a corrupt/truncated checkpoint",
+                    "opt_state": "a different optimizer? checkpoint.overwrite_optimizer=True starts a fresh one",
+                    "progress": "corrupt or truncated?"}[part]
+            raise CheckpointError(f"checkpoint {self.directory}/{step}: its {part} does not restore ({hint}): {reason}"
+                                  ) from None
+
+
+@jax.jit
+def _all_finite(tree: Any) -> jax.Array:
+    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]
+    return jnp.all(jnp.stack(leaves))
+
+
+def _parts(state: Any) -> dict[str, Any]:
+    return {
+        "model": eqx.filter(state.model, eqx.is_array),
+        "opt_state": state.opt_state,
+        "progress": {"step": state.step, "key": state.key},
+    }
+
+
+def find_checkpoint_dir(path: str | Path) -> Path:
+    """`load_path` may name the checkpoint directory itself or the run directory that holds `checkpoints/`."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise CheckpointError(f"checkpoint.load_path: {p} does not exist")
+    if not p.is_dir():
+        raise CheckpointError(f"checkpoint.load_path: {p} is not a directory")
+    if (p / "checkpoints").is_dir() and not (p / "config.yaml").exists():
+        return p / "checkpoints"
+    if (p / "checkpoints").is_dir() and any(c.name.isdigit() for c in (p / "checkpoints").iterdir()):
+        return p / "checkpoints"
+    return p
+
+
+def holds_checkpoints(path: Path) -> bool:
+    return path.is_dir() and (any(c.name.isdigit() for c in path.iterdir()) or (path / "config.yaml").exists())
+
+
+def checkpoint_meta(cfg: Any, plan: Any, tokenizer: Any, step: int, tokens_seen: int, train_loss: float,
+                    val_loss: float | None, best_val_loss: float, wandb_id: str | None, time_trained_s: float) -> dict:
+    """The JSON item saved beside the arrays: enough to resume, evaluate, sample or audit without the run's logs."""
+    from training.config import as_dict
+
+    return {
+        "step": step,
+        "tokens_seen": tokens_seen,
+        "train_loss": _finite_or_none(train_loss),
+        "val_loss": _finite_or_none(val_loss),
+        "best_val_loss": _finite_or_none(min(best_val_loss, val_loss if val_loss is not None else math.inf)),
+        "config": as_dict(cfg),
+        "tokenizer": tokenizer.to_json(),
+        "wandb_id": wandb_id,
+        "run_dir": str(plan.run_dir),
+        "time_trained_s": time_trained_s,
+        "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "versions": package_versions(),
+    }
+
+
+def _finite_or_none(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) else None
+
+
+def package_versions() -> dict[str, str]:
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for name in ("jax", "jaxlib", "equinox", "optax", "orbax-checkpoint", "tokenizers", "datasets"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            pass
+    return out

@@ -1,0 +1,357 @@
+"""The run configuration: typed schema (Hydra structured configs), composition from conf/, one validation pass.
+
+Values live in conf/*.yaml; types and defaults live here. `load_config(overrides)` composes the YAML with Hydra's
+override grammar (`model=gpt2 optimizer/lr_config=cosine train.batch_size=8`), merges it onto the schema (unknown
+keys and wrong types fail there), then `validate` checks values. Every failure is a `ConfigError` whose message names
+the key. The config is never mutated afterwards; derived values (global batch, decay steps) are computed where used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from training.errors import ConfigError
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+
+@dataclass
+class DatasetConfig:
+    name: str = "pystdlib"  # label used in run names
+    source: str = "pystdlib"  # pystdlib | text_files | hf
+    tokenizer: str = "bpe"  # byte | bpe | gpt2
+    bpe_vocab_size: int = 4096  # bpe only: size including the byte alphabet and special tokens
+    context_size: Optional[int] = None  # tokens per training window; null = model.context_size
+    val_fraction: float = 0.05  # sources without their own splits: share of documents held out per split
+    test_fraction: float = 0.05
+    extra_val_splits: list[str] = field(default_factory=list)  # pystdlib: packages held out whole, one split each
+    files: list[str] = field(default_factory=list)  # text_files: paths, directories or globs
+    hf_path: Optional[str] = None  # hf: Hub dataset id, e.g. Salesforce/wikitext
+    hf_name: Optional[str] = None  # hf: dataset config name, e.g. wikitext-2-raw-v1
+    text_column: str = "text"
+    train_split: str = "train"
+    val_split: Optional[str] = "validation"  # hf: null = hold out val_fraction of the train split
+    test_split: Optional[str] = "test"
+    streaming: bool = False  # hf: stream instead of downloading the whole dataset (needs max_documents)
+    max_documents: Optional[int] = None  # cap on documents per split (streamed corpora: documents read in all)
+    num_proc: int = 2  # processes for tokenising with datasets.map
+    cache_dir: str = ".cache"  # tokenised datasets, trained tokenizers
+
+
+@dataclass
+class ModelConfig:
+    name: str = "gpt2-mini"
+    arch: str = "gpt2"
+    n_layer: int = 6
+    n_head: int = 6
+    n_embd: int = 384
+    context_size: int = 256
+    dropout: float = 0.0
+    bias: bool = True
+    vocab_multiple: int = 64
+    attention: str = "auto"  # auto | xla | cudnn
+    remat: str = "none"  # none | block | full
+    scan_layers: bool = True
+
+
+@dataclass
+class LrConfig:
+    name: str = "cosine"  # constant | linear | cosine | trapezoid | piecewise_linear
+    lr: float = 1e-3  # peak learning rate
+    warmup: int = 0  # steps of linear warmup; the first step's lr is lr / warmup, never 0
+    min_lr: float = 0.0  # floor reached at the end of the decay
+    max_steps: Optional[int] = None  # schedule length; null = train.max_steps
+    decay_fraction: float = 0.2  # trapezoid: share of the steps spent in the final linear decay
+    boundaries: list[int] = field(default_factory=list)  # piecewise_linear: steps after warmup ...
+    boundary_lrs: list[float] = field(default_factory=list)  # ... and the lr reached at each of them
+
+
+@dataclass
+class OptimizerConfig:
+    name: str = "adamw"  # adamw | adam | sgdm | nadam | rmsprop | lion | muon
+    lr_config: LrConfig = field(default_factory=LrConfig)
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.1  # decoupled; matrices only (adamw, lion, muon, sgdm)
+    momentum: float = 0.9  # sgdm, rmsprop, muon
+    nesterov: bool = False  # sgdm, muon
+    decay: float = 0.9  # rmsprop: squared-gradient averaging
+    adam_lr_ratio: float = 1.0  # muon: lr of the AdamW part relative to the Muon part
+    grad_clip: float = 1.0  # global-norm clipping threshold; 0 = off
+
+
+@dataclass
+class TrainConfig:
+    seed: int = 0
+    batch_size: int = 16  # sequences per micro-batch per process, split over the process's devices
+    grad_accum_steps: int = 1  # micro-batches per optimizer step (optax.MultiSteps)
+    max_steps: int = 1000  # optimizer steps
+    max_training_hours: Optional[float] = None  # stop (and checkpoint) after this much wall time
+    eval_interval: int = 100  # steps between evaluations (and one at the end)
+    eval_iters: int = 20  # batches per validation split per evaluation
+    log_interval: int = 10  # steps between log lines
+    skip_nonfinite: bool = False  # true: skip updates whose gradient is NaN/Inf; false: stop the run there
+
+
+@dataclass
+class LoggingConfig:
+    run_dir: Optional[str] = None  # null = runs/<name>-<timestamp>
+    name: Optional[str] = None  # null = <model.name>-<dataset.name>
+    wandb: str = "offline"  # online | offline | disabled
+    wandb_project: str = "gpt-jax"
+    wandb_entity: Optional[str] = None
+    tensorboard: bool = True
+    progress: str = "auto"  # auto (a bar on a terminal, lines otherwise) | bar | lines
+
+
+@dataclass
+class CheckpointConfig:
+    save: bool = True
+    save_path: Optional[str] = None  # null = <run_dir>/checkpoints
+    save_steps: Any = None  # int = every N steps, list = at these steps, null = only latest/best/final
+    max_to_keep: Optional[int] = 3  # periodic checkpoints kept besides latest and best; null = all
+    load: bool = False
+    load_path: Optional[str] = None
+    load_file: str = "latest"  # latest | best | <step>
+    overwrite_config: bool = False
+    overwrite_optimizer: bool = False
+
+
+@dataclass
+class SystemConfig:
+    dtype: str = "float32"  # compute dtype: float32 | bfloat16 | float16
+    sharding: str = "dp"  # dp (replicated params) | fsdp (sharded params and optimizer state)
+    num_devices: Optional[int] = None  # local devices to use; null = all
+    peak_flops: Optional[float] = None  # per-device peak FLOP/s for MFU; null = from the table of known devices
+
+
+@dataclass
+class Config:
+    mode: str = "train"  # train | eval (evaluate a checkpoint on every validation split and the test split)
+    init_from: Optional[str] = None  # a checkpoint (or run) dir: start from its weights, fresh optimizer, step 0
+    dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    system: SystemConfig = field(default_factory=SystemConfig)
+
+
+ConfigStore.instance().store(name="base_config", node=Config)
+
+CHOICES = {
+    "mode": ("train", "eval"),
+    "dataset.source": ("pystdlib", "text_files", "hf"),
+    "dataset.tokenizer": ("byte", "bpe", "gpt2"),
+    "model.arch": ("gpt2",),
+    "model.attention": ("auto", "xla", "cudnn"),
+    "model.remat": ("none", "block", "full"),
+    "optimizer.name": ("adamw", "adam", "sgdm", "nadam", "rmsprop", "lion", "muon"),
+    "optimizer.lr_config.name": ("constant", "linear", "cosine", "trapezoid", "piecewise_linear"),
+    "logging.wandb": ("online", "offline", "disabled"),
+    "logging.progress": ("auto", "bar", "lines"),
+    "system.dtype": ("float32", "bfloat16", "float16"),
+    "system.sharding": ("dp", "fsdp"),
+}
+
+
+def load_config(overrides: list[str]) -> DictConfig:
+    """Compose conf/config.yaml with command-line overrides; raise ConfigError naming the offending key."""
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+            cfg = compose(config_name="config", overrides=list(overrides))
+        validate_keys(cfg)
+    except (HydraException, OmegaConfBaseException) as e:
+        raise ConfigError(_one_line(e)) from None
+    OmegaConf.set_readonly(cfg, True)
+    return cfg
+
+
+def validate_keys(cfg: DictConfig) -> None:
+    _reject_unknown_keys(cfg, Config, "")
+
+
+def _reject_unknown_keys(node: DictConfig, schema: type, prefix: str) -> None:
+    """`+key=value` overrides may append keys the schema does not have; nothing would read them, so refuse."""
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    for key in node.keys():
+        if key not in fields:
+            raise ConfigError(f"config: unknown key '{prefix}{key}' (python train_jax.py --cfg lists every key)")
+        sub_type = fields[key].type
+        sub_schema = globals().get(sub_type) if isinstance(sub_type, str) else sub_type
+        if dataclasses.is_dataclass(sub_schema) and isinstance(node[key], DictConfig):
+            _reject_unknown_keys(node[key], sub_schema, f"{prefix}{key}.")
+
+
+def _one_line(e: BaseException) -> str:
+    """Hydra and OmegaConf errors span many lines; keep the key and the reason."""
+    cause = e
+    while cause.__cause__ is not None and isinstance(cause.__cause__, (HydraException, OmegaConfBaseException)):
+        cause = cause.__cause__
+    full_key = getattr(cause, "full_key", None)
+    text = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+    if isinstance(e, HydraException) and "Could not override" in str(e):
+        key = re.search(r"Could not override '([^']+)'", str(e))
+        if key and ("not in" in str(cause) or "is not in struct" in str(cause)):
+            return f"config: unknown key '{key.group(1)}' (python train_jax.py --cfg lists every key)"
+    missing = re.search(r"Could not find '([\w/]+)/([^']+)'", str(e))
+    if missing:
+        group, choice = missing.groups()
+        options = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+        return f"config: {group}={choice} does not exist; choose one of {', '.join(options)}"
+    return f"config: {full_key}: {text}" if full_key else f"config: {text}"
+
+
+def validate(cfg: DictConfig, num_local_devices: int) -> None:
+    """Check values that types cannot: ranges, divisibility, and choices. Raises ConfigError naming the key."""
+    for key, allowed in CHOICES.items():
+        value = OmegaConf.select(cfg, key)
+        if value not in allowed:
+            _fail(key, f"must be one of {', '.join(allowed)}; got {value!r}")
+
+    d, m, o, t = cfg.dataset, cfg.model, cfg.optimizer, cfg.train
+    lr = o.lr_config
+    _require_positive(cfg, "model.n_layer", "model.n_head", "model.n_embd", "model.context_size",
+                      "model.vocab_multiple", "train.batch_size", "train.max_steps", "train.eval_interval",
+                      "train.eval_iters", "train.log_interval", "dataset.num_proc")
+    if m.n_embd % m.n_head:
+        _fail("model.n_embd", f"{m.n_embd} is not divisible by model.n_head={m.n_head}")
+    if not 0.0 <= m.dropout < 1.0:
+        _fail("model.dropout", f"must be in [0, 1); got {m.dropout}")
+    if d.context_size is not None and not 0 < d.context_size <= m.context_size:
+        _fail("dataset.context_size", f"{d.context_size} must be in [1, model.context_size={m.context_size}]")
+    if t.grad_accum_steps < 1:
+        _fail("train.grad_accum_steps", f"must be >= 1; got {t.grad_accum_steps}")
+    if t.max_training_hours is not None and t.max_training_hours <= 0:
+        _fail("train.max_training_hours", f"must be > 0 (or null for no limit); got {t.max_training_hours}")
+    n_dev = cfg.system.num_devices or num_local_devices
+    if cfg.system.num_devices is not None and not 0 < cfg.system.num_devices <= num_local_devices:
+        _fail("system.num_devices", f"{cfg.system.num_devices} must be in [1, {num_local_devices}] on this machine")
+    if t.batch_size % n_dev:
+        _fail("train.batch_size", f"{t.batch_size} is not divisible by the {n_dev} local devices it is split over")
+
+    if lr.lr < 0:
+        _fail("optimizer.lr_config.lr", f"must be >= 0; got {lr.lr}")
+    if lr.min_lr < 0 or lr.min_lr > lr.lr:
+        _fail("optimizer.lr_config.min_lr", f"must be in [0, lr={lr.lr}]; got {lr.min_lr}")
+    if lr.warmup < 0:
+        _fail("optimizer.lr_config.warmup", f"must be >= 0; got {lr.warmup}")
+    schedule_steps = lr.max_steps if lr.max_steps is not None else t.max_steps
+    if lr.max_steps is not None and lr.max_steps < 1:
+        _fail("optimizer.lr_config.max_steps", f"must be >= 1 (or null for train.max_steps); got {lr.max_steps}")
+    if lr.warmup > schedule_steps:
+        _fail("optimizer.lr_config.warmup", f"{lr.warmup} exceeds the schedule's {schedule_steps} steps")
+    if not 0.0 <= lr.decay_fraction <= 1.0:
+        _fail("optimizer.lr_config.decay_fraction", f"must be in [0, 1]; got {lr.decay_fraction}")
+    if lr.name == "piecewise_linear":
+        if not lr.boundaries or len(lr.boundaries) != len(lr.boundary_lrs):
+            _fail("optimizer.lr_config.boundaries", "piecewise_linear needs boundaries and boundary_lrs of equal, non-zero length")
+        if list(lr.boundaries) != sorted(set(lr.boundaries)) or lr.boundaries[0] <= 0:
+            _fail("optimizer.lr_config.boundaries", f"must be strictly increasing positive steps; got {list(lr.boundaries)}")
+        if any(v < 0 for v in lr.boundary_lrs):
+            _fail("optimizer.lr_config.boundary_lrs", f"must all be >= 0; got {list(lr.boundary_lrs)}")
+    for key in ("beta1", "beta2", "momentum", "decay"):
+        if not 0.0 <= o[key] < 1.0:
+            _fail(f"optimizer.{key}", f"must be in [0, 1); got {o[key]}")
+    for key in ("eps", "weight_decay", "grad_clip", "adam_lr_ratio"):
+        if o[key] < 0:
+            _fail(f"optimizer.{key}", f"must be >= 0; got {o[key]}")
+
+    for key in ("val_fraction", "test_fraction"):
+        if not 0.0 <= d[key] < 0.5:
+            _fail(f"dataset.{key}", f"must be in [0, 0.5); got {d[key]}")
+    if d.tokenizer == "bpe" and d.bpe_vocab_size < 260:
+        _fail("dataset.bpe_vocab_size", f"must be >= 260 (256 bytes + special tokens); got {d.bpe_vocab_size}")
+    if d.source == "text_files" and not d.files:
+        _fail("dataset.files", "text_files needs at least one path or glob, e.g. dataset.files=[notes/*.txt]")
+    if d.source == "hf" and not d.hf_path:
+        _fail("dataset.hf_path", "hf needs a Hub dataset id, e.g. dataset.hf_path=Salesforce/wikitext")
+    if d.streaming and d.max_documents is None:
+        _fail("dataset.max_documents", "streaming needs a cap on the documents read, e.g. dataset.max_documents=100000")
+    if d.max_documents is not None and d.max_documents < 1:
+        _fail("dataset.max_documents", f"must be >= 1; got {d.max_documents}")
+
+    c = cfg.checkpoint
+    steps = c.save_steps
+    if steps is not None:
+        ok = (isinstance(steps, int) and steps > 0) or (
+            OmegaConf.is_list(steps) and all(isinstance(s, int) and s > 0 for s in steps)
+        )
+        if not ok:
+            _fail("checkpoint.save_steps", f"must be a positive int, a list of positive ints, or null; got {steps}")
+    if c.max_to_keep is not None and c.max_to_keep < 1:
+        _fail("checkpoint.max_to_keep", f"must be >= 1 (or null to keep all); got {c.max_to_keep}")
+    if c.load and not c.load_path:
+        _fail("checkpoint.load_path", "checkpoint.load=True needs checkpoint.load_path=<checkpoint dir>")
+    if c.load_file not in ("latest", "best") and not str(c.load_file).isdigit():
+        _fail("checkpoint.load_file", f"must be latest, best or a step number; got {c.load_file!r}")
+
+
+def _require_positive(cfg: DictConfig, *keys: str) -> None:
+    for key in keys:
+        value = OmegaConf.select(cfg, key)
+        if value is None or value < 1:
+            _fail(key, f"must be >= 1; got {value}")
+
+
+def _fail(key: str, reason: str) -> None:
+    raise ConfigError(f"config: {key}: {reason}")
+
+
+def context_size(cfg: DictConfig) -> int:
+    """Tokens per training window (the model sees windows of this length)."""
+    return cfg.dataset.context_size or cfg.model.context_size
+
+
+def schedule_steps(cfg: DictConfig) -> int:
+    """Length of the learning-rate schedule in optimizer steps."""
+    return cfg.optimizer.lr_config.max_steps or cfg.train.max_steps
+
+
+def listed_save_steps(cfg: DictConfig) -> list[int]:
+    """Steps named in a list `checkpoint.save_steps`: always kept, whatever max_to_keep says."""
+    steps = cfg.checkpoint.save_steps
+    return list(steps) if OmegaConf.is_list(steps) else []
+
+
+def is_save_step(cfg: DictConfig, step: int) -> bool:
+    steps = cfg.checkpoint.save_steps
+    if steps is None:
+        return False
+    return step in steps if OmegaConf.is_list(steps) else step % steps == 0
+
+
+def flat_hparams(cfg: DictConfig) -> dict[str, Any]:
+    """The experiment's knobs as flat `section.key` scalars (TensorBoard's hparams table)."""
+    flat: dict[str, Any] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        for k, v in node.items():
+            if isinstance(v, dict):
+                walk(v, f"{prefix}{k}.")
+            else:
+                flat[f"{prefix}{k}"] = v if isinstance(v, (int, float, str, bool)) else str(v)
+
+    walk({k: v for k, v in as_dict(cfg).items() if k in ("dataset", "model", "optimizer", "train", "system")}, "")
+    return flat
+
+
+def to_yaml(cfg: DictConfig) -> str:
+    return OmegaConf.to_yaml(cfg, resolve=True)
+
+
+def as_dict(cfg: DictConfig) -> dict:
+    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+

@@ -1,0 +1,45 @@
+"""Evaluation over named splits: loss per token, perplexity, and loss per byte of text (nats and bits).
+
+Per-byte figures divide the summed loss by the UTF-8 bytes of the target tokens' text (special tokens count 0 bytes),
+so they compare across tokenizers.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+from data.packing import EvalBatches
+from training.sharding import put_batch
+
+
+def evaluate(eval_step: Callable, model: Any, splits: dict[str, EvalBatches], mesh: Mesh, token_bytes: np.ndarray
+             ) -> dict[str, dict[str, float]]:
+    pending = {}
+    for name, batches in splits.items():
+        sums = []
+        for batch in batches:
+            batch = {**batch, "target_bytes": (token_bytes[batch["targets"]] * (batch["loss_mask"] > 0)).astype(np.int32)}
+            sums.append(eval_step(model, put_batch(batch, mesh)))
+        pending[name] = sums
+    fetched = jax.device_get(pending)  # one transfer after all splits were dispatched (returns keys sorted)
+    results = {}
+    for name in splits:
+        sums = fetched[name]
+        nll = float(sum(float(s[0]) for s in sums))
+        tokens = float(sum(float(s[1]) for s in sums))
+        nbytes = float(sum(int(s[2]) for s in sums))
+        loss = nll / max(tokens, 1.0)
+        results[name] = {
+            "loss": loss,
+            "perplexity": math.exp(min(loss, 700.0)),
+            "nats_per_byte": nll / max(nbytes, 1.0),
+            "bits_per_byte": nll / max(nbytes, 1.0) / math.log(2),
+            "tokens": tokens,
+            "bytes": nbytes,
+        }
+    return results

@@ -1,0 +1,205 @@
+"""What a run tells people: console lines or a progress bar, `metrics.jsonl`, TensorBoard and wandb.
+
+Only process 0 talks; every other process gets a logger whose methods do nothing. All files go under the run
+directory: metrics.jsonl (one JSON object per log or eval event), tensorboard/, wandb/.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from training.errors import ConfigError
+from training.secrets import secret
+
+
+def format_duration(seconds: float) -> str:
+    seconds = max(int(seconds), 0)
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def eval_summary(results: dict[str, dict[str, float]]) -> str:
+    return " | ".join(
+        f"{split} loss {r['loss']:.4f} ppl {r['perplexity']:.2f} bpb {r['bits_per_byte']:.3f}"
+        for split, r in results.items()
+    )
+
+
+def eval_table(results: dict[str, dict[str, float]]) -> str:
+    """Rows of loss per token, perplexity, nats and bits per byte, and tokens, one per split."""
+    lines = [f"{'split':<10} {'loss/token':>10} {'perplexity':>11} {'nats/byte':>10} {'bits/byte':>10} {'tokens':>10}"]
+    for split, r in results.items():
+        lines.append(
+            f"{split:<10} {r['loss']:>10.4f} {r['perplexity']:>11.3f} {r['nats_per_byte']:>10.4f} "
+            f"{r['bits_per_byte']:>10.4f} {int(r['tokens']):>10,}"
+        )
+    return "\n".join(lines)
+
+
+class RunLogger:
+    def __init__(self, cfg: Any, run_dir: Path, total_steps: int, start_step: int, active: bool,
+                 wandb_id: str | None = None) -> None:
+        self.active = active
+        self.run_dir = run_dir
+        self.wandb_run = None
+        self.tb = None
+        self.bar = None
+        if not active:
+            return
+        self.metrics_file = open(run_dir / "metrics.jsonl", "a", buffering=1)
+        mode = cfg.logging.progress
+        if mode == "bar" or (mode == "auto" and sys.stdout.isatty()):
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True, leave=True)
+        if cfg.logging.tensorboard:
+            from tensorboardX import SummaryWriter
+
+            self.tb = SummaryWriter(logdir=str(run_dir / "tensorboard"))
+        if cfg.logging.wandb != "disabled":
+            self.wandb_run = _start_wandb(cfg, run_dir, wandb_id)
+
+    @property
+    def wandb_id(self) -> str | None:
+        return self.wandb_run.id if self.wandb_run is not None else None
+
+    def info(self, line: str) -> None:
+        if not self.active:
+            return
+        if self.bar is not None:
+            self.bar.write(line)
+        else:
+            print(line, flush=True)
+
+    def advance(self, steps: int = 1) -> None:
+        if self.bar is not None:
+            self.bar.update(steps)
+
+    def train(self, step: int, m: dict[str, float]) -> None:
+        """`m`: loss, lr, grad_norm, tokens_per_s, ms_per_step, tokens_seen, elapsed_s, remaining_s."""
+        if not self.active:
+            return
+        self._record(step, "train", m)
+        line = (
+            f"step {step:>6} | loss {m['loss']:.4f} | lr {m['lr']:.2e} | grad {m['grad_norm']:.3f} | "
+            f"{m['tokens_per_s']:,.0f} tok/s | {m['ms_per_step']:.0f} ms/step | "
+            f"{format_duration(m['elapsed_s'])} elapsed | {format_duration(m['remaining_s'])} remaining"
+        )
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"loss {m['loss']:.4f} | {m['tokens_per_s']:,.0f} tok/s")
+        else:
+            self.info(line)
+
+    def eval(self, step: int, results: dict[str, dict[str, float]]) -> None:
+        if not self.active:
+            return
+        for split, r in results.items():
+            self._record(step, split, r)
+        self.info(f"eval {step:>6} | {eval_summary(results)}")
+
+    def _record(self, step: int, split: str, values: dict[str, float]) -> None:
+        row = {"step": step, "split": split, "time": time.time(), **{k: _plain(v) for k, v in values.items()}}
+        self.metrics_file.write(json.dumps(row) + "\n")
+        if self.tb is not None:
+            for k, v in values.items():
+                self.tb.add_scalar(f"{split}/{k}", v, step)
+        if self.wandb_run is not None:
+            self.wandb_run.log({f"{split}/{k}": v for k, v in values.items()}, step=step)
+
+    def close(self, hparams: dict[str, Any] | None = None, final: dict[str, float] | None = None) -> None:
+        if not self.active:
+            return
+        if self.bar is not None:
+            self.bar.close()
+        if self.tb is not None:
+            if hparams is not None and final:
+                self.tb.add_hparams({k: _hparam(v) for k, v in hparams.items()},
+                                    {f"hparam/{k}": v for k, v in final.items()}, name="hparams")
+            self.tb.close()
+        if self.wandb_run is not None:
+            if final:
+                self.wandb_run.summary.update(final)
+            self.wandb_run.finish()
+        self.metrics_file.close()
+
+
+def _start_wandb(cfg: Any, run_dir: Path, run_id: str | None):
+    import wandb
+
+    from training.config import as_dict
+
+    mode = cfg.logging.wandb
+    api_key = secret("WANDB_API_KEY")
+    if mode == "online" and not api_key:
+        raise ConfigError(
+            "config: logging.wandb=online needs WANDB_API_KEY in the environment or in .env; "
+            "or use logging.wandb=offline (sync later with `wandb sync`)"
+        )
+    settings = wandb.Settings(
+        api_key=api_key if mode == "online" else None, silent=True, console="off", disable_git=True,
+        x_save_requirements=False,
+    )
+    return wandb.init(
+        project=cfg.logging.wandb_project,
+        entity=cfg.logging.wandb_entity,
+        name=run_dir.name,
+        id=run_id,
+        resume="allow" if run_id else None,
+        dir=str(run_dir),
+        mode=mode,
+        config=as_dict(cfg),
+        settings=settings,
+    )
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    return v
+
+
+def _hparam(v: Any) -> Any:
+    return v if isinstance(v, (int, float, str, bool)) else str(v)
+
+
+def describe_run(cfg: Any, plan: Any, mesh: Any, data: Any, model: Any, tokenizer: Any, schedule: Any) -> list[str]:
+    """The lines a run starts with: where it writes, on what, with which data, model, batch and optimizer."""
+    import jax
+
+    from models.gpt import count_params
+    from training.config import context_size, schedule_steps
+
+    devices = list(mesh.devices.flat)
+    kinds = ", ".join(sorted({d.device_kind for d in devices}))
+    local = sum(1 for d in devices if d.process_index == jax.process_index())
+    t, m, o = cfg.train, cfg.model, cfg.optimizer
+    start = ""
+    if plan.resume is not None:
+        start = f" | resuming {plan.resume.reader.directory} at step {plan.resume.step}"
+    elif plan.init_from is not None:
+        start = f" | weights from {plan.init_from.reader.directory} step {plan.init_from.step}"
+    train_tokens = data.train.tokens
+    bytes_per_token = float(data.token_bytes[train_tokens].sum()) / max(len(train_tokens), 1)
+    splits = ", ".join(f"{name} {n / 1e6:.2f}M" for name, n in data.split_tokens.items())
+    lines = [
+        f"run        {plan.run_dir}{start}",
+        f"devices    {len(devices)} x {kinds} in {jax.process_count()} process(es) | mesh data={len(devices)} | "
+        f"sharding {cfg.system.sharding} | compute {cfg.system.dtype}",
+        f"data       {cfg.dataset.name} tokens: {splits} | tokenizer {tokenizer.kind}, {tokenizer.vocab_size} ids, "
+        f"{bytes_per_token:.2f} bytes/token",
+        f"model      {m.name}: {m.n_layer} layers, {m.n_head} heads, width {m.n_embd}, context {m.context_size} | "
+        f"{count_params(model) / 1e6:.2f}M parameters | attention {model.cfg.attention}",
+        f"batch      {data.train.global_batch} sequences/step = {t.batch_size} per process x {t.grad_accum_steps} "
+        f"micro-batches x {jax.process_count()} process(es), {t.batch_size // local} per device | "
+        f"{data.train.global_batch * context_size(cfg):,} tokens/step",
+        f"optimizer  {o.name}, {o.lr_config.name} lr {o.lr_config.lr:g} (warmup {o.lr_config.warmup}, "
+        f"first step {float(schedule(0)):.3g}) over {schedule_steps(cfg)} steps, clip {o.grad_clip:g}",
+    ]
+    if plan.ignored_overrides:
+        lines.append(f"note       ignored {' '.join(plan.ignored_overrides)}: the saved config wins "
+                     "(checkpoint.overwrite_config=True applies them)")
+    return lines

@@ -1,0 +1,142 @@
+"""Where a run writes, and what it starts from: fresh, resumed (`checkpoint.load=True`) or from weights (`init_from`).
+
+Resuming without `checkpoint.overwrite_config` runs the saved config.yaml; only the keys that describe this
+invocation rather than the experiment come from the command line (`RESUME_KEYS`). A resumed run continues in its old
+run directory (metrics.jsonl, TensorBoard and wandb continue the same curves) and writes its checkpoints beside the
+ones it was loaded from.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+import jax
+import numpy as np
+
+from training.checkpoint import PARTS, Checkpointer, find_checkpoint_dir, holds_checkpoints
+from training.config import Config, validate_keys
+from training.errors import CheckpointError
+
+# Keys that describe this invocation (hardware, time budget, what to load, how to print): a resumed run takes them
+# from the command line even when the saved config wins.
+RESUME_KEYS = ("checkpoint", "system", "mode", "train.max_training_hours", "logging.progress", "logging.wandb")
+# Keys that fix the shapes of the parameters: a checkpoint only loads into a model with the same values.
+MODEL_SHAPE_KEYS = ("arch", "n_layer", "n_head", "n_embd", "context_size", "bias", "vocab_multiple")
+
+
+@dataclass
+class Source:
+    """A checkpoint to start from: the reader, the step, and its metadata."""
+
+    reader: Checkpointer
+    step: int
+    meta: dict
+
+
+@dataclass
+class RunPlan:
+    cfg: DictConfig  # the config this run uses
+    run_dir: Path
+    save_path: Path
+    resume: Source | None  # full state (checkpoint.load=True)
+    init_from: Source | None  # weights only (init_from=<dir>)
+    ignored_overrides: list[str]
+
+
+def open_source(path: str, load_file: str) -> Source:
+    reader = Checkpointer(find_checkpoint_dir(path), read_only=True)
+    step = reader.resolve(load_file)
+    return Source(reader, step, reader.read_meta(step))
+
+
+def plan_run(cfg: DictConfig, overrides: list[str], stamp: int) -> RunPlan:
+    """`stamp`: a start time shared by all processes, so they agree on a fresh run's directory name."""
+    resume = init_from = None
+    ignored: list[str] = []
+    if cfg.checkpoint.load:
+        resume = open_source(cfg.checkpoint.load_path, cfg.checkpoint.load_file)
+        if not cfg.checkpoint.overwrite_config:
+            cfg, ignored = _saved_config_wins(cfg, resume, overrides)
+        check_same_model(cfg, resume)
+    elif cfg.init_from:
+        init_from = open_source(cfg.init_from, cfg.checkpoint.load_file)
+        check_same_model(cfg, init_from)
+
+    if resume is not None:
+        old_run_dir = resume.meta.get("run_dir")
+        run_dir = Path(cfg.logging.run_dir or old_run_dir or resume.reader.directory.parent)
+        save_path = Path(cfg.checkpoint.save_path or resume.reader.directory)
+    else:
+        name = cfg.logging.name or f"{cfg.model.name}-{cfg.dataset.name}"
+        run_dir = Path(cfg.logging.run_dir or f"runs/{name}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(stamp))}")
+        save_path = Path(cfg.checkpoint.save_path or run_dir / "checkpoints")
+        if cfg.checkpoint.save and holds_checkpoints(save_path):
+            raise CheckpointError(
+                f"checkpoint.save_path: {save_path} already holds another run's checkpoints; choose another "
+                f"path, or resume that run with checkpoint.load=True checkpoint.load_path={save_path}"
+            )
+    return RunPlan(cfg, run_dir.absolute(), save_path.absolute(), resume, init_from, ignored)
+
+
+def _saved_config_wins(cfg: DictConfig, source: Source, overrides: list[str]) -> tuple[DictConfig, list[str]]:
+    config_file = source.reader.directory / "config.yaml"
+    try:
+        saved = OmegaConf.load(config_file) if config_file.exists() else OmegaConf.create(source.meta["config"])
+    except Exception as e:
+        raise CheckpointError(f"checkpoint {config_file}: unreadable ({type(e).__name__}); corrupt?") from None
+    merged = OmegaConf.merge(OmegaConf.structured(Config), saved)
+    validate_keys(merged)
+    for key in RESUME_KEYS:
+        OmegaConf.update(merged, key, OmegaConf.select(cfg, key), merge=False)
+    OmegaConf.set_readonly(merged, True)
+    ignored = []
+    for item in overrides:
+        key = item.split("=", 1)[0].lstrip("+~")
+        if "=" in item and "/" not in key and not any(key == k or key.startswith(k + ".") for k in RESUME_KEYS):
+            if OmegaConf.select(cfg, key) != OmegaConf.select(merged, key):
+                ignored.append(item)
+    return merged, ignored
+
+
+def check_same_model(cfg: DictConfig, source: Source) -> None:
+    saved_model = source.meta.get("config", {}).get("model", {})
+    diffs = [
+        f"{k} {saved_model.get(k)} (checkpoint) vs {cfg.model[k]}"
+        for k in MODEL_SHAPE_KEYS
+        if k in saved_model and saved_model[k] != cfg.model[k]
+    ]
+    if diffs:
+        raise CheckpointError(
+            f"checkpoint {source.reader.directory}/{source.step} holds a different model: {'; '.join(diffs)}. "
+            f"Use the same model settings (the checkpoint's are model={saved_model.get('name')})"
+        )
+
+
+def carried_over(meta: dict | None, key: str, default: Any) -> Any:
+    return default if meta is None else meta.get(key, default)
+
+
+def restore_state(state: Any, plan: RunPlan) -> Any:
+    """The fresh `state` with what the plan loads: everything (resume), all but the optimizer state (resume with
+    checkpoint.overwrite_optimizer=True), or the weights alone (init_from)."""
+    if plan.resume is not None:
+        parts = ("model", "progress") if plan.cfg.checkpoint.overwrite_optimizer else PARTS
+        return plan.resume.reader.restore(plan.resume.step, state, parts)
+    if plan.init_from is not None:
+        return plan.init_from.reader.restore(plan.init_from.step, state, ("model",))
+    return state
+
+
+def shared_timestamp(now: float) -> int:
+    """Process 0's clock, so that every process names a fresh run directory the same."""
+    stamp = np.int64(now)
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        stamp = multihost_utils.broadcast_one_to_all(stamp)
+    return int(stamp)

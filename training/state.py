@@ -1,0 +1,41 @@
+"""The one state pytree: everything a run needs to continue lives here (or in the checkpoint's JSON metadata)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh
+
+from training.sharding import state_shardings
+
+
+class TrainState(eqx.Module):
+    step: jax.Array  # optimizer steps completed (int32 scalar)
+    model: Any  # the Equinox model; its array leaves are the parameters (float32)
+    opt_state: optax.OptState  # incl. MultiSteps' accumulator when accumulating
+    key: jax.Array  # base PRNG key (uint32[2]); step keys are folded in from it, so it never changes
+
+    @staticmethod
+    def create(model: Any, optimizer: optax.GradientTransformation, key: jax.Array) -> TrainState:
+        return TrainState(
+            step=jnp.zeros([], jnp.int32),
+            model=model,
+            opt_state=optimizer.init(eqx.filter(model, eqx.is_array)),
+            key=key,
+        )
+
+
+def place_state(model: Any, optimizer: optax.GradientTransformation, key: jax.Array, mesh: Mesh, layout: str
+                ) -> tuple[TrainState, Any]:
+    """A fresh TrainState laid out on the mesh, and the shardings of its arrays.
+
+    The optimizer state is created under jit straight into its sharding, never first as one full copy per device.
+    """
+    abstract = eqx.filter_eval_shape(TrainState.create, model, optimizer, key)
+    shardings = state_shardings(abstract, mesh, layout)
+    create = eqx.filter_jit(lambda m, k: eqx.filter_shard(TrainState.create(m, optimizer, k), shardings))
+    return create(model, key), shardings

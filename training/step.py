@@ -1,0 +1,79 @@
+"""The loss and the two compiled steps.
+
+`train_step(state, batch) -> (state, metrics)` is pure: it reads nothing but its arguments, and the state's buffers
+are donated. A batch holds [grad_accum, batch, time] arrays; the step scans over the micro-batches, feeding each
+gradient to the optimizer (optax.MultiSteps averages them and updates on the last). `eval_step(model, batch)` returns
+the summed loss and the number of target tokens, so splits of any size average exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import optax
+
+from optimizers import grad_norm_of, skipped_steps_of
+from training.state import TrainState
+
+Batch = dict[str, jax.Array]
+COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+def cast_floating(tree: Any, dtype: jnp.dtype) -> Any:
+    """The compute-dtype copy of the parameters (the float32 master copy stays in the state)."""
+    return jax.tree.map(lambda x: x.astype(dtype) if eqx.is_inexact_array(x) else x, tree)
+
+
+def token_losses(model: Any, batch: Batch, key: jax.Array | None, dtype: jnp.dtype) -> tuple[jax.Array, jax.Array]:
+    """Summed cross-entropy over the target tokens (float32) and how many there are."""
+    logits_BTV = cast_floating(model, dtype)(batch["inputs"], key=key)
+    nll_BT = optax.softmax_cross_entropy_with_integer_labels(logits_BTV.astype(jnp.float32), batch["targets"])
+    mask_BT = batch["loss_mask"]
+    return jnp.sum(nll_BT * mask_BT), jnp.sum(mask_BT)
+
+
+def mean_loss(model: Any, batch: Batch, key: jax.Array | None, dtype: jnp.dtype) -> jax.Array:
+    """The masked mean token cross-entropy: pretraining masks only padding, fine-tuning also the prompt."""
+    total, count = token_losses(model, batch, key, dtype)
+    return total / jnp.maximum(count, 1.0)
+
+
+def make_train_step(optimizer: optax.GradientTransformation, state_shardings: Any, dtype: jnp.dtype
+                    ) -> Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]:
+    def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
+        use_dropout = state.model.cfg.dropout > 0
+        step_key = jax.random.fold_in(state.key, state.step)
+
+        def micro_step(carry, xs):
+            model, opt_state = carry
+            micro_batch, i = xs
+            key = jax.random.fold_in(step_key, i) if use_dropout else None
+            loss, grads = eqx.filter_value_and_grad(mean_loss)(model, micro_batch, key, dtype)
+            params = eqx.filter(model, eqx.is_array)
+            updates, opt_state = optimizer.update(grads, opt_state, params)
+            return (eqx.apply_updates(model, updates), opt_state), loss
+
+        num_micro = batch["inputs"].shape[0]
+        (model, opt_state), losses = jax.lax.scan(
+            micro_step, (state.model, state.opt_state), (batch, jnp.arange(num_micro))
+        )
+        new_state = TrainState(step=state.step + 1, model=model, opt_state=opt_state, key=state.key)
+        new_state = eqx.filter_shard(new_state, state_shardings)
+        metrics = {"loss": jnp.mean(losses), "grad_norm": grad_norm_of(opt_state),
+                   "skipped_steps": skipped_steps_of(opt_state)}
+        return new_state, metrics
+
+    return eqx.filter_jit(train_step, donate="all")
+
+
+def make_eval_step(dtype: jnp.dtype) -> Callable[[Any, Batch], tuple[jax.Array, jax.Array, jax.Array]]:
+    """(summed loss, target tokens, target bytes) of one batch; the batch also carries `target_bytes`."""
+
+    def eval_step(model: Any, batch: Batch) -> tuple[jax.Array, jax.Array, jax.Array]:
+        total, count = token_losses(model, batch, None, dtype)
+        return total, count, jnp.sum(batch["target_bytes"])
+
+    return eqx.filter_jit(eval_step)

@@ -1,0 +1,38 @@
+"""A trained model back from its checkpoint, with its tokenizer and config: what sampling, evaluation and export
+scripts start from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import equinox as eqx
+import jax
+from omegaconf import OmegaConf
+
+from data.tokenizers import Tokenizer, tokenizer_from_json
+from models import MODEL_BUILDERS
+from training.checkpoint import Checkpointer, find_checkpoint_dir
+from training.config import Config
+
+
+@dataclass
+class Trained:
+    model: Any
+    tokenizer: Tokenizer
+    cfg: Any
+    step: int
+    meta: dict
+
+
+def load_trained(path: str, which: str = "latest") -> Trained:
+    """`path`: a run directory or its checkpoint directory; `which`: latest, best or a step number."""
+    reader = Checkpointer(find_checkpoint_dir(path), read_only=True)
+    step = reader.resolve(which)
+    meta = reader.read_meta(step)
+    cfg = OmegaConf.merge(OmegaConf.structured(Config), meta["config"])
+    tokenizer = tokenizer_from_json(meta["tokenizer"])
+    abstract = eqx.filter_eval_shape(MODEL_BUILDERS[cfg.model.arch], cfg, tokenizer.vocab_size, jax.random.PRNGKey(0))
+    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), abstract)
+    return Trained(reader.restore_model(step, like), tokenizer, cfg, step, meta)
