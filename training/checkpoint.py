@@ -57,6 +57,8 @@ class Checkpointer:
             enable_async_checkpointing=not read_only,
             create=not read_only,
             read_only=read_only,
+            save_interval_steps=0 if read_only else 1,
+            cleanup_tmp_directories=not read_only,  # leftovers of a save that was killed half-way
         )
         self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=PARTS + (META,))
 

@@ -244,8 +244,8 @@ def validate(cfg: DictConfig, num_local_devices: int) -> None:
 
     if lr.lr < 0:
         _fail("optimizer.lr_config.lr", f"must be >= 0; got {lr.lr}")
-    if lr.min_lr < 0 or lr.min_lr > lr.lr:
-        _fail("optimizer.lr_config.min_lr", f"must be in [0, lr={lr.lr}]; got {lr.min_lr}")
+    if lr.name in ("linear", "cosine", "trapezoid") and not 0 <= lr.min_lr <= lr.lr:
+        _fail("optimizer.lr_config.min_lr", f"must be in [0, lr={lr.lr}] for a decaying schedule; got {lr.min_lr}")
     if lr.warmup < 0:
         _fail("optimizer.lr_config.warmup", f"must be >= 0; got {lr.warmup}")
     schedule_steps = lr.max_steps if lr.max_steps is not None else t.max_steps
@@ -295,6 +295,10 @@ def validate(cfg: DictConfig, num_local_devices: int) -> None:
         _fail("checkpoint.max_to_keep", f"must be >= 1 (or null to keep all); got {c.max_to_keep}")
     if c.load and not c.load_path:
         _fail("checkpoint.load_path", "checkpoint.load=True needs checkpoint.load_path=<checkpoint dir>")
+    if cfg.mode == "eval" and not c.load:
+        _fail("mode", "mode=eval evaluates a checkpoint: add checkpoint.load=True checkpoint.load_path=<dir>")
+    if c.load and cfg.init_from:
+        _fail("init_from", "choose one: checkpoint.load=True resumes a run, init_from=<dir> starts one from weights")
     if c.load_file not in ("latest", "best") and not str(c.load_file).isdigit():
         _fail("checkpoint.load_file", f"must be latest, best or a step number; got {c.load_file!r}")
 

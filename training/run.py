@@ -24,7 +24,8 @@ from training.errors import CheckpointError
 
 # Keys that describe this invocation (hardware, time budget, what to load, how to print): a resumed run takes them
 # from the command line even when the saved config wins.
-RESUME_KEYS = ("checkpoint", "system", "mode", "train.max_training_hours", "logging.progress", "logging.wandb")
+RESUME_KEYS = ("checkpoint", "system", "mode", "train.max_training_hours", "logging.run_dir", "logging.progress",
+               "logging.wandb")
 # Keys that fix the shapes of the parameters: a checkpoint only loads into a model with the same values.
 MODEL_SHAPE_KEYS = ("arch", "n_layer", "n_head", "n_embd", "context_size", "bias", "vocab_multiple")
 
@@ -68,19 +69,29 @@ def plan_run(cfg: DictConfig, overrides: list[str], stamp: int) -> RunPlan:
         check_same_model(cfg, init_from)
 
     if resume is not None:
-        old_run_dir = resume.meta.get("run_dir")
-        run_dir = Path(cfg.logging.run_dir or old_run_dir or resume.reader.directory.parent)
+        run_dir = Path(cfg.logging.run_dir or _run_dir_of(resume))
         save_path = Path(cfg.checkpoint.save_path or resume.reader.directory)
     else:
         name = cfg.logging.name or f"{cfg.model.name}-{cfg.dataset.name}"
         run_dir = Path(cfg.logging.run_dir or f"runs/{name}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(stamp))}")
         save_path = Path(cfg.checkpoint.save_path or run_dir / "checkpoints")
-        if cfg.checkpoint.save and holds_checkpoints(save_path):
-            raise CheckpointError(
-                f"checkpoint.save_path: {save_path} already holds another run's checkpoints; choose another "
-                f"path, or resume that run with checkpoint.load=True checkpoint.load_path={save_path}"
-            )
+    resuming_here = resume is not None and save_path.absolute() == resume.reader.directory
+    if cfg.mode == "train" and cfg.checkpoint.save and not resuming_here and holds_checkpoints(save_path):
+        raise CheckpointError(
+            f"checkpoint.save_path: {save_path} already holds another run's checkpoints; choose another "
+            f"path, or resume that run with checkpoint.load=True checkpoint.load_path={save_path}"
+        )
     return RunPlan(cfg, run_dir.absolute(), save_path.absolute(), resume, init_from, ignored)
+
+
+def _run_dir_of(source: Source) -> Path:
+    """The run directory a resumed run continues in: the parent of a default `checkpoints/` directory (also when the
+    run was moved or copied), else the one recorded at save time, else the checkpoint directory's parent."""
+    directory = source.reader.directory
+    if directory.name == "checkpoints":
+        return directory.parent
+    recorded = source.meta.get("run_dir")
+    return Path(recorded) if recorded and Path(recorded).is_dir() else directory.parent
 
 
 def _saved_config_wins(cfg: DictConfig, source: Source, overrides: list[str]) -> tuple[DictConfig, list[str]]:

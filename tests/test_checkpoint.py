@@ -1,0 +1,123 @@
+"""Checkpoints through Orbax, in-process: best and latest, max_to_keep, half-written saves, other device layouts."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from helpers import build, tiny_overrides
+from models.gpt import GPT, GPTConfig
+from optimizers import build_optimizer, build_schedule
+from training.checkpoint import Checkpointer
+from training.config import load_config
+from training.errors import CheckpointError
+from training.state import TrainState
+
+
+@pytest.fixture(scope="module")
+def state():
+    model = GPT.init(GPTConfig(vocab_size=259, n_layer=1, n_head=2, n_embd=32, context_size=32), jax.random.PRNGKey(0))
+    return TrainState.create(model, optax.MultiSteps(optax.adamw(1e-3), 2), jax.random.PRNGKey(1))
+
+
+def at_step(state, step):
+    return eqx.tree_at(lambda s: s.step, state, jnp.asarray(step, jnp.int32))
+
+
+def saved_steps(directory):
+    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
+
+
+def test_best_and_latest_are_told_apart_after_a_worse_eval(state, tmp_path):
+    ckpt = Checkpointer(tmp_path)
+    for step, val in [(1, 3.0), (2, 2.0), (3, 2.5), (4, None)]:
+        ckpt.save(at_step(state, step), {"step": step}, val_loss=val)
+    ckpt.close()
+    reader = Checkpointer(tmp_path, read_only=True)  # a fresh manager, as a resumed run opens it
+    assert reader.resolve("latest") == 4
+    assert reader.resolve("best") == 2
+    assert reader.resolve("3") == 3
+    with pytest.raises(CheckpointError, match="step 7 is not in"):
+        reader.resolve("7")
+
+
+def test_max_to_keep_keeps_the_latest_n_plus_the_best_plus_listed_steps(state, tmp_path):
+    ckpt = Checkpointer(tmp_path, max_to_keep=2, keep_steps=[3])
+    for step, val in enumerate([5.0, 1.0, 4.0, 3.0, 2.0, 6.0], start=1):
+        ckpt.save(at_step(state, step), {"step": step}, val_loss=val)
+    ckpt.close()
+    assert saved_steps(tmp_path) == [2, 3, 5, 6]
+    assert Checkpointer(tmp_path, read_only=True).resolve("best") == 2
+
+
+def test_a_checkpoint_holds_the_whole_state_and_restores_it(state, tmp_path):
+    ckpt = Checkpointer(tmp_path)
+    ckpt.save(at_step(state, 5), {"step": 5, "note": "hello"}, val_loss=1.0)
+    ckpt.close()
+    reader = Checkpointer(tmp_path, read_only=True)
+    fresh = at_step(jax.tree.map(lambda x: x + 1 if eqx.is_inexact_array(x) else x, state), 0)
+    restored = reader.restore(5, fresh)
+    assert int(restored.step) == 5 and reader.read_meta(5) == {"step": 5, "note": "hello"}
+    for a, b in zip(jax.tree.leaves(eqx.filter(restored, eqx.is_array)), jax.tree.leaves(eqx.filter(state, eqx.is_array))):
+        if a.shape:  # every array but the step itself
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert restored.opt_state.mini_step.dtype == state.opt_state.mini_step.dtype  # MultiSteps' accumulator state
+
+
+def test_non_finite_parameters_are_never_written(state, tmp_path):
+    broken = eqx.tree_at(lambda s: s.model.wpe, at_step(state, 1), state.model.wpe.at[0, 0].set(jnp.nan))
+    ckpt = Checkpointer(tmp_path)
+    assert ckpt.save(broken, {"step": 1}) is False
+    ckpt.close()
+    assert saved_steps(tmp_path) == []
+
+
+def test_a_half_written_checkpoint_is_never_picked(state, tmp_path):
+    ckpt = Checkpointer(tmp_path)
+    ckpt.save(at_step(state, 2), {"step": 2}, val_loss=1.0)
+    ckpt.close()
+    # What a save killed half-way leaves behind: Orbax's temporary directory, never renamed to its step.
+    partial = tmp_path / "3.orbax-checkpoint-tmp-1234567"
+    (partial / "model").mkdir(parents=True)
+    (partial / "model" / "junk").write_bytes(b"\0" * 100)
+    assert Checkpointer(tmp_path, read_only=True).resolve("latest") == 2
+    resumed = Checkpointer(tmp_path)  # a resumed run reopens the directory for writing ...
+    resumed.save(at_step(state, 4), {"step": 4})  # ... and its first save clears the leftover
+    resumed.close()
+    assert not partial.exists() and saved_steps(tmp_path) == [2, 4]
+
+
+def test_empty_directory_is_a_clear_error(tmp_path):
+    with pytest.raises(CheckpointError, match="holds no complete checkpoint"):
+        Checkpointer(tmp_path, read_only=True).resolve("latest")
+
+
+def test_saved_with_8_devices_restores_onto_1_and_continues(data_cache, tmp_path):
+    eight = build(tiny_overrides(data_cache, "system.num_devices=8", "train.batch_size=8"))
+    for s in range(2):
+        eight.step(s)
+    ckpt = Checkpointer(tmp_path)
+    ckpt.save(eight.state, {"step": 2})
+    ckpt.close()
+    continued_on_8 = [float(eight.step(s)["loss"]) for s in (2, 3)]
+
+    one = build(tiny_overrides(data_cache, "system.num_devices=1", "train.batch_size=8"))
+    one.state = Checkpointer(tmp_path, read_only=True).restore(2, one.state)
+    assert int(one.state.step) == 2
+    assert one.state.model.wte.sharding.num_devices == 1
+    continued_on_1 = [float(one.step(s)["loss"]) for s in (2, 3)]
+    np.testing.assert_allclose(continued_on_1, continued_on_8, atol=1e-5)
+
+
+def test_skip_nonfinite_leaves_parameters_and_moments_untouched():
+    model = GPT.init(GPTConfig(vocab_size=259, n_layer=1, n_head=2, n_embd=32, context_size=32), jax.random.PRNGKey(0))
+    cfg = load_config(["optimizer.grad_clip=0"])
+    opt = build_optimizer(cfg.optimizer, build_schedule(cfg.optimizer.lr_config, 10), model, 1, skip_nonfinite=True)
+    params = eqx.filter(model, eqx.is_array)
+    opt_state = opt.init(params)
+    nan_grads = jax.tree.map(lambda x: jnp.full_like(x, jnp.nan), params)
+    updates, opt_state = opt.update(nan_grads, opt_state, params)
+    assert all(float(jnp.abs(u).max()) == 0.0 for u in jax.tree.leaves(updates))
+    assert int(optax.tree.get(opt_state, "total_notfinite")) == 1
