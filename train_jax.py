@@ -34,7 +34,7 @@ from training.errors import DataError, PipelineError
 from training.evaluate import evaluate
 from training.logs import RunLogger, describe_run, eval_table
 from training.run import RunPlan, Source, carried_over, plan_run, restore_state, shared_timestamp
-from training.sharding import init_mesh, put_batch
+from training.sharding import init_distributed, init_mesh, max_over_processes, put_batch
 from training.signals import StopRequest
 from training.state import TrainState, place_state
 from training.step import COMPUTE_DTYPES, make_eval_step, make_train_step
@@ -66,7 +66,7 @@ def init_scheduler(cfg) -> optax.Schedule:
 
 
 def init_optimizer(cfg, schedule: optax.Schedule, model) -> optax.GradientTransformation:
-    return build_optimizer(cfg.optimizer, schedule, model, cfg.train.grad_accum_steps, cfg.train.skip_nonfinite)
+    return build_optimizer(cfg.optimizer, schedule, model, cfg.train.grad_accum_steps)
 
 
 @dataclass
@@ -86,7 +86,7 @@ class Pipeline:
 
 def build(cfg, source: Source | None = None) -> Pipeline:
     """The init_* functions in order, on a mesh, with a fresh train state and the compiled-on-first-call steps."""
-    mesh = init_mesh(cfg.system.num_devices)
+    mesh = init_mesh(cfg.system.num_devices, cfg.system.mesh_model)
     corpus = load_corpus(cfg.dataset)
     tokenizer = init_tokenizer(cfg, corpus, source)
     data = load_data(cfg, corpus, tokenizer)
@@ -94,10 +94,10 @@ def build(cfg, source: Source | None = None) -> Pipeline:
     model = init_model(cfg, tokenizer.vocab_size, model_key)
     schedule = init_scheduler(cfg)
     optimizer = init_optimizer(cfg, schedule, model)
-    state, shardings = place_state(model, optimizer, train_key, mesh, cfg.system.sharding)
     dtype = COMPUTE_DTYPES[cfg.system.dtype]
+    state, shardings = place_state(model, optimizer, train_key, mesh, cfg.system.sharding, dtype)
     return Pipeline(mesh, tokenizer, data, schedule, optimizer, state, shardings,
-                    make_train_step(optimizer, shardings, dtype), make_eval_step(dtype))
+                    make_train_step(optimizer, shardings, dtype, cfg.train.skip_nonfinite), make_eval_step(dtype))
 
 
 def main(argv: list[str]) -> None:
@@ -106,6 +106,7 @@ def main(argv: list[str]) -> None:
         print(config_lib.to_yaml(config_lib.load_config([a for a in argv if a != "--cfg"])))
         return
     cfg = config_lib.load_config(argv)
+    init_distributed(cfg.system)  # before anything touches a device
     config_lib.validate(cfg, jax.local_device_count())
     plan = plan_run(cfg, argv, shared_timestamp(started))
     cfg = plan.cfg
@@ -192,7 +193,7 @@ def train(cfg, plan: RunPlan, p: Pipeline, state: TrainState, started: float) ->
             elif config_lib.is_save_step(cfg, step):
                 save(step, None)
                 clock.mark(step)
-            reason = stop.signal_name or ("time limit" if clock.out_of_time() else None)
+            reason = agreed_stop(stop.signal_name or ("time limit" if clock.out_of_time() else None))
 
         if reason == "time limit" and step % t.eval_interval:  # a chosen budget still ends with an evaluation
             evaluate_and_save(step)
@@ -226,10 +227,18 @@ def log_train_interval(log: RunLogger, clock: RunClock, schedule: optax.Schedule
     log.train(step, {
         "loss": loss, "lr": float(schedule(step - 1)), "grad_norm": float(fetched[-1]["grad_norm"]),
         "tokens_per_s": tokens_per_s, "ms_per_step": ms_per_step, "tokens_seen": tokens_seen,
-        "skipped_steps": int(fetched[-1]["skipped_steps"]),
+        "skipped_steps": int(fetched[-1]["skipped_steps"]), "loss_scale": float(fetched[-1]["loss_scale"]),
         "elapsed_s": clock.elapsed(), "remaining_s": clock.remaining(step),
     })
     return loss
+
+
+def agreed_stop(reason: str | None) -> str | None:
+    """Every process stops at the same step for the same kind of reason (a time limit evaluates first, a signal
+    does not), or the ones still running would wait forever in their next collective."""
+    code = 0 if reason is None else 1 if reason == "time limit" else 2
+    agreed = max_over_processes(code)
+    return reason if agreed == code else {1: "time limit", 2: "a signal to another process"}[agreed]
 
 
 def run(argv: list[str]) -> int:

@@ -45,12 +45,6 @@ def grad_norm_of(opt_state: Any) -> jax.Array:
     return optax.tree.get(opt_state, "grad_norm")
 
 
-def skipped_steps_of(opt_state: Any) -> jax.Array:
-    """Updates skipped for a non-finite gradient so far (0 unless train.skip_nonfinite)."""
-    found = optax.tree.get(opt_state, "total_notfinite", default=None)
-    return jnp.zeros([], jnp.int32) if found is None else found
-
-
 def _fixed(tree: Any) -> Callable[[Any], Any]:
     """Masks and labels shaped like the model are Equinox modules, which are callable: optax would call them as
     mask functions. Hand optax a function that returns the tree instead."""
@@ -117,19 +111,12 @@ OPTIMIZERS: dict[str, Callable[[Any, optax.Schedule, Any], optax.GradientTransfo
 }
 
 
-def build_optimizer(cfg: Any, schedule: optax.Schedule, model: Any, grad_accum_steps: int,
-                    skip_nonfinite: bool = False) -> optax.GradientTransformation:
-    """`cfg`: the `optimizer` config section; `model`: gives the weight-decay and Muon masks.
-
-    `skip_nonfinite`: a step whose (accumulated) gradient has a NaN or Inf leaves parameters and moments unchanged
-    (optax.apply_if_finite); the state counts such steps in `total_notfinite`.
-    """
+def build_optimizer(cfg: Any, schedule: optax.Schedule, model: Any, grad_accum_steps: int) -> optax.GradientTransformation:
+    """`cfg`: the `optimizer` config section; `model`: gives the weight-decay and Muon masks."""
     inner = optax.chain(
         record_grad_norm(),
         optax.clip_by_global_norm(cfg.grad_clip) if cfg.grad_clip > 0 else optax.identity(),
         OPTIMIZERS[cfg.name](cfg, schedule, model),
     )
-    if skip_nonfinite:
-        inner = optax.apply_if_finite(inner, max_consecutive_errors=2**31 - 1)
     # MultiSteps keeps a gradient accumulator as large as the parameters: only worth it when accumulating.
     return optax.MultiSteps(inner, every_k_schedule=grad_accum_steps) if grad_accum_steps > 1 else inner

@@ -3,7 +3,7 @@
     <save_path>/config.yaml          the run's config (what `checkpoint.overwrite_config=False` restores)
     <save_path>/<step>/model/        the parameters (the Equinox model's arrays)
     <save_path>/<step>/opt_state/    the optimizer state, incl. MultiSteps' accumulator and any loss scale
-    <save_path>/<step>/progress/     step and PRNG key
+    <save_path>/<step>/progress/     step, PRNG key, loss scale and skipped-step count
     <save_path>/<step>/meta/         JSON: step, tokens seen, losses, config, tokenizer, wandb id, versions, ...
 
 The three array items together are the whole TrainState; they are separate so that a run can take the weights alone
@@ -126,9 +126,10 @@ class Checkpointer:
         restored = {part: self._restore_part(step, part, arrays) for part, arrays in _parts(like).items()
                     if part in parts}
         model = eqx.combine(restored["model"], like.model) if "model" in restored else like.model
-        progress = restored.get("progress", {"step": like.step, "key": like.key})
+        progress = restored.get("progress", _parts(like)["progress"])
         opt_state = restored.get("opt_state", like.opt_state)
-        return type(like)(step=progress["step"], model=model, opt_state=opt_state, key=progress["key"])
+        return type(like)(step=progress["step"], model=model, opt_state=opt_state, key=progress["key"],
+                          loss_scale=progress["loss_scale"])
 
     def restore_model(self, step: int, like: Any) -> Any:
         """Only the parameters, into the structure and shardings of the model `like` (sampling, export); `like` may
@@ -160,7 +161,7 @@ def _parts(state: Any) -> dict[str, Any]:
     return {
         "model": eqx.filter(state.model, eqx.is_array),
         "opt_state": state.opt_state,
-        "progress": {"step": state.step, "key": state.key},
+        "progress": {"step": state.step, "key": state.key, "loss_scale": state.loss_scale},
     }
 
 

@@ -132,8 +132,15 @@ class CheckpointConfig:
 class SystemConfig:
     dtype: str = "float32"  # compute dtype: float32 | bfloat16 | float16
     sharding: str = "dp"  # dp (replicated params) | fsdp (sharded params and optimizer state)
-    num_devices: Optional[int] = None  # local devices to use; null = all
+    num_devices: Optional[int] = None  # local devices to use (single process); null = all
+    mesh_model: int = 1  # size of the mesh's `model` axis (tensor parallelism); the `data` axis takes the rest
     peak_flops: Optional[float] = None  # per-device peak FLOP/s for MFU; null = from the table of known devices
+    # Multi-process (multi-host) runs; null = from the launcher's environment (SLURM, Open MPI, JAX_* variables).
+    num_processes: Optional[int] = None
+    process_id: Optional[int] = None
+    coordinator_address: Optional[str] = None  # host:port of process 0
+    cpu_devices_per_process: Optional[int] = None  # CPU only: devices each process simulates
+    distributed_timeout_s: int = 300  # how long to wait for every process to join
 
 
 @dataclass
@@ -236,11 +243,21 @@ def validate(cfg: DictConfig, num_local_devices: int) -> None:
         _fail("train.grad_accum_steps", f"must be >= 1; got {t.grad_accum_steps}")
     if t.max_training_hours is not None and t.max_training_hours <= 0:
         _fail("train.max_training_hours", f"must be > 0 (or null for no limit); got {t.max_training_hours}")
-    n_dev = cfg.system.num_devices or num_local_devices
-    if cfg.system.num_devices is not None and not 0 < cfg.system.num_devices <= num_local_devices:
-        _fail("system.num_devices", f"{cfg.system.num_devices} must be in [1, {num_local_devices}] on this machine")
-    if t.batch_size % n_dev:
-        _fail("train.batch_size", f"{t.batch_size} is not divisible by the {n_dev} local devices it is split over")
+    sy = cfg.system
+    if sy.num_devices is not None and not 0 < sy.num_devices <= num_local_devices:
+        _fail("system.num_devices", f"{sy.num_devices} must be in [1, {num_local_devices}] on this machine")
+    if sy.num_devices is not None and (sy.num_processes or 1) > 1:
+        _fail("system.num_devices", "selects local devices of a single process; leave it null with num_processes > 1")
+    n_dev = sy.num_devices or num_local_devices
+    if sy.mesh_model < 1 or n_dev % sy.mesh_model:
+        _fail("system.mesh_model", f"{sy.mesh_model} must be >= 1 and divide the {n_dev} local devices")
+    data_devices = n_dev // sy.mesh_model
+    if t.batch_size % data_devices:
+        _fail("train.batch_size", f"{t.batch_size} is not divisible by the {data_devices} local devices it is split "
+                                  "over (train.batch_size counts sequences per process)")
+    if sy.num_processes is not None and sy.num_processes > 1:
+        if sy.process_id is not None and not 0 <= sy.process_id < sy.num_processes:
+            _fail("system.process_id", f"must be in [0, {sy.num_processes}); got {sy.process_id}")
 
     if lr.lr < 0:
         _fail("optimizer.lr_config.lr", f"must be >= 0; got {lr.lr}")

@@ -89,6 +89,8 @@ class RunLogger:
             f"{m['tokens_per_s']:,.0f} tok/s | {m['ms_per_step']:.0f} ms/step | "
             f"{format_duration(m['elapsed_s'])} elapsed | {format_duration(m['remaining_s'])} remaining"
         )
+        if m.get("loss_scale", 1.0) != 1.0 or m.get("skipped_steps", 0):
+            line += f" | loss scale {m['loss_scale']:g}, {m['skipped_steps']} skipped"
         if self.bar is not None:
             self.bar.set_postfix_str(f"loss {m['loss']:.4f} | {m['tokens_per_s']:,.0f} tok/s")
         else:

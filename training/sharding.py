@@ -1,26 +1,70 @@
-"""Where arrays live: the device mesh, the batch and state layouts, and host -> device transfer.
+"""Where arrays live: processes, the device mesh, the batch and state layouts, and host -> device transfer.
 
-The mesh has one axis, `data`. Batches are split along their batch axis over it. Parameters and optimizer state are
-replicated (`dp`) or split along each array's largest dimension that the axis divides (`fsdp`); XLA inserts the
-gathers and reductions. The step and the model never name devices: they receive these shardings.
+Several processes (hosts) join through `jax.distributed` before anything touches a device. The mesh has a `data`
+axis over every device of every process (ordered by process, so process p's rows of a batch are the p-th slice of
+the global batch), and optionally a `model` axis for tensor parallelism (`system.mesh_model`; no layer is split over it
+yet, so it only replicates). Batches are split along their batch axis over `data`. Parameters, gradients and
+optimizer state are replicated (`dp`) or split along each array's largest dimension that the `data` axis divides
+(`fsdp`); XLA inserts the gathers and reduce-scatters. The step and the model never name devices: they receive these
+shardings.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-DATA_AXIS = "data"
+from training.errors import ConfigError
+
+DATA_AXIS, MODEL_AXIS = "data", "model"
 FSDP_MIN_SIZE = 2**14  # arrays smaller than this stay replicated: sharding them saves nothing worth a collective
 
 
-def init_mesh(num_devices: int | None = None) -> Mesh:
-    """A 1-D mesh over all devices of all processes, or over the first `num_devices` local ones (single process)."""
-    devices = jax.devices() if num_devices is None else jax.local_devices()[:num_devices]
-    return Mesh(np.array(devices), (DATA_AXIS,))
+def cluster_env_present() -> bool:
+    """A launcher started several processes: SLURM (srun), Open MPI (mpirun), or JAX's own variables."""
+    env = os.environ
+    return (
+        int(env.get("SLURM_NTASKS", "1")) > 1 and "SLURM_JOB_ID" in env
+        or int(env.get("OMPI_COMM_WORLD_SIZE", "1")) > 1
+        or "JAX_COORDINATOR_ADDRESS" in env
+    )
+
+
+def init_distributed(system: Any) -> None:
+    """Join the other processes when `system.num_processes` > 1 or a launcher's environment says so.
+
+    Must run before JAX touches a device. Values left null in the config come from the environment (JAX detects
+    SLURM and Open MPI itself). On CPU, `system.cpu_devices_per_process` sets how many devices each process has.
+    """
+    if not ((system.num_processes or 1) > 1 or cluster_env_present()):
+        return
+    if system.cpu_devices_per_process:
+        jax.config.update("jax_num_cpu_devices", system.cpu_devices_per_process)
+    try:
+        jax.distributed.initialize(
+            coordinator_address=system.coordinator_address,
+            num_processes=system.num_processes,
+            process_id=system.process_id,
+            initialization_timeout=system.distributed_timeout_s,
+        )
+    except (RuntimeError, ValueError) as e:
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        count = system.num_processes or "the launcher's"
+        where = system.coordinator_address or "the detected coordinator"
+        raise ConfigError(f"config: system: could not join {count} processes at {where}: {first}") from None
+
+
+def init_mesh(num_devices: int | None = None, model_axis: int = 1) -> Mesh:
+    """A (data, model) mesh over all devices of all processes, or over the first `num_devices` local devices
+    (single process). Devices are ordered by process, then id."""
+    devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+    if num_devices is not None:
+        devices = jax.local_devices()[:num_devices]
+    return Mesh(np.array(devices).reshape(-1, model_axis), (DATA_AXIS, MODEL_AXIS))
 
 
 def data_parallel_size(mesh: Mesh) -> int:
@@ -63,3 +107,22 @@ def state_shardings(abstract_state: Any, mesh: Mesh, layout: str) -> Any:
 
 def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
+
+
+def max_over_processes(value: int) -> int:
+    """The largest of every process's `value`, on every process (identity with one process)."""
+    if jax.process_count() == 1:
+        return value
+    from jax.experimental import multihost_utils
+
+    return int(np.max(multihost_utils.process_allgather(np.asarray(value, np.int32))))
+
+
+def per_device_bytes(abstract_state: Any, shardings: Any) -> int:
+    """Bytes of the state that the most loaded device holds (from shapes and shardings; nothing is allocated)."""
+    per_device: dict[Any, int] = {}
+    for x, sharding in zip(jax.tree.leaves(abstract_state), jax.tree.leaves(shardings)):
+        shard_bytes = int(np.prod(sharding.shard_shape(x.shape))) * np.dtype(x.dtype).itemsize
+        for device in sharding.device_set:
+            per_device[device] = per_device.get(device, 0) + shard_bytes
+    return max(per_device.values())

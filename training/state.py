@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
+from training.precision import LossScale
 from training.sharding import state_shardings
 
 
@@ -18,24 +19,27 @@ class TrainState(eqx.Module):
     model: Any  # the Equinox model; its array leaves are the parameters (float32)
     opt_state: optax.OptState  # incl. MultiSteps' accumulator when accumulating
     key: jax.Array  # base PRNG key (uint32[2]); step keys are folded in from it, so it never changes
+    loss_scale: LossScale  # float16's dynamic loss scale and the count of skipped (non-finite) steps
 
     @staticmethod
-    def create(model: Any, optimizer: optax.GradientTransformation, key: jax.Array) -> TrainState:
+    def create(model: Any, optimizer: optax.GradientTransformation, key: jax.Array,
+               dtype: jnp.dtype = jnp.float32) -> TrainState:
         return TrainState(
             step=jnp.zeros([], jnp.int32),
             model=model,
             opt_state=optimizer.init(eqx.filter(model, eqx.is_array)),
             key=key,
+            loss_scale=LossScale.create(dtype),
         )
 
 
-def place_state(model: Any, optimizer: optax.GradientTransformation, key: jax.Array, mesh: Mesh, layout: str
-                ) -> tuple[TrainState, Any]:
+def place_state(model: Any, optimizer: optax.GradientTransformation, key: jax.Array, mesh: Mesh, layout: str,
+                dtype: jnp.dtype = jnp.float32) -> tuple[TrainState, Any]:
     """A fresh TrainState laid out on the mesh, and the shardings of its arrays.
 
     The optimizer state is created under jit straight into its sharding, never first as one full copy per device.
     """
-    abstract = eqx.filter_eval_shape(TrainState.create, model, optimizer, key)
+    abstract = eqx.filter_eval_shape(TrainState.create, model, optimizer, key, dtype)
     shardings = state_shardings(abstract, mesh, layout)
-    create = eqx.filter_jit(lambda m, k: eqx.filter_shard(TrainState.create(m, optimizer, k), shardings))
+    create = eqx.filter_jit(lambda m, k: eqx.filter_shard(TrainState.create(m, optimizer, k, dtype), shardings))
     return create(model, key), shardings

@@ -1,0 +1,49 @@
+"""Per-device bytes of the train state (parameters + optimizer state) under dp and fsdp, from shapes and shardings.
+
+    python scripts/state_memory.py --devices 8 --vocab 50257 model=gpt2-xl [optimizer=adamw ...]
+
+Nothing is allocated: the state is abstract (jax.eval_shape). On a CPU machine `--devices` simulates that many host
+devices; on accelerators it must not exceed the devices present.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+parser.add_argument("--devices", type=int, default=8)
+parser.add_argument("--vocab", type=int, default=50257)
+args, overrides = parser.parse_known_args()
+os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={args.devices}"
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import equinox as eqx  # noqa: E402
+import jax  # noqa: E402
+
+import train_jax  # noqa: E402
+from models.gpt import count_params  # noqa: E402
+from training import config as config_lib  # noqa: E402
+from training.sharding import init_mesh, per_device_bytes, state_shardings  # noqa: E402
+from training.state import TrainState  # noqa: E402
+
+
+def main() -> int:
+    cfg = config_lib.load_config(overrides)
+    mesh = init_mesh(args.devices)
+    model = eqx.filter_eval_shape(train_jax.init_model, cfg, args.vocab, jax.random.PRNGKey(0))
+    optimizer = train_jax.init_optimizer(cfg, train_jax.init_scheduler(cfg), model)
+    state = eqx.filter_eval_shape(TrainState.create, model, optimizer, jax.random.PRNGKey(0))
+    report = {"model": cfg.model.name, "params": count_params(model), "optimizer": cfg.optimizer.name,
+              "grad_accum_steps": cfg.train.grad_accum_steps, "devices": args.devices}
+    for layout in ("dp", "fsdp"):
+        report[f"{layout}_bytes_per_device"] = per_device_bytes(state, state_shardings(state, mesh, layout))
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

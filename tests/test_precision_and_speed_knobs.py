@@ -1,0 +1,121 @@
+"""Mixed precision, float16 loss scaling, skipped steps, remat / scanned layers, attention choice and the MFU formula."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import train_jax
+from helpers import build, tiny_overrides
+from models import gpt_config
+from models.gpt import GPT, GPTConfig
+from training.config import load_config
+from training.flops import flops_per_token, mfu, peak_flops
+from training.precision import SCALE_PERIOD, LossScale
+from training.sharding import put_batch
+from training.step import mean_loss
+
+STEPS = 20
+# Stated tolerances: mean absolute difference from the float32 curve over 20 steps of the tiny model.
+TOLERANCE = {"bfloat16": 0.03, "float16": 0.01}
+
+
+@pytest.fixture(scope="module")
+def float32_curve(data_cache):
+    parts = build(tiny_overrides(data_cache, f"train.max_steps={STEPS}"))
+    return [float(parts.step(s)["loss"]) for s in range(STEPS)]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_16_bit_compute_tracks_the_float32_curve(dtype, float32_curve, data_cache):
+    parts = build(tiny_overrides(data_cache, f"train.max_steps={STEPS}", f"system.dtype={dtype}"))
+    curve = [float(parts.step(s)["loss"]) for s in range(STEPS)]
+    assert np.mean(np.abs(np.array(curve) - np.array(float32_curve))) < TOLERANCE[dtype]
+    assert curve[-1] < curve[0] - 0.5
+    assert parts.state.model.wte.dtype == jnp.float32  # master weights stay float32
+    moments = [x for x in jax.tree.leaves(parts.state.opt_state) if jnp.issubdtype(x.dtype, jnp.floating)]
+    assert moments and all(x.dtype == jnp.float32 for x in moments)
+
+
+def unchanged(a, b):
+    return all(bool(jnp.array_equal(x, y, equal_nan=True))
+               for x, y in zip(jax.tree.leaves(eqx.filter(a, eqx.is_array)), jax.tree.leaves(eqx.filter(b, eqx.is_array))))
+
+
+def test_float16_overflow_halves_the_scale_and_skips_the_step(data_cache):
+    parts = build(tiny_overrides(data_cache, "system.dtype=float16"))
+    assert float(parts.state.loss_scale.scale) == 2.0**15
+    parts.step(0)
+    # Inject an overflow: a loss scale so large that the scaled loss is Inf.
+    parts.state = eqx.tree_at(lambda s: s.loss_scale.scale, parts.state, jnp.asarray(3e38, jnp.float32))
+    before = jax.device_get((parts.state.model, parts.state.opt_state))
+    metrics = parts.step(1)
+    assert float(metrics["loss_scale"]) == pytest.approx(1.5e38)
+    assert int(metrics["skipped_steps"]) == 1 and int(parts.state.step) == 2
+    assert unchanged(before, (parts.state.model, parts.state.opt_state))
+    parts.state = eqx.tree_at(lambda s: s.loss_scale.scale, parts.state, jnp.asarray(2.0**15, jnp.float32))
+    metrics = parts.step(2)  # with a sane scale again, the next step updates
+    assert int(metrics["skipped_steps"]) == 1
+    assert not unchanged(before[0], parts.state.model)
+
+
+def test_skip_nonfinite_skips_a_nan_step_in_float32(data_cache):
+    parts = build(tiny_overrides(data_cache, "train.skip_nonfinite=true"))
+    before = jax.device_get((parts.state.model, parts.state.opt_state))
+    batch = parts.data.train.batch(0)
+    batch["loss_mask"][0, 0, 0] = np.nan
+    parts.state, metrics = parts.train_step(parts.state, put_batch(batch, parts.mesh))
+    assert int(metrics["skipped_steps"]) == 1 and float(metrics["loss_scale"]) == 1.0
+    assert unchanged(before, (parts.state.model, parts.state.opt_state))
+
+
+def test_loss_scale_doubles_after_a_period_of_finite_steps():
+    scale = LossScale.create(jnp.float16)
+    scale = LossScale(scale.scale, jnp.asarray(SCALE_PERIOD - 2, jnp.int32), scale.skipped)
+    scale = scale.after_step(jnp.asarray(True), dynamic=True)
+    assert float(scale.scale) == 2.0**15 and int(scale.good_steps) == SCALE_PERIOD - 1
+    scale = scale.after_step(jnp.asarray(True), dynamic=True)
+    assert float(scale.scale) == 2.0**16 and int(scale.good_steps) == 0
+
+
+@pytest.mark.parametrize("scan", [True, False])
+@pytest.mark.parametrize("remat", ["none", "block", "full"])
+def test_remat_and_scanned_layers_give_the_plain_models_loss_and_gradients(scan, remat):
+    base = GPTConfig(vocab_size=259, n_layer=3, n_head=2, n_embd=32, context_size=32)
+    variant = GPTConfig(**{**base.__dict__, "scan_layers": scan, "remat": remat})
+    key = jax.random.PRNGKey(0)
+    plain, other = GPT.init(base, key), GPT.init(variant, key)
+    x = jnp.asarray(np.random.default_rng(0).integers(0, 259, (4, 33)), jnp.int32)
+    batch = {"inputs": x[:, :-1], "targets": x[:, 1:], "loss_mask": jnp.ones((4, 32))}
+    value_and_grad = eqx.filter_jit(eqx.filter_value_and_grad(mean_loss))
+    (loss_a, grads_a), (loss_b, grads_b) = (value_and_grad(m, batch, None, jnp.float32) for m in (plain, other))
+    assert abs(float(loss_a) - float(loss_b)) <= 1e-5
+    for a, b in zip(jax.tree.leaves(grads_a), jax.tree.leaves(grads_b)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+
+
+def test_mfu_formula_matches_a_hand_count_for_gpt2_124m():
+    cfg = load_config(["model=gpt2"])
+    model = eqx.filter_eval_shape(GPT.init, gpt_config(cfg.model, 50257), jax.random.PRNGKey(0))
+    d, L, T, V = 768, 12, 1024, 50304
+    per_layer = 4 * d * d + 4 * d + 8 * d * d + 5 * d + 4 * d  # qkv+proj, fc+proj (weights+biases), two LayerNorms
+    n = V * d + L * per_layer + 2 * d  # token embedding (= head) + blocks + final LayerNorm; no position embedding
+    assert flops_per_token(model, T) == 6 * n + 6 * L * d * T
+    assert flops_per_token(model, T) == pytest.approx(6 * 124.4e6 - 6 * 1024 * 768 + 6 * 12 * 768 * 1024, rel=2e-3)
+    h100 = peak_flops("NVIDIA H100 80GB HBM3", "bfloat16")
+    assert h100 == 989e12 and peak_flops("cpu", "float32") is None and peak_flops("cpu", "float32", 1e12) == 1e12
+    assert mfu(100_000, model, T, h100, 1) == pytest.approx(100_000 * flops_per_token(model, T) / 989e12)
+
+
+def test_cudnn_attention_on_cpu_is_one_clear_line(tmp_path, capsys, data_cache):
+    code = train_jax.run(tiny_overrides(data_cache, "model.attention=cudnn", f"logging.run_dir={tmp_path}/run"))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert err[0] == ("error: config: model.attention: cudnn is not available (the backend is cpu); "
+                      "use model.attention=auto or xla")
+
+
+def test_auto_attention_falls_back_to_xla_on_cpu(data_cache):
+    parts = build(tiny_overrides(data_cache, "model.attention=auto"))
+    assert parts.state.model.cfg.attention == "xla"
