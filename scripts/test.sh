@@ -4,4 +4,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source activate_env.sh
 python check_env.py
-python -m pytest "$@"
+# Two workers: most tests wait on subprocess start-up and compilation, which a second core overlaps.
+python -m pytest -n "${PYTEST_WORKERS:-2}" "$@"

@@ -12,5 +12,10 @@ import pytest  # noqa: E402
 
 @pytest.fixture(scope="session")
 def data_cache(tmp_path_factory) -> str:
-    """Tokenised datasets and trained tokenizers, shared by every test (and their subprocesses)."""
-    return str(tmp_path_factory.mktemp("data-cache"))
+    """Tokenised datasets, trained tokenizers and compiled executables, shared by every test and its subprocesses
+    (each xdist worker has its own)."""
+    from training.compilation import init_compilation_cache
+
+    cache = tmp_path_factory.mktemp("data-cache")
+    init_compilation_cache(str(cache / "jax"))
+    return str(cache)

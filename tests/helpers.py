@@ -36,6 +36,7 @@ def tiny_overrides(cache_dir: str, *extra: str) -> list[str]:
         "system.num_devices=1",
         "logging.wandb=disabled",
         "logging.progress=lines",
+        f"system.compilation_cache_dir={cache_dir}/jax",
         *extra,
     ]
 

@@ -141,6 +141,7 @@ class SystemConfig:
     coordinator_address: Optional[str] = None  # host:port of process 0
     cpu_devices_per_process: Optional[int] = None  # CPU only: devices each process simulates
     distributed_timeout_s: int = 300  # how long to wait for every process to join
+    compilation_cache_dir: Optional[str] = ".cache/jax"  # persistent XLA compilation cache; null = off
 
 
 @dataclass

@@ -1,0 +1,39 @@
+"""XLA compilation: a persistent cache, so repeat runs skip compiling, and a clock for how long compiling took."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+
+# JAX reports each phase of making an executable as a duration event; XLA's compile is the one that costs (tracing
+# events nest, so summing them would count time twice). A persistent-cache hit reports no compile.
+COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+
+
+def init_compilation_cache(directory: str | None) -> None:
+    """Keep compiled executables under `directory` (null: off). A second run of the same config, or of another
+    config with the same shapes, loads them instead of compiling."""
+    if not directory:
+        return
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str(Path(directory).absolute()))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+class CompileClock:
+    """Seconds XLA spent compiling since the clock was created."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._on = True
+        jax.monitoring.register_event_duration_secs_listener(self._listen)
+
+    def _listen(self, event: str, duration: float, **_) -> None:
+        if self._on and event == COMPILE_EVENT:
+            self.seconds += duration
+
+    def stop(self) -> float:
+        self._on = False
+        return self.seconds
