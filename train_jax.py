@@ -23,6 +23,7 @@ import jax
 import optax
 
 from data import MAIN_VAL_SPLIT, Data, make_data
+from data.prefetch import Prefetcher
 from data.sources import load_corpus
 from data.tokenizers import Tokenizer, build_tokenizer, tokenizer_from_json
 from models import MODEL_BUILDERS
@@ -33,6 +34,7 @@ from training.clock import RunClock
 from training.compilation import CompileClock, init_compilation_cache
 from training.errors import DataError, PipelineError
 from training.evaluate import evaluate
+from training.flops import flops_per_token, peak_flops
 from training.logs import RunLogger, describe_run, eval_table
 from training.run import RunPlan, Source, carried_over, plan_run, restore_state, shared_timestamp
 from training.sharding import init_distributed, init_mesh, max_over_processes, put_batch
@@ -151,6 +153,9 @@ def train(cfg, plan: RunPlan, p: Pipeline, state: TrainState, started: float, co
         log.info(line)
 
     tokens_per_step = p.data.train.global_batch * config_lib.context_size(cfg)
+    peak = peak_flops(jax.devices()[0].device_kind, cfg.system.dtype, cfg.system.peak_flops)
+    flop_rate = None if peak is None else flops_per_token(state.model, config_lib.context_size(cfg)) / (
+        peak * p.mesh.devices.size)  # MFU per token/s
     tokens_seen = carried_over(resumed, "tokens_seen", 0)
     best_val = carried_over(resumed, "best_val_loss", None) or math.inf
     trained_before = carried_over(resumed, "time_trained_s", 0.0)
@@ -174,11 +179,12 @@ def train(cfg, plan: RunPlan, p: Pipeline, state: TrainState, started: float, co
         log.eval(step, results)
         save(step, val_loss)
 
+    step, reason = int(state.step), None
+    first = step
+    batches = Prefetcher(lambda s: put_batch(p.data.train.batch(s), p.mesh), first, t.max_steps)
     try:
-        step, reason = int(state.step), None
-        first = step
         while step < t.max_steps and reason is None:
-            state, metrics = p.train_step(state, put_batch(p.data.train.batch(step), p.mesh))
+            state, metrics = p.train_step(state, batches.get(step))
             pending.append(metrics)
             step += 1
             tokens_seen += tokens_per_step
@@ -189,7 +195,8 @@ def train(cfg, plan: RunPlan, p: Pipeline, state: TrainState, started: float, co
                          "after the loop started")
                 clock.mark(step)
             if step % t.log_interval == 0 or step == t.max_steps:
-                train_loss = log_train_interval(log, clock, p.schedule, pending, step, tokens_seen, t.skip_nonfinite)
+                train_loss = log_train_interval(log, clock, p.schedule, pending, step, tokens_seen, t.skip_nonfinite,
+                                                flop_rate)
                 pending = []
             if step % t.eval_interval == 0 or step == t.max_steps:
                 evaluate_and_save(step)
@@ -209,13 +216,14 @@ def train(cfg, plan: RunPlan, p: Pipeline, state: TrainState, started: float, co
             log.info(f"final evaluation at step {step}:\n{eval_table(results)}")
         log.close(hparams=config_lib.flat_hparams(cfg), final=None if val_loss is None else {"val_loss": val_loss})
     finally:
+        batches.close()
         stop.uninstall()
         if checkpointer is not None:
             checkpointer.close()
 
 
 def log_train_interval(log: RunLogger, clock: RunClock, schedule: optax.Schedule, pending: list, step: int,
-                       tokens_seen: int, skip_nonfinite: bool) -> float:
+                       tokens_seen: int, skip_nonfinite: bool, flop_rate: float | None) -> float:
     """Fetch the interval's metrics (the one host sync per interval), stop on a non-finite loss, log a line."""
     fetched = jax.device_get(pending)
     losses = [float(m["loss"]) for m in fetched]
@@ -231,6 +239,7 @@ def log_train_interval(log: RunLogger, clock: RunClock, schedule: optax.Schedule
     log.train(step, {
         "loss": loss, "lr": float(schedule(step - 1)), "grad_norm": float(fetched[-1]["grad_norm"]),
         "tokens_per_s": tokens_per_s, "ms_per_step": ms_per_step, "tokens_seen": tokens_seen,
+        "mfu": None if flop_rate is None else tokens_per_s * flop_rate,
         "skipped_steps": int(fetched[-1]["skipped_steps"]), "loss_scale": float(fetched[-1]["loss_scale"]),
         "elapsed_s": clock.elapsed(), "remaining_s": clock.remaining(step),
     })

@@ -26,15 +26,18 @@ def gpt_config(model_cfg: Any, vocab_size: int, attention: str = "xla") -> GPTCo
 
 @functools.cache
 def resolve_attention(requested: str, dtype: str) -> str:
-    """`auto` -> cuDNN's fused attention where it runs (NVIDIA GPU, 16-bit compute), else XLA's."""
+    """`auto` -> cuDNN's fused attention where it runs (NVIDIA GPU, 16-bit compute); on CPU the causal-blocked
+    attention (1.15x faster train steps there, BENCHMARKS.md); else XLA's."""
     backend = jax.default_backend()
-    if requested == "xla":
-        return "xla"
+    if requested in ("xla", "blocked"):
+        return requested
     works = backend == "gpu" and _cudnn_attention_runs(dtype)
     if requested == "cudnn" and not works:
         why = f"the backend is {backend}" if backend != "gpu" else f"cuDNN rejects {dtype} attention here"
         raise ConfigError(f"config: model.attention: cudnn is not available ({why}); use model.attention=auto or xla")
-    return "cudnn" if works else "xla"
+    if works:
+        return "cudnn"
+    return "blocked" if backend == "cpu" else "xla"
 
 
 def _cudnn_attention_runs(dtype: str) -> bool:

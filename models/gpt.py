@@ -16,6 +16,8 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from models.attention import causal_attention, cpu_float16_to_float32
+
 INIT_STD = 0.02  # GPT-2's init for every weight matrix and both embeddings.
 REMAT_POLICIES = {
     # "block": keep the matmul outputs, recompute the cheap elementwise work in the backward pass.
@@ -37,7 +39,7 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = True
     vocab_multiple: int = 64
-    attention: str = "xla"  # implementation for jax.nn.dot_product_attention: xla | cudnn
+    attention: str = "xla"  # xla | cudnn | blocked (models/attention.py)
     remat: str = "none"  # none | block | full
     scan_layers: bool = True
 
@@ -117,25 +119,10 @@ class Block(eqx.Module):
         q_BTNH, k_BTNH, v_BTNH = (
             a.reshape(B, T, N, D // N) for a in jnp.split(self.qkv(self.ln1(x_BTD)), 3, axis=-1)
         )
-        y_BTNH = _causal_attention(q_BTNH, k_BTNH, v_BTNH, cfg.attention)
+        y_BTNH = causal_attention(q_BTNH, k_BTNH, v_BTNH, cfg.attention)
         x_BTD = x_BTD + _dropout(self.attn_proj(y_BTNH.reshape(B, T, D)), cfg.dropout, keys[0])
         h_BTF = jax.nn.gelu(self.fc(self.ln2(x_BTD)), approximate=True)  # GPT-2's tanh GELU
         return x_BTD + _dropout(self.mlp_proj(h_BTF), cfg.dropout, keys[1])
-
-
-def _cpu_float16_to_float32(*xs: jax.Array) -> tuple[jax.Array, ...]:
-    """XLA:CPU has no float16 x float16 -> float32 matmul: there, float16 operands of float32-accumulating matmuls
-    (attention scores, the LM head) are widened first. Other backends keep float16."""
-    if xs[0].dtype == jnp.float16 and jax.default_backend() == "cpu":
-        return tuple(x.astype(jnp.float32) for x in xs)
-    return xs
-
-
-def _causal_attention(q_BTNH: jax.Array, k_BTNH: jax.Array, v_BTNH: jax.Array, implementation: str) -> jax.Array:
-    dtype = q_BTNH.dtype
-    q_BTNH, k_BTNH, v_BTNH = _cpu_float16_to_float32(q_BTNH, k_BTNH, v_BTNH)
-    y_BTNH = jax.nn.dot_product_attention(q_BTNH, k_BTNH, v_BTNH, is_causal=True, implementation=implementation)
-    return y_BTNH.astype(dtype)
 
 
 def _dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
@@ -198,7 +185,7 @@ class GPT(eqx.Module):
         return self.ln_f(x_BTD)
 
     def logits(self, h_BTD: jax.Array) -> jax.Array:
-        h_BTD, wte = _cpu_float16_to_float32(h_BTD, self.wte.astype(h_BTD.dtype))
+        h_BTD, wte = cpu_float16_to_float32(h_BTD, self.wte.astype(h_BTD.dtype))
         logits_BTV = jnp.einsum("btd,vd->btv", h_BTD, wte, preferred_element_type=jnp.float32)
         is_real = jnp.arange(self.cfg.padded_vocab_size) < self.cfg.vocab_size
         return jnp.where(is_real, logits_BTV, -1e9)

@@ -2,6 +2,8 @@
 
     python scripts/bench.py [--steps 20] [--warmup 3] [hydra overrides ...]
     python scripts/bench.py --steps 20 model=gpt2-mini dataset.tokenizer=byte train.batch_size=16
+    python scripts/bench.py --loader --steps 200 model=gpt2          # the data path alone
+    python scripts/bench.py --compile-only model=gpt2-xl              # compile time, nothing allocated
 
 Each timed step is synchronised (block_until_ready), so ms/step is the device time of one step plus dispatch; the
 median is reported. Batches come from the real data pipeline, prepared before timing. Reported: tokens/s, ms/step
@@ -58,6 +60,9 @@ def bench(overrides: list[str], steps: int, warmup: int) -> dict:
     device = jax.devices()[0]
     peak = peak_flops(device.device_kind, cfg.system.dtype, cfg.system.get("peak_flops"))
     stats = device.memory_stats() or {}
+    import resource
+
+    host_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
     return {
         "tokens_per_s": round(tokens_per_s, 1),
         "ms_per_step_median": round(1000 * median, 2),
@@ -65,7 +70,8 @@ def bench(overrides: list[str], steps: int, warmup: int) -> dict:
         "ms_per_step_max": round(1000 * max(times), 2),
         "compile_s": round(compile_s, 2),
         "mfu": None if peak is None else round(mfu(tokens_per_s, state.model, context, peak, len(mesh.devices.flat)), 4),
-        "peak_memory_bytes": stats.get("peak_bytes_in_use"),
+        "peak_memory_bytes": stats.get("peak_bytes_in_use"),  # devices that report it (GPUs)
+        "peak_host_memory_bytes": host_peak,
         "device_kind": device.device_kind,
         "num_devices": len(mesh.devices.flat),
         "steps_timed": steps,
@@ -82,13 +88,69 @@ def bench(overrides: list[str], steps: int, warmup: int) -> dict:
     }
 
 
+def bench_loader(overrides: list[str], steps: int) -> dict:
+    """The data path alone, no model: read the windows, build the batch, put it on the devices."""
+    cfg = config_lib.load_config(overrides)
+    config_lib.validate(cfg, jax.local_device_count())
+    p = train_jax.build(cfg)
+    jax.block_until_ready(put_batch(p.data.train.batch(0), p.mesh))
+    t0 = time.perf_counter()
+    for s in range(1, steps + 1):
+        jax.block_until_ready(put_batch(p.data.train.batch(s), p.mesh))
+    seconds = (time.perf_counter() - t0) / steps
+    tokens = p.data.train.global_batch * config_lib.context_size(cfg)
+    return {"loader_tokens_per_s": round(tokens / seconds, 1), "ms_per_batch": round(1000 * seconds, 3),
+            "tokens_per_batch": tokens, "steps": steps, "model": cfg.model.name}
+
+
+def bench_compile(overrides: list[str], vocab: int) -> dict:
+    """Compile the train step from abstract shapes only (nothing allocated): for models too big for this machine."""
+    import equinox as eqx
+
+    from training.sharding import init_mesh, state_shardings
+    from training.state import TrainState
+    from training.step import COMPUTE_DTYPES, make_train_step
+
+    cfg = config_lib.load_config(overrides)
+    dtype = COMPUTE_DTYPES[cfg.system.dtype]
+    mesh = init_mesh(cfg.system.num_devices, cfg.system.mesh_model)
+    model = eqx.filter_eval_shape(train_jax.init_model, cfg, vocab, jax.random.PRNGKey(0))
+    optimizer = train_jax.init_optimizer(cfg, train_jax.init_scheduler(cfg), model)
+    state = eqx.filter_eval_shape(TrainState.create, model, optimizer, jax.random.PRNGKey(0), dtype)
+    shardings = state_shardings(state, mesh, cfg.system.sharding)
+    state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, shardings)
+    shape = (cfg.train.grad_accum_steps, cfg.train.batch_size, config_lib.context_size(cfg))
+    batch = {k: jax.ShapeDtypeStruct(shape, dt) for k, dt in
+             (("inputs", jax.numpy.int32), ("targets", jax.numpy.int32), ("loss_mask", jax.numpy.float32))}
+    step = make_train_step(optimizer, shardings, dtype, jit=False)
+    arrays, static = eqx.partition(state, lambda x: isinstance(x, jax.ShapeDtypeStruct))
+    compiled_step = jax.jit(lambda arrays, batch: step(eqx.combine(arrays, static), batch), donate_argnums=0)
+    t0 = time.perf_counter()
+    lowered = compiled_step.lower(arrays, batch)
+    t1 = time.perf_counter()
+    lowered.compile()
+    t2 = time.perf_counter()
+    return {"model": cfg.model.name, "params": count_params(model), "scan_layers": cfg.model.scan_layers,
+            "trace_and_lower_s": round(t1 - t0, 2), "compile_s": round(t2 - t1, 2),
+            "device_kind": jax.devices()[0].device_kind}
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--loader", action="store_true", help="time the data path alone (no model)")
+    parser.add_argument("--compile-only", action="store_true", help="compile from abstract shapes, run nothing")
+    parser.add_argument("--vocab", type=int, default=50257, help="--compile-only: the vocab size to build")
     args, overrides = parser.parse_known_args(argv)
     try:
-        print(json.dumps(bench(overrides, args.steps, max(args.warmup, 1))), flush=True)
+        if args.compile_only:
+            result = bench_compile(overrides, args.vocab)
+        elif args.loader:
+            result = bench_loader(overrides, args.steps)
+        else:
+            result = bench(overrides, args.steps, max(args.warmup, 1))
+        print(json.dumps(result), flush=True)
     except PipelineError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code

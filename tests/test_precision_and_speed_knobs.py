@@ -116,6 +116,15 @@ def test_cudnn_attention_on_cpu_is_one_clear_line(tmp_path, capsys, data_cache):
                       "use model.attention=auto or xla")
 
 
-def test_auto_attention_falls_back_to_xla_on_cpu(data_cache):
+def test_auto_attention_picks_the_blocked_kernel_on_cpu(data_cache):
     parts = build(tiny_overrides(data_cache, "model.attention=auto"))
-    assert parts.state.model.cfg.attention == "xla"
+    assert parts.state.model.cfg.attention == "blocked"
+
+
+@pytest.mark.parametrize("seq", [64, 48])
+def test_blocked_attention_equals_xla_attention(seq):
+    from models.attention import blocked_causal_attention
+
+    q, k, v = (jax.random.normal(jax.random.PRNGKey(i), (2, seq, 3, 16)) for i in range(3))
+    want = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")
+    np.testing.assert_allclose(blocked_causal_attention(q, k, v, block=16), want, atol=1e-5)

@@ -59,7 +59,7 @@ class ModelConfig:
     dropout: float = 0.0
     bias: bool = True
     vocab_multiple: int = 64
-    attention: str = "auto"  # auto | xla | cudnn
+    attention: str = "auto"  # auto | xla | cudnn | blocked
     remat: str = "none"  # none | block | full
     scan_layers: bool = True
 
@@ -164,7 +164,7 @@ CHOICES = {
     "dataset.source": ("pystdlib", "text_files", "hf"),
     "dataset.tokenizer": ("byte", "bpe", "gpt2"),
     "model.arch": ("gpt2",),
-    "model.attention": ("auto", "xla", "cudnn"),
+    "model.attention": ("auto", "xla", "cudnn", "blocked"),
     "model.remat": ("none", "block", "full"),
     "optimizer.name": ("adamw", "adam", "sgdm", "nadam", "rmsprop", "lion", "muon"),
     "optimizer.lr_config.name": ("constant", "linear", "cosine", "trapezoid", "piecewise_linear"),

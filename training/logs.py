@@ -87,6 +87,7 @@ class RunLogger:
         line = (
             f"step {step:>6} | loss {m['loss']:.4f} | lr {m['lr']:.2e} | grad {m['grad_norm']:.3f} | "
             f"{m['tokens_per_s']:,.0f} tok/s | {m['ms_per_step']:.0f} ms/step | "
+            f"MFU {'n/a' if m.get('mfu') is None else format(m['mfu'], '.1%')} | "
             f"{format_duration(m['elapsed_s'])} elapsed | {format_duration(m['remaining_s'])} remaining"
         )
         if m.get("loss_scale", 1.0) != 1.0 or m.get("skipped_steps", 0):
@@ -106,11 +107,12 @@ class RunLogger:
     def _record(self, step: int, split: str, values: dict[str, float]) -> None:
         row = {"step": step, "split": split, "time": time.time(), **{k: _plain(v) for k, v in values.items()}}
         self.metrics_file.write(json.dumps(row) + "\n")
+        numbers = {k: v for k, v in values.items() if v is not None}
         if self.tb is not None:
-            for k, v in values.items():
+            for k, v in numbers.items():
                 self.tb.add_scalar(f"{split}/{k}", v, step)
         if self.wandb_run is not None:
-            self.wandb_run.log({f"{split}/{k}": v for k, v in values.items()}, step=step)
+            self.wandb_run.log({f"{split}/{k}": v for k, v in numbers.items()}, step=step)
 
     def close(self, hparams: dict[str, Any] | None = None, final: dict[str, float] | None = None) -> None:
         if not self.active:

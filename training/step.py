@@ -40,7 +40,9 @@ def mean_loss(model: Any, batch: Batch, key: jax.Array | None, dtype: jnp.dtype)
 
 
 def make_train_step(optimizer: optax.GradientTransformation, state_shardings: Any, dtype: jnp.dtype,
-                    skip_nonfinite: bool = False) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
+                    skip_nonfinite: bool = False, jit: bool = True
+                    ) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
+    """The compiled step (`jit=False`: the plain function, for ahead-of-time lowering from abstract shapes)."""
     dynamic_scale = jnp.dtype(dtype) == jnp.float16
     guard = dynamic_scale or skip_nonfinite
 
@@ -67,9 +69,12 @@ def make_train_step(optimizer: optax.GradientTransformation, state_shardings: An
             return (eqx.apply_updates(model, updates), opt_state, finite), loss
 
         num_micro = batch["inputs"].shape[0]
-        (model, opt_state, finite), losses = jax.lax.scan(
-            micro_step, (state.model, state.opt_state, jnp.asarray(True)), (batch, jnp.arange(num_micro))
-        )
+        carry = (state.model, state.opt_state, jnp.asarray(True))
+        if num_micro == 1:  # no loop: a length-1 scan makes the whole state a loop carry (measured ~2% slower)
+            (model, opt_state, finite), loss = micro_step(carry, (jax.tree.map(lambda x: x[0], batch), 0))
+            losses = loss[None]
+        else:
+            (model, opt_state, finite), losses = jax.lax.scan(micro_step, carry, (batch, jnp.arange(num_micro)))
         if guard:  # a non-finite step changes nothing but the loss scale and the skip counter
             model, opt_state = jax.tree.map(
                 lambda new, old: jnp.where(finite, new, old), (model, opt_state), (state.model, state.opt_state)
@@ -82,7 +87,7 @@ def make_train_step(optimizer: optax.GradientTransformation, state_shardings: An
                    "skipped_steps": loss_scale.skipped}
         return new_state, metrics
 
-    return eqx.filter_jit(train_step, donate="all")
+    return eqx.filter_jit(train_step, donate="all") if jit else train_step
 
 
 def make_eval_step(dtype: jnp.dtype) -> Callable[[Any, Batch], tuple[jax.Array, jax.Array, jax.Array]]:

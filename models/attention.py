@@ -1,0 +1,55 @@
+"""Causal self-attention implementations behind `model.attention`.
+
+  xla      jax.nn.dot_product_attention's XLA path: the full [T, T] score matrix, masked.
+  cudnn    jax.nn.dot_product_attention's cuDNN fused (flash) kernel: NVIDIA GPUs, 16-bit inputs.
+  blocked  the same maths in plain JAX, by query blocks: block i only scores keys [0, (i+1) * block), so about
+           half of the masked work is never done and each block's scores fit in cache. Faster on CPU.
+
+All take and return [B, T, N, H] arrays and agree to float rounding.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+ATTENTION_BLOCK = 128  # query/key block for `blocked`; T must be a multiple (else it falls back to one block)
+
+
+def causal_attention(q_BTNH: jax.Array, k_BTNH: jax.Array, v_BTNH: jax.Array, implementation: str) -> jax.Array:
+    dtype = q_BTNH.dtype
+    q_BTNH, k_BTNH, v_BTNH = cpu_float16_to_float32(q_BTNH, k_BTNH, v_BTNH)
+    if implementation == "blocked":
+        y_BTNH = blocked_causal_attention(q_BTNH, k_BTNH, v_BTNH, ATTENTION_BLOCK)
+    else:
+        y_BTNH = jax.nn.dot_product_attention(q_BTNH, k_BTNH, v_BTNH, is_causal=True, implementation=implementation)
+    return y_BTNH.astype(dtype)
+
+
+def blocked_causal_attention(q_BTNH: jax.Array, k_BTNH: jax.Array, v_BTNH: jax.Array, block: int) -> jax.Array:
+    T = q_BTNH.shape[1]
+    if T % block or T <= block:
+        block = T
+    scale = 1.0 / math.sqrt(q_BTNH.shape[-1])
+    outputs = []
+    for start in range(0, T, block):
+        end = start + block
+        q_BNtH = jnp.swapaxes(q_BTNH[:, start:end], 1, 2) * jnp.asarray(scale, q_BTNH.dtype)
+        k_BNsH = jnp.swapaxes(k_BTNH[:, :end], 1, 2)
+        v_BNsH = jnp.swapaxes(v_BTNH[:, :end], 1, 2)
+        s_BNts = jnp.einsum("bnth,bnsh->bnts", q_BNtH, k_BNsH, preferred_element_type=jnp.float32)
+        visible_ts = jnp.arange(start, end)[:, None] >= jnp.arange(end)[None, :]
+        s_BNts = jnp.where(visible_ts, s_BNts, -jnp.inf)
+        p_BNts = jax.nn.softmax(s_BNts, axis=-1).astype(v_BNsH.dtype)
+        outputs.append(jnp.einsum("bnts,bnsh->btnh", p_BNts, v_BNsH))
+    return jnp.concatenate(outputs, axis=1)
+
+
+def cpu_float16_to_float32(*xs: jax.Array) -> tuple[jax.Array, ...]:
+    """XLA:CPU has no float16 x float16 -> float32 matmul: there, float16 operands of float32-accumulating matmuls
+    (attention scores, the LM head) are widened first. Other backends keep float16."""
+    if xs[0].dtype == jnp.float16 and jax.default_backend() == "cpu":
+        return tuple(x.astype(jnp.float32) for x in xs)
+    return xs
