@@ -14,6 +14,8 @@ REQUIRED = {  # distribution name -> module to import
     "jax": "jax", "jaxlib": "jaxlib", "equinox": "equinox", "optax": "optax", "orbax-checkpoint": "orbax.checkpoint",
     "chex": "chex", "hydra-core": "hydra", "datasets": "datasets", "tokenizers": "tokenizers", "tiktoken": "tiktoken",
     "wandb": "wandb", "tensorboardX": "tensorboardX", "tqdm": "tqdm", "python-dotenv": "dotenv",
+    "music21": "music21", "mido": "mido", "matplotlib": "matplotlib", "safetensors": "safetensors", "torch": "torch",
+    "transformers": "transformers",
 }
 
 

@@ -22,11 +22,13 @@ from typing import Any, Callable
 import jax
 import optax
 
-from data import MAIN_VAL_SPLIT, Data, make_data
+from data import Data, make_data
 from data.prefetch import Prefetcher
 from data.sources import load_corpus
+from data.notes_tokenizer import notes_tokenizer
 from data.tokenizers import Tokenizer, build_tokenizer, tokenizer_from_json
 from models import MODEL_BUILDERS
+from models.gpt import count_params
 from optimizers import build_optimizer, build_schedule
 from training import config as config_lib
 from training.checkpoint import Checkpointer, checkpoint_meta
@@ -36,6 +38,7 @@ from training.errors import DataError, PipelineError
 from training.evaluate import evaluate
 from training.flops import flops_per_token, peak_flops
 from training.logs import RunLogger, describe_run, eval_table
+from training.report import finish_run
 from training.run import RunPlan, Source, carried_over, plan_run, restore_state, shared_timestamp
 from training.sharding import init_distributed, init_mesh, max_over_processes, put_batch
 from training.signals import StopRequest
@@ -45,15 +48,27 @@ from training.step import COMPUTE_DTYPES, make_eval_step, make_train_step
 
 def init_tokenizer(cfg, corpus: dict, source: Source | None) -> Tokenizer:
     """A run that starts from a checkpoint keeps the checkpoint's tokenizer: its ids are what the weights learned."""
+    d = cfg.dataset
     if source is not None:
         tokenizer = tokenizer_from_json(source.meta["tokenizer"])
-        if tokenizer.kind != cfg.dataset.tokenizer:
-            raise DataError(f"dataset.tokenizer: {cfg.dataset.tokenizer} does not match the checkpoint's "
+        if tokenizer.kind != d.tokenizer:
+            raise DataError(f"dataset.tokenizer: {d.tokenizer} does not match the checkpoint's "
                             f"{tokenizer.kind}; set dataset.tokenizer={tokenizer.kind}")
+        if tokenizer.kind == "notes" and tokenizer.to_json() != notes_tokenizer(d).to_json():
+            raise DataError(f"dataset.notes_tokenizer: {notes_tokenizer(d).to_json()} does not match the "
+                            f"checkpoint's {tokenizer.to_json()}; use the checkpoint's settings")
         return tokenizer
-    d = cfg.dataset
-    return build_tokenizer(d.tokenizer, bpe_vocab_size=d.bpe_vocab_size, train_texts=corpus["train"]["text"],
+    if d.tokenizer == "notes":
+        return notes_tokenizer(d)
+    return build_tokenizer(d.tokenizer, bpe_vocab_size=d.bpe_vocab_size, train_texts=_texts(corpus["train"]),
                            corpus_fingerprint=corpus["train"]._fingerprint, cache_dir=d.cache_dir)
+
+
+def _texts(ds):
+    """What a BPE learns from: documents, or prompts and completions."""
+    if "text" in ds.column_names:
+        return ds["text"]
+    return [t for row in zip(ds["prompt"], ds["completion"]) for t in row if t]
 
 
 def load_data(cfg, corpus: dict, tokenizer: Tokenizer) -> Data:
@@ -174,13 +189,15 @@ def train(cfg, plan: RunPlan, p: Pipeline, state: TrainState, started: float, co
     def evaluate_and_save(step: int) -> None:
         nonlocal results, val_loss, best_val
         results = evaluate(p.eval_step, state.model, p.data.evals, p.mesh, p.data.token_bytes)
-        val_loss = results[MAIN_VAL_SPLIT]["loss"]
+        val_loss = results[p.data.main_split]["loss"]
         best_val = min(best_val, val_loss)
         log.eval(step, results)
         save(step, val_loss)
 
     step, reason = int(state.step), None
     first = step
+    if t.eval_at_start and step == 0:  # the starting point of the curves, e.g. what init_from's weights score
+        log.eval(0, evaluate(p.eval_step, state.model, p.data.evals, p.mesh, p.data.token_bytes))
     batches = Prefetcher(lambda s: put_batch(p.data.train.batch(s), p.mesh), first, t.max_steps)
     try:
         while step < t.max_steps and reason is None:
@@ -215,6 +232,8 @@ def train(cfg, plan: RunPlan, p: Pipeline, state: TrainState, started: float, co
         if results is not None and reason in (None, "time limit"):
             log.info(f"final evaluation at step {step}:\n{eval_table(results)}")
         log.close(hparams=config_lib.flat_hparams(cfg), final=None if val_loss is None else {"val_loss": val_loss})
+        if is_main:
+            finish_run(plan.run_dir, checkpointer, reason, time.time() - started, count_params(state.model))
     finally:
         batches.close()
         stop.uninstall()

@@ -24,9 +24,22 @@ SMALL_SPLIT_DOCS = 64  # below this many documents, tokenising in worker process
 
 def tokenize_split(ds: datasets.Dataset, tokenizer: Tokenizer, num_proc: int) -> np.ndarray:
     """All documents of a split as one token stream, each followed by <EOS>. Cached by datasets' fingerprint."""
-    fingerprint = hashlib.sha256(f"{ds._fingerprint}|{tokenizer.fingerprint()}|eos-v1".encode()).hexdigest()[:16]
-    tokenized = ds.map(
-        _encode_documents,
+    tokenized = _map_ids(ds, _encode_documents, tokenizer, num_proc, "eos-v1")
+    ids = tokenized.data.column("ids").combine_chunks().flatten().to_numpy(zero_copy_only=False)
+    return ids.astype(np.uint16 if tokenizer.vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32)
+
+
+def tokenize_prompts(ds: datasets.Dataset, tokenizer: Tokenizer, num_proc: int) -> list[list[int]]:
+    """Rows with `prompt` and `completion` columns -> `prompt <GENAI> completion <EOS>` id lists."""
+    return _map_ids(ds, _encode_prompts, tokenizer, num_proc, "prompt-v1")["ids"]
+
+
+def _map_ids(ds: datasets.Dataset, encode, tokenizer: Tokenizer, num_proc: int, version: str) -> datasets.Dataset:
+    """`encode` over the split in batches (worker processes for big splits), into one `ids` column; cached on disk
+    under a fingerprint of the data, the tokenizer and `version`."""
+    fingerprint = hashlib.sha256(f"{ds._fingerprint}|{tokenizer.fingerprint()}|{version}".encode()).hexdigest()[:16]
+    return ds.map(
+        encode,
         batched=True,
         batch_size=64,
         num_proc=num_proc if len(ds) >= SMALL_SPLIT_DOCS and num_proc > 1 else None,
@@ -34,13 +47,37 @@ def tokenize_split(ds: datasets.Dataset, tokenizer: Tokenizer, num_proc: int) ->
         fn_kwargs={"tokenizer": tokenizer},
         new_fingerprint=fingerprint,
     )
-    ids = tokenized.data.column("ids").combine_chunks().flatten().to_numpy(zero_copy_only=False)
-    return ids.astype(np.uint16 if tokenizer.vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32)
+
+
+def _encode_prompts(batch: dict, tokenizer: Tokenizer) -> dict:
+    prompts = tokenizer.encode_batch([p or "" for p in batch["prompt"]])
+    completions = tokenizer.encode_batch([c or "" for c in batch["completion"]])
+    return {"ids": [p + [tokenizer.genai_id] + c + [tokenizer.eos_id] for p, c in zip(prompts, completions)]}
 
 
 def _encode_documents(batch: dict, tokenizer: Tokenizer) -> dict:
     texts = [t for t in batch["text"] if t]  # empty rows (blank lines in some Hub corpora) are not documents
     return {"ids": [ids + [tokenizer.eos_id] for ids in tokenizer.encode_batch(texts)]}
+
+
+def step_samples(step: int, grad_accum: int, process_count: int, batch_size: int, process_index: int) -> np.ndarray:
+    """Run-wide sample numbers for one process at `step`: [grad_accum, batch_size].
+
+    Sample numbers of one step are laid out [grad_accum, process, batch], so the processes' rows of a micro-batch
+    are adjacent and their concatenation is the single-process micro-batch.
+    """
+    A, P, B = grad_accum, process_count, batch_size
+    layout = step * A * P * B + np.arange(A * P * B).reshape(A, P, B)
+    return layout[:, process_index, :]
+
+
+def eval_layout(available: int, batch_size: int, process_count: int, num_batches: int
+                ) -> tuple[int, int, np.ndarray]:
+    """An evaluation set of up to `num_batches` global batches out of `available` windows (or records): how many
+    it takes, how many batches that fills, and which ones (an even stride over the whole split)."""
+    per_batch = batch_size * process_count
+    taken = min(available, num_batches * per_batch)
+    return taken, -(-taken // per_batch), np.arange(taken) * available // max(taken, 1)
 
 
 def _window_batch(windows: np.ndarray, pad_id: int) -> dict[str, np.ndarray]:
@@ -85,14 +122,7 @@ class TrainBatches:
         return self._epoch_cache[1], self._epoch_cache[2]
 
     def sample_indices(self, step: int) -> np.ndarray:
-        """Run-wide sample numbers for this process at `step`: [grad_accum, batch_size].
-
-        Sample numbers of one step are laid out [grad_accum, process, batch], so the processes' rows of a micro-batch
-        are adjacent and their concatenation is the single-process micro-batch.
-        """
-        A, P, B = self.grad_accum_steps, self.process_count, self.batch_size
-        layout = step * A * P * B + np.arange(A * P * B).reshape(A, P, B)
-        return layout[:, self.process_index, :]
+        return step_samples(step, self.grad_accum_steps, self.process_count, self.batch_size, self.process_index)
 
     def batch(self, step: int) -> dict[str, np.ndarray]:
         samples = self.sample_indices(step)
@@ -123,11 +153,9 @@ class EvalBatches:
 
     def __post_init__(self) -> None:
         available = max((len(self.tokens) - 1) // self.context, 0)
-        per_batch = self.batch_size * self.process_count
-        self.num_windows = min(available, self.num_batches * per_batch)
-        self.batches_needed = -(-self.num_windows // per_batch)
-        # Window w of the evaluation set starts at window starts[w] of the split: an even stride over all of it.
-        self.starts = (np.arange(self.num_windows) * available // max(self.num_windows, 1)) * self.context
+        self.num_windows, self.batches_needed, chosen = eval_layout(available, self.batch_size, self.process_count,
+                                                                    self.num_batches)
+        self.starts = chosen * self.context  # window w of the evaluation set starts here in the split
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         per_batch = self.batch_size * self.process_count

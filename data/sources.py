@@ -29,10 +29,16 @@ TEXT_ENCODING_ERRORS = "replace"  # a few files are not UTF-8; keep them, with U
 def load_corpus(d: Any) -> dict[str, datasets.Dataset]:
     datasets.disable_progress_bars()
     datasets.logging.set_verbosity_error()
+    if d.source in ("music21", "maestro", "midi_files"):
+        from data.note_sources import load_note_corpus
+
+        return load_note_corpus(d)
     if d.source == "pystdlib":
         corpus = _pystdlib(d)
     elif d.source == "text_files":
         corpus = _text_files(d)
+    elif d.source == "json_files":
+        corpus = _json_files(d)
     else:
         corpus = _hub(d)
     if d.max_documents is not None:
@@ -82,8 +88,20 @@ def _pystdlib(d: Any) -> dict[str, datasets.Dataset]:
 
 
 def _text_files(d: Any) -> dict[str, datasets.Dataset]:
+    everything = _load_text_files({"documents": expand_files(d.files)}, d, sample_by="document")["documents"]
+    return _hash_split(everything, d)
+
+
+def _json_files(d: Any) -> dict[str, datasets.Dataset]:
+    """JSON / JSON-lines files (datasets' `json` loader): one row per object, split by a hash of the row index."""
+    loaded = datasets.load_dataset("json", data_files=expand_files(d.files), cache_dir=str(Path(d.cache_dir) / "hf"))
+    return {name: _text_column(ds, d, label="dataset.files") for name, ds in _hash_split(loaded["train"], d).items()}
+
+
+def expand_files(patterns: list[str]) -> list[str]:
+    """`dataset.files`: paths, directories (every file under them) or globs -> sorted file paths."""
     paths: list[str] = []
-    for pattern in d.files:
+    for pattern in patterns:
         expanded = os.path.expanduser(pattern)
         if os.path.isdir(expanded):
             matches = [str(p) for p in sorted(Path(expanded).rglob("*")) if p.is_file()]
@@ -92,9 +110,7 @@ def _text_files(d: Any) -> dict[str, datasets.Dataset]:
         if not matches:
             raise DataError(f"dataset.files: {pattern!r} matches no file")
         paths.extend(m for m in matches if os.path.isfile(m))
-    paths = sorted(set(paths))
-    everything = _load_text_files({"documents": paths}, d, sample_by="document")["documents"]
-    return _hash_split(everything, d)
+    return sorted(set(paths))
 
 
 def _load_text_files(by_split: dict[str, list[str]], d: Any, sample_by: str) -> dict[str, datasets.Dataset]:
@@ -128,13 +144,18 @@ def hub_reachable(host: str = "huggingface.co") -> bool:
         return False
 
 
+def offline_hub() -> None:
+    """Without this, huggingface_hub retries for ~25 s when the Hub is unreachable; offline mode still reads a
+    local cache and local folders."""
+    import huggingface_hub.constants
+
+    datasets.config.HF_HUB_OFFLINE = True
+    huggingface_hub.constants.HF_HUB_OFFLINE = True
+
+
 def _hub(d: Any) -> dict[str, datasets.Dataset]:
     if not hub_reachable():
-        # Without this, huggingface_hub retries for ~25 s; offline mode still reads a local cache.
-        import huggingface_hub.constants
-
-        datasets.config.HF_HUB_OFFLINE = True
-        huggingface_hub.constants.HF_HUB_OFFLINE = True
+        offline_hub()
     label = d.hf_path + (f" ({d.hf_name})" if d.hf_name else "")
     kwargs = dict(
         path=d.hf_path, name=d.hf_name, cache_dir=str(Path(d.cache_dir) / "hf"), token=secret("HF_TOKEN")
@@ -178,10 +199,12 @@ def _hub_streamed(d: Any, kwargs: dict) -> dict[str, datasets.Dataset]:
     return _hash_split(taken, d)
 
 
-def _text_column(ds: datasets.Dataset, d: Any) -> datasets.Dataset:
-    if d.text_column not in ds.column_names:
-        raise DataError(
-            f"dataset.text_column: {d.text_column!r} is not a column of {d.hf_path}; it has {', '.join(ds.column_names)}"
-        )
-    ds = ds.select_columns([d.text_column])
-    return ds.rename_column(d.text_column, "text") if d.text_column != "text" else ds
+def _text_column(ds: datasets.Dataset, d: Any, label: str | None = None) -> datasets.Dataset:
+    """The column(s) the run reads, renamed to `text`, or to `prompt` and `completion` for fine-tuning records."""
+    wanted = {"prompt_column": "prompt", "completion_column": "completion"} if d.prompt_column else {"text_column": "text"}
+    for key in wanted:
+        if d[key] not in ds.column_names:
+            raise DataError(f"dataset.{key}: {d[key]!r} is not a column of {label or d.hf_path}; it has "
+                            f"{', '.join(ds.column_names)}")
+    ds = ds.select_columns([d[key] for key in wanted])
+    return ds.rename_columns({d[key]: new for key, new in wanted.items() if d[key] != new})

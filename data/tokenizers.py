@@ -211,7 +211,11 @@ def tokenizer_from_json(desc: dict) -> Tokenizer:
         return BpeTokenizer(desc["hf_tokenizer"])
     if kind == "gpt2":
         return Gpt2Tokenizer()
-    raise DataError(f"tokenizer description has unknown kind {kind!r} (expected byte, bpe or gpt2)")
+    if kind == "notes":
+        from data.notes_tokenizer import NotesTokenizer
+
+        return NotesTokenizer.from_json(desc)
+    raise DataError(f"tokenizer description has unknown kind {kind!r} (expected byte, bpe, gpt2 or notes)")
 
 
 def build_tokenizer(kind: str, *, bpe_vocab_size: int, train_texts, corpus_fingerprint: str, cache_dir: str) -> Tokenizer:

@@ -1,9 +1,14 @@
-"""Generate text from a trained model.
+"""Generate from a trained model: text models print text, note models write .mid files.
 
     python scripts/sample.py RUN_DIR [--which latest|best|STEP] [--prompt "def "] [--num-samples 3]
         [--max-new-tokens 200] [--temperature 0.8] [--top-k 50] [--top-p 0.95] [--seed 0]
+    python scripts/sample.py PIANO_RUN_DIR [--prompt-midi piece.mid | --prompt-split full] [--prompt-notes 32]
+        [--task continuation|dynamics|lower_voices] [--out samples/]
 
-RUN_DIR is a run directory (runs/<name>) or its checkpoint directory.
+RUN_DIR is a run directory (runs/<name>) or its checkpoint directory. A note model continues the first
+`--prompt-notes` notes of a MIDI file, or of the first record of a validation split of its own dataset; `--task`
+poses a piano task to a fine-tuned model instead (default: the task it was fine-tuned on, if any). Each sample is
+written as <out>/sample-<i>.mid with the prompt's notes and the generated ones, next to prompt.mid.
 """
 
 from __future__ import annotations
@@ -14,9 +19,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from models.sampling import generate_no_cache  # noqa: E402
-from training.errors import PipelineError  # noqa: E402
-from training.trained import load_trained  # noqa: E402
+from models.decode import generate  # noqa: E402
+from training.errors import DataError, PipelineError  # noqa: E402
+from training.trained import Trained, load_trained  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
@@ -30,22 +35,79 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--top-k", type=int, default=None)
     parser.add_argument("--top-p", type=float, default=None)
     parser.add_argument("--seed", type=int, default=0)
+    notes = parser.add_argument_group("note models")
+    notes.add_argument("--prompt-midi", help="a .mid file whose first notes are the prompt")
+    notes.add_argument("--prompt-split", default=None, help="a validation split of the model's dataset (default: full)")
+    notes.add_argument("--prompt-notes", type=int, default=32, help="notes of the prompt")
+    notes.add_argument("--task", default=None, help="pose this piano task (default: the run's first task, if any)")
+    notes.add_argument("--out", default=None, help="folder for the .mid files (default: <run>/samples)")
     args = parser.parse_args(argv)
     try:
         trained = load_trained(args.path, args.which)
+        if trained.tokenizer.kind == "notes":
+            return sample_notes(trained, args)
+        return sample_text(trained, args)
     except PipelineError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
+
+
+def sample_text(trained: Trained, args: argparse.Namespace) -> int:
     tok = trained.tokenizer
     texts = args.prompt or [""]
     prompts = [[tok.eos_id] + tok.encode(text) for text in texts for _ in range(args.num_samples)]
-    continuations = generate_no_cache(trained.model, prompts, args.max_new_tokens, temperature=args.temperature,
+    continuations = generate(trained.model, prompts, args.max_new_tokens, temperature=args.temperature,
                                       top_k=args.top_k, top_p=args.top_p, seed=args.seed, eos_id=tok.eos_id)
     print(f"# {trained.cfg.model.name}, step {trained.step}, temperature {args.temperature}")
     for prompt_ids, ids in zip(prompts, continuations):
         print("-" * 60)
         print(tok.decode(prompt_ids[1:] + ids))
     return 0
+
+
+def sample_notes(trained: Trained, args: argparse.Namespace) -> int:
+    from data.midi import read_midi, write_midi
+    from data.tasks import TASKS, note_prompt, notes_from_generation
+
+    tok, cfg = trained.tokenizer, trained.cfg
+    task = args.task or (cfg.tasks[0] if cfg.stage == "piano_task" and cfg.tasks else None)
+    if task is not None and task not in TASKS:
+        raise DataError(f"--task: unknown task {task!r}; choose from {', '.join(TASKS)}")
+    if args.prompt_midi:
+        given = read_midi(args.prompt_midi)
+        source = args.prompt_midi
+    else:
+        given, source = _first_record(cfg, tok, args.prompt_split)
+    given = given.take(slice(0, args.prompt_notes)).shifted_to_zero()
+    if len(given) == 0:
+        raise DataError(f"the prompt ({source}) has no notes")
+    prompt = note_prompt(task, given, tok)
+    generated = generate(trained.model, [prompt] * args.num_samples, args.max_new_tokens,
+                                  temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                                  eos_id=tok.eos_id)
+    out = Path(args.out or Path(trained.meta.get("run_dir") or Path(args.path)) / "samples")
+    write_midi(tok.quantise(given), out / "prompt.mid")
+    print(f"# {cfg.model.name}, step {trained.step}, {task or 'next-token continuation'}, prompt: {len(given)} notes "
+          f"of {source}, temperature {args.temperature}")
+    for i, ids in enumerate(generated):
+        piece = notes_from_generation(task, given, ids, tok)
+        path = write_midi(piece, out / f"sample-{i}.mid")
+        print(f"{path}: {len(piece)} notes, {piece.end.max():.1f} s ({len(ids)} tokens generated)")
+    return 0
+
+
+def _first_record(cfg, tok, split: str | None):
+    """The notes of the first record of a validation split of the run's own dataset (parsed data comes from cache)."""
+    from data.note_sources import FULL_VAL_SPLIT, load_note_corpus
+    from data.tasks import NoteRecords
+
+    split = split or FULL_VAL_SPLIT
+    corpus = load_note_corpus(cfg.dataset)
+    if split not in corpus:
+        raise DataError(f"--prompt-split: {split!r} is not a split of {cfg.dataset.name}; it has {', '.join(corpus)}")
+    records = NoteRecords(corpus[split], tok, cfg.data.notes_per_record, cfg.dataset.pause_detection_threshold,
+                          cfg.model.context_size, [], [], 0, [])
+    return records.notes(0), f"{cfg.dataset.name}/{split}, record 0"
 
 
 if __name__ == "__main__":

@@ -19,3 +19,13 @@ def data_cache(tmp_path_factory) -> str:
     cache = tmp_path_factory.mktemp("data-cache")
     init_compilation_cache(str(cache / "jax"))
     return str(cache)
+
+
+@pytest.fixture(scope="session")
+def bach_chorale():
+    """A real piece: a Bach chorale from the score corpus that ships with music21, as notes in seconds."""
+    from music21 import corpus
+
+    from data.note_sources import score_notes
+
+    return score_notes(corpus.parse("bach/bwv66.6", forceSource=True), default_velocity=80)

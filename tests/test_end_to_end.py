@@ -84,3 +84,37 @@ def test_hub_dataset_offline_fails_with_one_line(tmp_path):
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
     assert lines[0].startswith("error: dataset Salesforce/wikitext (wikitext-2-raw-v1)")
     assert "dataset=pystdlib" in lines[0]
+
+
+def test_a_finished_run_writes_summary_and_plots(tiny_run, tmp_path):
+    from PIL import Image
+
+    from training.report import plot_runs
+
+    run_dir, _ = tiny_run
+    summary = json.loads((run_dir / "summary.json").read_text())
+    val = read_metrics(run_dir, "val")
+    assert summary["steps"] == 40 and summary["stopped"] == "max_steps"
+    assert summary["splits"]["val"]["final_loss"] == val[-1]["loss"]
+    assert summary["splits"]["val"]["best_loss"] == min(r["loss"] for r in val)
+    assert summary["tokens_seen"] == read_metrics(run_dir, "train")[-1]["tokens_seen"] == 40 * 8 * 64
+    assert summary["checkpoints"]["latest"] == 40 and summary["versions"]["jax"]
+    assert summary["tokens_per_s_median"] > 0 and summary["mfu_median"] is None  # CPU: no known peak
+    with Image.open(run_dir / "plots.png") as png:
+        assert png.format == "PNG" and png.size[0] > 1000
+    curves = plot_runs([run_dir], tmp_path / "again.png")
+    train = read_metrics(run_dir, "train")
+    assert curves["loss per token/run: train"] == ([r["step"] for r in train], [r["loss"] for r in train])
+    assert curves["loss per token/run: val"] == ([r["step"] for r in val], [r["loss"] for r in val])
+    assert curves["learning rate/run"][1] == [r["lr"] for r in train]
+    assert set(k.split(": ")[-1] for k in curves if k.startswith("loss")) == {"train", "val", "email", "asyncio", "json"}
+
+
+def test_plot_runs_overlays_several_runs(tiny_run, tmp_path):
+    run_dir, _ = tiny_run
+    result = run_cli([str(run_dir), str(run_dir), "--labels", "a,b", "--out", str(tmp_path / "cmp.png")],
+                     script="scripts/plot_runs.py")
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "cmp.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    bad = run_cli([str(tmp_path)], script="scripts/plot_runs.py")
+    assert bad.returncode == 1 and bad.stderr.startswith("error: no metrics.jsonl in")

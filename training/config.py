@@ -23,13 +23,30 @@ from omegaconf.errors import OmegaConfBaseException
 from training.errors import ConfigError
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+NOTE_SOURCES = ("music21", "maestro", "midi_files")
+
+
+@dataclass
+class AugmentationConfig:
+    """Notes only, training records only; drawn per record from (seed, sample), so a resumed run sees the same."""
+
+    speed_change_factors: list[float] = field(default_factory=list)  # e.g. [0.9, 1.1]: also play records this fast
+    max_pitch_shift: int = 0  # transpose each record by up to this many semitones either way
+
+
+@dataclass
+class NotesTokenizerConfig:
+    time_step: float = 0.01  # seconds per SHIFT / DUR step
+    max_shift_steps: int = 100  # largest single SHIFT token; longer gaps take several
+    max_duration_steps: int = 100  # largest single DUR token; longer notes take several
+    velocity_bins: int = 32
 
 
 @dataclass
 class DatasetConfig:
     name: str = "pystdlib"  # label used in run names
-    source: str = "pystdlib"  # pystdlib | text_files | hf
-    tokenizer: str = "bpe"  # byte | bpe | gpt2
+    source: str = "pystdlib"  # pystdlib | text_files | json_files | hf (text); music21 | maestro | midi_files (notes)
+    tokenizer: str = "bpe"  # byte | bpe | gpt2 (text) | notes
     bpe_vocab_size: int = 4096  # bpe only: size including the byte alphabet and special tokens
     context_size: Optional[int] = None  # tokens per training window; null = model.context_size
     val_fraction: float = 0.05  # sources without their own splits: share of documents held out per split
@@ -39,13 +56,30 @@ class DatasetConfig:
     hf_path: Optional[str] = None  # hf: Hub dataset id, e.g. Salesforce/wikitext
     hf_name: Optional[str] = None  # hf: dataset config name, e.g. wikitext-2-raw-v1
     text_column: str = "text"
+    prompt_column: Optional[str] = None  # text fine-tuning: records are `prompt <GENAI> completion` from these two
+    completion_column: Optional[str] = None
     train_split: str = "train"
     val_split: Optional[str] = "validation"  # hf: null = hold out val_fraction of the train split
     test_split: Optional[str] = "test"
     streaming: bool = False  # hf: stream instead of downloading the whole dataset (needs max_documents)
     max_documents: Optional[int] = None  # cap on documents per split (streamed corpora: documents read in all)
-    num_proc: int = 2  # processes for tokenising with datasets.map
-    cache_dir: str = ".cache"  # tokenised datasets, trained tokenizers
+    num_proc: int = 2  # processes for tokenising with datasets.map (and for parsing scores / MIDI files)
+    cache_dir: str = ".cache"  # tokenised datasets, trained tokenizers, parsed notes
+    # Notes (music21 | maestro | midi_files):
+    composers: list[str] = field(default_factory=lambda: ["bach", "mozart", "beethoven", "chopin"])  # music21
+    max_pieces_per_composer: Optional[int] = None  # music21: the smallest files first; null = all
+    eval_composers: list[str] = field(default_factory=lambda: ["bach", "mozart", "beethoven", "chopin"])
+    default_velocity: int = 80  # scores: velocity before the first dynamic mark
+    base_dataset_name: Optional[str] = None  # maestro: Hub id or local folder giving validation and test
+    extra_datasets: list[str] = field(default_factory=list)  # maestro: their train splits train (default: base's)
+    pause_detection_threshold: float = 4.0  # seconds of silence that split a piece into segments
+    augmentation: AugmentationConfig = field(default_factory=AugmentationConfig)
+    notes_tokenizer: NotesTokenizerConfig = field(default_factory=NotesTokenizerConfig)
+
+
+@dataclass
+class DataConfig:
+    notes_per_record: int = 128  # notes: consecutive notes per training/evaluation record
 
 
 @dataclass
@@ -102,6 +136,7 @@ class TrainConfig:
     eval_iters: int = 20  # batches per validation split per evaluation
     log_interval: int = 10  # steps between log lines
     skip_nonfinite: bool = False  # true: skip updates whose gradient is NaN/Inf; false: stop the run there
+    eval_at_start: bool = False  # also evaluate before the first step (e.g. the weights init_from brought)
 
 
 @dataclass
@@ -147,8 +182,15 @@ class SystemConfig:
 @dataclass
 class Config:
     mode: str = "train"  # train | eval (evaluate a checkpoint on every validation split and the test split)
-    init_from: Optional[str] = None  # a checkpoint (or run) dir: start from its weights, fresh optimizer, step 0
+    stage: str = "next_token_pretraining"  # next_token_pretraining | piano_task
+    # scratch_next_token (or null): fresh weights; a checkpoint (or run) dir: its weights, fresh optimizer, step 0;
+    # hf:<folder or Hub id>: GPT-2 weights from a transformers folder (e.g. hf:gpt2)
+    init_from: Optional[str] = None
+    loss_masking: str = "pretraining"  # pretraining: every token but padding | finetuning: only after <GENAI>
+    tasks: list[str] = field(default_factory=list)  # piano_task: dynamics | continuation | lower_voices
+    task_weights: list[float] = field(default_factory=list)  # how often each task is drawn; empty = equally
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -161,8 +203,10 @@ ConfigStore.instance().store(name="base_config", node=Config)
 
 CHOICES = {
     "mode": ("train", "eval"),
-    "dataset.source": ("pystdlib", "text_files", "hf"),
-    "dataset.tokenizer": ("byte", "bpe", "gpt2"),
+    "stage": ("next_token_pretraining", "piano_task"),
+    "loss_masking": ("pretraining", "finetuning"),
+    "dataset.source": ("pystdlib", "text_files", "json_files", "hf", "music21", "maestro", "midi_files"),
+    "dataset.tokenizer": ("byte", "bpe", "gpt2", "notes"),
     "model.arch": ("gpt2",),
     "model.attention": ("auto", "xla", "cudnn", "blocked"),
     "model.remat": ("none", "block", "full"),
@@ -301,6 +345,8 @@ def validate(cfg: DictConfig, num_local_devices: int) -> None:
     if d.max_documents is not None and d.max_documents < 1:
         _fail("dataset.max_documents", f"must be >= 1; got {d.max_documents}")
 
+    _validate_stages(cfg)
+
     c = cfg.checkpoint
     steps = c.save_steps
     if steps is not None:
@@ -315,10 +361,72 @@ def validate(cfg: DictConfig, num_local_devices: int) -> None:
         _fail("checkpoint.load_path", "checkpoint.load=True needs checkpoint.load_path=<checkpoint dir>")
     if cfg.mode == "eval" and not c.load:
         _fail("mode", "mode=eval evaluates a checkpoint: add checkpoint.load=True checkpoint.load_path=<dir>")
-    if c.load and cfg.init_from:
+    if c.load and (init_from_dir(cfg) or str(cfg.init_from or "").startswith("hf:")):
         _fail("init_from", "choose one: checkpoint.load=True resumes a run, init_from=<dir> starts one from weights")
     if c.load_file not in ("latest", "best") and not str(c.load_file).isdigit():
         _fail("checkpoint.load_file", f"must be latest, best or a step number; got {c.load_file!r}")
+
+
+def _validate_stages(cfg: DictConfig) -> None:
+    """Stage, loss masking, tasks and the notes settings must describe one coherent run."""
+    from data.notes_tokenizer import TASK_TOKENS
+
+    d = cfg.dataset
+    notes_source = d.source in NOTE_SOURCES
+    if notes_source != (d.tokenizer == "notes"):
+        _fail("dataset.tokenizer", f"dataset.source={d.source} needs " + (
+            "dataset.tokenizer=notes" if notes_source else f"a text tokenizer (byte, bpe, gpt2), not {d.tokenizer}"))
+    records = bool(d.prompt_column or d.completion_column)
+    if records and not (d.prompt_column and d.completion_column):
+        _fail("dataset.prompt_column", "text fine-tuning needs both dataset.prompt_column and dataset.completion_column")
+    if records and d.source not in ("json_files", "hf"):
+        _fail("dataset.prompt_column", f"prompt/completion records come from dataset.source=json_files or hf, not {d.source}")
+    if cfg.stage == "piano_task":
+        if not notes_source:
+            _fail("stage", f"piano_task needs a notes source (dataset=music21, maestro or midi_files), not {d.source}")
+        if not cfg.tasks:
+            _fail("tasks", f"stage=piano_task needs at least one task, e.g. tasks=[dynamics]; choose from "
+                           f"{', '.join(TASK_TOKENS)}")
+    elif cfg.tasks:
+        _fail("tasks", "tasks are for stage=piano_task; set stage=piano_task or tasks=[]")
+    for task in cfg.tasks:
+        if task not in TASK_TOKENS:
+            _fail("tasks", f"unknown task {task!r}; choose from {', '.join(TASK_TOKENS)}")
+    if cfg.task_weights and (len(cfg.task_weights) != len(cfg.tasks) or min(cfg.task_weights) < 0
+                             or sum(cfg.task_weights) <= 0):
+        _fail("task_weights", f"needs one weight >= 0 per task ({len(cfg.tasks)}), not all 0; got {list(cfg.task_weights)}")
+    if cfg.loss_masking == "finetuning" and cfg.stage != "piano_task" and not records:
+        _fail("loss_masking", "finetuning puts the loss after <GENAI>, which only records have: set stage=piano_task "
+                              "or dataset.prompt_column / dataset.completion_column")
+    if d.source == "maestro" and not d.base_dataset_name:
+        _fail("dataset.base_dataset_name", "maestro needs a Hub id or local folder, e.g. epr-labs/maestro-sustain-v2")
+    if d.source == "midi_files" and not d.files:
+        _fail("dataset.files", "midi_files needs at least one .mid file, folder or glob")
+    if d.source == "json_files" and not d.files:
+        _fail("dataset.files", "json_files needs at least one .json/.jsonl file or glob")
+    _require_positive(cfg, "data.notes_per_record", "dataset.notes_tokenizer.max_shift_steps",
+                      "dataset.notes_tokenizer.max_duration_steps", "dataset.notes_tokenizer.velocity_bins")
+    if d.max_pieces_per_composer is not None and d.max_pieces_per_composer < 1:
+        _fail("dataset.max_pieces_per_composer", f"must be >= 1 (or null for all); got {d.max_pieces_per_composer}")
+    if d.notes_tokenizer.time_step <= 0:
+        _fail("dataset.notes_tokenizer.time_step", f"must be > 0 seconds; got {d.notes_tokenizer.time_step}")
+    if d.notes_tokenizer.velocity_bins > 128:
+        _fail("dataset.notes_tokenizer.velocity_bins", f"must be <= 128; got {d.notes_tokenizer.velocity_bins}")
+    if not 1 <= d.default_velocity <= 127:
+        _fail("dataset.default_velocity", f"must be in [1, 127]; got {d.default_velocity}")
+    if d.pause_detection_threshold <= 0:
+        _fail("dataset.pause_detection_threshold", f"must be > 0 seconds; got {d.pause_detection_threshold}")
+    if not 0 <= d.augmentation.max_pitch_shift <= 127:
+        _fail("dataset.augmentation.max_pitch_shift", f"must be in [0, 127]; got {d.augmentation.max_pitch_shift}")
+    if any(f <= 0 for f in d.augmentation.speed_change_factors):
+        _fail("dataset.augmentation.speed_change_factors", f"must all be > 0; got {list(d.augmentation.speed_change_factors)}")
+
+
+def init_from_dir(cfg: DictConfig) -> str | None:
+    """The checkpoint directory `init_from` names, or None for fresh weights (null or scratch_next_token)."""
+    if cfg.init_from in (None, "", "scratch_next_token") or str(cfg.init_from).startswith("hf:"):
+        return None
+    return cfg.init_from
 
 
 def _require_positive(cfg: DictConfig, *keys: str) -> None:

@@ -1,7 +1,8 @@
 """Evaluation over named splits: loss per token, perplexity, and loss per byte of text (nats and bits).
 
 Per-byte figures divide the summed loss by the UTF-8 bytes of the target tokens' text (special tokens count 0 bytes),
-so they compare across tokenizers.
+so they compare across tokenizers; notes have none. Only targets with `loss_mask` 1 count: after fine-tuning masking,
+the loss is the target tokens' loss.
 """
 
 from __future__ import annotations
@@ -13,11 +14,10 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from data.packing import EvalBatches
 from training.sharding import put_batch
 
 
-def evaluate(eval_step: Callable, model: Any, splits: dict[str, EvalBatches], mesh: Mesh, token_bytes: np.ndarray
+def evaluate(eval_step: Callable, model: Any, splits: dict[str, Any], mesh: Mesh, token_bytes: np.ndarray
              ) -> dict[str, dict[str, float]]:
     pending = {}
     for name, batches in splits.items():
@@ -34,12 +34,7 @@ def evaluate(eval_step: Callable, model: Any, splits: dict[str, EvalBatches], me
         tokens = float(sum(float(s[1]) for s in sums))
         nbytes = float(sum(int(s[2]) for s in sums))
         loss = nll / max(tokens, 1.0)
-        results[name] = {
-            "loss": loss,
-            "perplexity": math.exp(min(loss, 700.0)),
-            "nats_per_byte": nll / max(nbytes, 1.0),
-            "bits_per_byte": nll / max(nbytes, 1.0) / math.log(2),
-            "tokens": tokens,
-            "bytes": nbytes,
-        }
+        results[name] = {"loss": loss, "perplexity": math.exp(min(loss, 700.0)), "tokens": tokens}
+        if nbytes > 0:  # text; notes tokens stand for no bytes
+            results[name].update(nats_per_byte=nll / nbytes, bits_per_byte=nll / nbytes / math.log(2), bytes=nbytes)
     return results

@@ -24,19 +24,23 @@ def format_duration(seconds: float) -> str:
 
 def eval_summary(results: dict[str, dict[str, float]]) -> str:
     return " | ".join(
-        f"{split} loss {r['loss']:.4f} ppl {r['perplexity']:.2f} bpb {r['bits_per_byte']:.3f}"
+        f"{split} loss {r['loss']:.4f} ppl {r['perplexity']:.2f}" + (f" bpb {r['bits_per_byte']:.3f}"
+                                                                   if "bits_per_byte" in r else "")
         for split, r in results.items()
     )
 
 
 def eval_table(results: dict[str, dict[str, float]]) -> str:
-    """Rows of loss per token, perplexity, nats and bits per byte, and tokens, one per split."""
-    lines = [f"{'split':<10} {'loss/token':>10} {'perplexity':>11} {'nats/byte':>10} {'bits/byte':>10} {'tokens':>10}"]
+    """Rows of loss per token, perplexity, nats and bits per byte (text only), and tokens, one per split."""
+    per_byte = all("bits_per_byte" in r for r in results.values())
+    width = max([10, *(len(s) for s in results)])
+    head = f"{'split':<{width}} {'loss/token':>10} {'perplexity':>11}"
+    lines = [head + (f" {'nats/byte':>10} {'bits/byte':>10}" if per_byte else "") + f" {'tokens':>10}"]
     for split, r in results.items():
-        lines.append(
-            f"{split:<10} {r['loss']:>10.4f} {r['perplexity']:>11.3f} {r['nats_per_byte']:>10.4f} "
-            f"{r['bits_per_byte']:>10.4f} {int(r['tokens']):>10,}"
-        )
+        row = f"{split:<{width}} {r['loss']:>10.4f} {r['perplexity']:>11.3f}"
+        if per_byte:
+            row += f" {r['nats_per_byte']:>10.4f} {r['bits_per_byte']:>10.4f}"
+        lines.append(row + f" {int(r['tokens']):>10,}")
     return "\n".join(lines)
 
 
@@ -185,16 +189,12 @@ def describe_run(cfg: Any, plan: Any, mesh: Any, data: Any, model: Any, tokenize
     if plan.resume is not None:
         start = f" | resuming {plan.resume.reader.directory} at step {plan.resume.step}"
     elif plan.init_from is not None:
-        start = f" | weights from {plan.init_from.reader.directory} step {plan.init_from.step}"
-    train_tokens = data.train.tokens
-    bytes_per_token = float(data.token_bytes[train_tokens].sum()) / max(len(train_tokens), 1)
-    splits = ", ".join(f"{name} {n / 1e6:.2f}M" for name, n in data.split_tokens.items())
+        start = f" | weights from {plan.init_from.where}"
     lines = [
         f"run        {plan.run_dir}{start}",
         f"devices    {len(devices)} x {kinds} in {jax.process_count()} process(es) | mesh data={len(devices)} | "
         f"sharding {cfg.system.sharding} | compute {cfg.system.dtype}",
-        f"data       {cfg.dataset.name} tokens: {splits} | tokenizer {tokenizer.kind}, {tokenizer.vocab_size} ids, "
-        f"{bytes_per_token:.2f} bytes/token",
+        f"data       {cfg.dataset.name} {data.summary} | tokenizer {tokenizer.kind}, {tokenizer.vocab_size} ids",
         f"model      {m.name}: {m.n_layer} layers, {m.n_head} heads, width {m.n_embd}, context {m.context_size} | "
         f"{count_params(model) / 1e6:.2f}M parameters | attention {model.cfg.attention}",
         f"batch      {data.train.global_batch} sequences/step = {t.batch_size} per process x {t.grad_accum_steps} "

@@ -8,6 +8,7 @@ ones it was loaded from.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,11 +16,13 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+import equinox as eqx
 import jax
 import numpy as np
 
+from models.hf import HF_PREFIX, check_hf_config, load_hf_model, resolve_hf
 from training.checkpoint import PARTS, Checkpointer, find_checkpoint_dir, holds_checkpoints
-from training.config import Config, validate_keys
+from training.config import Config, init_from_dir, validate_keys
 from training.errors import CheckpointError
 
 # Keys that describe this invocation (hardware, time budget, what to load, how to print): a resumed run takes them
@@ -32,11 +35,17 @@ MODEL_SHAPE_KEYS = ("arch", "n_layer", "n_head", "n_embd", "context_size", "bias
 
 @dataclass
 class Source:
-    """A checkpoint to start from: the reader, the step, and its metadata."""
+    """A checkpoint to start from: the reader, the step, and its metadata; or (`hf_folder`) a transformers GPT-2
+    folder, whose metadata holds only the tokenizer it was trained with."""
 
-    reader: Checkpointer
+    reader: Checkpointer | None
     step: int
     meta: dict
+    hf_folder: Path | None = None
+
+    @property
+    def where(self) -> str:
+        return f"hf:{self.hf_folder}" if self.hf_folder else f"{self.reader.directory} step {self.step}"
 
 
 @dataclass
@@ -64,8 +73,10 @@ def plan_run(cfg: DictConfig, overrides: list[str], stamp: int) -> RunPlan:
         if not cfg.checkpoint.overwrite_config:
             cfg, ignored = _saved_config_wins(cfg, resume, overrides)
         check_same_model(cfg, resume)
-    elif cfg.init_from:
-        init_from = open_source(cfg.init_from, cfg.checkpoint.load_file)
+    elif str(cfg.init_from or "").startswith(HF_PREFIX):
+        init_from = open_hf_source(cfg)
+    elif init_from_dir(cfg):
+        init_from = open_source(init_from_dir(cfg), cfg.checkpoint.load_file)
         check_same_model(cfg, init_from)
 
     if resume is not None:
@@ -128,6 +139,16 @@ def check_same_model(cfg: DictConfig, source: Source) -> None:
         )
 
 
+def open_hf_source(cfg: DictConfig) -> Source:
+    """`init_from=hf:<folder or Hub id>`: GPT-2 weights. A folder exported by this project names its tokenizer;
+    other GPT-2 checkpoints use GPT-2's own (dataset.tokenizer=gpt2)."""
+    folder = resolve_hf(cfg.init_from[len(HF_PREFIX):], cfg.dataset.cache_dir)
+    check_hf_config(folder, cfg.model)
+    ours = folder / "gpt_jax_tokenizer.json"
+    tokenizer = json.loads(ours.read_text()) if ours.exists() else {"kind": "gpt2"}
+    return Source(None, 0, {"tokenizer": tokenizer}, hf_folder=folder)
+
+
 def carried_over(meta: dict | None, key: str, default: Any) -> Any:
     return default if meta is None else meta.get(key, default)
 
@@ -138,6 +159,11 @@ def restore_state(state: Any, plan: RunPlan) -> Any:
     if plan.resume is not None:
         parts = ("model", "progress") if plan.cfg.checkpoint.overwrite_optimizer else PARTS
         return plan.resume.reader.restore(plan.resume.step, state, parts)
+    if plan.init_from is not None and plan.init_from.hf_folder is not None:
+        key = jax.random.fold_in(state.key, 0x4846)  # rows for ids the checkpoint lacks
+        model = load_hf_model(plan.init_from.hf_folder, state.model, key)
+        model = jax.tree.map(lambda new, old: jax.device_put(new, old.sharding), model, state.model)
+        return eqx.tree_at(lambda s: s.model, state, model)
     if plan.init_from is not None:
         return plan.init_from.reader.restore(plan.init_from.step, state, ("model",))
     return state

@@ -1,0 +1,69 @@
+"""Standard MIDI files <-> Notes, with mido. Reading follows the file's tempo map; writing uses one piano track."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mido
+import numpy as np
+
+from data.notes import Notes
+from training.errors import DataError
+
+PERCUSSION_CHANNEL = 9  # General MIDI drums: not pitched notes
+TICKS_PER_BEAT = 480
+TEMPO_US_PER_BEAT = 500_000  # 120 beats per minute: 960 ticks per second
+
+
+def read_midi(path: str | Path) -> Notes:
+    """Every pitched note of a .mid file, times in seconds (mido applies the tempo changes while iterating)."""
+    try:
+        midi = mido.MidiFile(str(path))
+    except (OSError, EOFError, ValueError, KeyError, IndexError) as e:
+        raise DataError(f"{path}: not a readable MIDI file ({type(e).__name__}: {e})") from None
+    now, sounding = 0.0, {}
+    pitch, velocity, start, end = [], [], [], []
+    for msg in midi:  # merged tracks; msg.time is seconds since the previous message
+        now += msg.time
+        if msg.type not in ("note_on", "note_off") or msg.channel == PERCUSSION_CHANNEL:
+            continue
+        key = (msg.channel, msg.note)
+        if key in sounding:  # a note_off, or a repeated note_on that ends the sounding one
+            began, vel = sounding.pop(key)
+            pitch.append(msg.note), velocity.append(vel), start.append(began), end.append(now)
+        if msg.type == "note_on" and msg.velocity > 0:
+            sounding[key] = (now, msg.velocity)
+    for (channel, note), (began, vel) in sounding.items():  # never released: ends with the file
+        pitch.append(note), velocity.append(vel), start.append(began), end.append(max(now, began + 0.01))
+    return Notes.from_lists(pitch, velocity, start, end)
+
+
+def write_midi(notes: Notes, path: str | Path) -> Path:
+    """A one-track .mid of `notes` (piano, 120 bpm) that any player opens. A note still sounding when the same key
+    is struck again ends there: MIDI cannot hold one key twice."""
+    seconds_to_ticks = TICKS_PER_BEAT * 1_000_000 / TEMPO_US_PER_BEAT
+    ons = np.rint(notes.start * seconds_to_ticks).astype(np.int64)
+    offs = np.maximum(np.rint(notes.end * seconds_to_ticks).astype(np.int64), ons + 1)
+    next_on: dict[int, int] = {}
+    for i in range(len(notes) - 1, -1, -1):  # backwards: the next strike of each key
+        p = int(notes.pitch[i])
+        if p in next_on:
+            offs[i] = min(offs[i], next_on[p])
+        next_on[p] = int(ons[i])
+    events = []  # (tick, order, message): note_offs sort before note_ons at the same tick
+    for p, v, on, off in zip(notes.pitch.tolist(), notes.velocity.tolist(), ons.tolist(), offs.tolist()):
+        events.append((on, 1, mido.Message("note_on", note=p, velocity=int(v), channel=0)))
+        events.append((off, 0, mido.Message("note_off", note=p, velocity=0, channel=0)))
+    events.sort(key=lambda x: (x[0], x[1]))
+    track = mido.MidiTrack([mido.MetaMessage("set_tempo", tempo=TEMPO_US_PER_BEAT, time=0),
+                            mido.Message("program_change", program=0, channel=0, time=0)])
+    last = 0
+    for tick, _, msg in events:
+        track.append(msg.copy(time=tick - last))
+        last = tick
+    track.append(mido.MetaMessage("end_of_track", time=0))
+    midi = mido.MidiFile(ticks_per_beat=TICKS_PER_BEAT, tracks=[track])
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    midi.save(str(path))
+    return path

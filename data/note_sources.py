@@ -1,0 +1,258 @@
+"""Where notes come from: the music21 corpus (embedded), Hub piano datasets in the maestro layout, or local MIDI files.
+
+`load_note_corpus(cfg.dataset)` returns `{split: datasets.Dataset}` with one piece per row and the columns of
+NOTE_FEATURES: `train`, `test`, and the validation splits (`full`, then one per composer in
+`dataset.eval_composers` that the validation pieces have). Scores and MIDI files are parsed once, in parallel, by
+`datasets.Dataset.from_generator`, and read back from its Arrow cache under `dataset.cache_dir` after that.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import warnings
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, Iterator
+
+import datasets
+
+from data.notes import Notes
+from data.sources import hub_reachable, offline_hub
+from training.errors import DataError
+
+FULL_VAL_SPLIT = "full"
+NOTE_FEATURES = datasets.Features({
+    "composer": datasets.Value("string"),
+    "title": datasets.Value("string"),
+    "pitch": datasets.Sequence(datasets.Value("int16")),
+    "velocity": datasets.Sequence(datasets.Value("int16")),
+    "start": datasets.Sequence(datasets.Value("float64")),
+    "end": datasets.Sequence(datasets.Value("float64")),
+})
+MUSIC21_SKIPPED_SUFFIXES = (".rntxt",)  # Roman-numeral analyses, not notes
+
+
+def load_note_corpus(d: Any) -> dict[str, datasets.Dataset]:
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
+    if d.source == "music21":
+        pieces = _music21(d)
+        corpus = _split_by_piece(pieces, d)
+    elif d.source == "midi_files":
+        corpus = _split_by_piece(_midi_files(d), d)
+    else:
+        corpus = _maestro(d)
+    if d.max_documents is not None:
+        corpus = {k: v.select(range(min(len(v), d.max_documents))) for k, v in corpus.items()}
+    for name in ("train", "val"):
+        if len(corpus.get(name, [])) == 0:
+            raise DataError(f"dataset {d.name}: the {name} split has no pieces; add pieces (e.g. raise "
+                            "dataset.max_pieces_per_composer) or raise dataset.val_fraction")
+    return _with_composer_splits(corpus, d.eval_composers)
+
+
+def _with_composer_splits(corpus: dict[str, datasets.Dataset], composers: list[str]) -> dict[str, datasets.Dataset]:
+    """`val` becomes `full`, and each composer of `composers` with validation pieces gets a split of its own."""
+    val = corpus.pop("val")
+    out = {"train": corpus.pop("train"), FULL_VAL_SPLIT: val}
+    names = [_composer_key(c) for c in val["composer"]]
+    for composer in composers:
+        rows = [i for i, name in enumerate(names) if name == _composer_key(composer)]
+        if rows:
+            out[composer] = val.select(rows)
+    out.update(corpus)  # test
+    return out
+
+
+def _composer_key(name: str) -> str:
+    """`Frédéric Chopin`, `chopin` and `Chopin` name the same composer: compare by the last word, lower-cased."""
+    return name.strip().split()[-1].lower() if name and name.strip() else ""
+
+
+def _split_by_piece(pieces: datasets.Dataset, d: Any) -> dict[str, datasets.Dataset]:
+    """Held-out pieces per composer, chosen by a hash of the title: every composer with at least three pieces has
+    one in validation and one in test (so each composer's validation split exists), the rest by the fractions."""
+    by_composer: dict[str, list[tuple[float, int]]] = {}
+    for i, (composer, title) in enumerate(zip(pieces["composer"], pieces["title"])):
+        u = int(hashlib.sha256(f"{composer}/{title}".encode()).hexdigest()[:12], 16) / 16**12
+        by_composer.setdefault(composer, []).append((u, i))
+    rows: dict[str, list[int]] = {"train": [], "val": [], "test": []}
+    for members in by_composer.values():
+        members.sort()
+        n = len(members)
+        n_val = max(1, round(d.val_fraction * n)) if n >= 3 else 0
+        n_test = max(1, round(d.test_fraction * n)) if n >= 3 else 0
+        for rank, (_, i) in enumerate(members):
+            rows["val" if rank < n_val else "test" if rank < n_val + n_test else "train"].append(i)
+    return {name: pieces.select(sorted(r)) for name, r in rows.items() if r}
+
+
+# --- music21's corpus --------------------------------------------------------------------------------------------
+
+def music21_paths(composers: list[str], max_pieces: int | None) -> list[tuple[str, str]]:
+    """(composer, path) of the corpus's scores, the smallest files first so that a cap keeps parsing quick."""
+    from music21 import corpus
+
+    found = []
+    for composer in composers:
+        paths = [Path(p) for p in corpus.getComposer(composer) if not str(p).endswith(MUSIC21_SKIPPED_SUFFIXES)]
+        if not paths:
+            raise DataError(f"dataset.composers: music21's corpus has no scores by {composer!r}; it has e.g. bach, "
+                            "beethoven, mozart, haydn, palestrina, monteverdi, chopin")
+        paths.sort(key=lambda p: (p.stat().st_size, str(p)))
+        unique = {}  # some pieces come in two encodings (movement3.krn and movement3.mxl): keep the smaller file
+        for p in paths:
+            unique.setdefault(p.with_suffix(""), p)
+        found += [(composer, str(p)) for p in list(unique.values())[:max_pieces]]
+    return found
+
+
+def _music21(d: Any) -> datasets.Dataset:
+    listed = music21_paths(list(d.composers), d.max_pieces_per_composer)
+    return _parse_in_parallel(_music21_pieces, listed, d, "music21")
+
+
+def _music21_pieces(items: list[tuple[str, str]], default_velocity: int) -> Iterator[dict]:
+    from music21 import converter, stream
+
+    corpus_root = _music21_corpus_root()
+    for composer, path in items:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # music21 warns about every overfull measure it repairs
+            parsed = converter.parse(path, forceSource=True)
+        scores = list(parsed.scores) if isinstance(parsed, stream.Opus) else [parsed]
+        for n, score in enumerate(scores):
+            notes = score_notes(score, default_velocity)
+            if len(notes):
+                title = os.path.relpath(path, corpus_root) + (f"#{n}" if len(scores) > 1 else "")
+                yield {"composer": composer, "title": title, **notes.as_columns()}
+
+
+def _music21_corpus_root() -> str:
+    from music21 import common
+
+    return str(common.getCorpusFilePath())
+
+
+def score_notes(score: Any, default_velocity: int) -> Notes:
+    """A music21 score as notes in seconds: offsets through the score's tempo map, ties merged, chords expanded,
+    each part's velocity from its latest dynamic mark (`default_velocity` before the first one)."""
+    from music21 import dynamics
+
+    to_seconds = _tempo_map(score)
+    pitch, velocity, start, end = [], [], [], []
+    for part in (score.parts or [score]):
+        flat = part.stripTies().flatten()
+        marks = sorted((float(m.offset), round(m.volumeScalar * 127))
+                       for m in flat.getElementsByClass(dynamics.Dynamic) if m.volumeScalar is not None)
+        m, current = 0, default_velocity
+        for element in flat.notes:  # sorted by offset
+            offset, length = float(element.offset), float(element.quarterLength)
+            if length <= 0:  # grace notes have no length of their own
+                continue
+            while m < len(marks) and marks[m][0] <= offset:
+                current = marks[m][1]
+                m += 1
+            vel = element.volume.velocity if element.volume.velocity is not None else current
+            begin, finish = to_seconds(offset), to_seconds(offset + length)
+            for p in element.pitches:
+                pitch.append(p.midi), velocity.append(vel), start.append(begin), end.append(finish)
+    return Notes.from_lists(pitch, velocity, start, end)
+
+
+def _tempo_map(score: Any):
+    """quarter-note offset -> seconds, from the score's metronome marks (music21 assumes 120 bpm without any)."""
+    spans = [(float(Fraction(a)), float(Fraction(b)), mark.secondsPerQuarter())
+             for a, b, mark in score.flatten().metronomeMarkBoundaries()]
+    starts_s, total = [], 0.0
+    for a, b, spq in spans:
+        starts_s.append(total)
+        total += (b - a) * spq
+
+    def to_seconds(offset: float) -> float:
+        for (a, b, spq), base in zip(spans, starts_s):
+            if offset < b:
+                return base + (offset - a) * spq
+        a, b, spq = spans[-1]
+        return starts_s[-1] + (offset - a) * spq
+
+    return to_seconds
+
+
+# --- local MIDI files ----------------------------------------------------------------------------------------------
+
+def _midi_files(d: Any) -> datasets.Dataset:
+    from data.sources import expand_files
+
+    paths = [p for p in expand_files(d.files) if p.lower().endswith((".mid", ".midi"))]
+    if not paths:
+        raise DataError(f"dataset.files: {list(d.files)} holds no .mid or .midi files")
+    # A file's composer is its folder's name (bach/prelude.mid), as collections are usually sorted.
+    listed = [(Path(p).parent.name, p) for p in paths]
+    return _parse_in_parallel(_midi_pieces, listed, d, "midi")
+
+
+def _midi_pieces(items: list[tuple[str, str]], default_velocity: int) -> Iterator[dict]:
+    from data.midi import read_midi
+
+    for composer, path in items:
+        notes = read_midi(path)
+        if len(notes):
+            yield {"composer": composer, "title": Path(path).name, **notes.as_columns()}
+
+
+def _parse_in_parallel(generator, items: list[tuple[str, str]], d: Any, label: str) -> datasets.Dataset:
+    """Run `generator` over shards of `items` in dataset.num_proc processes; datasets caches the result by the
+    generator's code and its arguments, so the next run reads Arrow files instead of parsing."""
+    shards = min(d.num_proc, len(items))
+    stamps = [os.path.getmtime(path) for _, path in items]  # an edited file is parsed again
+    pieces = datasets.Dataset.from_generator(
+        generator,
+        features=NOTE_FEATURES,
+        # datasets hands each process a contiguous slice of a list argument; interleaving first spreads the big
+        # files (the list is sorted by size) over all of them.
+        gen_kwargs={"items": [x for i in range(shards) for x in items[i::shards]], "default_velocity": d.default_velocity},
+        num_proc=shards if shards > 1 else None,
+        cache_dir=str(Path(d.cache_dir) / "notes"),
+        fingerprint=hashlib.sha256(json.dumps([label, items, stamps, d.default_velocity]).encode()).hexdigest()[:16],
+    )
+    return pieces.sort(["composer", "title"])
+
+
+# --- Hub datasets in the maestro layout ----------------------------------------------------------------------------
+
+def _maestro(d: Any) -> dict[str, datasets.Dataset]:
+    """`dataset.base_dataset_name` gives the validation and test splits, `dataset.extra_datasets` the training
+    pieces (the base dataset's own train split when there are none). A name is a Hub id or a local folder."""
+    if not hub_reachable():
+        offline_hub()
+    train_names = list(d.extra_datasets) or [d.base_dataset_name]
+    corpus = {
+        "val": _maestro_split(d.base_dataset_name, d.val_split or "validation", d),
+        "test": _maestro_split(d.base_dataset_name, d.test_split or "test", d),
+        "train": datasets.concatenate_datasets([_maestro_split(name, "train", d) for name in train_names]),
+    }
+    return corpus
+
+
+def _maestro_split(name: str, split: str, d: Any) -> datasets.Dataset:
+    try:
+        ds = datasets.load_dataset(name, split=split, cache_dir=str(Path(d.cache_dir) / "hf"))
+    except Exception as e:  # the Hub raises many types: connection, offline mode, not found, gated, bad config
+        reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise DataError(f"dataset {name} ({split}): could not load it: {reason}. Offline? Use dataset=music21 (ships "
+                        f"with music21) or dataset=midi_files dataset.files=[...]") from None
+    return ds.map(_maestro_row, remove_columns=ds.column_names, features=NOTE_FEATURES)
+
+
+def _maestro_row(row: dict) -> dict:
+    """One row of the maestro layout: `notes` (a struct of pitch / velocity / start / end lists) or those four as
+    columns; `source` (a JSON string with composer and title) or `composer` / `title` columns."""
+    notes = row["notes"] if "notes" in row else row
+    meta = json.loads(row["source"]) if isinstance(row.get("source"), str) else row
+    composer = meta.get("composer") or meta.get("canonical_composer") or ""
+    title = meta.get("title") or meta.get("canonical_title") or ""
+    parsed = Notes.from_lists(notes["pitch"], notes["velocity"], notes["start"], notes["end"])
+    return {"composer": composer, "title": title, **parsed.as_columns()}

@@ -1,0 +1,129 @@
+"""Piano tasks and note records: what a record of notes becomes as a token sequence.
+
+Pretraining: the record's tokens, then `<EOS>`. A task turns a record into `<TASK> prompt <GENAI> target <EOS>`:
+
+- `dynamics`: the notes without velocities -> the velocity of each note, in order.
+- `continuation`: the first half of the record -> the second half (its times continue from the prompt's last note).
+- `lower_voices`: the top voice (the highest note of each onset) -> every other note.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import datasets
+import numpy as np
+
+from data.notes import Notes, augment, notes_of_row, record_starts, split_at_pauses
+from data.notes_tokenizer import NotesTokenizer
+
+Task = Callable[[Notes, NotesTokenizer], tuple[list[int], list[int]]]  # notes -> (prompt, target) ids
+
+
+def dynamics(notes: Notes, tok: NotesTokenizer) -> tuple[list[int], list[int]]:
+    return tok.encode_notes(notes, velocity=False), tok.velocity_tokens(notes)
+
+
+def continuation(notes: Notes, tok: NotesTokenizer) -> tuple[list[int], list[int]]:
+    half = max(len(notes) // 2, 1)
+    head, tail = notes.take(slice(0, half)), notes.take(slice(half, None))
+    return tok.encode_notes(head), tok.encode_notes(tail, start_from=float(head.start[-1]))
+
+
+def top_voice_mask(notes: Notes) -> np.ndarray:
+    """True for the highest note of each onset (notes are sorted by start, then pitch)."""
+    top = np.ones(len(notes), bool)
+    top[:-1] = notes.start[1:] != notes.start[:-1]
+    return top
+
+
+def lower_voices(notes: Notes, tok: NotesTokenizer) -> tuple[list[int], list[int]]:
+    top = top_voice_mask(notes)
+    return tok.encode_notes(notes.take(top)), tok.encode_notes(notes.take(~top))
+
+
+TASKS: dict[str, Task] = {"dynamics": dynamics, "continuation": continuation, "lower_voices": lower_voices}
+
+
+def task_sequence(task: str, notes: Notes, tok: NotesTokenizer) -> list[int]:
+    prompt, target = TASKS[task](notes, tok)
+    return [tok.task_ids[task], *prompt, tok.genai_id, *target, tok.eos_id]
+
+
+class NoteRecords:
+    """Every record of a split: pieces split at pauses, then cut into runs of `notes_per_record` notes.
+    `sequence(i, rng)` is the `make_record` of data/records.py."""
+
+    def __init__(self, pieces: datasets.Dataset, tok: NotesTokenizer, notes_per_record: int, pause_threshold: float,
+                 context: int, tasks: list[str], task_weights: list[float], max_pitch_shift: int,
+                 speed_change_factors: list[float]) -> None:
+        self.tok, self.notes_per_record, self.context = tok, notes_per_record, context
+        self.tasks = list(tasks)
+        weights = np.asarray(task_weights or [1.0] * len(self.tasks), np.float64)
+        self.task_p = weights / weights.sum() if self.tasks else None
+        self.max_pitch_shift, self.speed_change_factors = max_pitch_shift, list(speed_change_factors)
+        self.segments: list[Notes] = []
+        for row in pieces:
+            self.segments += [s for s in split_at_pauses(notes_of_row(row), pause_threshold) if len(s)]
+        self.index = [(s, int(a)) for s, seg in enumerate(self.segments)
+                      for a in record_starts(len(seg), notes_per_record)]
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def notes(self, i: int) -> Notes:
+        s, first = self.index[i]
+        return self.segments[s].take(slice(first, first + self.notes_per_record)).shifted_to_zero()
+
+    def task_of(self, i: int, rng: np.random.Generator | None) -> str:
+        """Training draws a task by `task_weights`; evaluation cycles through the tasks by record."""
+        if rng is None:
+            return self.tasks[i % len(self.tasks)]
+        return self.tasks[int(rng.choice(len(self.tasks), p=self.task_p))]
+
+    def sequence(self, i: int, rng: np.random.Generator | None) -> list[int]:
+        notes = self.notes(i)
+        if rng is not None:
+            notes = augment(notes, rng, self.max_pitch_shift, self.speed_change_factors)
+        if not self.tasks:  # <EOS> only where the piece (or segment) really ends, not at every record's end
+            s, first = self.index[i]
+            ends = first + self.notes_per_record >= len(self.segments[s])
+            return self.tok.encode_notes(notes) + ([self.tok.eos_id] if ends else [])
+        task = self.task_of(i, rng)
+        ids = task_sequence(task, notes, self.tok)
+        while len(ids) > self.context + 1 and len(notes) > 2:  # a target is never cut: fewer notes instead
+            notes = notes.take(slice(0, max(len(notes) * 7 // 8, 2)))
+            ids = task_sequence(task, notes, self.tok)
+        return ids
+
+
+# --- prompting a trained model -------------------------------------------------------------------------------------
+
+def note_prompt(task: str | None, notes: Notes, tok: NotesTokenizer) -> list[int]:
+    """Ids a model continues: the notes themselves (a pretrained model), or `<TASK> prompt <GENAI>` for a task."""
+    if task is None:
+        return tok.encode_notes(notes)
+    prompt, _ = TASKS[task](notes, tok)
+    if task == "continuation":  # the prompt is the given notes, not their first half
+        prompt = tok.encode_notes(notes)
+    return [tok.task_ids[task], *prompt, tok.genai_id]
+
+
+def notes_from_generation(task: str | None, notes: Notes, generated: list[int], tok: NotesTokenizer) -> Notes:
+    """The piece a generation describes: the prompt's notes with what the model added (for `dynamics`, the same
+    notes with the predicted velocities)."""
+    given = tok.quantise(notes)
+    if task == "dynamics":
+        velocities = [int(tok.bin_velocity(v)) for kind, v in map(tok.token_kind, generated) if kind == "velocity"]
+        velocity = np.asarray((velocities + given.velocity.tolist()[len(velocities):])[: len(given)])
+        return Notes(given.pitch, velocity, given.start, given.end)
+    if task == "lower_voices":
+        given = given.take(top_voice_mask(given))
+        added = tok.decode_notes(generated)
+    elif task == "continuation" or task is None:
+        added = tok.decode_notes(generated, start_from=float(given.start[-1]) if len(given) else 0.0)
+    else:
+        raise ValueError(f"unknown task {task!r}")
+    both = [np.r_[a, b] for a, b in zip((given.pitch, given.velocity, given.start, given.end),
+                                          (added.pitch, added.velocity, added.start, added.end))]
+    return Notes.from_lists(*both)

@@ -1,0 +1,168 @@
+"""Hugging Face GPT-2 interop: our GPT <-> a `transformers.GPT2LMHeadModel` folder (config.json + model.safetensors).
+
+The layouts agree closely: GPT-2's Conv1D stores weights as [in, out], as our `Linear` does, and its LM head is the
+token embedding, as ours is. Export writes the real (unpadded) vocabulary rows; import pads them back to the model's
+multiple of `vocab_multiple`, and gives ids the checkpoint lacks (our `<PAD>` and `<GENAI>` after GPT-2's 50,257)
+fresh GPT-2-initialised rows. Only safetensors and JSON are read: no pickle.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from models.gpt import GPT, INIT_STD, Block, GPTConfig, LayerNorm, Linear
+from training.errors import ConfigError, DataError
+
+HF_PREFIX = "hf:"
+HF_FILES = ("config.json", "model.safetensors")
+LAYER_NORM_EPS = 1e-5  # ours and GPT-2's
+
+
+def _block_names(i: int) -> dict[str, tuple[str, str]]:
+    """HF tensor name -> (our Block field, `weight` | `bias`) for layer i."""
+    p = f"transformer.h.{i}."
+    return {
+        p + "ln_1.weight": ("ln1", "weight"), p + "ln_1.bias": ("ln1", "bias"),
+        p + "attn.c_attn.weight": ("qkv", "weight"), p + "attn.c_attn.bias": ("qkv", "bias"),
+        p + "attn.c_proj.weight": ("attn_proj", "weight"), p + "attn.c_proj.bias": ("attn_proj", "bias"),
+        p + "ln_2.weight": ("ln2", "weight"), p + "ln_2.bias": ("ln2", "bias"),
+        p + "mlp.c_fc.weight": ("fc", "weight"), p + "mlp.c_fc.bias": ("fc", "bias"),
+        p + "mlp.c_proj.weight": ("mlp_proj", "weight"), p + "mlp.c_proj.bias": ("mlp_proj", "bias"),
+    }
+
+
+def to_hf_tensors(model: GPT) -> dict[str, np.ndarray]:
+    """float32 tensors under GPT-2's names. A model without biases exports zero biases: the same function."""
+    cfg = model.cfg
+    tensors = {
+        "transformer.wte.weight": np.asarray(model.wte[: cfg.vocab_size], np.float32),
+        "transformer.wpe.weight": np.asarray(model.wpe, np.float32),
+        "transformer.ln_f.weight": np.asarray(model.ln_f.weight, np.float32),
+        "transformer.ln_f.bias": _bias(model.ln_f.bias, cfg.n_embd),
+    }
+    for i in range(cfg.n_layer):
+        for name, (field, kind) in _block_names(i).items():
+            module = getattr(model.blocks, field)
+            value = getattr(module, kind)
+            width = module.weight.shape[-1]
+            tensors[name] = _bias(None if value is None else value[i], width) if kind == "bias" else np.asarray(
+                value[i], np.float32)
+    return tensors
+
+
+def _bias(value: Any, width: int) -> np.ndarray:
+    return np.zeros((width,), np.float32) if value is None else np.asarray(value, np.float32)
+
+
+def hf_config(cfg: GPTConfig, eos_id: int) -> dict[str, Any]:
+    return {
+        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": cfg.vocab_size,
+        "n_positions": cfg.context_size, "n_ctx": cfg.context_size, "n_embd": cfg.n_embd, "n_layer": cfg.n_layer,
+        "n_head": cfg.n_head, "n_inner": None, "activation_function": "gelu_new", "resid_pdrop": cfg.dropout,
+        "embd_pdrop": cfg.dropout, "attn_pdrop": cfg.dropout, "layer_norm_epsilon": LAYER_NORM_EPS,
+        "initializer_range": INIT_STD, "scale_attn_weights": True, "tie_word_embeddings": True,
+        "bos_token_id": eos_id, "eos_token_id": eos_id, "torch_dtype": "float32",
+    }
+
+
+def export_hf(model: GPT, tokenizer: Any, out_dir: str | Path) -> list[str]:
+    """Write the folder; returns the files written. Refuses a non-empty folder rather than mixing two models."""
+    from safetensors.numpy import save_file
+
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()):
+        raise DataError(f"{out} is not empty; choose a new folder for the export")
+    if not isinstance(model, GPT):
+        raise ConfigError(f"model.arch: only gpt2 models have a GPT-2 equivalent; got {type(model).__name__}")
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(to_hf_tensors(model), str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(hf_config(model.cfg, tokenizer.eos_id), indent=2))
+    written = list(HF_FILES)
+    if tokenizer.kind == "bpe":  # a HF `tokenizers` BPE already: transformers loads it as a fast tokenizer
+        (out / "tokenizer.json").write_text(tokenizer.to_json()["hf_tokenizer"])
+        (out / "tokenizer_config.json").write_text(json.dumps({
+            "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<EOS>", "pad_token": "<PAD>",
+            "additional_special_tokens": ["<GENAI>"], "model_max_length": model.cfg.context_size}, indent=2))
+        written += ["tokenizer.json", "tokenizer_config.json"]
+    (out / "gpt_jax_tokenizer.json").write_text(json.dumps(tokenizer.to_json()))  # ours, to import back exactly
+    return written + ["gpt_jax_tokenizer.json"]
+
+
+def resolve_hf(name: str, cache_dir: str) -> Path:
+    """A local folder, or a Hub id downloaded (config and weights only) into `cache_dir`; offline -> one line."""
+    local = Path(name).expanduser()
+    if local.is_dir():
+        missing = [f for f in HF_FILES if not (local / f).exists()]
+        if missing:
+            raise DataError(f"init_from=hf:{name}: the folder lacks {', '.join(missing)} (a transformers GPT-2 "
+                            "folder has config.json and model.safetensors)")
+        return local
+    from huggingface_hub import snapshot_download
+
+    from data.sources import hub_reachable
+
+    try:
+        if not hub_reachable():
+            raise OSError("the Hugging Face Hub is unreachable")
+        return Path(snapshot_download(name, allow_patterns=list(HF_FILES), cache_dir=str(Path(cache_dir) / "hf")))
+    except Exception as e:  # connection, offline mode, not found, gated
+        reason = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+        raise DataError(f"init_from=hf:{name}: not a local folder, and the Hub download failed ({reason}); offline, "
+                        "pass a folder with config.json and model.safetensors") from None
+
+
+def check_hf_config(folder: Path, model_cfg: Any) -> dict[str, Any]:
+    """The folder's config, checked against the run's `model` section: one line naming what differs."""
+    config = json.loads((folder / "config.json").read_text())
+    if config.get("model_type") != "gpt2":
+        raise ConfigError(f"init_from=hf:{folder}: model_type {config.get('model_type')!r} is not gpt2")
+    if config.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
+        raise ConfigError(f"init_from=hf:{folder}: activation {config['activation_function']} is not GPT-2's tanh GELU")
+    wanted = {"n_layer": model_cfg.n_layer, "n_head": model_cfg.n_head, "n_embd": model_cfg.n_embd}
+    wrong = [f"{k}={config[k]} (run has {v})" for k, v in wanted.items() if config.get(k) != v]
+    if not model_cfg.bias:
+        wrong.append("biases (run has model.bias=false)")
+    if config.get("n_positions", 0) < model_cfg.context_size:
+        wrong.append(f"n_positions={config.get('n_positions')} < model.context_size={model_cfg.context_size}")
+    if wrong:
+        raise ConfigError(f"init_from=hf:{folder}: its {', '.join(wrong)}; choose the matching model preset "
+                          "(e.g. model=gpt2) or set model.n_layer / n_head / n_embd / context_size to match")
+    return config
+
+
+def from_hf_tensors(tensors: dict[str, np.ndarray], like: GPT, key: jax.Array) -> GPT:
+    """`like`'s structure (config, padding) with GPT-2's weights; token rows GPT-2 lacks are drawn fresh."""
+    cfg = like.cfg
+    wte = tensors["transformer.wte.weight"]
+    if wte.shape[0] > cfg.vocab_size:
+        raise DataError(f"the checkpoint has {wte.shape[0]} token rows, more than the tokenizer's {cfg.vocab_size}; "
+                        "use the tokenizer it was trained with (dataset.tokenizer=gpt2 for GPT-2)")
+    fresh = INIT_STD * np.asarray(jax.random.normal(key, (cfg.padded_vocab_size - wte.shape[0], cfg.n_embd)))
+    wte = np.concatenate([wte, fresh.astype(np.float32)])
+    wpe = tensors["transformer.wpe.weight"][: cfg.context_size]
+
+    def stacked(field: str, kind: str) -> jax.Array | None:
+        if getattr(getattr(like.blocks, field), kind) is None:
+            return None
+        name = next(n for n, fk in _block_names(0).items() if fk == (field, kind)).replace(".h.0.", ".h.{}.")
+        return jnp.asarray(np.stack([tensors[name.format(i)] for i in range(cfg.n_layer)]))
+
+    linear = lambda f: Linear(stacked(f, "weight"), stacked(f, "bias"))  # noqa: E731
+    norm = lambda f: LayerNorm(stacked(f, "weight"), stacked(f, "bias"))  # noqa: E731
+    blocks = Block(ln1=norm("ln1"), qkv=linear("qkv"), attn_proj=linear("attn_proj"), ln2=norm("ln2"),
+                   fc=linear("fc"), mlp_proj=linear("mlp_proj"))
+    ln_f = LayerNorm(jnp.asarray(tensors["transformer.ln_f.weight"]),
+                     None if like.ln_f.bias is None else jnp.asarray(tensors["transformer.ln_f.bias"]))
+    return GPT(wte=jnp.asarray(wte), wpe=jnp.asarray(wpe), blocks=blocks, ln_f=ln_f, cfg=cfg)
+
+
+def load_hf_model(folder: Path, like: GPT, key: jax.Array) -> GPT:
+    from safetensors.numpy import load_file
+
+    return from_hf_tensors(load_file(str(folder / "model.safetensors")), like, key)

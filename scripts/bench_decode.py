@@ -1,0 +1,52 @@
+"""Decode speed with and without the KV cache: tokens/s for a model built from a config (random weights: speed does
+not depend on them), after one warm-up call of each (compilation is reported apart). One JSON line out.
+
+    python scripts/bench_decode.py [--new-tokens 256] [--batch 1] [--prompt-len 1] [--vocab 4096] [overrides...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import jax  # noqa: E402
+
+from models import MODEL_BUILDERS  # noqa: E402
+from models.decode import generate  # noqa: E402
+from models.sampling import generate_no_cache  # noqa: E402
+from training import config as config_lib  # noqa: E402
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--prompt-len", type=int, default=1)
+    parser.add_argument("--vocab", type=int, default=4096)
+    args, overrides = parser.parse_known_args(argv)
+    cfg = config_lib.load_config(overrides)
+    model = MODEL_BUILDERS[cfg.model.arch](cfg, args.vocab, jax.random.PRNGKey(0))
+    prompts = [[(7 * r + i) % args.vocab for i in range(args.prompt_len)] for r in range(args.batch)]
+    result = {"model": cfg.model.name, "context": cfg.model.context_size, "batch": args.batch,
+              "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "device_kind": jax.devices()[0].device_kind}
+    for name, fn in (("kv_cache", generate), ("no_cache", generate_no_cache)):
+        started = time.perf_counter()
+        fn(model, prompts, args.new_tokens, temperature=0.0)  # warm-up: compiles
+        first = time.perf_counter() - started
+        started = time.perf_counter()
+        out = fn(model, prompts, args.new_tokens, temperature=0.0)
+        seconds = time.perf_counter() - started
+        tokens = sum(len(o) for o in out)
+        result[name] = {"tokens_per_s": round(tokens / seconds, 1), "seconds": round(seconds, 3),
+                        "compile_and_first_call_s": round(first, 2)}
+    result["speedup"] = round(result["kv_cache"]["tokens_per_s"] / result["no_cache"]["tokens_per_s"], 1)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

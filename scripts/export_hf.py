@@ -1,0 +1,42 @@
+"""Export a checkpoint as a Hugging Face GPT-2 folder that `transformers.GPT2LMHeadModel.from_pretrained` loads.
+
+    python scripts/export_hf.py RUN_OR_CHECKPOINT_DIR OUT_DIR [--which latest|best|STEP]
+
+Writes config.json and model.safetensors (float32), tokenizer.json for a BPE tokenizer (a `bpe` run's tokenizer is a
+HF `tokenizers` BPE), and gpt_jax_tokenizer.json so that `init_from=hf:OUT_DIR` gets this exact tokenizer back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from models.hf import export_hf  # noqa: E402
+from training.errors import PipelineError  # noqa: E402
+from training.trained import load_trained  # noqa: E402
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkpoint", help="run directory or checkpoint directory")
+    parser.add_argument("out_dir")
+    parser.add_argument("--which", default="latest", help="latest, best or a step number")
+    args = parser.parse_args(argv)
+    try:
+        trained = load_trained(args.checkpoint, args.which)
+        written = export_hf(trained.model, trained.tokenizer, args.out_dir)
+    except PipelineError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    note = "" if trained.tokenizer.kind == "bpe" else (
+        f" (a {trained.tokenizer.kind} tokenizer has no transformers form: ids 0..{trained.tokenizer.vocab_size - 1} "
+        "are this project's; gpt2's first 50,257 ids are GPT-2's own)")
+    print(f"step {trained.step} of {args.checkpoint} -> {args.out_dir}: {', '.join(written)}{note}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,37 @@
+"""Overlay runs: loss per split, learning rate and tokens/s against step, from each run's metrics.jsonl.
+
+    python scripts/plot_runs.py RUN_DIR [RUN_DIR ...] [--out comparison.png] [--labels a,b]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from training.report import plot_runs  # noqa: E402
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", help="run directories (each with a metrics.jsonl)")
+    parser.add_argument("--out", default="comparison.png")
+    parser.add_argument("--labels", default=None, help="comma-separated names, one per run (default: folder names)")
+    args = parser.parse_args(argv)
+    missing = [r for r in args.runs if not (Path(r) / "metrics.jsonl").exists()]
+    if missing:
+        print(f"error: no metrics.jsonl in {', '.join(missing)}; pass run directories (runs/<name>)", file=sys.stderr)
+        return 1
+    labels = args.labels.split(",") if args.labels else None
+    if labels is not None and len(labels) != len(args.runs):
+        print(f"error: --labels has {len(labels)} names for {len(args.runs)} runs", file=sys.stderr)
+        return 1
+    curves = plot_runs([Path(r) for r in args.runs], Path(args.out), labels)
+    print(f"{args.out}: {len(curves)} curves from {len(args.runs)} run(s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

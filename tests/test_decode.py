@@ -1,0 +1,43 @@
+"""KV-cache decoding: token for token what recomputing the whole window gives, at temperature 0."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from models.decode import generate
+from models.gpt import GPT, GPTConfig
+from models.sampling import generate_no_cache
+
+
+@pytest.fixture(scope="module")
+def model():
+    cfg = GPTConfig(vocab_size=50, n_layer=2, n_head=2, n_embd=32, context_size=32, scan_layers=False)
+    return GPT.init(cfg, jax.random.PRNGKey(3))
+
+
+def test_cached_greedy_decode_equals_the_no_cache_decode(model):
+    prompts = [[1, 2, 3], [7], [4, 4, 4, 4, 4, 4, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19]]  # different lengths
+    cached = generate(model, prompts, 12, temperature=0.0)
+    plain = generate_no_cache(model, prompts, 12, temperature=0.0)
+    assert cached == plain and [len(c) for c in cached] == [12, 12, 12]
+
+
+def test_past_the_context_the_decode_still_matches(model):
+    prompts = [[5, 6, 7, 8] * 5]  # 20 tokens; 25 new ones run 13 past the 32-token context
+    assert generate(model, prompts, 25, temperature=0.0) == generate_no_cache(model, prompts, 25, temperature=0.0)
+
+
+def test_rows_stop_at_eos_and_sampling_is_seeded(model):
+    prompts = [[1, 2], [3, 4]]
+    first = generate_no_cache(model, prompts, 10, temperature=0.0)
+    eos = first[0][3]  # the token row 0 greedily emits 4th: treat it as <EOS>
+    out = generate(model, prompts, 10, temperature=0.0, eos_id=eos)
+    assert out == generate_no_cache(model, prompts, 10, temperature=0.0, eos_id=eos)
+    assert out[0][-1] == eos and len(out[0]) <= 4
+    a = generate(model, prompts, 10, temperature=1.0, top_k=10, seed=1)
+    b = generate(model, prompts, 10, temperature=1.0, top_k=10, seed=1)
+    c = generate(model, prompts, 10, temperature=1.0, top_k=10, seed=2)
+    assert a == b and a != c
+    assert all(0 <= t < 50 for row in a for t in row)  # padded vocab ids are never sampled

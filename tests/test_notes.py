@@ -1,0 +1,157 @@
+"""Notes: the tokenizer's round trip, MIDI files, pause splitting, augmentation, tasks and the fine-tuning loss mask."""
+
+from __future__ import annotations
+
+import mido
+import numpy as np
+import pytest
+
+from data.midi import read_midi, write_midi
+from data.notes import Notes, augment, record_starts, split_at_pauses
+from data.notes_tokenizer import NotesTokenizer
+from data.records import record_batch
+from data.tasks import TASKS, task_sequence, top_voice_mask
+from data.tokenizers import tokenizer_from_json
+
+
+def random_notes(rng: np.random.Generator, n: int, step: float = 0.01) -> Notes:
+    """Notes whose starts sit within a third of a step of distinct grid points, so quantising keeps them apart."""
+    grid = np.sort(rng.choice(np.arange(0, 60_000), size=n, replace=False))
+    start = grid * step + rng.uniform(-step / 3, step / 3, n).clip(0, None)
+    length = rng.uniform(0.02, 7.5, n)  # up to 7.5 s: lengths that need several DUR tokens
+    return Notes.from_lists(rng.integers(0, 128, n), rng.integers(1, 128, n), start, start + length)
+
+
+def assert_round_trip(notes: Notes, tok: NotesTokenizer) -> None:
+    back = tok.decode_notes(tok.encode_notes(notes))
+    assert len(back) == len(notes)
+    np.testing.assert_array_equal(back.pitch, notes.pitch)
+    half_step = tok.time_step / 2 + 1e-9
+    assert np.abs(back.start - notes.start).max() <= half_step
+    long_enough = notes.end - notes.start >= tok.time_step
+    assert np.abs(back.end - notes.end)[long_enough].max() <= 2 * half_step  # start and end each within half a step
+    assert np.abs(back.velocity - notes.velocity).max() <= 128 / tok.velocity_bins / 2 + 0.5
+    # Decoding is exact on quantised notes: a second trip changes nothing.
+    again = tok.decode_notes(tok.encode_notes(back))
+    for a, b in zip((again.pitch, again.velocity, again.start, again.end), (back.pitch, back.velocity, back.start, back.end)):
+        np.testing.assert_allclose(a, b, atol=1e-9)
+
+
+@pytest.mark.parametrize("bins", [32, 128])
+def test_random_notes_round_trip_within_the_quantisation(bins):
+    tok = NotesTokenizer(time_step=0.01, max_shift_steps=100, max_duration_steps=100, velocity_bins=bins)
+    assert_round_trip(random_notes(np.random.default_rng(bins), 400), tok)
+
+
+def test_long_gaps_and_notes_take_several_tokens_and_come_back():
+    tok = NotesTokenizer(time_step=0.01, max_shift_steps=100, max_duration_steps=100)
+    notes = Notes.from_lists([60, 62], [64, 100], [0.0, 3.57], [2.5, 3.6])
+    ids = tok.encode_notes(notes)
+    assert tok.decode(ids) == ("PITCH_60 VEL_16 DUR_100 DUR_100 DUR_50 SHIFT_100 SHIFT_100 SHIFT_100 SHIFT_57 PITCH_62 "
+                               "VEL_25 DUR_3")
+    assert_round_trip(notes, tok)
+
+
+def test_a_real_corpus_piece_round_trips(bach_chorale):
+    assert len(bach_chorale) > 100
+    assert_round_trip(bach_chorale, NotesTokenizer())
+
+
+def test_the_tokenizer_description_rebuilds_it():
+    tok = NotesTokenizer(time_step=0.02, max_shift_steps=50, max_duration_steps=80, velocity_bins=16)
+    again = tokenizer_from_json(tok.to_json())
+    assert again.to_json() == tok.to_json() and again.vocab_size == tok.vocab_size == 3 + 3 + 50 + 128 + 16 + 80
+
+
+def test_decoding_tolerates_what_a_model_might_generate():
+    tok = NotesTokenizer()
+    # a pitch without velocity or length, a stray velocity, specials in between
+    ids = [tok.pitch_base + 60, tok.velocity_base + 3, tok.velocity_base + 9, tok.eos_id, tok.shift_base + 10,
+           tok.pitch_base + 64]
+    notes = tok.decode_notes(ids, default_velocity=70)
+    np.testing.assert_array_equal(notes.pitch, [60, 64])
+    np.testing.assert_array_equal(notes.velocity, [tok.bin_velocity(3), 70])
+    np.testing.assert_allclose(notes.end - notes.start, [0.01, 0.01])
+
+
+def test_midi_file_written_is_read_back_with_the_same_notes(tmp_path, bach_chorale):
+    tok = NotesTokenizer()
+    notes = tok.quantise(bach_chorale)
+    path = write_midi(notes, tmp_path / "piece.mid")
+    assert mido.MidiFile(str(path)).length == pytest.approx(notes.end.max(), abs=1e-3)
+    back = read_midi(path)
+    assert len(back) == len(notes)
+    np.testing.assert_array_equal(back.pitch, notes.pitch)
+    np.testing.assert_array_equal(back.velocity, notes.velocity)
+    np.testing.assert_allclose(back.start, notes.start, atol=1 / 960)
+    np.testing.assert_allclose(back.end, notes.end, atol=1 / 960)
+
+
+def test_pauses_longer_than_the_threshold_split_a_piece():
+    # a 5 s silence after 1.5 s; a note held across a 5 s gap between onsets is not a silence
+    notes = Notes.from_lists([60, 62, 64, 65, 67], [80] * 5, [0.0, 1.0, 6.5, 7.0, 13.0], [1.0, 1.5, 7.0, 13.5, 14.0])
+    segments = split_at_pauses(notes, threshold_s=4.0)
+    assert [len(s) for s in segments] == [2, 3]
+    assert [float(s.start[0]) for s in segments] == [0.0, 0.0]
+    np.testing.assert_allclose(segments[1].start, [0.0, 0.5, 6.5])
+    assert len(split_at_pauses(notes, threshold_s=6.0)) == 1
+
+
+def test_records_are_non_overlapping_runs_of_notes():
+    np.testing.assert_array_equal(record_starts(300, 128), [0, 128])
+    np.testing.assert_array_equal(record_starts(50, 128), [0])
+
+
+def test_pitch_shift_and_speed_change_keep_notes_valid():
+    rng = np.random.default_rng(0)
+    extremes = Notes.from_lists([0, 127, 60], [80] * 3, [0.0, 0.5, 1.0], [0.4, 0.9, 1.5])
+    for _ in range(20):
+        shifted = augment(extremes, rng, max_pitch_shift=6, speed_change_factors=[])
+        np.testing.assert_array_equal(shifted.pitch, extremes.pitch)  # nowhere to go without leaving 0..127
+    notes = random_notes(rng, 200)
+    factors = set()
+    for seed in range(40):
+        out = augment(notes, np.random.default_rng(seed), max_pitch_shift=12, speed_change_factors=[0.5, 2.0])
+        assert out.pitch.min() >= 0 and out.pitch.max() <= 127
+        assert (out.start >= 0).all() and (out.end > out.start).all()
+        shift = set((out.pitch - notes.pitch).tolist())
+        assert len(shift) == 1 and abs(shift.pop()) <= 12
+        factors.add(round(float(notes.end[-1] / out.end[-1]), 6))
+    assert factors == {0.5, 1.0, 2.0}
+    same = [augment(notes, np.random.default_rng(7), 12, [0.5, 2.0]) for _ in range(2)]
+    np.testing.assert_array_equal(same[0].pitch, same[1].pitch)
+    np.testing.assert_array_equal(same[0].start, same[1].start)
+
+
+@pytest.mark.parametrize("task", sorted(TASKS))
+def test_the_fine_tuning_mask_covers_exactly_the_target_tokens(task, bach_chorale):
+    tok = NotesTokenizer()
+    notes = bach_chorale.take(slice(0, 24)).shifted_to_zero()
+    prompt, target = TASKS[task](notes, tok)
+    ids = task_sequence(task, notes, tok)
+    assert ids == [tok.task_ids[task], *prompt, tok.genai_id, *target, tok.eos_id]
+    context = len(ids) + 10  # room for padding after the record
+    batch = record_batch([ids], context, tok.pad_id, tok.genai_id, finetuning=True)
+    masked = batch["targets"][0][batch["loss_mask"][0] > 0].tolist()
+    assert masked == [*target, tok.eos_id]
+    first = int(np.flatnonzero(batch["loss_mask"][0])[0])
+    assert batch["inputs"][0][first] == tok.genai_id  # the first counted target is the one right after <GENAI>
+    pretraining = record_batch([ids], context, tok.pad_id, tok.genai_id, finetuning=False)
+    assert pretraining["loss_mask"][0].sum() == len(ids) - 1  # every real target, no padding
+
+
+def test_tasks_pose_what_they_promise(bach_chorale):
+    tok = NotesTokenizer()
+    notes = tok.quantise(bach_chorale.take(slice(0, 40)).shifted_to_zero())
+    prompt, target = TASKS["dynamics"](notes, tok)
+    assert not any(tok.token_kind(i)[0] == "velocity" for i in prompt)
+    assert target == tok.velocity_tokens(notes)
+    prompt, target = TASKS["continuation"](notes, tok)
+    head = tok.decode_notes(prompt)
+    tail = tok.decode_notes(target, start_from=float(head.start[-1]))
+    assert len(head) + len(tail) == len(notes)
+    np.testing.assert_allclose(np.r_[head.start, tail.start], notes.start, atol=1e-9)
+    prompt, target = TASKS["lower_voices"](notes, tok)
+    top = tok.decode_notes(prompt)
+    assert len(top) == len(np.unique(notes.start)) and len(top) + len(tok.decode_notes(target)) == len(notes)
+    assert top_voice_mask(notes).sum() == len(top)

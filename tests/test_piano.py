@@ -1,0 +1,207 @@
+"""Stages end to end: pretraining on the music21 corpus, fine-tuning a piano task from that checkpoint, per-composer
+evaluation, a generated .mid; the maestro (Hub) layout from a local folder; text fine-tuning records; init_from."""
+
+from __future__ import annotations
+
+import json
+
+import chex
+import jax
+import jax.numpy as jnp
+import mido
+import numpy as np
+import pytest
+
+from data.notes import Notes
+from data.note_sources import load_note_corpus
+from helpers import build, read_metrics, run_cli, tiny_overrides
+from training import config as config_lib
+from training.checkpoint import Checkpointer
+from training.errors import ConfigError
+from training.run import plan_run, restore_state
+
+pytestmark = pytest.mark.e2e
+
+
+def piano_overrides(cache: str, run_dir, *extra: str) -> list[str]:
+    """gpt2-tiny on a few music21 pieces per composer, records of 12 notes (about 45 tokens)."""
+    return tiny_overrides(
+        cache, "dataset=music21", "dataset.tokenizer=notes", "dataset.composers=[bach,mozart,beethoven]", "dataset.max_pieces_per_composer=4",
+        "data.notes_per_record=12", "train.batch_size=16", "train.max_steps=40", "train.eval_interval=20",
+        "train.eval_iters=2", "train.log_interval=10", "optimizer.lr_config.lr=3e-3", f"logging.run_dir={run_dir}",
+        *extra)
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory, data_cache):
+    run_dir = tmp_path_factory.mktemp("piano") / "pretrain"
+    result = run_cli(piano_overrides(data_cache, run_dir))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def finetuned(pretrained, data_cache):
+    run_dir = pretrained.parent / "finetune"
+    result = run_cli(piano_overrides(data_cache, run_dir, f"init_from={pretrained}", "stage=piano_task",
+                                     "tasks=[dynamics]", "loss_masking=finetuning", "train.eval_at_start=true"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir, result
+
+
+def test_pretraining_on_the_music21_corpus_evaluates_each_composer(pretrained):
+    final = {r["split"]: r["loss"] for r in read_metrics(pretrained) if r["step"] == 40 and r["split"] != "train"}
+    assert list(final) == ["full", "bach", "mozart", "beethoven"]
+    train = read_metrics(pretrained, "train")
+    assert train[-1]["loss"] < train[0]["loss"] - 0.5
+
+
+def test_fine_tuning_a_task_beats_the_pretrained_weights_on_its_target_tokens(finetuned):
+    run_dir, result = finetuned
+    full = {r["step"]: r["loss"] for r in read_metrics(run_dir, "full")}
+    assert sorted(full) == [0, 20, 40]  # step 0: the pretrained weights on the task, before any update
+    assert full[40] < full[0] - 0.5
+    assert "weights from" in result.stdout and "tasks dynamics, loss masking finetuning" in result.stdout
+    for composer in ("bach", "mozart", "beethoven"):
+        losses = {r["step"]: r["loss"] for r in read_metrics(run_dir, composer)}
+        assert sorted(losses) == [0, 20, 40] and losses[40] < losses[0]
+
+
+def test_a_fine_tuned_model_writes_a_playable_midi(finetuned, tmp_path):
+    run_dir, _ = finetuned
+    result = run_cli([str(run_dir), "--max-new-tokens", "30", "--out", str(tmp_path), "--prompt-notes", "12"],
+                     script="scripts/sample.py")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "dynamics" in result.stdout
+    midi = mido.MidiFile(str(tmp_path / "sample-0.mid"))
+    ons = [m for m in midi if m.type == "note_on" and m.velocity > 0]
+    assert len(ons) == 12 and midi.length > 0  # the prompt's 12 notes, with the velocities the model chose
+
+
+def test_a_pretrained_model_continues_a_midi_prompt(pretrained, tmp_path, bach_chorale):
+    from data.midi import write_midi
+
+    prompt = write_midi(bach_chorale, tmp_path / "prompt-in.mid")
+    result = run_cli([str(pretrained), "--prompt-midi", str(prompt), "--prompt-notes", "10", "--max-new-tokens", "40",
+                      "--out", str(tmp_path / "out"), "--temperature", "1.0"], script="scripts/sample.py")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "next-token continuation" in result.stdout
+    assert mido.MidiFile(str(tmp_path / "out" / "sample-0.mid")).length > 0
+    assert len([m for m in mido.MidiFile(str(tmp_path / "out" / "prompt.mid")) if m.type == "note_on"]) == 10
+
+
+def test_init_from_loads_the_weights_and_resets_optimizer_and_step(pretrained, data_cache):
+    overrides = piano_overrides(data_cache, pretrained.parent / "unused", f"init_from={pretrained}",
+                                "stage=piano_task", "tasks=[continuation]", "loss_masking=finetuning")
+    cfg = config_lib.load_config(overrides)
+    plan = plan_run(cfg, overrides, 0)
+    parts = build(overrides, plan.init_from)
+    fresh_opt_state = parts.state.opt_state
+    state = restore_state(parts.state, plan)
+    reader = Checkpointer(pretrained / "checkpoints", read_only=True)
+    saved = reader.restore_model(reader.resolve("latest"), state.model)
+    assert int(state.step) == 0 and reader.resolve("latest") == 40
+    chex.assert_trees_all_equal(state.model, saved)
+    chex.assert_trees_all_equal(state.opt_state, fresh_opt_state)
+    mu = jax.tree.leaves(state.opt_state)
+    assert all(float(jnp.abs(x).max()) == 0.0 for x in mu if x.ndim > 1)  # Adam moments start at zero
+
+
+def test_init_from_with_another_notes_tokenizer_is_refused(pretrained, data_cache, tmp_path):
+    result = run_cli(piano_overrides(data_cache, tmp_path / "run", f"init_from={pretrained}",
+                                     "dataset.notes_tokenizer.velocity_bins=16"))
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("error: dataset.notes_tokenizer:") and "checkpoint" in lines[-1]
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def write_maestro_layout(folder, pieces_per_split: dict[str, list[tuple[str, Notes]]]) -> None:
+    """A dataset as the Hub serves maestro-style piano data: a `notes` struct column and a JSON `source` column."""
+    import datasets
+
+    (folder / "data").mkdir(parents=True)
+    for split, pieces in pieces_per_split.items():
+        rows = {
+            "notes": [{"pitch": n.pitch.tolist(), "velocity": n.velocity.tolist(), "start": n.start.tolist(),
+                       "end": n.end.tolist(), "duration": (n.end - n.start).tolist()} for _, n in pieces],
+            "source": [json.dumps({"composer": c, "title": f"piece {i}", "midi_filename": f"{i}.midi"})
+                       for i, (c, _) in enumerate(pieces)],
+        }
+        datasets.Dataset.from_dict(rows).to_parquet(str(folder / "data" / f"{split}-00000-of-00001.parquet"))
+
+
+def test_the_maestro_layout_loads_from_a_local_folder_through_the_hub_code_path(tmp_path, bach_chorale):
+    rng = np.random.default_rng(0)
+
+    n = bach_chorale
+    pieces = [Notes(np.clip(n.pitch + k, 0, 127), rng.integers(30, 100, len(n)), n.start, n.end) for k in range(7)]
+
+    def piece(k: int) -> Notes:
+        return pieces[k]
+
+    write_maestro_layout(tmp_path / "maestro", {
+        "train": [("Johann Sebastian Bach", piece(0)), ("Frédéric Chopin", piece(1)), ("Franz Liszt", piece(2))],
+        "validation": [("Johann Sebastian Bach", piece(3)), ("Frédéric Chopin", piece(4)), ("Franz Liszt", piece(5))],
+        "test": [("Wolfgang Amadeus Mozart", piece(6))],
+    })
+    cfg = config_lib.load_config(["dataset=maestro", f"dataset.base_dataset_name={tmp_path / 'maestro'}",
+                                  f"dataset.cache_dir={tmp_path / 'cache'}"])
+    corpus = load_note_corpus(cfg.dataset)
+    assert list(corpus) == ["train", "full", "bach", "chopin", "test"]
+    assert [len(corpus[s]) for s in corpus] == [3, 3, 1, 1, 1]
+    assert corpus["chopin"][0]["composer"] == "Frédéric Chopin"
+    row, written = corpus["bach"][0], piece(3)
+    expected = Notes.from_lists(written.pitch, written.velocity, written.start, written.end)
+    for column in ("pitch", "velocity", "start", "end"):
+        np.testing.assert_array_equal(row[column], getattr(expected, column))
+
+
+def test_an_unreachable_hub_dataset_is_one_clear_line(tmp_path):
+    result = run_cli(["dataset=maestro", "dataset.base_dataset_name=epr-labs/no-such-piano-dataset",
+                      f"dataset.cache_dir={tmp_path}", "model=gpt2-tiny", "logging.wandb=disabled",
+                      f"logging.run_dir={tmp_path / 'run'}"], timeout=180)
+    assert result.returncode == 1
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: dataset epr-labs/no-such-piano-dataset (validation): could not load it")
+    assert "dataset=music21" in line
+
+
+def test_text_fine_tuning_records_put_the_loss_on_the_completion_only(tmp_path, data_cache):
+    rows = [{"question": f"What is {a} plus {b}?", "answer": f"{a + b}"} for a in range(12) for b in range(12)]
+    (tmp_path / "qa.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    overrides = tiny_overrides(data_cache, "dataset=json_files", f"dataset.files=[{tmp_path / 'qa.jsonl'}]",
+                               "dataset.tokenizer=byte", "dataset.prompt_column=question",
+                               "dataset.completion_column=answer", "loss_masking=finetuning", "dataset.max_documents=null")
+    parts = build(overrides)
+    batch = parts.data.train.batch(0)
+    tok = parts.tokenizer
+    for inputs, targets, mask in zip(batch["inputs"][0], batch["targets"][0], batch["loss_mask"][0]):
+        text = tok.decode(np.r_[inputs[:1], targets])
+        prompt, rest = text.split("<GENAI>")
+        answer = rest.split("<EOS>")[0]
+        assert prompt.startswith("What is") and answer.isdigit()
+        assert tok.decode(targets[mask > 0]) == answer + "<EOS>"
+    first = [float(parts.step(s)["loss"]) for s in range(30)]
+    assert np.mean(first[-5:]) < np.mean(first[:5])
+
+
+@pytest.mark.parametrize("override, message", [
+    (["stage=piano_task", "tasks=[dynamics]"], "config: stage: piano_task needs a notes source"),
+    (["dataset=music21", "stage=piano_task"], "config: tasks: stage=piano_task needs at least one task"),
+    (["dataset=music21", "stage=piano_task", "tasks=[harmony]"], "config: tasks: unknown task 'harmony'"),
+    (["loss_masking=finetuning"], "config: loss_masking: finetuning puts the loss after <GENAI>"),
+    (["dataset=music21", "dataset.tokenizer=bpe"], "config: dataset.tokenizer: dataset.source=music21 needs"),
+    (["dataset=music21", "dataset.augmentation.max_pitch_shift=-1"], "config: dataset.augmentation.max_pitch_shift"),
+])
+def test_incoherent_stage_settings_fail_at_the_door(override, message):
+    with pytest.raises(ConfigError) as e:
+        config_lib.validate(config_lib.load_config(["model=gpt2-tiny", *override]), 1)
+    assert str(e.value).startswith(message)
+
+
+def test_a_stage_error_is_one_line_and_exit_2():
+    result = run_cli(["model=gpt2-tiny", "stage=piano_task", "tasks=[dynamics]"], timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: config: stage: piano_task needs a notes source (dataset=music21, maestro or midi_files), not pystdlib"]

@@ -1,0 +1,125 @@
+"""What a finished run leaves besides its checkpoints: `summary.json` and `plots.png`, both from metrics.jsonl.
+
+metrics.jsonl is the run's whole history (a resumed run appends to it), so the summary and the plots cover every
+segment of a run, and `scripts/plot_runs.py` can overlay any runs after the fact.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+TRAIN = "train"
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def latest_per_step(rows: list[dict]) -> list[dict]:
+    """A resumed run may log a step twice (the interrupted segment got past its last checkpoint): keep the last."""
+    out: dict[tuple[str, int], dict] = {}
+    for row in rows:
+        out[(row["split"], row["step"])] = row
+    return sorted(out.values(), key=lambda r: (r["step"], r["split"]))
+
+
+def summarize(rows: list[dict], extra: dict[str, Any]) -> dict[str, Any]:
+    """Final and best loss of every split, tokens seen, throughput (median over log intervals), MFU where known."""
+    rows = latest_per_step(rows)
+    train = [r for r in rows if r["split"] == TRAIN]
+    splits: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        if r["split"] == TRAIN or not isinstance(r.get("loss"), (int, float)):
+            continue
+        s = splits.setdefault(r["split"], {"best_loss": math.inf, "best_step": None})
+        s.update(final_loss=r["loss"], final_step=r["step"], final_perplexity=r.get("perplexity"))
+        if r["loss"] < s["best_loss"]:
+            s.update(best_loss=r["loss"], best_step=r["step"])
+    rates = [r["tokens_per_s"] for r in train if _number(r.get("tokens_per_s"))]
+    mfus = [r["mfu"] for r in train if _number(r.get("mfu"))]
+    return {
+        "steps": train[-1]["step"] if train else 0,
+        "train": {"final_loss": train[-1]["loss"] if train else None,
+                  "best_loss": min((r["loss"] for r in train if _number(r.get("loss"))), default=None)},
+        "splits": splits,
+        "tokens_seen": train[-1].get("tokens_seen") if train else 0,
+        "tokens_per_s_median": statistics.median(rates) if rates else None,
+        "mfu_median": statistics.median(mfus) if mfus else None,
+        **extra,
+    }
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def write_summary(run_dir: Path, extra: dict[str, Any]) -> Path:
+    path = Path(run_dir) / "summary.json"
+    path.write_text(json.dumps(summarize(read_metrics(run_dir), extra), indent=2))
+    return path
+
+
+def plot_runs(run_dirs: list[Path], out: Path, labels: list[str] | None = None) -> dict[str, tuple[list, list]]:
+    """Loss per split, learning rate and tokens/s against step, one colour per run (line style per split).
+    Returns every curve drawn, `"<panel>/<run>: <split>" -> (steps, values)`, so what the picture shows is checkable."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; no display needed
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    loss_ax, lr_ax, speed_ax = axes
+    styles = ["-", "--", ":", "-."]
+    for i, run_dir in enumerate(run_dirs):
+        rows = latest_per_step(read_metrics(run_dir))
+        label = labels[i] if labels else Path(run_dir).name
+        colour = f"C{i % 10}"
+        train = [r for r in rows if r["split"] == TRAIN]
+        loss_ax.plot([r["step"] for r in train], [r["loss"] for r in train], color=colour, alpha=0.5, lw=1,
+                     label=f"{label}: train")
+        evals = sorted({r["split"] for r in rows if r["split"] != TRAIN})
+        for j, split in enumerate(evals):
+            points = [r for r in rows if r["split"] == split]
+            loss_ax.plot([r["step"] for r in points], [r["loss"] for r in points], color=colour,
+                         ls=styles[j % len(styles)], marker="o", ms=3, label=f"{label}: {split}")
+        lr_ax.plot([r["step"] for r in train], [r.get("lr") for r in train], color=colour, label=label)
+        timed = [r for r in train if _number(r.get("tokens_per_s"))]
+        speed_ax.plot([r["step"] for r in timed], [r["tokens_per_s"] for r in timed], color=colour, label=label)
+    for ax, title in ((loss_ax, "loss per token"), (lr_ax, "learning rate"), (speed_ax, "tokens / s")):
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    loss_ax.legend(fontsize=7)
+    if len(run_dirs) > 1:
+        lr_ax.legend(fontsize=7)
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    curves = {f"{ax.get_title()}/{line.get_label()}": (list(line.get_xdata()), list(line.get_ydata()))
+              for ax in axes for line in ax.get_lines()}
+    plt.close(fig)
+    return curves
+
+
+def finish_run(run_dir: Path, checkpointer: Any, stopped: str | None, wall_s: float, parameters: int) -> None:
+    """summary.json and plots.png at the end of a run (process 0)."""
+    from training.checkpoint import package_versions
+
+    checkpoints = None
+    if checkpointer is not None:
+        checkpointer.wait()  # the last save is complete before it is listed
+        steps = checkpointer.steps()
+        checkpoints = {"directory": str(checkpointer.directory), "steps": steps,
+                       "latest": checkpointer.resolve("latest") if steps else None,
+                       "best": checkpointer.resolve("best") if steps else None}
+    write_summary(run_dir, {"run_dir": str(run_dir), "stopped": stopped or "max_steps", "wall_time_s": round(wall_s, 1),
+                            "parameters": parameters, "checkpoints": checkpoints, "versions": package_versions()})
+    plot_runs([run_dir], Path(run_dir) / "plots.png")
