@@ -43,6 +43,7 @@ from training.run import RunPlan, Source, carried_over, plan_run, restore_state,
 from training.sharding import init_distributed, init_mesh, max_over_processes, put_batch
 from training.signals import StopRequest
 from training.state import TrainState, place_state
+from training.stats import StatsKnobs, statistics_of
 from training.step import COMPUTE_DTYPES, make_eval_step, make_train_step
 
 
@@ -112,10 +113,11 @@ def build(cfg, source: Source | None = None) -> Pipeline:
     model = init_model(cfg, tokenizer.vocab_size, model_key)
     schedule = init_scheduler(cfg)
     optimizer = init_optimizer(cfg, schedule, model)
-    dtype = COMPUTE_DTYPES[cfg.system.dtype]
-    state, shardings = place_state(model, optimizer, train_key, mesh, cfg.system.sharding, dtype)
+    dtype, knobs = COMPUTE_DTYPES[cfg.system.dtype], StatsKnobs.from_cfg(cfg.logging)
+    state, shardings = place_state(model, optimizer, train_key, mesh, cfg.system.sharding, dtype, knobs)
     return Pipeline(mesh, tokenizer, data, schedule, optimizer, state, shardings,
-                    make_train_step(optimizer, shardings, dtype, cfg.train.skip_nonfinite), make_eval_step(dtype))
+                    make_train_step(optimizer, shardings, dtype, cfg.train.skip_nonfinite, knobs=knobs),
+                    make_eval_step(dtype))
 
 
 def main(argv: list[str]) -> None:
@@ -133,7 +135,7 @@ def main(argv: list[str]) -> None:
     config_lib.validate(cfg, jax.local_device_count())
     p = build(cfg, plan.resume or plan.init_from)
     state = restore_state(p.state, plan)
-    if cfg.mode == "eval":
+    if config_lib.evaluating(cfg):
         evaluate_checkpoint(plan, p, state)
     else:
         train(cfg, plan, p, state, started, compile_clock)
@@ -261,6 +263,7 @@ def log_train_interval(log: RunLogger, clock: RunClock, schedule: optax.Schedule
         "mfu": None if flop_rate is None else tokens_per_s * flop_rate,
         "skipped_steps": int(fetched[-1]["skipped_steps"]), "loss_scale": float(fetched[-1]["loss_scale"]),
         "elapsed_s": clock.elapsed(), "remaining_s": clock.remaining(step),
+        **statistics_of(fetched[-1]),
     })
     return loss
 

@@ -67,6 +67,18 @@ def test_fine_tuning_a_task_beats_the_pretrained_weights_on_its_target_tokens(fi
         assert sorted(losses) == [0, 20, 40] and losses[40] < losses[0]
 
 
+def test_eval_only_scores_the_pretrained_weights_on_a_task(pretrained, finetuned, data_cache):
+    run_dir, _ = finetuned
+    result = run_cli(piano_overrides(data_cache, pretrained, "eval_only=true", "checkpoint.load=True",
+                                     f"checkpoint.load_path={pretrained}", "checkpoint.overwrite_config=True",
+                                     "stage=piano_task", "tasks=[dynamics]", "loss_masking=finetuning"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    scores = json.loads((pretrained / "eval-step40.json").read_text())["results"]
+    assert list(scores) == ["full", "bach", "mozart", "beethoven", "test"]
+    step0 = {r["split"]: r["loss"] for r in read_metrics(run_dir) if r["step"] == 0}
+    assert scores["full"]["loss"] == pytest.approx(step0["full"], rel=1e-5)  # the fine-tune's starting point
+
+
 def test_a_fine_tuned_model_writes_a_playable_midi(finetuned, tmp_path):
     run_dir, _ = finetuned
     result = run_cli([str(run_dir), "--max-new-tokens", "30", "--out", str(tmp_path), "--prompt-notes", "12"],

@@ -36,6 +36,7 @@ absl.logging.set_verbosity(absl.logging.ERROR)  # Orbax reports routine events (
 
 PARTS = ("model", "opt_state", "progress")  # the TrainState, split by what a restore may want
 META = "meta"
+STATS = "stats"  # training-statistics buffers: saved only by runs whose knobs made them (training/stats.py)
 
 
 def _val_loss(metrics: dict) -> float:
@@ -60,7 +61,7 @@ class Checkpointer:
             save_interval_steps=0 if read_only else 1,
             cleanup_tmp_directories=not read_only,  # leftovers of a save that was killed half-way
         )
-        self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=PARTS + (META,))
+        self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=PARTS + (STATS, META))
 
     # -- writing ---------------------------------------------------------------------------------------------------
     def save(self, state: Any, meta: dict, val_loss: float | None = None) -> bool:
@@ -74,6 +75,7 @@ class Checkpointer:
             step,
             args=ocp.args.Composite(
                 **{part: ocp.args.StandardSave(arrays) for part, arrays in _parts(state).items()},
+                **({STATS: ocp.args.StandardSave(state.stats)} if state.stats is not None else {}),
                 **{META: ocp.args.JsonSave(meta)},
             ),
             metrics={"val_loss": val_loss} if val_loss is not None and math.isfinite(val_loss) else None,
@@ -128,8 +130,16 @@ class Checkpointer:
         model = eqx.combine(restored["model"], like.model) if "model" in restored else like.model
         progress = restored.get("progress", _parts(like)["progress"])
         opt_state = restored.get("opt_state", like.opt_state)
+        stats = like.stats
+        # Statistics buffers come back with the progress when the checkpoint has them and this run's knobs want
+        # them; a checkpoint saved with other knobs (or none) starts them fresh.
+        if "progress" in parts and stats is not None and (self.directory / str(step) / STATS).is_dir():
+            try:
+                stats = self._restore_part(step, STATS, stats)
+            except CheckpointError:
+                stats = like.stats
         return type(like)(step=progress["step"], model=model, opt_state=opt_state, key=progress["key"],
-                          loss_scale=progress["loss_scale"])
+                          loss_scale=progress["loss_scale"], stats=stats)
 
     def restore_model(self, step: int, like: Any) -> Any:
         """Only the parameters, into the structure and shardings of the model `like` (sampling, export); `like` may
@@ -146,7 +156,7 @@ class Checkpointer:
             reason = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
             hint = {"model": "a different model, or a corrupt/truncated checkpoint",
                     "opt_state": "a different optimizer? checkpoint.overwrite_optimizer=True starts a fresh one",
-                    "progress": "corrupt or truncated?"}[part]
+                    "progress": "corrupt or truncated?", STATS: "other statistics knobs"}[part]
             raise CheckpointError(f"checkpoint {self.directory}/{step}: its {part} does not restore ({hint}): {reason}"
                                   ) from None
 

@@ -148,6 +148,14 @@ class LoggingConfig:
     wandb_entity: Optional[str] = None
     tensorboard: bool = True
     progress: str = "auto"  # auto (a bar on a terminal, lines otherwise) | bar | lines
+    # Training statistics (training/stats.py says what each computes and what it costs); all off by default.
+    log_callback_data: bool = False  # gradient / parameter / update norms (global, per layer), <g_t, update_t>
+    store_last_grads: bool = False  # keep g_{t-1}: cos(g_t, g_{t-1})
+    store_past_grads: bool = False  # keep the sum of past gradients: cos(g_t, their mean)
+    store_last_params: bool = False  # keep x_{t-1}: the last step's length
+    compute_last_loss: bool = False  # f(x_t) - f(x_{t-1}) on the same batch (needs store_last_params)
+    compute_last_grads: bool = False  # |g_t - grad f(x_{t-1})| on the same batch (needs store_last_params)
+    running_stats_window: int = 0  # > 0: also each statistic's mean over this many steps
 
 
 @dataclass
@@ -182,6 +190,7 @@ class SystemConfig:
 @dataclass
 class Config:
     mode: str = "train"  # train | eval (evaluate a checkpoint on every validation split and the test split)
+    eval_only: bool = False  # the earlier pipeline's name for mode=eval
     stage: str = "next_token_pretraining"  # next_token_pretraining | piano_task
     # scratch_next_token (or null): fresh weights; a checkpoint (or run) dir: its weights, fresh optimizer, step 0;
     # hf:<folder or Hub id>: GPT-2 weights from a transformers folder (e.g. hf:gpt2)
@@ -346,6 +355,16 @@ def validate(cfg: DictConfig, num_local_devices: int) -> None:
         _fail("dataset.max_documents", f"must be >= 1; got {d.max_documents}")
 
     _validate_stages(cfg)
+    lg = cfg.logging
+    for key in ("compute_last_loss", "compute_last_grads"):
+        if lg[key] and not lg.store_last_params:
+            _fail(f"logging.{key}", "needs the previous parameters: add logging.store_last_params=true")
+    if lg.running_stats_window < 0:
+        _fail("logging.running_stats_window", f"must be >= 0; got {lg.running_stats_window}")
+    if lg.running_stats_window > 0 and not any(lg[k] for k in ("log_callback_data", "store_last_grads",
+                                                                "store_past_grads", "store_last_params")):
+        _fail("logging.running_stats_window", "averages statistics, but no statistics knob is on (e.g. "
+                                              "logging.log_callback_data=true)")
 
     c = cfg.checkpoint
     steps = c.save_steps
@@ -359,8 +378,10 @@ def validate(cfg: DictConfig, num_local_devices: int) -> None:
         _fail("checkpoint.max_to_keep", f"must be >= 1 (or null to keep all); got {c.max_to_keep}")
     if c.load and not c.load_path:
         _fail("checkpoint.load_path", "checkpoint.load=True needs checkpoint.load_path=<checkpoint dir>")
-    if cfg.mode == "eval" and not c.load:
-        _fail("mode", "mode=eval evaluates a checkpoint: add checkpoint.load=True checkpoint.load_path=<dir>")
+    if evaluating(cfg) and not c.load:
+        key = "eval_only" if cfg.eval_only else "mode"
+        _fail(key, f"{key}={'true' if cfg.eval_only else 'eval'} evaluates a checkpoint: add checkpoint.load=True "
+                   "checkpoint.load_path=<dir>")
     if c.load and (init_from_dir(cfg) or str(cfg.init_from or "").startswith("hf:")):
         _fail("init_from", "choose one: checkpoint.load=True resumes a run, init_from=<dir> starts one from weights")
     if c.load_file not in ("latest", "best") and not str(c.load_file).isdigit():
@@ -420,6 +441,11 @@ def _validate_stages(cfg: DictConfig) -> None:
         _fail("dataset.augmentation.max_pitch_shift", f"must be in [0, 127]; got {d.augmentation.max_pitch_shift}")
     if any(f <= 0 for f in d.augmentation.speed_change_factors):
         _fail("dataset.augmentation.speed_change_factors", f"must all be > 0; got {list(d.augmentation.speed_change_factors)}")
+
+
+def evaluating(cfg: DictConfig) -> bool:
+    """mode=eval (or eval_only=true): evaluate a checkpoint, train nothing."""
+    return cfg.mode == "eval" or bool(cfg.eval_only)
 
 
 def init_from_dir(cfg: DictConfig) -> str | None:

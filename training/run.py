@@ -22,13 +22,13 @@ import numpy as np
 
 from models.hf import HF_PREFIX, check_hf_config, load_hf_model, resolve_hf
 from training.checkpoint import PARTS, Checkpointer, find_checkpoint_dir, holds_checkpoints
-from training.config import Config, init_from_dir, validate_keys
+from training.config import Config, evaluating, init_from_dir, validate_keys
 from training.errors import CheckpointError
 
 # Keys that describe this invocation (hardware, time budget, what to load, how to print): a resumed run takes them
 # from the command line even when the saved config wins.
-RESUME_KEYS = ("checkpoint", "system", "mode", "train.max_training_hours", "logging.run_dir", "logging.progress",
-               "logging.wandb")
+RESUME_KEYS = ("checkpoint", "system", "mode", "eval_only", "train.max_training_hours", "logging.run_dir",
+               "logging.progress", "logging.wandb")
 # Keys that fix the shapes of the parameters: a checkpoint only loads into a model with the same values.
 MODEL_SHAPE_KEYS = ("arch", "n_layer", "n_head", "n_embd", "context_size", "bias", "vocab_multiple")
 
@@ -87,7 +87,7 @@ def plan_run(cfg: DictConfig, overrides: list[str], stamp: int) -> RunPlan:
         run_dir = Path(cfg.logging.run_dir or f"runs/{name}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(stamp))}")
         save_path = Path(cfg.checkpoint.save_path or run_dir / "checkpoints")
     resuming_here = resume is not None and save_path.absolute() == resume.reader.directory
-    if cfg.mode == "train" and cfg.checkpoint.save and not resuming_here and holds_checkpoints(save_path):
+    if not evaluating(cfg) and cfg.checkpoint.save and not resuming_here and holds_checkpoints(save_path):
         raise CheckpointError(
             f"checkpoint.save_path: {save_path} already holds another run's checkpoints; choose another "
             f"path, or resume that run with checkpoint.load=True checkpoint.load_path={save_path}"

@@ -12,6 +12,7 @@ from jax.sharding import Mesh
 
 from training.precision import LossScale
 from training.sharding import state_shardings
+from training.stats import StatsKnobs, init_stats
 
 
 class TrainState(eqx.Module):
@@ -20,26 +21,30 @@ class TrainState(eqx.Module):
     opt_state: optax.OptState  # incl. MultiSteps' accumulator when accumulating
     key: jax.Array  # base PRNG key (uint32[2]); step keys are folded in from it, so it never changes
     loss_scale: LossScale  # float16's dynamic loss scale and the count of skipped (non-finite) steps
+    stats: dict | None = None  # training-statistics buffers (training/stats.py); None when no knob is on
 
     @staticmethod
     def create(model: Any, optimizer: optax.GradientTransformation, key: jax.Array,
-               dtype: jnp.dtype = jnp.float32) -> TrainState:
+               dtype: jnp.dtype = jnp.float32, knobs: StatsKnobs = StatsKnobs()) -> TrainState:
+        params = eqx.filter(model, eqx.is_array)
         return TrainState(
             step=jnp.zeros([], jnp.int32),
             model=model,
-            opt_state=optimizer.init(eqx.filter(model, eqx.is_array)),
+            opt_state=optimizer.init(params),
             key=key,
             loss_scale=LossScale.create(dtype),
+            stats=init_stats(knobs, params),
         )
 
 
 def place_state(model: Any, optimizer: optax.GradientTransformation, key: jax.Array, mesh: Mesh, layout: str,
-                dtype: jnp.dtype = jnp.float32) -> tuple[TrainState, Any]:
+                dtype: jnp.dtype = jnp.float32, knobs: StatsKnobs = StatsKnobs()) -> tuple[TrainState, Any]:
     """A fresh TrainState laid out on the mesh, and the shardings of its arrays.
 
     The optimizer state is created under jit straight into its sharding, never first as one full copy per device.
     """
-    abstract = eqx.filter_eval_shape(TrainState.create, model, optimizer, key, dtype)
+    abstract = eqx.filter_eval_shape(TrainState.create, model, optimizer, key, dtype, knobs)
     shardings = state_shardings(abstract, mesh, layout)
-    create = eqx.filter_jit(lambda m, k: eqx.filter_shard(TrainState.create(m, optimizer, k, dtype), shardings))
+    create = eqx.filter_jit(lambda m, k: eqx.filter_shard(TrainState.create(m, optimizer, k, dtype, knobs),
+                                                          shardings))
     return create(model, key), shardings

@@ -1,0 +1,150 @@
+"""Training statistics: each checked against a hand computation; knobs off cost no memory; buffers resume exactly."""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from helpers import build, tiny_overrides
+from training import config as config_lib
+from training.errors import ConfigError
+from training.sharding import put_batch
+from training.stats import statistics_of
+from training.step import mean_loss
+
+ALL_KNOBS = ("logging.log_callback_data=true", "logging.store_last_grads=true", "logging.store_past_grads=true",
+             "logging.store_last_params=true", "logging.compute_last_loss=true", "logging.compute_last_grads=true",
+             "logging.running_stats_window=3")
+
+
+def flat(tree) -> np.ndarray:
+    return np.concatenate([np.ravel(np.asarray(x, np.float64)) for x in jax.tree.leaves(tree)])
+
+
+def layer_norms(tree) -> np.ndarray:
+    return np.sqrt(sum(np.sum(np.square(np.asarray(x, np.float64)), axis=tuple(range(1, x.ndim)))
+                       for x in jax.tree.leaves(tree.blocks)))
+
+
+def cos(a: np.ndarray, b: np.ndarray) -> float:
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def test_every_statistic_matches_a_hand_computation(data_cache):
+    parts = build(tiny_overrides(data_cache, *ALL_KNOBS, "train.grad_accum_steps=2"))
+    model0 = parts.state.model
+
+    loss_and_grad = eqx.filter_jit(eqx.filter_value_and_grad(mean_loss))
+
+    def hand_loss_and_grad(params, batch):
+        """f and ∇f over the step's two micro-batches, computed directly."""
+        model = eqx.combine(params, model0)
+        losses, grads = zip(*[loss_and_grad(model, jax.tree.map(lambda x: x[i], batch), None, jnp.float32)
+                              for i in range(2)])
+        return float(np.mean(losses)), (flat(grads[0]) + flat(grads[1])) / 2, jax.tree.map(
+            lambda a, b: (a + b) / 2, eqx.filter(grads[0], eqx.is_array), eqx.filter(grads[1], eqx.is_array))
+
+    history = {name: [] for name in ("param_norm", "update_norm", "grad_dot_update")}
+    past_grads, last_grad, last_params = [], None, None
+    for step in range(4):
+        params = jax.device_get(eqx.filter(parts.state.model, eqx.is_array))  # x_t (the step donates the state)
+        batch = put_batch(parts.data.train.batch(step), parts.mesh)
+        loss, g, g_tree = hand_loss_and_grad(params, batch)
+        stats = statistics_of(jax.device_get(parts.step(step)))
+        x, x_next = flat(params), flat(eqx.filter(parts.state.model, eqx.is_array))
+        update = x_next - x
+        expected = {"param_norm": np.linalg.norm(x), "update_norm": np.linalg.norm(update),
+                    "grad_dot_update": g @ update}
+        for i, v in enumerate(layer_norms(g_tree)):
+            expected[f"grad_norm_layers/{i}"] = v
+        for i, v in enumerate(layer_norms(params)):
+            expected[f"param_norm_layers/{i}"] = v
+        if step > 0:
+            last_loss, last_g, _ = hand_loss_and_grad(last_params, batch)
+            step_norm = np.linalg.norm(x - flat(last_params))
+            expected.update(cos_last_grad=cos(g, last_grad), cos_past_grads=cos(g, np.sum(past_grads, axis=0)),
+                            last_step_norm=step_norm, loss_diff=loss - last_loss,
+                            grad_diff_norm=np.linalg.norm(g - last_g),
+                            smoothness=np.linalg.norm(g - last_g) / step_norm)
+        else:
+            for name in ("cos_last_grad", "cos_past_grads", "last_step_norm", "loss_diff", "grad_diff_norm",
+                         "smoothness"):
+                assert stats[name] is None  # no previous step yet
+        for name, value in expected.items():
+            assert stats[name] == pytest.approx(value, rel=2e-4, abs=2e-6), (step, name)
+        for name in history:
+            history[name].append(expected[name])
+            assert stats[f"{name}_avg"] == pytest.approx(np.mean(history[name][-3:]), rel=2e-4), (step, name)
+        past_grads.append(g)
+        last_grad, last_params = g, params
+
+
+@pytest.mark.parametrize("knob, buffers", [
+    (None, None),
+    ("log_callback_data", {"count"}),
+    ("store_last_grads", {"count", "last_grads"}),
+    ("store_past_grads", {"count", "past_grads_sum"}),
+    ("store_last_params", {"count", "last_params"}),
+])
+def test_a_knob_allocates_only_its_own_buffers(data_cache, knob, buffers):
+    parts = build(tiny_overrides(data_cache, *([f"logging.{knob}=true"] if knob else [])))
+    stats = parts.state.stats
+    params_bytes = sum(x.nbytes for x in jax.tree.leaves(eqx.filter(parts.state.model, eqx.is_array)))
+    if buffers is None:
+        assert stats is None and "param_norm" not in parts.step(0)
+        return
+    assert set(stats) == buffers
+    extra = sum(x.nbytes for x in jax.tree.leaves(stats))
+    assert extra == 4 + (params_bytes if len(buffers) == 2 else 0)  # a step counter, plus one params-sized copy
+
+
+def test_knobs_that_need_the_last_params_say_so():
+    for key in ("compute_last_loss", "compute_last_grads"):
+        with pytest.raises(ConfigError, match=f"^config: logging.{key}: needs the previous parameters"):
+            config_lib.validate(config_lib.load_config(["model=gpt2-tiny", f"logging.{key}=true"]), 1)
+
+
+def test_statistics_checkpoint_and_resume_with_the_state(data_cache, tmp_path):
+    from training.checkpoint import Checkpointer
+
+    overrides = tiny_overrides(data_cache, *ALL_KNOBS)
+    straight = build(overrides)
+    expected = [statistics_of(jax.device_get(straight.step(s))) for s in range(6)]
+
+    first = build(overrides)
+    for s in range(3):
+        first.step(s)
+    saver = Checkpointer(tmp_path / "ckpt", max_to_keep=2)
+    saver.save(first.state, {"step": 3})
+    saver.close()
+    resumed = build(overrides)
+    resumed.state = Checkpointer(tmp_path / "ckpt", read_only=True).restore(3, resumed.state)
+    assert int(resumed.state.stats["count"]) == 3
+    for s in range(3, 6):  # the window, last grads / params and the past sum all came back
+        assert statistics_of(jax.device_get(resumed.step(s))) == expected[s], s
+
+
+def test_statistics_buffers_start_fresh_when_the_checkpoint_has_other_knobs(data_cache, tmp_path):
+    from training.checkpoint import Checkpointer
+
+    plain = build(tiny_overrides(data_cache))
+    plain.step(0)
+    saver = Checkpointer(tmp_path / "ckpt", max_to_keep=2)
+    saver.save(plain.state, {"step": 1})
+    saver.close()
+    knobs_on = build(tiny_overrides(data_cache, "logging.store_last_grads=true"))
+    state = Checkpointer(tmp_path / "ckpt", read_only=True).restore(1, knobs_on.state)
+    assert int(state.step) == 1 and int(state.stats["count"]) == 0
+    # and the other way round: a checkpoint with buffers restores into a run with other knobs, or none
+    knobs_on.state = state
+    knobs_on.step(1)
+    saver = Checkpointer(tmp_path / "ckpt2", max_to_keep=2)
+    saver.save(knobs_on.state, {"step": 2})
+    saver.close()
+    other = build(tiny_overrides(data_cache, "logging.store_past_grads=true"))
+    assert int(Checkpointer(tmp_path / "ckpt2", read_only=True).restore(2, other.state).stats["count"]) == 0
+    none = Checkpointer(tmp_path / "ckpt2", read_only=True).restore(2, build(tiny_overrides(data_cache)).state)
+    assert int(none.step) == 2 and none.stats is None

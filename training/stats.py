@@ -1,0 +1,168 @@
+"""Training statistics, with trainit's knobs (`logging.*`). Each knob adds only the buffers its statistics need;
+with every knob off the train state carries no statistics at all and the step computes none.
+
+At step t, with x_t the parameters before the update, g_t = ∇f(x_t; b_t) the step's gradient (averaged over the
+micro-batches, before clipping), Δ_t = x_{t+1} − x_t the update that was applied:
+
+  log_callback_data    norms of g_t, x_t and Δ_t (global, and per transformer layer), and ⟨g_t, Δ_t⟩. No buffer.
+  store_last_grads     keeps g_{t−1}: cos(g_t, g_{t−1}).                                   Buffer: one gradient.
+  store_past_grads     keeps Σ_{s<t} g_s: cos(g_t, mean of all past gradients).            Buffer: one gradient.
+  store_last_params    keeps x_{t−1}: ‖x_t − x_{t−1}‖ (the last step's length).           Buffer: one copy of x.
+  compute_last_loss    f(x_t; b_t) − f(x_{t−1}; b_t): did the last update help on this batch? Needs
+                       store_last_params; costs one forward pass per micro-batch.
+  compute_last_grads   ‖g_t − ∇f(x_{t−1}; b_t)‖ and its ratio to ‖x_t − x_{t−1}‖ (a local smoothness estimate).
+                       Needs store_last_params; costs one forward+backward pass per micro-batch.
+  running_stats_window W > 0: the mean of each scalar statistic over the last W steps. Buffer: W x statistics.
+
+A statistic that needs a previous step is NaN at a run's first step. Skipped (non-finite) steps leave the buffers
+as they were. The buffers live in `TrainState.stats`, so they checkpoint and resume with the rest of the state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+@dataclass(frozen=True)
+class StatsKnobs:
+    log_callback_data: bool = False
+    store_last_grads: bool = False
+    store_past_grads: bool = False
+    store_last_params: bool = False
+    compute_last_loss: bool = False
+    compute_last_grads: bool = False
+    window: int = 0
+
+    @staticmethod
+    def from_cfg(logging_cfg: Any) -> StatsKnobs:
+        c = logging_cfg
+        return StatsKnobs(c.log_callback_data, c.store_last_grads, c.store_past_grads, c.store_last_params,
+                          c.compute_last_loss, c.compute_last_grads, c.running_stats_window)
+
+    @property
+    def any(self) -> bool:
+        return any((self.log_callback_data, self.store_last_grads, self.store_past_grads, self.store_last_params,
+                    self.compute_last_loss, self.compute_last_grads))
+
+    def scalar_names(self) -> list[str]:
+        """The scalar statistics these knobs produce, in a fixed order (the running window's columns)."""
+        names = []
+        if self.log_callback_data:
+            names += ["param_norm", "update_norm", "grad_dot_update"]
+        if self.store_last_grads:
+            names.append("cos_last_grad")
+        if self.store_past_grads:
+            names.append("cos_past_grads")
+        if self.store_last_params:
+            names.append("last_step_norm")
+        if self.compute_last_loss:
+            names.append("loss_diff")
+        if self.compute_last_grads:
+            names += ["grad_diff_norm", "smoothness"]
+        return names
+
+
+def init_stats(knobs: StatsKnobs, params: Any) -> dict | None:
+    if not knobs.any:
+        return None
+    zeros = lambda: jax.tree.map(jnp.zeros_like, params)  # noqa: E731
+    stats: dict[str, Any] = {"count": jnp.zeros([], jnp.int32)}  # steps that updated the buffers
+    if knobs.store_last_grads:
+        stats["last_grads"] = zeros()
+    if knobs.store_past_grads:
+        stats["past_grads_sum"] = zeros()
+    if knobs.store_last_params:
+        stats["last_params"] = jax.tree.map(jnp.copy, params)
+    if knobs.window > 0:
+        stats["window"] = jnp.full((knobs.window, len(knobs.scalar_names())), jnp.nan, jnp.float32)
+    return stats
+
+
+def _dot(a: Any, b: Any) -> jax.Array:
+    return sum(jnp.vdot(x.astype(jnp.float32), y.astype(jnp.float32)) for x, y in
+               zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def _norm(a: Any) -> jax.Array:
+    return jnp.sqrt(_dot(a, a))
+
+
+def _cos(a: Any, b: Any) -> jax.Array:
+    return _dot(a, b) / jnp.maximum(_norm(a) * _norm(b), 1e-30)
+
+
+def _sub(a: Any, b: Any) -> Any:
+    return jax.tree.map(jnp.subtract, a, b)
+
+
+def layer_norms(model_like: Any) -> jax.Array:
+    """[n_layer] norms of each transformer block's arrays (the stacked leading axis is the layer)."""
+    squares = [jnp.sum(jnp.square(x.astype(jnp.float32)), axis=tuple(range(1, x.ndim)))
+               for x in jax.tree.leaves(model_like.blocks)]
+    return jnp.sqrt(sum(squares))
+
+
+def update_stats(knobs: StatsKnobs, stats: dict, params: Any, new_params: Any, grads: Any, loss: jax.Array,
+                 last_loss_and_grads: Callable[[Any], tuple[jax.Array, Any]], finite: jax.Array
+                 ) -> tuple[dict, dict[str, jax.Array]]:
+    """(the new buffers, the step's statistics). `params`: x_t; `new_params`: x_{t+1}; `grads`: g_t; `loss`:
+    f(x_t; b_t); `last_loss_and_grads(x)`: f(x; b_t) and (with compute_last_grads, else None) ∇f(x; b_t) on the
+    step's batch."""
+    first = stats["count"] == 0
+    nan_if_first = lambda x: jnp.where(first, jnp.nan, x)  # noqa: E731
+    out: dict[str, jax.Array] = {}
+    new = dict(stats)
+    if knobs.log_callback_data:
+        update = _sub(new_params, params)
+        out.update(param_norm=_norm(params), update_norm=_norm(update), grad_dot_update=_dot(grads, update),
+                   grad_norm_layers=layer_norms(grads), param_norm_layers=layer_norms(params),
+                   update_norm_layers=layer_norms(update))
+    if knobs.store_last_grads:
+        out["cos_last_grad"] = nan_if_first(_cos(grads, stats["last_grads"]))
+        new["last_grads"] = grads
+    if knobs.store_past_grads:
+        out["cos_past_grads"] = nan_if_first(_cos(grads, stats["past_grads_sum"]))
+        new["past_grads_sum"] = jax.tree.map(jnp.add, stats["past_grads_sum"], grads)
+    if knobs.store_last_params:
+        last = stats["last_params"]
+        step_norm = _norm(_sub(params, last))
+        out["last_step_norm"] = nan_if_first(step_norm)
+        if knobs.compute_last_loss or knobs.compute_last_grads:
+            last_loss, last_grads = last_loss_and_grads(last)  # gradients only when compute_last_grads
+            if knobs.compute_last_loss:
+                out["loss_diff"] = nan_if_first(loss - last_loss)
+            if knobs.compute_last_grads:
+                diff = _norm(_sub(grads, last_grads))
+                out["grad_diff_norm"] = nan_if_first(diff)
+                out["smoothness"] = nan_if_first(diff / jnp.maximum(step_norm, 1e-30))
+        new["last_params"] = params
+    if knobs.window > 0:
+        row = jnp.stack([out[name].astype(jnp.float32) for name in knobs.scalar_names()])
+        new["window"] = jnp.roll(stats["window"], 1, axis=0).at[0].set(row)
+        averages = jnp.nanmean(new["window"], axis=0)
+        out.update({f"{name}_avg": averages[i] for i, name in enumerate(knobs.scalar_names())})
+    new["count"] = stats["count"] + 1
+    # A skipped step (non-finite gradient) leaves every buffer as it was.
+    new = jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, stats)
+    return new, out
+
+
+STEP_METRICS = ("loss", "grad_norm", "loss_scale", "skipped_steps")  # what every step reports besides statistics
+
+
+def statistics_of(metrics: dict) -> dict[str, float | None]:
+    """The statistics among one step's fetched metrics, as log values: per-layer arrays become `name/<layer>`,
+    NaN (no previous step yet) becomes None."""
+    out: dict[str, float | None] = {}
+    for name, value in metrics.items():
+        if name in STEP_METRICS:
+            continue
+        values = [float(v) for v in np.ravel(np.asarray(value))]
+        entries = {name: values[0]} if np.ndim(value) == 0 else {f"{name}/{i}": v for i, v in enumerate(values)}
+        out.update({k: (v if v == v else None) for k, v in entries.items()})
+    return out
