@@ -5,7 +5,10 @@
   blocked  the same maths in plain JAX, by query blocks: block i only scores keys [0, (i+1) * block), so about
            half of the masked work is never done and each block's scores fit in cache. Faster on CPU.
 
-All take and return [B, T, N, H] arrays and agree to float rounding.
+All take and return [B, T, N, H] arrays and agree to float rounding. Decoding with a KV cache
+(`cached_attention`: new tokens at each row's own position, over the cached keys) uses the configured backend where it
+takes those shapes: one new token per row is a key-length mask, which cuDNN's kernel accepts (16-bit inputs); other
+cases run XLA's.
 """
 
 from __future__ import annotations
@@ -21,10 +24,30 @@ ATTENTION_BLOCK = 128  # query/key block for `blocked`; T must be a multiple (el
 def causal_attention(q_BTNH: jax.Array, k_BTNH: jax.Array, v_BTNH: jax.Array, implementation: str) -> jax.Array:
     dtype = q_BTNH.dtype
     q_BTNH, k_BTNH, v_BTNH = cpu_float16_to_float32(q_BTNH, k_BTNH, v_BTNH)
+    if implementation == "cudnn" and dtype == jnp.float32:
+        implementation = "xla"  # cuDNN's kernel takes 16-bit inputs: a float32 copy (sampling) runs XLA's
     if implementation == "blocked":
         y_BTNH = blocked_causal_attention(q_BTNH, k_BTNH, v_BTNH, ATTENTION_BLOCK)
     else:
         y_BTNH = jax.nn.dot_product_attention(q_BTNH, k_BTNH, v_BTNH, is_causal=True, implementation=implementation)
+    return y_BTNH.astype(dtype)
+
+
+def cached_attention(q_BTNH: jax.Array, k_BCNH: jax.Array, v_BCNH: jax.Array, start_B: jax.Array,
+                     implementation: str) -> jax.Array:
+    """Attention of T new tokens per row, at positions start_B .. start_B + T - 1, to the C cached positions: each
+    sees the positions up to its own (the cache holds the new tokens' keys and values already)."""
+    dtype = q_BTNH.dtype
+    q_BTNH, k_BCNH, v_BCNH = cpu_float16_to_float32(q_BTNH, k_BCNH, v_BCNH)
+    T, C = q_BTNH.shape[1], k_BCNH.shape[1]
+    if T == 1:  # one token per row: it sees the first start + 1 positions, a key-length mask
+        # implementation=None lets JAX take cuDNN's kernel when it accepts the shapes and dtype, else XLA's.
+        use = None if implementation == "cudnn" else "xla"
+        y_BTNH = jax.nn.dot_product_attention(q_BTNH, k_BCNH, v_BCNH, key_value_seq_lengths=start_B + 1,
+                                              implementation=use)
+    else:
+        visible_BTC = jnp.arange(C)[None, None, :] <= (start_B[:, None] + jnp.arange(T))[:, :, None]
+        y_BTNH = jax.nn.dot_product_attention(q_BTNH, k_BCNH, v_BCNH, mask=visible_BTC[:, None], implementation="xla")
     return y_BTNH.astype(dtype)
 
 

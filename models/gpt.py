@@ -3,6 +3,8 @@
 Token + learned position embeddings, pre-LayerNorm blocks (causal self-attention, 4x GELU MLP), a final LayerNorm
 and an LM head tied to the token embedding. The blocks are stored *stacked*: every leaf of `GPT.blocks` has a leading
 `n_layer` axis, so the layers can run under `lax.scan` (compile time independent of depth) or in a Python loop.
+Decoding passes a `KVCache` through the same blocks (`GPT.hidden(tokens, cache=...)`), so sampling always runs the
+model that was trained. `GPT.TENSOR_PARALLEL_AXES` is the model's Megatron layout for the mesh's `model` axis.
 
 Shape suffixes name array axes: B batch, T time, D model width, N heads, H head size, V (padded) vocab, L layers.
 """
@@ -16,7 +18,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from models.attention import causal_attention, cpu_float16_to_float32
+from models.attention import cached_attention, causal_attention, cpu_float16_to_float32
 
 INIT_STD = 0.02  # GPT-2's init for every weight matrix and both embeddings.
 REMAT_POLICIES = {
@@ -50,20 +52,23 @@ class GPTConfig:
 
 
 class Linear(eqx.Module):
-    """y = x W + b with W stored as [in, out] (GPT-2's own layout) and applied to any leading axes."""
+    """y = x W + b with W stored as [in, *out] (GPT-2's [in, out] layout; QKV's output is [3, D]) and applied to any
+    leading axes of x."""
 
     weight: jax.Array
     bias: jax.Array | None
 
     @staticmethod
-    def init(key: jax.Array, d_in: int, d_out: int, bias: bool, std: float = INIT_STD) -> Linear:
-        weight = std * jax.random.normal(key, (d_in, d_out), jnp.float32)
-        return Linear(weight, jnp.zeros((d_out,), jnp.float32) if bias else None)
+    def init(key: jax.Array, d_in: int, d_out: int | tuple[int, ...], bias: bool, std: float = INIT_STD) -> Linear:
+        out = (d_out,) if isinstance(d_out, int) else tuple(d_out)
+        weight = std * jax.random.normal(key, (d_in, *out), jnp.float32)
+        return Linear(weight, jnp.zeros(out, jnp.float32) if bias else None)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         # As a 2-D matmul: XLA:CPU runs the weight gradient of a [B, T, D] input (two contracting axes) ~2x slower.
-        y = x.reshape(-1, x.shape[-1]) @ self.weight
-        y = y.reshape(*x.shape[:-1], y.shape[-1])
+        # The weight's output axes stay axes (no reshape of W), so a W split over the mesh's `model` axis stays split.
+        y = jax.lax.dot_general(x.reshape(-1, x.shape[-1]), self.weight, (((1,), (0,)), ((), ())))
+        y = y.reshape(*x.shape[:-1], *self.weight.shape[1:])
         return y if self.bias is None else y + self.bias
 
 
@@ -92,7 +97,7 @@ class Block(eqx.Module):
     """Pre-LN transformer block: x + attn(ln1(x)), then x + mlp(ln2(x))."""
 
     ln1: LayerNorm
-    qkv: Linear
+    qkv: Linear  # weight [D, 3, D]: queries, keys, values, each D = N heads x H wide
     attn_proj: Linear
     ln2: LayerNorm
     fc: Linear
@@ -105,24 +110,66 @@ class Block(eqx.Module):
         k1, k2, k3, k4 = jax.random.split(key, 4)
         return Block(
             ln1=LayerNorm.init(d, cfg.bias),
-            qkv=Linear.init(k1, d, 3 * d, cfg.bias),
+            qkv=Linear.init(k1, d, (3, d), cfg.bias),
             attn_proj=Linear.init(k2, d, d, cfg.bias, std=residual_std),
             ln2=LayerNorm.init(d, cfg.bias),
             fc=Linear.init(k3, d, 4 * d, cfg.bias),
             mlp_proj=Linear.init(k4, 4 * d, d, cfg.bias, std=residual_std),
         )
 
-    def __call__(self, x_BTD: jax.Array, cfg: GPTConfig, key: jax.Array | None) -> jax.Array:
+    def __call__(self, x_BTD: jax.Array, cfg: GPTConfig, key: jax.Array | None,
+                 cache: LayerCache | None = None) -> tuple[jax.Array, LayerCache | None]:
+        """The block's output, and (decoding) the cache with this call's keys and values written in."""
         B, T, D = x_BTD.shape
         N = cfg.n_head
         keys = (None, None) if key is None else tuple(jax.random.split(key, 2))
-        q_BTNH, k_BTNH, v_BTNH = (
-            a.reshape(B, T, N, D // N) for a in jnp.split(self.qkv(self.ln1(x_BTD)), 3, axis=-1)
-        )
-        y_BTNH = causal_attention(q_BTNH, k_BTNH, v_BTNH, cfg.attention)
+        qkv_BT3D = self.qkv(self.ln1(x_BTD))
+        q_BTNH, k_BTNH, v_BTNH = (qkv_BT3D[:, :, i].reshape(B, T, N, D // N) for i in range(3))
+        if cache is None:
+            y_BTNH = causal_attention(q_BTNH, k_BTNH, v_BTNH, cfg.attention)
+        else:
+            y_BTNH, cache = cache.attend(q_BTNH, k_BTNH, v_BTNH, cfg.attention)
         x_BTD = x_BTD + _dropout(self.attn_proj(y_BTNH.reshape(B, T, D)), cfg.dropout, keys[0])
         h_BTF = jax.nn.gelu(self.fc(self.ln2(x_BTD)), approximate=True)  # GPT-2's tanh GELU
-        return x_BTD + _dropout(self.mlp_proj(h_BTF), cfg.dropout, keys[1])
+        return x_BTD + _dropout(self.mlp_proj(h_BTF), cfg.dropout, keys[1]), cache
+
+
+class LayerCache(eqx.Module):
+    """One layer's keys and values [B, C, N, H] for the C positions of the context, and where this call's new
+    tokens go in each row (`start`, [B]). `empty` (static): nothing is cached yet and the new tokens start at
+    position 0 (the prompts), so they attend among themselves exactly as in training."""
+
+    k: jax.Array
+    v: jax.Array
+    start: jax.Array
+    empty: bool = eqx.field(static=True)
+
+    def attend(self, q_BTNH: jax.Array, k_BTNH: jax.Array, v_BTNH: jax.Array, implementation: str
+               ) -> tuple[jax.Array, LayerCache]:
+        """Write the new keys and values at their rows' positions, then attend from each new token to every
+        position up to its own."""
+        write = jax.vmap(lambda cache, new, s: jax.lax.dynamic_update_slice_in_dim(cache, new.astype(cache.dtype), s, 0))
+        k_BCNH, v_BCNH = write(self.k, k_BTNH, self.start), write(self.v, v_BTNH, self.start)
+        if self.empty:
+            y_BTNH = causal_attention(q_BTNH, k_BTNH, v_BTNH, implementation)
+        else:
+            y_BTNH = cached_attention(q_BTNH, k_BCNH, v_BCNH, self.start, implementation)
+        return y_BTNH, LayerCache(k_BCNH, v_BCNH, self.start, empty=False)
+
+
+class KVCache(eqx.Module):
+    """Every layer's keys and values for decoding ([L, B, C, N, H], C = the context) and how many positions each
+    row holds (`lengths`, [B]: where its next token goes). Made by `GPT.init_cache`, filled and advanced by
+    `GPT.hidden(tokens, cache=...)`: the same blocks as training, so decoding cannot drift from the model."""
+
+    k: jax.Array
+    v: jax.Array
+    lengths: jax.Array
+    empty: bool = eqx.field(static=True, default=False)
+
+    def with_lengths(self, lengths_B: jax.Array) -> KVCache:
+        """The cache with each row's length set, e.g. to its prompt's length after a right-padded prefill."""
+        return KVCache(self.k, self.v, lengths_B.astype(jnp.int32), self.empty)
 
 
 def _dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
@@ -139,6 +186,19 @@ class GPT(eqx.Module):
     blocks: Block  # every leaf stacked along a leading n_layer axis
     ln_f: LayerNorm
     cfg: GPTConfig = eqx.field(static=True)
+
+    # Megatron's tensor-parallel layout: the axis of each array split over the mesh's `model` axis (blocks' arrays
+    # are stacked, so their axis 0 is the layer). QKV and the first MLP matrix are split by output columns, so each
+    # device holds whole heads and a slice of the hidden units; the attention output and second MLP matrices by
+    # input rows (XLA adds one all-reduce after each); the token embedding = LM head by vocabulary rows. Every other
+    # array is replicated over `model`. training/sharding.py applies this to the parameters and to every optimizer
+    # and statistics buffer shaped like them.
+    TENSOR_PARALLEL_AXES = {
+        ("wte",): 0,
+        ("blocks", "qkv", "weight"): 3, ("blocks", "qkv", "bias"): 2,
+        ("blocks", "fc", "weight"): 2, ("blocks", "fc", "bias"): 1,
+        ("blocks", "attn_proj", "weight"): 1, ("blocks", "mlp_proj", "weight"): 1,
+    }
 
     @staticmethod
     def init(cfg: GPTConfig, key: jax.Array) -> GPT:
@@ -157,32 +217,55 @@ class GPT(eqx.Module):
 
         `key` switches dropout on (training); without it the model is deterministic (evaluation, sampling).
         """
-        return self.logits(self.hidden(tokens_BT, key=key))
+        return self.logits(self.hidden(tokens_BT, key=key)[0])
 
-    def hidden(self, tokens_BT: jax.Array, *, key: jax.Array | None = None) -> jax.Array:
-        """The final LayerNorm's output [B, T, D], in the dtype of the parameters."""
+    def init_cache(self, batch: int) -> KVCache:
+        """An empty KV cache for `batch` rows, in the parameters' dtype."""
+        cfg = self.cfg
+        shape = (cfg.n_layer, batch, cfg.context_size, cfg.n_head, cfg.n_embd // cfg.n_head)
+        zeros = jnp.zeros(shape, self.wte.dtype)
+        return KVCache(zeros, zeros, jnp.zeros((batch,), jnp.int32), empty=True)
+
+    def hidden(self, tokens_BT: jax.Array, *, key: jax.Array | None = None, cache: KVCache | None = None
+               ) -> tuple[jax.Array, KVCache | None]:
+        """The final LayerNorm's output [B, T, D], in the dtype of the parameters. With a `cache`, the tokens sit at
+        positions `cache.lengths` onwards, attend to what the cache holds, and the cache comes back with their keys
+        and values added and every row `T` positions longer."""
         cfg = self.cfg
         T = tokens_BT.shape[1]
         keys = [None] * (cfg.n_layer + 1) if key is None else list(jax.random.split(key, cfg.n_layer + 1))
-        x_BTD = _dropout(self.wte[tokens_BT] + self.wpe[:T], cfg.dropout, keys[0])
+        positions = jnp.arange(T) if cache is None else cache.lengths[:, None] + jnp.arange(T)
+        x_BTD = _dropout(self.wte[tokens_BT] + self.wpe[positions], cfg.dropout, keys[0])
 
-        block_fn = lambda block, x, k: block(x, cfg, k)  # noqa: E731
-        if cfg.remat != "none":
+        def block_fn(block, x, k, kv):
+            layer_cache = None if cache is None else LayerCache(kv[0], kv[1], cache.lengths, cache.empty)
+            x, layer_cache = block(x, cfg, k, layer_cache)
+            return x, None if layer_cache is None else (layer_cache.k, layer_cache.v)
+
+        if cfg.remat != "none" and cache is None:
             block_fn = jax.checkpoint(block_fn, policy=REMAT_POLICIES[cfg.remat])
         params, static = eqx.partition(self.blocks, eqx.is_array)
         layer_keys = None if key is None else jnp.stack(keys[1:])
+        kv_L = None if cache is None else (cache.k, cache.v)
         if cfg.scan_layers:
 
             def body(x, layer):
-                p, k = layer
-                return block_fn(eqx.combine(p, static), x, k), None
+                p, k, kv = layer
+                return block_fn(eqx.combine(p, static), x, k, kv)
 
-            x_BTD, _ = jax.lax.scan(body, x_BTD, (params, layer_keys))
+            x_BTD, kv_L = jax.lax.scan(body, x_BTD, (params, layer_keys, kv_L))
         else:
+            layer_kvs = []
             for i in range(cfg.n_layer):
                 block = eqx.combine(jax.tree.map(lambda a: a[i], params), static)
-                x_BTD = block_fn(block, x_BTD, None if key is None else layer_keys[i])
-        return self.ln_f(x_BTD)
+                x_BTD, kv = block_fn(block, x_BTD, None if key is None else layer_keys[i],
+                                     None if cache is None else (cache.k[i], cache.v[i]))
+                layer_kvs.append(kv)
+            if cache is not None:
+                kv_L = tuple(jnp.stack(a) for a in zip(*layer_kvs))
+        if cache is not None:
+            cache = KVCache(kv_L[0], kv_L[1], cache.lengths + T)
+        return self.ln_f(x_BTD), cache
 
     def logits(self, h_BTD: jax.Array) -> jax.Array:
         h_BTD, wte = cpu_float16_to_float32(h_BTD, self.wte.astype(h_BTD.dtype))

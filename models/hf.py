@@ -9,6 +9,7 @@ fresh GPT-2-initialised rows. Only safetensors and JSON are read: no pickle.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +51,10 @@ def to_hf_tensors(model: GPT) -> dict[str, np.ndarray]:
         for name, (field, kind) in _block_names(i).items():
             module = getattr(model.blocks, field)
             value = getattr(module, kind)
-            width = module.weight.shape[-1]
-            tensors[name] = _bias(None if value is None else value[i], width) if kind == "bias" else np.asarray(
-                value[i], np.float32)
+            # GPT-2 stores every weight 1-D (LayerNorm) or 2-D [in, out]; our QKV's [D, 3, D] is its [D, 3D].
+            shape = module.weight.shape[1:2] + (math.prod(module.weight.shape[2:]),) * (module.weight.ndim > 2)
+            tensors[name] = (_bias(None if value is None else value[i].reshape(-1), shape[-1]) if kind == "bias"
+                             else np.asarray(value[i], np.float32).reshape(shape))
     return tensors
 
 
@@ -151,7 +153,8 @@ def from_hf_tensors(tensors: dict[str, np.ndarray], like: GPT, key: jax.Array) -
         if getattr(getattr(like.blocks, field), kind) is None:
             return None
         name = next(n for n, fk in _block_names(0).items() if fk == (field, kind)).replace(".h.0.", ".h.{}.")
-        return jnp.asarray(np.stack([tensors[name.format(i)] for i in range(cfg.n_layer)]))
+        shape = getattr(getattr(like.blocks, field), kind).shape  # e.g. QKV: GPT-2's [D, 3D] is our [D, 3, D]
+        return jnp.asarray(np.stack([tensors[name.format(i)] for i in range(cfg.n_layer)]).reshape(shape))
 
     linear = lambda f: Linear(stacked(f, "weight"), stacked(f, "bias"))  # noqa: E731
     norm = lambda f: LayerNorm(stacked(f, "weight"), stacked(f, "bias"))  # noqa: E731

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -41,3 +42,35 @@ def test_rows_stop_at_eos_and_sampling_is_seeded(model):
     c = generate(model, prompts, 10, temperature=1.0, top_k=10, seed=2)
     assert a == b and a != c
     assert all(0 <= t < 50 for row in a for t in row)  # padded vocab ids are never sampled
+
+
+def test_decoding_runs_the_models_own_blocks(model, monkeypatch):
+    """A change to the model's block reaches the cached decoder too: it has no arithmetic of its own."""
+    import models.gpt as gpt
+
+    original = gpt.Block.__call__
+
+    def changed(self, x, cfg, key, cache=None):
+        y, cache = original(self, x, cfg, key, cache)
+        return y + 3.0 * jnp.roll(x, 1, axis=-1), cache  # a different model
+
+    prompts = [[1, 2, 3], [7, 8]]
+    before = generate(model, prompts, 10, temperature=0.0)
+    monkeypatch.setattr(gpt.Block, "__call__", changed)
+    jax.clear_caches()  # the compiled decoders traced the original block
+    try:
+        after = generate(model, prompts, 10, temperature=0.0)
+        assert after != before
+        assert after == generate_no_cache(model, prompts, 10, temperature=0.0)
+    finally:
+        monkeypatch.undo()
+        jax.clear_caches()  # nothing compiled from the changed block outlives the test
+
+
+def test_the_cache_filled_in_two_chunks_equals_one_pass(model):
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 50, (2, 20)), jnp.int32)
+    whole, _ = model.hidden(tokens)
+    h_first, cache = model.hidden(tokens[:, :12], cache=model.init_cache(2))
+    h_rest, cache = model.hidden(tokens[:, 12:], cache=cache)  # 8 new tokens per row on top of 12 cached
+    np.testing.assert_allclose(np.concatenate([h_first, h_rest], axis=1), whole, atol=1e-5)
+    assert cache.lengths.tolist() == [20, 20]

@@ -83,7 +83,7 @@ def test_lm_head_is_the_token_embedding_one_parameter():
     vocab_matrices = [x for x in jax.tree.leaves(model) if x.shape == (320, 64)]
     assert len(vocab_matrices) == 1
     x = tokens((2, 16))
-    h = model.hidden(x)
+    h = model.hidden(x)[0]
     np.testing.assert_allclose(model(x)[..., :259], (h @ model.wte.T)[..., :259], rtol=1e-5, atol=1e-5)
     # The head's gradient reaches the embedding: ids that never occur as inputs still get one.
     batch = {"inputs": jnp.zeros((2, 16), jnp.int32), "targets": jnp.full((2, 16), 7), "loss_mask": jnp.ones((2, 16))}
