@@ -4,10 +4,11 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from models.gpt import GPT, GPTConfig
-from optimizers import OPTIMIZERS, build_optimizer, build_schedule
+from optimizers import OPTIMIZERS, applied_lr_of, build_optimizer, build_schedule
 from training.config import load_config
 from training.step import mean_loss
 
@@ -99,3 +100,56 @@ def test_every_optimizer_lowers_the_loss(name):
         model, state, loss = step(model, state)
         losses.append(float(loss))
     assert losses[-1] < losses[0] - 0.3, losses
+
+
+def optax_reference(name, o, schedule, model):
+    """Each optimizer as optax writes it, with the schedule inside (what `build_optimizer` must equal)."""
+    decay = lambda p: model.weight_decay_mask()  # noqa: E731
+    l2 = optax.add_decayed_weights(o.weight_decay, decay)
+    if name == "muon":
+        matrices = model.block_matrices_mask()
+        dims = lambda ps: jax.tree.map(  # noqa: E731
+            lambda w: optax.contrib.MuonDimensionNumbers(1, tuple(range(2, w.ndim))), ps)
+        return optax.partition(
+            {"muon": optax.contrib.muon(schedule, beta=o.momentum, nesterov=o.nesterov, weight_decay=o.weight_decay,
+                                        muon_weight_dimension_numbers=dims),
+             "adamw": optax.adamw(lambda c: o.adam_lr_ratio * schedule(c), o.beta1, o.beta2, o.eps,
+                                  weight_decay=o.weight_decay,
+                                  mask=lambda p: jax.tree.map(lambda d, m: d and not m, decay(p), matrices))},
+            lambda p: jax.tree.map(lambda m: "muon" if m else "adamw", matrices))
+    return {
+        "adamw": lambda: optax.adamw(schedule, o.beta1, o.beta2, o.eps, weight_decay=o.weight_decay, mask=decay),
+        "adam": lambda: optax.chain(l2, optax.adam(schedule, o.beta1, o.beta2, o.eps)),
+        "nadam": lambda: optax.chain(l2, optax.nadam(schedule, o.beta1, o.beta2, o.eps)),
+        "sgdm": lambda: optax.chain(l2, optax.sgd(schedule, momentum=o.momentum, nesterov=o.nesterov)),
+        "rmsprop": lambda: optax.chain(l2, optax.rmsprop(schedule, decay=o.decay, eps=o.eps)),
+        "lion": lambda: optax.lion(schedule, o.beta1, o.beta2, weight_decay=o.weight_decay, mask=decay),
+    }[name]()
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_each_optimizer_is_optax_own_with_its_hyper_parameters_and_schedule(name):
+    """The lr is applied once, after the optimizer (optimizers/__init__.py): over a warmup and decay, with every
+    hyper-parameter off its default, the parameters follow optax's own optimizer with the schedule inside it."""
+    model = tiny_model()
+    extra = ["optimizer.momentum=0"] if name == "rmsprop" else []  # RMSprop's momentum differs on purpose (docstring)
+    cfg = load_config([f"optimizer={name}", "optimizer.grad_clip=0", "optimizer.beta1=0.8", "optimizer.beta2=0.9",
+                       "optimizer.eps=1e-6", "optimizer.weight_decay=0.3", "optimizer.decay=0.8",
+                       "optimizer.adam_lr_ratio=0.5", "optimizer.nesterov=true", "optimizer.lr_config.lr=0.01",
+                       "optimizer.lr_config.warmup=2", "train.max_steps=6", *extra]
+                      + ([] if name == "rmsprop" else ["optimizer.momentum=0.7"]))
+    schedule = build_schedule(cfg.optimizer.lr_config, 6)
+    ours, theirs = build_optimizer(cfg.optimizer, schedule, model, 1), optax_reference(name, cfg.optimizer, schedule, model)
+    params = eqx.filter(model, eqx.is_array)
+    p_ours, p_theirs, s_ours, s_theirs = params, params, ours.init(params), theirs.init(params)
+    for i in range(6):
+        g = jax.tree.map(lambda x: jax.random.normal(jax.random.PRNGKey(i), x.shape), params)
+        u, s_ours = ours.update(g, s_ours, p_ours)
+        p_ours = optax.apply_updates(p_ours, u)
+        u, s_theirs = theirs.update(g, s_theirs, p_theirs)
+        p_theirs = optax.apply_updates(p_theirs, u)
+    moved = max(float(jnp.abs(a - b).max()) for a, b in zip(jax.tree.leaves(p_ours), jax.tree.leaves(params)))
+    assert moved > 1e-3
+    for a, b in zip(jax.tree.leaves(p_ours), jax.tree.leaves(p_theirs)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert float(applied_lr_of(s_ours)) == pytest.approx(float(schedule(5)))

@@ -21,6 +21,7 @@ import jax
 import numpy as np
 
 from models.hf import HF_PREFIX, check_hf_config, load_hf_model, resolve_hf
+from optimizers import continue_schedule_at
 from training.checkpoint import PARTS, Checkpointer, find_checkpoint_dir, holds_checkpoints
 from training.config import Config, evaluating, init_from_dir, validate_keys
 from training.errors import CheckpointError
@@ -155,10 +156,15 @@ def carried_over(meta: dict | None, key: str, default: Any) -> Any:
 
 def restore_state(state: Any, plan: RunPlan) -> Any:
     """The fresh `state` with what the plan loads: everything (resume), all but the optimizer state (resume with
-    checkpoint.overwrite_optimizer=True), or the weights alone (init_from)."""
+    checkpoint.overwrite_optimizer=True: a fresh optimizer whose lr schedule continues at the restored step), or the
+    weights alone (init_from: the schedule starts at 0)."""
+    if plan.resume is not None and plan.cfg.checkpoint.overwrite_optimizer:
+        restored = plan.resume.reader.restore(plan.resume.step, state, ("model", "progress"))
+        # Fresh moments, but the lr schedule continues where the run was: at the updates it had applied.
+        lr_step = restored.step - restored.loss_scale.skipped
+        return eqx.tree_at(lambda s: s.opt_state, restored, continue_schedule_at(restored.opt_state, lr_step))
     if plan.resume is not None:
-        parts = ("model", "progress") if plan.cfg.checkpoint.overwrite_optimizer else PARTS
-        return plan.resume.reader.restore(plan.resume.step, state, parts)
+        return plan.resume.reader.restore(plan.resume.step, state, PARTS)
     if plan.init_from is not None and plan.init_from.hf_folder is not None:
         key = jax.random.fold_in(state.key, 0x4846)  # rows for ids the checkpoint lacks
         model = load_hf_model(plan.init_from.hf_folder, state.model, key)
