@@ -1,10 +1,21 @@
-"""The compiled train step: accumulation with optax.MultiSteps, and sharding over 8 host devices."""
+"""The compiled train step: token-exact accumulation with optax.MultiSteps, the lr it applies, z-loss, and sharding
+over 8 host devices."""
+
+import json
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
+import pytest
 
 from helpers import build, tiny_overrides
+from training.actions import _token_weighted
+from training.checkpoint import Checkpointer
+from training.run import RunPlan, Source, restore_state
+from training.sharding import put_batch
+from training.step import mean_loss, token_losses
 
 
 def run_steps(overrides, steps=3):
@@ -15,14 +26,6 @@ def run_steps(overrides, steps=3):
 
 def max_param_diff(a, b):
     return max(float(np.abs(x - y).max()) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
-
-
-def test_k_micro_batches_equal_one_batch_k_times_larger(data_cache):
-    base = tiny_overrides(data_cache, "optimizer=sgdm", "optimizer.lr_config.lr=0.1")
-    accumulated = run_steps(base + ["train.batch_size=4", "train.grad_accum_steps=2"])
-    one_batch = run_steps(base + ["train.batch_size=8", "train.grad_accum_steps=1"])
-    np.testing.assert_allclose(accumulated[0], one_batch[0], atol=1e-5)
-    assert max_param_diff(accumulated[1], one_batch[1]) <= 1e-5
 
 
 def test_k_micro_batches_with_adamw_track_the_big_batch(data_cache):
@@ -52,3 +55,130 @@ def test_training_lowers_the_loss_on_real_text(data_cache):
     parts = build(tiny_overrides(data_cache, "train.max_steps=30", "optimizer.lr_config.lr=3e-3"))
     losses = [float(parts.step(s)["loss"]) for s in range(30)]
     assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 1.0, losses
+
+
+def uneven_finetuning(tmp_path, data_cache, *extra):
+    """Fine-tuning records whose completions are 1 byte or ~50: micro-batches of one record hold very different
+    numbers of target tokens."""
+    rows = [{"q": f"Say {i}:", "a": "a" if i % 2 else "ab" * 25} for i in range(64)]
+    (tmp_path / "qa.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    return tiny_overrides(data_cache, "dataset=json_files", f"dataset.files=[{tmp_path / 'qa.jsonl'}]",
+                          "dataset.prompt_column=q", "dataset.completion_column=a", "loss_masking=finetuning",
+                          "dataset.max_documents=null", "optimizer=sgdm", "optimizer.lr_config.lr=0.5",
+                          "optimizer.grad_clip=0", *extra)
+
+
+def test_every_target_token_counts_once_whatever_the_accumulation(tmp_path, data_cache):
+    """Masked fine-tuning records, one per micro-batch, with 2 or ~50 target tokens: k = 4 micro-batches give the
+    parameters one batch of 4 gives, and the step's loss is the mean over its target tokens, not over micro-batches."""
+    base = uneven_finetuning(tmp_path, data_cache)
+    accumulated = build(base + ["train.batch_size=1", "train.grad_accum_steps=4"])
+    batch = accumulated.data.train.batch(0)
+    sums = [token_losses(accumulated.state.model, jax.tree.map(lambda x: jnp.asarray(x[i]), batch), None, jnp.float32)
+            for i in range(4)]
+    nll, tokens = (np.array([float(s[i]) for s in sums]) for i in (0, 1))
+    assert tokens.max() >= 4 * tokens.min() > 0, tokens  # the micro-batches really are uneven
+    token_weighted, mean_of_means = nll.sum() / tokens.sum(), np.mean(nll / tokens)
+    assert abs(token_weighted - mean_of_means) > 1e-2  # what the test tells apart
+    metrics = accumulated.step(0)
+    assert float(metrics["loss"]) == pytest.approx(token_weighted, rel=1e-5)
+    assert float(metrics["target_tokens"]) == tokens.sum()
+
+    one_batch = build(base + ["train.batch_size=4", "train.grad_accum_steps=1"])
+    for s in range(3):
+        one_batch.step(s)
+        if s:
+            accumulated.step(s)
+    params = [jax.device_get(eqx.filter(p.state.model, eqx.is_array)) for p in (accumulated, one_batch)]
+    assert max_param_diff(*params) <= 1e-5
+
+
+def test_the_logged_interval_loss_weights_steps_by_their_target_tokens():
+    fetched = [{"loss": 2.0, "target_tokens": 300.0}, {"loss": 8.0, "target_tokens": 3.0},
+               {"loss": float("nan"), "target_tokens": 50.0}]  # a skipped step is left out
+    assert _token_weighted(fetched, "loss") == pytest.approx((2.0 * 300 + 8.0 * 3) / 303)
+
+
+def sgd_overrides(data_cache, *extra):
+    """Plain SGD (no momentum, decay or clipping) on a warmup: every step's lr differs and update = -lr x gradient."""
+    return tiny_overrides(data_cache, "optimizer=sgdm", "optimizer.momentum=0", "optimizer.weight_decay=0",
+                          "optimizer.grad_clip=0", "optimizer/lr_config=linear", "optimizer.lr_config.lr=0.5",
+                          "optimizer.lr_config.warmup=8", *extra)
+
+
+def applied_lr(parts, step):
+    """The lr step `step` really applied, measured from the parameters: -<Δp, g> / <g, g>."""
+    batch = put_batch(parts.data.train.batch(step), parts.mesh)
+    before = jax.device_get(eqx.filter(parts.state.model, eqx.is_array))
+    grads = eqx.filter_grad(mean_loss)(parts.state.model, jax.tree.map(lambda x: x[0], batch), None, jnp.float32)
+    metrics = parts.step(step)
+    after = eqx.filter(parts.state.model, eqx.is_array)
+    delta, g = (np.concatenate([np.ravel(x) for x in jax.tree.leaves(t)]) for t in (
+        jax.tree.map(lambda a, b: np.asarray(a) - np.asarray(b), after, before), eqx.filter(grads, eqx.is_array)))
+    return -float(delta @ g) / float(g @ g), metrics
+
+
+def test_the_logged_lr_is_the_one_applied_after_a_skipped_step(data_cache):
+    parts = build(sgd_overrides(data_cache, "train.skip_nonfinite=true"))
+    parts.step(0)
+    batch = parts.data.train.batch(1)
+    batch["loss_mask"][0, 0, 0] = np.nan  # a non-finite step: skipped, nothing applied
+    parts.state, metrics = parts.train_step(parts.state, put_batch(batch, parts.mesh))
+    assert int(metrics["skipped_steps"]) == 1
+    measured, metrics = applied_lr(parts, 2)
+    assert float(metrics["lr"]) == pytest.approx(measured, rel=1e-4)
+    assert float(metrics["lr"]) == pytest.approx(float(parts.schedule(1)))  # the schedule did not advance
+    assert float(metrics["lr"]) != pytest.approx(float(parts.schedule(2)))  # what schedule(step - 1) would say
+
+
+def test_z_loss_adds_exactly_its_term(data_cache):
+    coefficient = 1e-2
+    parts = build(sgd_overrides(data_cache, f"train.z_loss={coefficient}", "train.batch_size=4"))
+    model = parts.state.model
+    batch = jax.tree.map(lambda x: jnp.asarray(x[0]), parts.data.train.batch(0))
+    batch["loss_mask"] = batch["loss_mask"].at[:, :10].set(0.0)  # only masked-in tokens count
+
+    def by_hand(m):
+        logits = np.asarray(m(batch["inputs"]), np.float64)
+        log_z = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+        target = np.take_along_axis(logits, np.asarray(batch["targets"])[..., None], -1)[..., 0]
+        mask = np.asarray(batch["loss_mask"])
+        return ((log_z - target) * mask).sum() / mask.sum(), coefficient * (log_z**2 * mask).sum() / mask.sum()
+
+    def objective(m):
+        logits = m(batch["inputs"])
+        log_z = jax.nn.logsumexp(logits, -1)
+        target = jnp.take_along_axis(logits, batch["targets"][..., None], -1)[..., 0]
+        mask = batch["loss_mask"]
+        return jnp.sum((log_z - target + coefficient * log_z**2) * mask) / jnp.sum(mask)
+
+    nll, z_term = by_hand(model)
+    grads = eqx.filter(eqx.filter_grad(objective)(model), eqx.is_array)
+    before = jax.device_get(eqx.filter(model, eqx.is_array))
+    parts.state, metrics = parts.train_step(parts.state, put_batch(jax.tree.map(lambda x: np.asarray(x)[None], batch),
+                                                                   parts.mesh))
+    assert float(metrics["loss"]) == pytest.approx(nll, rel=1e-5)  # the cross-entropy, without the z term
+    assert float(metrics["z_loss"]) == pytest.approx(z_term, rel=1e-5) and z_term > 1e-3
+    lr = float(metrics["lr"])
+    want = jax.tree.map(lambda p, g: p - lr * np.asarray(g), before, grads)
+    assert max_param_diff(want, eqx.filter(parts.state.model, eqx.is_array)) <= 1e-6
+
+
+def test_overwrite_optimizer_keeps_the_weights_and_continues_the_schedule(data_cache, tmp_path):
+    """checkpoint.overwrite_optimizer: fresh optimizer state (here another structure: momentum 0.9 -> none), the
+    restored parameters, and the lr schedule at the restored step, not back at its warmup."""
+    first = build(sgd_overrides(data_cache, "optimizer.momentum=0.9"))
+    for s in range(3):
+        first.step(s)
+    saver = Checkpointer(tmp_path / "ckpt")
+    saver.save(first.state, {"step": 3})
+    saver.close()
+    second = build(sgd_overrides(data_cache, "checkpoint.overwrite_optimizer=True"))
+    plan = RunPlan(second.cfg, tmp_path, tmp_path / "ckpt", Source(Checkpointer(tmp_path / "ckpt", read_only=True), 3, {}),
+                   None, [])
+    second.state = restore_state(second.state, plan)
+    assert max_param_diff(eqx.filter(first.state.model, eqx.is_array), eqx.filter(second.state.model, eqx.is_array)) == 0
+    assert int(second.state.step) == 3 and int(optax.tree.get(second.state.opt_state, "lr_step")) == 3
+    measured, metrics = applied_lr(second, 3)
+    assert float(metrics["lr"]) == pytest.approx(measured, rel=1e-4)
+    assert float(metrics["lr"]) == pytest.approx(float(second.schedule(3)))  # continues: warmup step 4 of 8

@@ -137,6 +137,7 @@ class TrainConfig:
     log_interval: int = 10  # steps between log lines
     skip_nonfinite: bool = False  # true: skip updates whose gradient is NaN/Inf; false: stop the run there
     eval_at_start: bool = False  # also evaluate before the first step (e.g. the weights init_from brought)
+    z_loss: float = 0.0  # > 0: add z_loss * log(Z)^2 per target token (PaLM's auxiliary loss), logged as z_loss
 
 
 @dataclass
@@ -176,7 +177,7 @@ class SystemConfig:
     dtype: str = "float32"  # compute dtype: float32 | bfloat16 | float16
     sharding: str = "dp"  # dp (replicated params) | fsdp (sharded params and optimizer state)
     num_devices: Optional[int] = None  # local devices to use (single process); null = all
-    mesh_model: int = 1  # size of the mesh's `model` axis (tensor parallelism); the `data` axis takes the rest
+    mesh_model: int = 1  # devices on the mesh's `model` axis (Megatron tensor parallelism); `data` takes the rest
     peak_flops: Optional[float] = None  # per-device peak FLOP/s for MFU; null = from the table of known devices
     # Multi-process (multi-host) runs; null = from the launcher's environment (SLURM, Open MPI, JAX_* variables).
     num_processes: Optional[int] = None
@@ -185,6 +186,9 @@ class SystemConfig:
     cpu_devices_per_process: Optional[int] = None  # CPU only: devices each process simulates
     distributed_timeout_s: int = 300  # how long to wait for every process to join
     compilation_cache_dir: Optional[str] = ".cache/jax"  # persistent XLA compilation cache; null = off
+    # true: any device-to-host transfer at a step that does not log, evaluate, save or agree to stop raises
+    # (jax.transfer_guard): checks that the loop never makes the device wait for the host between those steps
+    transfer_guard: bool = False
 
 
 @dataclass

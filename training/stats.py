@@ -152,7 +152,7 @@ def update_stats(knobs: StatsKnobs, stats: dict, params: Any, new_params: Any, g
     return new, out
 
 
-STEP_METRICS = ("loss", "grad_norm", "loss_scale", "skipped_steps")  # what every step reports besides statistics
+STEP_METRICS = ("loss", "target_tokens", "lr", "z_loss", "grad_norm", "loss_scale", "skipped_steps")  # not statistics
 
 
 def statistics_of(metrics: dict) -> dict[str, float | None]:

@@ -47,6 +47,8 @@ def validate_values(cfg: DictConfig, num_local_devices: int) -> None:
         _fail("dataset.context_size", f"{d.context_size} must be in [1, model.context_size={m.context_size}]")
     if t.grad_accum_steps < 1:
         _fail("train.grad_accum_steps", f"must be >= 1; got {t.grad_accum_steps}")
+    if t.z_loss < 0:
+        _fail("train.z_loss", f"must be >= 0; got {t.z_loss}")
     if t.max_training_hours is not None and t.max_training_hours <= 0:
         _fail("train.max_training_hours", f"must be > 0 (or null for no limit); got {t.max_training_hours}")
     sy = cfg.system
@@ -57,6 +59,10 @@ def validate_values(cfg: DictConfig, num_local_devices: int) -> None:
     n_dev = sy.num_devices or num_local_devices
     if sy.mesh_model < 1 or n_dev % sy.mesh_model:
         _fail("system.mesh_model", f"{sy.mesh_model} must be >= 1 and divide the {n_dev} local devices")
+    for key, size in (("model.n_head", m.n_head), ("model.vocab_multiple", m.vocab_multiple)):
+        if size % sy.mesh_model:
+            _fail("system.mesh_model", f"{sy.mesh_model} must divide {key}={size}: tensor parallelism splits the heads "
+                                       "and the vocabulary over the `model` axis")
     data_devices = n_dev // sy.mesh_model
     if t.batch_size % data_devices:
         _fail("train.batch_size", f"{t.batch_size} is not divisible by the {data_devices} local devices it is split "
