@@ -1,9 +1,12 @@
-"""Per-device bytes of the train state (parameters + optimizer state) under dp and fsdp, from shapes and shardings.
+"""Per-device bytes of the train state (parameters + optimizer state) for every data x model layout, from shapes and
+shardings.
 
-    python scripts/state_memory.py --devices 8 --vocab 50257 model=gpt2-xl [optimizer=adamw ...]
+    python scripts/state_memory.py --devices 8 --vocab 50257 model=gpt2-xl [optimizer=adamw train.grad_accum_steps=4 ...]
 
-Nothing is allocated: the state is abstract (jax.eval_shape). On a CPU machine `--devices` simulates that many host
-devices; on accelerators it must not exceed the devices present.
+For each size of the mesh's `model` axis (tensor parallelism: 1, 2, 4, ... up to --devices, where it divides the
+heads) and each `data` layout (dp: replicated, fsdp: sharded), the bytes the most loaded device holds. Nothing is
+allocated: the state is abstract (jax.eval_shape). On a CPU machine `--devices` simulates that many host devices; on
+accelerators it must not exceed the devices present.
 """
 
 from __future__ import annotations
@@ -33,14 +36,19 @@ from training.state import TrainState  # noqa: E402
 
 def main() -> int:
     cfg = config_lib.load_config(overrides)
-    mesh = init_mesh(args.devices)
     model = eqx.filter_eval_shape(train_jax.init_model, cfg, args.vocab, jax.random.PRNGKey(0))
     optimizer = train_jax.init_optimizer(cfg, train_jax.init_scheduler(cfg), model)
     state = eqx.filter_eval_shape(TrainState.create, model, optimizer, jax.random.PRNGKey(0))
     report = {"model": cfg.model.name, "params": count_params(model), "optimizer": cfg.optimizer.name,
-              "grad_accum_steps": cfg.train.grad_accum_steps, "devices": args.devices}
-    for layout in ("dp", "fsdp"):
-        report[f"{layout}_bytes_per_device"] = per_device_bytes(state, state_shardings(state, mesh, layout))
+              "grad_accum_steps": cfg.train.grad_accum_steps, "devices": args.devices, "layouts": []}
+    model_sizes = [m for m in range(1, args.devices + 1) if args.devices % m == 0 and cfg.model.n_head % m == 0
+                   and cfg.model.vocab_multiple % m == 0]
+    for m in model_sizes:
+        mesh = init_mesh(args.devices, m)
+        row = {"data": args.devices // m, "model": m}
+        for layout in ("dp", "fsdp"):
+            row[f"{layout}_bytes_per_device"] = per_device_bytes(state, state_shardings(state, mesh, layout))
+        report["layouts"].append(row)
     print(json.dumps(report))
     return 0
 

@@ -1,12 +1,18 @@
 """Where arrays live: processes, the device mesh, the batch and state layouts, and host -> device transfer.
 
-Several processes (hosts) join through `jax.distributed` before anything touches a device. The mesh has a `data`
-axis over every device of every process (ordered by process, so process p's rows of a batch are the p-th slice of
-the global batch), and optionally a `model` axis for tensor parallelism (`system.mesh_model`; no layer is split over it
-yet, so it only replicates). Batches are split along their batch axis over `data`. Parameters, gradients and
-optimizer state are replicated (`dp`) or split along each array's largest dimension that the `data` axis divides
-(`fsdp`); XLA inserts the gathers and reduce-scatters. The step and the model never name devices: they receive these
-shardings.
+Several processes (hosts) join through `jax.distributed` before anything touches a device. The mesh has two axes:
+`data` over every device of every process (ordered by process, so process p's rows of a batch are the p-th slice of
+the global batch) divided by `model`, the tensor-parallel axis (`system.mesh_model` devices; 1 = none). Batches are
+split along their batch axis over `data` and replicated over `model`.
+
+The train state's layout composes the two axes:
+  model  the model's Megatron layout (`GPT.TENSOR_PARALLEL_AXES`): QKV and the first MLP matrix split by output
+         columns, the attention output and second MLP matrix by input rows, the token embedding by vocabulary rows;
+         applied to the parameters and to every optimizer or statistics buffer shaped like one (matched by the end
+         of its path in the state, e.g. `...mu.blocks.fc.weight`). XLA inserts the all-reduces.
+  data   `dp`: replicated; `fsdp`: each array also split along its largest other dimension that the `data` axis
+         divides (arrays under FSDP_MIN_SIZE elements stay replicated). XLA inserts the gathers and reduce-scatters.
+The step and the model never name devices: they receive these shardings.
 """
 
 from __future__ import annotations
@@ -84,25 +90,41 @@ def put_batch(batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
     }
 
 
-def state_shardings(abstract_state: Any, mesh: Mesh, layout: str) -> Any:
-    """A sharding for every array leaf of the (abstract) train state; `layout` is `dp` or `fsdp`."""
-    n = data_parallel_size(mesh)
-    replicated = NamedSharding(mesh, P())
+def state_shardings(abstract_state: Any, mesh: Mesh, layout: str,
+                    tensor_parallel_axes: dict[tuple[str, ...], int] | None = None) -> Any:
+    """A sharding for every array leaf of the (abstract) train state; `layout` is `dp` or `fsdp`;
+    `tensor_parallel_axes`: the model's (path suffix -> axis split over `model`), default the state's model's own."""
+    if tensor_parallel_axes is None:
+        tensor_parallel_axes = getattr(getattr(abstract_state, "model", None), "TENSOR_PARALLEL_AXES", {})
+    n_data, n_model = mesh.shape[DATA_AXIS], mesh.shape[MODEL_AXIS]
 
-    def leaf(x: Any) -> Any:
+    def leaf(path: tuple, x: Any) -> Any:
         if not hasattr(x, "shape"):
             return None
-        if layout != "fsdp" or n == 1 or int(np.prod(x.shape)) < FSDP_MIN_SIZE:
-            return replicated
-        dims = sorted(range(len(x.shape)), key=lambda d: -x.shape[d])
-        for d in dims:
-            if x.shape[d] % n == 0:
-                spec = [None] * len(x.shape)
-                spec[d] = DATA_AXIS
-                return NamedSharding(mesh, P(*spec))
-        return replicated
+        spec: list[str | None] = [None] * len(x.shape)
+        tp_axis = _tensor_parallel_axis(path, tensor_parallel_axes) if n_model > 1 else None
+        if tp_axis is not None and tp_axis < len(x.shape) and x.shape[tp_axis] % n_model == 0:
+            spec[tp_axis] = MODEL_AXIS
+        if layout == "fsdp" and n_data > 1 and int(np.prod(x.shape)) >= FSDP_MIN_SIZE:
+            free = [d for d in sorted(range(len(x.shape)), key=lambda d: -x.shape[d]) if spec[d] is None]
+            divisible = [d for d in free if x.shape[d] % n_data == 0]
+            if divisible:
+                spec[divisible[0]] = DATA_AXIS
+        while spec and spec[-1] is None:  # P("data", None) is P("data"): one spelling per layout
+            spec.pop()
+        return NamedSharding(mesh, P(*spec))
 
-    return jax.tree.map(leaf, abstract_state)
+    return jax.tree_util.tree_map_with_path(leaf, abstract_state)
+
+
+def _tensor_parallel_axis(path: tuple, axes: dict[tuple[str, ...], int]) -> int | None:
+    """The axis a state leaf splits over `model`: a parameter's own, or the parameter's whose path ends this leaf's
+    (Adam's moments, MultiSteps' accumulator and the statistics buffers mirror the parameters' tree)."""
+    names = tuple(getattr(k, "name", getattr(k, "key", None)) for k in path)
+    for suffix, axis in axes.items():
+        if names[-len(suffix):] == suffix:
+            return axis
+    return None
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
