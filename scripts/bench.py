@@ -7,8 +7,9 @@
 
 Each timed step is synchronised (block_until_ready), so ms/step is the device time of one step plus dispatch; the
 median is reported. Batches come from the real data pipeline, prepared before timing. Reported: tokens/s, ms/step
-(median, min, max), compile seconds, MFU where the device's peak is known, peak memory where the backend reports it,
-device kind and a config summary.
+(median, min, max), compile seconds, MFU where the device's peak is known under both conventions of
+training/flops.py (`mfu`: 6N + 12·L·C·T as PaLM and nanoGPT count, the pipeline's; `mfu_llmc`: 6N + 6·L·C·T, causal
+attention halved, as llm.c counts), peak memory where the backend reports it, device kind and a config summary.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import train_jax  # noqa: E402
 from models.gpt import count_params  # noqa: E402
 from training import config as config_lib  # noqa: E402
 from training.errors import PipelineError  # noqa: E402
-from training.flops import flops_per_token, mfu, peak_flops  # noqa: E402
+from training.flops import MFU_FORMULA, flops_per_token, mfu, peak_flops  # noqa: E402
 from training.sharding import put_batch  # noqa: E402
 
 
@@ -58,7 +59,7 @@ def bench(overrides: list[str], steps: int, warmup: int) -> dict:
     median = statistics.median(times)
     tokens_per_s = tokens_per_step / median
     device = jax.devices()[0]
-    peak = peak_flops(device.device_kind, cfg.system.dtype, cfg.system.get("peak_flops"))
+    peak = peak_flops(device.device_kind, cfg.system.dtype, cfg.system.peak_flops)
     stats = device.memory_stats() or {}
     import resource
 
@@ -69,7 +70,9 @@ def bench(overrides: list[str], steps: int, warmup: int) -> dict:
         "ms_per_step_min": round(1000 * min(times), 2),
         "ms_per_step_max": round(1000 * max(times), 2),
         "compile_s": round(compile_s, 2),
-        "mfu": None if peak is None else round(mfu(tokens_per_s, state.model, context, peak, len(mesh.devices.flat)), 4),
+        **{key: _round(mfu(tokens_per_s, flops_per_token(state.model, context, convention), peak, mesh.devices.size))
+           for key, convention in (("mfu", "palm"), ("mfu_llmc", "llmc"))},
+        "mfu_formulas": {"mfu": MFU_FORMULA["palm"], "mfu_llmc": MFU_FORMULA["llmc"]},
         "peak_memory_bytes": stats.get("peak_bytes_in_use"),  # devices that report it (GPUs)
         "peak_host_memory_bytes": host_peak,
         "device_kind": device.device_kind,
@@ -79,13 +82,19 @@ def bench(overrides: list[str], steps: int, warmup: int) -> dict:
         "config": {
             "model": cfg.model.name, "n_layer": cfg.model.n_layer, "n_embd": cfg.model.n_embd,
             "n_head": cfg.model.n_head, "context": context, "vocab": p.tokenizer.vocab_size,
-            "params": count_params(state.model), "flops_per_token": flops_per_token(state.model, context),
+            "params": count_params(state.model),
+            "flops_per_token": {c: flops_per_token(state.model, context, c) for c in ("palm", "llmc")},
             "global_batch": data.train.global_batch, "grad_accum_steps": cfg.train.grad_accum_steps,
-            "dtype": cfg.system.dtype, "sharding": cfg.system.sharding, "remat": cfg.model.remat,
+            "dtype": cfg.system.dtype, "sharding": cfg.system.sharding, "mesh_model": cfg.system.mesh_model,
+            "remat": cfg.model.remat,
             "scan_layers": cfg.model.scan_layers, "attention": state.model.cfg.attention,
             "optimizer": cfg.optimizer.name,
         },
     }
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
 
 
 def bench_loader(overrides: list[str], steps: int) -> dict:
@@ -122,7 +131,7 @@ def bench_compile(overrides: list[str], vocab: int) -> dict:
     shape = (cfg.train.grad_accum_steps, cfg.train.batch_size, config_lib.context_size(cfg))
     batch = {k: jax.ShapeDtypeStruct(shape, dt) for k, dt in
              (("inputs", jax.numpy.int32), ("targets", jax.numpy.int32), ("loss_mask", jax.numpy.float32))}
-    step = make_train_step(optimizer, shardings, dtype, jit=False)
+    step = make_train_step(optimizer, shardings, dtype, jit=False, z_loss=cfg.train.z_loss)
     arrays, static = eqx.partition(state, lambda x: isinstance(x, jax.ShapeDtypeStruct))
     compiled_step = jax.jit(lambda arrays, batch: step(eqx.combine(arrays, static), batch), donate_argnums=0)
     t0 = time.perf_counter()

@@ -95,17 +95,20 @@ def test_remat_and_scanned_layers_give_the_plain_models_loss_and_gradients(scan,
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
 
 
-def test_mfu_formula_matches_a_hand_count_for_gpt2_124m():
+def test_mfu_formula_matches_a_hand_count_for_gpt2_124m_under_both_conventions():
     cfg = load_config(["model=gpt2"])
     model = eqx.filter_eval_shape(GPT.init, gpt_config(cfg.model, 50257), jax.random.PRNGKey(0))
     d, L, T, V = 768, 12, 1024, 50304
     per_layer = 4 * d * d + 4 * d + 8 * d * d + 5 * d + 4 * d  # qkv+proj, fc+proj (weights+biases), two LayerNorms
     n = V * d + L * per_layer + 2 * d  # token embedding (= head) + blocks + final LayerNorm; no position embedding
-    assert flops_per_token(model, T) == 6 * n + 6 * L * d * T
-    assert flops_per_token(model, T) == pytest.approx(6 * 124.4e6 - 6 * 1024 * 768 + 6 * 12 * 768 * 1024, rel=2e-3)
+    assert flops_per_token(model, T) == flops_per_token(model, T, "palm") == 6 * n + 12 * L * d * T
+    assert flops_per_token(model, T, "llmc") == 6 * n + 6 * L * d * T
+    assert flops_per_token(model, T, "llmc") == pytest.approx(6 * 124.4e6 - 6 * 1024 * 768 + 6 * 12 * 768 * 1024,
+                                                              rel=2e-3)
     h100 = peak_flops("NVIDIA H100 80GB HBM3", "bfloat16")
     assert h100 == 989e12 and peak_flops("cpu", "float32") is None and peak_flops("cpu", "float32", 1e12) == 1e12
-    assert mfu(100_000, model, T, h100, 1) == pytest.approx(100_000 * flops_per_token(model, T) / 989e12)
+    assert mfu(100_000, 6 * n + 12 * L * d * T, h100, 2) == pytest.approx(100_000 * (6 * n + 12 * L * d * T) / 1978e12)
+    assert mfu(100_000, 1, None, 1) is None and mfu(float("nan"), 1, h100, 1) is None
 
 
 def test_cudnn_attention_on_cpu_is_one_clear_line(tmp_path, capsys, data_cache):

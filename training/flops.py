@@ -1,9 +1,12 @@
-"""Model FLOPs and MFU (model FLOPs utilisation), counted as llm.c counts them.
+"""Model FLOPs and MFU (model FLOPs utilisation): the one definition the log, summary.json and bench.py use.
 
-FLOPs per token = 6 N + 6 L C T: 6 per parameter (forward 2, backward 4) with N excluding the position embedding
-(a lookup, no matmul) but including the token embedding (it is the LM head's matmul), plus attention's score and
-value matmuls, 12 L C T, halved because causal attention only needs the lower triangle. L layers, C width, T context.
-MFU = tokens/s x FLOPs per token / (devices x the device's peak FLOP/s).
+FLOPs per token = 6 N + a L C T, with N the parameters excluding the position embedding (a lookup, no matmul) but
+including the token embedding (it is the LM head's matmul), 6 per parameter (forward 2, backward 4); L layers, C
+width, T context; the second term is attention's score and value matmuls, which have no parameters:
+  palm  a = 12: every query scores every key, as PaLM (appendix B) and nanoGPT count. The pipeline's MFU.
+  llmc  a = 6: causal attention only needs the lower triangle, as llm.c counts.
+MFU = tokens/s x FLOPs per token / (devices x the device's peak FLOP/s). Recomputation (remat) is not counted: MFU
+measures the model's work, not the hardware's.
 """
 
 from __future__ import annotations
@@ -11,6 +14,10 @@ from __future__ import annotations
 from typing import Any
 
 from models.gpt import count_params
+
+ATTENTION_FLOPS = {"palm": 12, "llmc": 6}  # a in 6 N + a L C T, per convention
+MFU_CONVENTION = "palm"
+MFU_FORMULA = {"palm": "6N + 12*L*C*T (PaLM, nanoGPT)", "llmc": "6N + 6*L*C*T (llm.c: causal attention halved)"}
 
 # Dense peak FLOP/s per device by compute dtype, from the vendors' data sheets. float32 matmuls on these GPUs run
 # as TF32 on the tensor cores under JAX's default precision.
@@ -26,10 +33,10 @@ PEAK_FLOPS = {
 }
 
 
-def flops_per_token(model: Any, context: int) -> int:
+def flops_per_token(model: Any, context: int, convention: str = MFU_CONVENTION) -> int:
     cfg = model.cfg
     n = count_params(model, exclude_position_embedding=True)
-    return 6 * n + 6 * cfg.n_layer * cfg.n_embd * context
+    return 6 * n + ATTENTION_FLOPS[convention] * cfg.n_layer * cfg.n_embd * context
 
 
 def peak_flops(device_kind: str, dtype: str, override: float | None = None) -> float | None:
@@ -43,5 +50,9 @@ def peak_flops(device_kind: str, dtype: str, override: float | None = None) -> f
     return None
 
 
-def mfu(tokens_per_s: float, model: Any, context: int, peak: float, num_devices: int) -> float:
-    return tokens_per_s * flops_per_token(model, context) / (peak * num_devices)
+def mfu(tokens_per_s: float, flops: int, peak: float | None, num_devices: int) -> float | None:
+    """The share of `num_devices` devices' peak that `tokens_per_s` tokens of `flops` FLOPs each use; None when the
+    peak is unknown."""
+    if peak is None or not tokens_per_s == tokens_per_s:  # unknown peak, or no rate measured yet (NaN)
+        return None
+    return tokens_per_s * flops / (peak * num_devices)

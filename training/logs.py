@@ -84,7 +84,8 @@ class RunLogger:
             self.bar.update(steps)
 
     def train(self, step: int, m: dict[str, float]) -> None:
-        """`m`: loss, lr, grad_norm, tokens_per_s, ms_per_step, tokens_seen, elapsed_s, remaining_s."""
+        """`m`: loss, lr, grad_norm, tokens_per_s, ms_per_step, mfu, tokens_seen, elapsed_s, remaining_s (and z_loss,
+        loss_scale, skipped_steps, statistics when present)."""
         if not self.active:
             return
         self._record(step, "train", m)
@@ -94,6 +95,8 @@ class RunLogger:
             f"MFU {'n/a' if m.get('mfu') is None else format(m['mfu'], '.1%')} | "
             f"{format_duration(m['elapsed_s'])} elapsed | {format_duration(m['remaining_s'])} remaining"
         )
+        if "z_loss" in m:
+            line += f" | z-loss {m['z_loss']:.2e}"
         if m.get("loss_scale", 1.0) != 1.0 or m.get("skipped_steps", 0):
             line += f" | loss scale {m['loss_scale']:g}, {m['skipped_steps']} skipped"
         if self.bar is not None:
@@ -192,7 +195,8 @@ def describe_run(cfg: Any, plan: Any, mesh: Any, data: Any, model: Any, tokenize
         start = f" | weights from {plan.init_from.where}"
     lines = [
         f"run        {plan.run_dir}{start}",
-        f"devices    {len(devices)} x {kinds} in {jax.process_count()} process(es) | mesh data={len(devices)} | "
+        f"devices    {len(devices)} x {kinds} in {jax.process_count()} process(es) | mesh data={mesh.shape['data']} "
+        f"x model={mesh.shape['model']} | "
         f"sharding {cfg.system.sharding} | compute {cfg.system.dtype}",
         f"data       {cfg.dataset.name} {data.summary} | tokenizer {tokenizer.kind}, {tokenizer.vocab_size} ids",
         f"model      {m.name}: {m.n_layer} layers, {m.n_head} heads, width {m.n_embd}, context {m.context_size} | "

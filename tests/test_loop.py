@@ -1,0 +1,63 @@
+"""The training loop: actions fire at their steps, a stop ends it, and between syncing actions nothing moves from
+the devices to the host (the transfer guard would raise)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import multihost_utils
+
+from training.loop import Action, LoopState, run_loop
+from training.transfer_guard import HostTransferError
+
+
+def counting_step(state, batch):
+    return state + batch, {"loss": state * 1.0}
+
+
+def test_actions_fire_at_their_steps_and_at_the_end():
+    fired = {"every3": [], "listed": [], "stopper": []}
+    loop = LoopState(state=jnp.asarray(0), step=0, tokens_seen=0)
+    actions = [Action(lambda lp: fired["every3"].append(lp.step), every=3, at_end=True),
+               Action(lambda lp: fired["listed"].append(lp.step), steps=frozenset({1, 5})),
+               Action(lambda lp: fired["stopper"].append(lp.step), every=1, syncs=False)]
+    run_loop(loop, counting_step, lambda s: jnp.asarray(1), actions, end=10, tokens_per_step=7)
+    assert fired == {"every3": [3, 6, 9, 10], "listed": [1, 5], "stopper": list(range(1, 11))}
+    assert loop.step == 10 and loop.tokens_seen == 70 and int(loop.state) == 10 and len(loop.pending) == 10
+
+
+def test_an_action_that_sets_stop_ends_the_loop_after_its_step():
+    loop = LoopState(state=jnp.asarray(0), step=2, tokens_seen=0)
+
+    def stop_at_4(lp):
+        if lp.step == 4:
+            lp.stop = "SIGTERM"
+
+    run_loop(loop, counting_step, lambda s: jnp.asarray(1), [Action(stop_at_4, every=1)], end=10, tokens_per_step=1)
+    assert loop.step == 4 and loop.stop == "SIGTERM"
+
+
+def fetch_every_step(lp):
+    float(lp.pending[-1]["loss"])  # a device-to-host transfer
+
+
+def agree_every_step(lp):
+    multihost_utils.process_allgather(np.int32(0))  # what a stop agreement at every step would do
+
+
+@pytest.mark.parametrize("read", [fetch_every_step, agree_every_step])
+def test_the_guard_raises_on_a_transfer_at_a_step_with_no_syncing_action(read):
+    loop = LoopState(state=jnp.asarray(0), step=0, tokens_seen=0)
+    with pytest.raises(HostTransferError, match="Disallowed device-to-host transfer"):
+        run_loop(loop, counting_step, lambda s: jnp.asarray(1), [Action(read, every=1, syncs=False)],
+                 end=3, tokens_per_step=1, guard=True)
+    assert loop.step == 1
+
+
+def test_a_due_syncing_action_may_transfer_and_the_guard_is_off_without_guard():
+    for guard, syncs in ((True, True), (False, False)):
+        loop = LoopState(state=jnp.asarray(0), step=0, tokens_seen=0)
+        run_loop(loop, counting_step, lambda s: jnp.asarray(1), [Action(fetch_every_step, every=1, syncs=syncs)],
+                 end=3, tokens_per_step=1, guard=guard)
+        assert loop.step == 3
+    assert jax.config.jax_transfer_guard_device_to_host is None  # the guard does not outlive the loop

@@ -1,0 +1,180 @@
+"""What a training run does around its steps: the loop's actions (log, evaluate, checkpoint, agree to stop) and the
+run's start and end. training/loop.py says when actions fire; this module says what each one does.
+
+  first step      wait for it once, and say how long compilation took
+  log             every train.log_interval: fetch the interval's metrics (the one transfer per interval), stop on a
+                  non-finite loss, write a line and the metrics
+  evaluate        every train.eval_interval and at the end: every validation split, then a checkpoint
+  save            at checkpoint.save_steps
+  agree to stop   signals and the time limit: every step in a single process (a host-only check), every log
+                  interval across processes (a collective, so that all stop at the same step)
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import jax
+
+from training import config as config_lib
+from training.checkpoint import Checkpointer, checkpoint_meta
+from training.clock import RunClock
+from training.errors import PipelineError
+from training.evaluate import evaluate
+from training.flops import MFU_CONVENTION, MFU_FORMULA, flops_per_token, mfu, peak_flops
+from training.logs import RunLogger, describe_run, eval_table
+from training.loop import Action, LoopState
+from training.report import finish_run
+from training.run import RunPlan, carried_over
+from training.sharding import max_over_processes
+from training.signals import StopRequest
+from training.stats import statistics_of
+
+
+class TrainingRun:
+    """The run's logger, checkpointer, clock and signal handler, and the actions that use them."""
+
+    def __init__(self, cfg: Any, plan: RunPlan, pipeline: Any, state: Any, started: float, compile_clock: Any):
+        self.cfg, self.plan, self.p, self.started, self.compile_clock = cfg, plan, pipeline, started, compile_clock
+        self.is_main = jax.process_index() == 0
+        self.resumed = plan.resume.meta if plan.resume else None
+        if self.is_main:
+            plan.run_dir.mkdir(parents=True, exist_ok=True)
+            (plan.run_dir / "config.yaml").write_text(config_lib.to_yaml(cfg))
+        self.checkpointer = None
+        if cfg.checkpoint.save:
+            self.checkpointer = Checkpointer(plan.save_path, cfg.checkpoint.max_to_keep,
+                                             config_lib.listed_save_steps(cfg))
+            if self.is_main:
+                (plan.save_path / "config.yaml").write_text(config_lib.to_yaml(cfg))
+        t = cfg.train
+        self.log = RunLogger(cfg, plan.run_dir, t.max_steps, int(state.step), self.is_main,
+                             carried_over(self.resumed, "wandb_id", None))
+        self.tokens_per_step = pipeline.data.train.global_batch * config_lib.context_size(cfg)
+        self.clock = RunClock(started, t.max_training_hours, self.tokens_per_step, t.max_steps)
+        self.signals = StopRequest()
+        self.flops = flops_per_token(state.model, config_lib.context_size(cfg))
+        self.peak = peak_flops(jax.devices()[0].device_kind, cfg.system.dtype, cfg.system.peak_flops)
+        self.trained_before = carried_over(self.resumed, "time_trained_s", 0.0)
+        self.loop_started = time.time()
+
+    def loop_state(self, state: Any) -> LoopState:
+        """Where the loop starts: step 0, or where the checkpoint left off."""
+        best = carried_over(self.resumed, "best_val_loss", None)
+        return LoopState(state, int(state.step), carried_over(self.resumed, "tokens_seen", 0),
+                         best_val=math.inf if best is None else best)
+
+    def actions(self, first_step: int) -> list[Action]:
+        t, single = self.cfg.train, jax.process_count() == 1
+        save_steps = self.cfg.checkpoint.save_steps
+        return [
+            Action(self.first_step_done, steps=frozenset({first_step + 1})),
+            Action(self.log_interval, every=t.log_interval, at_end=True),
+            Action(self.evaluate_and_save, every=t.eval_interval, at_end=True),
+            Action(self.save, every=save_steps if isinstance(save_steps, int) else None,
+                   steps=frozenset(config_lib.listed_save_steps(self.cfg))),
+            Action(self.agree_to_stop, every=1 if single else t.log_interval, syncs=not single),
+        ]
+
+    # -- the actions -----------------------------------------------------------------------------------------------
+    def first_step_done(self, loop: LoopState) -> None:
+        jax.block_until_ready(loop.pending[-1])
+        self.log.info(f"compiled in {self.compile_clock.stop():.1f} s; first step done "
+                      f"{time.time() - self.loop_started:.1f} s after the loop started")
+        self.clock.mark(loop.step)
+
+    def log_interval(self, loop: LoopState) -> None:
+        """Fetch the interval's metrics, stop on a non-finite loss, log the token-weighted mean loss."""
+        fetched, loop.pending = jax.device_get(loop.pending), []
+        losses = [float(m["loss"]) for m in fetched]
+        if not self.cfg.train.skip_nonfinite:
+            for i, loss in enumerate(losses):
+                if not math.isfinite(loss):
+                    raise PipelineError(
+                        f"step {loop.step - len(losses) + i + 1}: the training loss is {loss}; stopping (no checkpoint "
+                        "of this state is written). Lower the lr, or set train.skip_nonfinite=true to skip such steps")
+        loop.train_loss = _token_weighted(fetched, "loss")
+        tokens_per_s, ms_per_step = self.clock.interval(loop.step)
+        last = fetched[-1]
+        self.log.train(loop.step, {
+            "loss": loop.train_loss, "lr": float(last["lr"]), "grad_norm": float(last["grad_norm"]),
+            **({"z_loss": _token_weighted(fetched, "z_loss")} if "z_loss" in last else {}),
+            "tokens_per_s": tokens_per_s, "ms_per_step": ms_per_step, "tokens_seen": loop.tokens_seen,
+            "mfu": mfu(tokens_per_s, self.flops, self.peak, self.p.mesh.devices.size),
+            "skipped_steps": int(last["skipped_steps"]), "loss_scale": float(last["loss_scale"]),
+            "elapsed_s": self.clock.elapsed(), "remaining_s": self.clock.remaining(loop.step),
+            **statistics_of(last),
+        })
+
+    def evaluate_and_save(self, loop: LoopState) -> None:
+        loop.results = evaluate(self.p.eval_step, loop.state.model, self.p.data.evals, self.p.mesh,
+                                self.p.data.token_bytes)
+        loop.val_loss = loop.results[self.p.data.main_split]["loss"]
+        loop.best_val = min(loop.best_val, loop.val_loss)
+        self.log.eval(loop.step, loop.results)
+        self.save(loop, loop.val_loss)
+
+    def save(self, loop: LoopState, val_loss: float | None = None) -> None:
+        if self.checkpointer is not None:
+            meta = checkpoint_meta(self.cfg, self.plan, self.p.tokenizer, loop.step, loop.tokens_seen,
+                                   loop.train_loss, val_loss, loop.best_val, self.log.wandb_id,
+                                   self.trained_before + time.time() - self.loop_started)
+            if not self.checkpointer.save(loop.state, meta, val_loss):
+                self.log.info(f"step {loop.step}: parameters are not finite; no checkpoint written")
+        self.clock.mark(loop.step)  # evaluating and saving are not training throughput
+
+    def agree_to_stop(self, loop: LoopState) -> None:
+        loop.stop = agreed_stop(self.signals.signal_name or ("time limit" if self.clock.out_of_time() else None))
+
+    # -- start and end ---------------------------------------------------------------------------------------------
+    def start(self, loop: LoopState) -> None:
+        for line in describe_run(self.cfg, self.plan, self.p.mesh, self.p.data, loop.state.model, self.p.tokenizer,
+                                 self.p.schedule):
+            self.log.info(line)
+        self.log.info(f"MFU counts {MFU_FORMULA[MFU_CONVENTION]} FLOPs per token: {self.flops / 1e6:.1f} MFLOP")
+        if self.cfg.train.eval_at_start and loop.step == 0:  # the curves' starting point, e.g. init_from's weights
+            self.log.eval(0, evaluate(self.p.eval_step, loop.state.model, self.p.data.evals, self.p.mesh,
+                                      self.p.data.token_bytes))
+
+    def finish(self, loop: LoopState) -> None:
+        """A stopped run logs what it trained, evaluates (a time limit, which is a chosen budget) and checkpoints."""
+        if loop.stop is not None:
+            if loop.pending:
+                self.log_interval(loop)
+            if loop.stop == "time limit" and loop.step % self.cfg.train.eval_interval:
+                self.evaluate_and_save(loop)
+            self.save(loop)  # a no-op when this step is already saved
+            where = f"; checkpoint saved to {self.plan.save_path}" if self.checkpointer else ""
+            self.log.info(f"stopped at step {loop.step} ({loop.stop}){where}")
+        if loop.results is not None and loop.stop in (None, "time limit"):
+            self.log.info(f"final evaluation at step {loop.step}:\n{eval_table(loop.results)}")
+        final = None if loop.val_loss is None else {"val_loss": loop.val_loss}
+        self.log.close(hparams=config_lib.flat_hparams(self.cfg), final=final)
+        if self.is_main:
+            from models.gpt import count_params
+
+            finish_run(self.plan.run_dir, self.checkpointer, loop.stop, time.time() - self.started,
+                       count_params(loop.state.model), MFU_FORMULA[MFU_CONVENTION])
+
+    def close(self) -> None:
+        self.signals.uninstall()
+        if self.checkpointer is not None:
+            self.checkpointer.close()
+
+
+def _token_weighted(fetched: list[dict], name: str) -> float:
+    """The steps' mean of `name` weighted by their target tokens: every target token of the interval counts once.
+    Non-finite steps (skipped with train.skip_nonfinite) are left out."""
+    pairs = [(float(m[name]), float(m["target_tokens"])) for m in fetched if math.isfinite(float(m[name]))]
+    tokens = sum(n for _, n in pairs)
+    return sum(v * n for v, n in pairs) / tokens if tokens else math.nan
+
+
+def agreed_stop(reason: str | None) -> str | None:
+    """Every process stops at the same step for the same kind of reason (a time limit evaluates first, a signal
+    does not), or the ones still running would wait forever in their next collective."""
+    code = 0 if reason is None else 1 if reason == "time limit" else 2
+    agreed = max_over_processes(code)
+    return reason if agreed == code else {1: "time limit", 2: "a signal to another process"}[agreed]
