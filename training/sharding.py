@@ -73,10 +73,6 @@ def init_mesh(num_devices: int | None = None, model_axis: int = 1) -> Mesh:
     return Mesh(np.array(devices).reshape(-1, model_axis), (DATA_AXIS, MODEL_AXIS))
 
 
-def data_parallel_size(mesh: Mesh) -> int:
-    return mesh.shape[DATA_AXIS]
-
-
 def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
     """Arrays shaped [..., batch, time]: the batch axis (second to last) is split over `data`."""
     return NamedSharding(mesh, P(*([None] * (ndim - 2)), DATA_AXIS, None))
@@ -125,10 +121,6 @@ def _tensor_parallel_axis(path: tuple, axes: dict[tuple[str, ...], int]) -> int 
         if names[-len(suffix):] == suffix:
             return axis
     return None
-
-
-def replicated(mesh: Mesh) -> NamedSharding:
-    return NamedSharding(mesh, P())
 
 
 def max_over_processes(value: int) -> int:
