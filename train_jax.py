@@ -56,15 +56,18 @@ def init_tokenizer(cfg, corpus: dict, source: Source | None) -> Tokenizer:
         return tokenizer
     if d.tokenizer == "notes":
         return notes_tokenizer(d)
-    return build_tokenizer(d.tokenizer, bpe_vocab_size=d.bpe_vocab_size, train_texts=_texts(corpus["train"]),
-                           corpus_fingerprint=corpus["train"]._fingerprint, cache_dir=d.cache_dir)
+    return build_tokenizer(d.tokenizer, bpe_vocab_size=d.bpe_vocab_size, train_texts=lambda: _texts(corpus),
+                           corpus_fingerprint=corpus.fingerprint, cache_dir=d.cache_dir,
+                           process_index=jax.process_index(), wait_s=d.build_timeout_s)
 
 
-def _texts(ds):
-    """What a BPE learns from: documents, or prompts and completions."""
-    if "text" in ds.column_names:
-        return ds["text"]
-    return [t for row in zip(ds["prompt"], ds["completion"]) for t in row if t]
+def _texts(corpus):
+    """What a BPE learns from, batch by batch: the train split's documents, or its prompts and completions."""
+    for batch in corpus.datasets["train"].iter(batch_size=1024):
+        if "text" in batch:
+            yield from batch["text"]
+        else:
+            yield from (t for pair in zip(batch["prompt"], batch["completion"]) for t in pair if t)
 
 
 def load_data(cfg, corpus: dict, tokenizer: Tokenizer) -> Data:

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from data.packing import EvalBatches, TrainBatches, tokenize_split
+from data.packing import EvalBatches, TrainBatches, tokenized_corpus
 from data.records import RecordBatches, RecordEvalBatches
 from data.tokenizers import Tokenizer
 from training.errors import DataError
@@ -47,7 +47,8 @@ def _eval_order(names: list[str], main: str) -> list[str]:
 
 def _stream_data(cfg: Any, corpus: dict, tokenizer: Tokenizer, context: int, process_index: int,
                  process_count: int) -> Data:
-    streams = {name: tokenize_split(ds, tokenizer, cfg.dataset.num_proc) for name, ds in corpus.items()}
+    store = tokenized_corpus(corpus, tokenizer, cfg.dataset, process_index, process_count)
+    streams = {name: store.tokens(name) for name in store.splits}
     for name, tokens in streams.items():
         if len(tokens) < 2 * context + 2:
             raise DataError(
@@ -62,16 +63,14 @@ def _stream_data(cfg: Any, corpus: dict, tokenizer: Tokenizer, context: int, pro
         return EvalBatches(streams[name], context, t.batch_size, t.eval_iters, process_index, process_count,
                            tokenizer.pad_id)
 
-    token_bytes = tokenizer.token_byte_lengths()
-    train_tokens = streams["train"]
-    bytes_per_token = float(token_bytes[train_tokens].sum()) / max(len(train_tokens), 1)
+    bytes_per_token = store.text_bytes("train") / max(len(streams["train"]), 1)
     splits = ", ".join(f"{name} {len(tokens) / 1e6:.2f}M" for name, tokens in streams.items())
     names = ["val"] + sorted(n for n in streams if n not in ("train", "val", "test"))
     return Data(
         train=train,
         evals={name: eval_set(name) for name in _eval_order(names, "val")},
         test=eval_set("test") if "test" in streams else None,
-        token_bytes=token_bytes,
+        token_bytes=tokenizer.token_byte_lengths(),
         summary=f"tokens: {splits} | {bytes_per_token:.2f} bytes/token",
     )
 
@@ -127,8 +126,8 @@ def _prompt_data(cfg: Any, corpus: dict, tokenizer: Tokenizer, context: int, pro
     from data.packing import tokenize_prompts
 
     records = {}
-    for name, ds in corpus.items():
-        rows = tokenize_prompts(ds, tokenizer, cfg.dataset.num_proc)
+    for name, ds in corpus.datasets.items():
+        rows = tokenize_prompts(ds, tokenizer)
         records[name] = (len(rows), lambda i, rng, rows=rows: rows[i])
     counts = ", ".join(f"{name} {n}" for name, (n, _) in records.items())
     summary = f"records: {counts} | prompt <GENAI> completion, loss masking {cfg.loss_masking}"

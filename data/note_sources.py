@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import multiprocessing
 import os
 import warnings
+from concurrent.futures import ProcessPoolExecutor
 from fractions import Fraction
 from pathlib import Path
 from typing import Any, Iterator
@@ -204,21 +206,36 @@ def _midi_pieces(items: list[tuple[str, str]], default_velocity: int) -> Iterato
 
 
 def _parse_in_parallel(generator, items: list[tuple[str, str]], d: Any, label: str) -> datasets.Dataset:
-    """Run `generator` over shards of `items` in dataset.num_proc processes; datasets caches the result by the
-    generator's code and its arguments, so the next run reads Arrow files instead of parsing."""
+    """Run `generator` over shards of `items` in dataset.num_proc worker processes; datasets caches the result by
+    the generator's code and its arguments, so the next run reads Arrow files instead of parsing."""
     shards = min(d.num_proc, len(items))
     stamps = [os.path.getmtime(path) for _, path in items]  # an edited file is parsed again
     pieces = datasets.Dataset.from_generator(
-        generator,
+        _in_workers,
         features=NOTE_FEATURES,
-        # datasets hands each process a contiguous slice of a list argument; interleaving first spreads the big
-        # files (the list is sorted by size) over all of them.
-        gen_kwargs={"items": [x for i in range(shards) for x in items[i::shards]], "default_velocity": d.default_velocity},
-        num_proc=shards if shards > 1 else None,
+        # Interleaving spreads the big files (the list is sorted by size) over all the workers.
+        gen_kwargs={"parse": generator, "shards": [items[i::shards] for i in range(shards)],
+                    "default_velocity": d.default_velocity},
         cache_dir=str(Path(d.cache_dir) / "notes"),
         fingerprint=hashlib.sha256(json.dumps([label, items, stamps, d.default_velocity]).encode()).hexdigest()[:16],
     )
     return pieces.sort(["composer", "title"])
+
+
+def _in_workers(parse, shards: list[list[tuple[str, str]]], default_velocity: int) -> Iterator[dict]:
+    """The pieces of every shard, each shard parsed in a worker started with `spawn`: forking a process that runs
+    JAX's threads can deadlock it."""
+    if len(shards) <= 1:
+        for shard in shards:
+            yield from parse(shard, default_velocity)
+        return
+    with ProcessPoolExecutor(len(shards), mp_context=multiprocessing.get_context("spawn")) as pool:
+        for pieces in pool.map(_parse_shard, [parse] * len(shards), shards, [default_velocity] * len(shards)):
+            yield from pieces
+
+
+def _parse_shard(parse, items: list[tuple[str, str]], default_velocity: int) -> list[dict]:
+    return list(parse(items, default_velocity))
 
 
 # --- Hub datasets in the maestro layout ----------------------------------------------------------------------------

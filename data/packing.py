@@ -1,7 +1,8 @@
 """Documents -> one token stream per split -> windows of context+1 tokens -> batches.
 
-Each document is tokenised (datasets.map, cached on disk) and followed by `<EOS>`; a split is the concatenation of its
-documents. A batch is `inputs`, `targets` (inputs shifted by one) and `loss_mask` (1 where the target counts).
+Each document is tokenised and followed by `<EOS>`; a split is the concatenation of its documents, kept in the token
+store (data/token_store.py: built once, read as a memory map, so a process holds its batches, not its corpus). A
+batch is `inputs`, `targets` (inputs shifted by one) and `loss_mask` (1 where the target counts).
 
 Training batches are a pure function of (seed, step, process): sample g of the run is window perm_e[g mod W] of epoch
 e = g div W, where W is the number of windows and perm_e and the epoch's start offset come from (seed, e). Nothing
@@ -11,53 +12,137 @@ about the position in the data lives in an iterator, so a resumed run reads exac
 from __future__ import annotations
 
 import hashlib
+import itertools
+import sys
 from dataclasses import dataclass
-from typing import Iterator
+from pathlib import Path
+from typing import Any, Iterator
 
 import datasets
 import numpy as np
 
+from data.sources import TextCorpus
+from data.token_store import (BuildContext, Chunk, TokenStore, build_chunk, build_chunks, clear_stale, finish_store,
+                              open_store, store_key, token_dtype)
 from data.tokenizers import Tokenizer
 
-SMALL_SPLIT_DOCS = 64  # below this many documents, tokenising in worker processes costs more than it saves
+STREAM_SPLITS = ("train", "val", "test")
+
+ENCODE_BATCH_DOCS = 64  # documents per encode_batch call while building a token store
 
 
-def tokenize_split(ds: datasets.Dataset, tokenizer: Tokenizer, num_proc: int) -> np.ndarray:
-    """All documents of a split as one token stream, each followed by <EOS>. Cached by datasets' fingerprint."""
-    tokenized = _map_ids(ds, _encode_documents, tokenizer, num_proc, "eos-v1")
-    ids = tokenized.data.column("ids").combine_chunks().flatten().to_numpy(zero_copy_only=False)
-    return ids.astype(np.uint16 if tokenizer.vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32)
+def tokenized_corpus(corpus: TextCorpus, tokenizer: Tokenizer, d: Any, process_index: int = 0,
+                     process_count: int = 1) -> TokenStore:
+    """The corpus's token store for this tokenizer: opened when it exists, built (by all processes) when not."""
+    inputs = {"corpus": corpus.fingerprint, "tokenizer": tokenizer.fingerprint(), "docs_per_chunk": d.docs_per_chunk}
+    slug = "".join(c if c.isalnum() or c in "-_." else "_" for c in corpus.label)[:40]
+    root = Path(d.cache_dir) / "tokens" / f"{slug}-{store_key(inputs)}"
+    store = open_store(root, inputs)
+    if store is not None:
+        return store
+    root.mkdir(parents=True, exist_ok=True)
+    clear_stale(root, process_index, d.build_timeout_s)
+    bar = _progress_bar(corpus.label) if process_index == 0 else None
+    ctx = BuildContext(root, inputs, [], tokenizer.encode_documents, tokenizer.token_byte_lengths(),
+                       token_dtype(tokenizer.vocab_size), process_index, process_count, d.build_timeout_s,
+                       progress=bar.advance if bar else None)
+    try:
+        if corpus.stream is None:
+            ctx.splits = list(corpus.datasets)
+            chunks = _dataset_chunks(corpus.datasets, d.docs_per_chunk)
+            build_chunks(ctx, chunks)
+            return finish_store(ctx, len(chunks))
+        ctx.splits = list(STREAM_SPLITS)
+        num_chunks = _build_stream(ctx, corpus, d) if process_index == 0 else 0
+        return finish_store(ctx, num_chunks)
+    finally:
+        if bar:
+            bar.close()
 
 
-def tokenize_prompts(ds: datasets.Dataset, tokenizer: Tokenizer, num_proc: int) -> list[list[int]]:
-    """Rows with `prompt` and `completion` columns -> `prompt <GENAI> completion <EOS>` id lists."""
-    return _map_ids(ds, _encode_prompts, tokenizer, num_proc, "prompt-v1")["ids"]
+def _dataset_chunks(splits: dict[str, datasets.Dataset], docs_per_chunk: int) -> list[Chunk]:
+    """Each split in runs of `docs_per_chunk` documents (Dataset.shard, contiguous): the same chunks whatever the
+    number of processes that build them."""
+    chunks = []
+    for split, ds in splits.items():
+        n = max(-(-len(ds) // docs_per_chunk), 1)
+        for j in range(n):
+            def texts(split=split, part=(ds, n, j)):
+                shard = part[0].shard(num_shards=part[1], index=part[2], contiguous=True)
+                for batch in shard.iter(batch_size=ENCODE_BATCH_DOCS):
+                    yield split, [t for t in batch["text"] if t]  # an empty row (a blank line) is not a document
+            chunks.append(Chunk(len(chunks), texts))
+    return chunks
 
 
-def _map_ids(ds: datasets.Dataset, encode, tokenizer: Tokenizer, num_proc: int, version: str) -> datasets.Dataset:
-    """`encode` over the split in batches (worker processes for big splits), into one `ids` column; cached on disk
-    under a fingerprint of the data, the tokenizer and `version`."""
-    fingerprint = hashlib.sha256(f"{ds._fingerprint}|{tokenizer.fingerprint()}|{version}".encode()).hexdigest()[:16]
-    return ds.map(
-        encode,
-        batched=True,
-        batch_size=64,
-        num_proc=num_proc if len(ds) >= SMALL_SPLIT_DOCS and num_proc > 1 else None,
-        remove_columns=ds.column_names,
-        fn_kwargs={"tokenizer": tokenizer},
-        new_fingerprint=fingerprint,
-    )
+def _build_stream(ctx: BuildContext, corpus: TextCorpus, d: Any) -> int:
+    """Read the stream into chunks of `docs_per_chunk` rows until it ends or dataset.max_tokens is reached, going
+    on after the last chunk a previous build finished. Returns the number of chunks."""
+    k, state, total = 0, None, 0
+    while (marker := ctx.chunk_done(k)) is not None:
+        k, state = k + 1, marker["state"]
+        total += sum(v["tokens"] for v in marker["splits"].values())
+        if marker["last"]:
+            return k
+    stream = corpus.stream(state)
+    rows = iter(stream)
+    while True:
+        taken = list(itertools.islice(rows, d.docs_per_chunk))
+        buffers: dict[str, list[str]] = {}
+        for split, text in taken:
+            if text:
+                buffers.setdefault(split, []).append(text)
+
+        def texts(buffers=buffers):
+            for split, docs in buffers.items():
+                for i in range(0, len(docs), ENCODE_BATCH_DOCS):
+                    yield split, docs[i : i + ENCODE_BATCH_DOCS]
+
+        def position(counts: dict, state=stream.state(), ended=len(taken) < d.docs_per_chunk) -> dict:
+            """Where the stream stands after this chunk (a resumed build goes on from there) and whether it is the
+            last one: the stream ended, or the tokens so far reach dataset.max_tokens."""
+            tokens = total + sum(c["tokens"] for c in counts.values())
+            return {"state": state, "last": ended or (d.max_tokens is not None and tokens >= d.max_tokens)}
+
+        marker = build_chunk(ctx, Chunk(k, texts), extra=position)
+        total += sum(v["tokens"] for v in marker["splits"].values())
+        k += 1
+        if marker["last"]:
+            return k
+
+
+class _progress_bar:
+    """documents, tokens and tokens/s of the build, on stderr (process 0)."""
+
+    def __init__(self, label: str) -> None:
+        from tqdm import tqdm
+
+        self.docs = 0
+        self.bar = tqdm(desc=f"tokenising {label}", unit=" tokens", unit_scale=True, file=sys.stderr,
+                        dynamic_ncols=True, mininterval=1.0, delay=2.0)  # quiet for small builds
+
+    def advance(self, documents: int, tokens: int) -> None:
+        self.docs += documents
+        self.bar.set_postfix_str(f"{self.docs:,} documents", refresh=False)
+        self.bar.update(tokens)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def tokenize_prompts(ds: datasets.Dataset, tokenizer: Tokenizer) -> list[list[int]]:
+    """Rows with `prompt` and `completion` columns -> `prompt <GENAI> completion <EOS>` id lists; cached on disk by
+    datasets under a fingerprint of the rows and the tokenizer. In this process: the tokenizers batch-encode on
+    threads of their own, and no worker is forked after JAX has started."""
+    fingerprint = hashlib.sha256(f"{ds._fingerprint}|{tokenizer.fingerprint()}|prompt-v1".encode()).hexdigest()[:16]
+    return ds.map(_encode_prompts, batched=True, batch_size=ENCODE_BATCH_DOCS, remove_columns=ds.column_names,
+                  fn_kwargs={"tokenizer": tokenizer}, new_fingerprint=fingerprint)["ids"]
 
 
 def _encode_prompts(batch: dict, tokenizer: Tokenizer) -> dict:
     prompts = tokenizer.encode_batch([p or "" for p in batch["prompt"]])
     completions = tokenizer.encode_batch([c or "" for c in batch["completion"]])
     return {"ids": [p + [tokenizer.genai_id] + c + [tokenizer.eos_id] for p, c in zip(prompts, completions)]}
-
-
-def _encode_documents(batch: dict, tokenizer: Tokenizer) -> dict:
-    texts = [t for t in batch["text"] if t]  # empty rows (blank lines in some Hub corpora) are not documents
-    return {"ids": [ids + [tokenizer.eos_id] for ids in tokenizer.encode_batch(texts)]}
 
 
 def step_samples(step: int, grad_accum: int, process_count: int, batch_size: int, process_index: int) -> np.ndarray:

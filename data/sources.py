@@ -1,20 +1,23 @@
 """Where documents come from: the Python standard library (embedded default), the user's files, or the HF Hub.
 
-`load_corpus(cfg.dataset)` returns `{split name: datasets.Dataset}` with one `text` column and one document per row:
-`train`, `val` (the main validation split), any extra validation splits, and `test` when there is one. Sources without
-their own splits are split deterministically by a hash of each document's identity (a path, or a row index), so the
-same files always land in the same split.
+`load_corpus(cfg.dataset)` returns a `TextCorpus`: a cheap fingerprint of the documents, and `datasets` giving
+`{split name: datasets.Dataset}` with one `text` column and one document per row (read only when needed): `train`,
+`val` (the main validation split), any extra validation splits, and `test` when there is one; or, for a streamed Hub
+corpus, a resumable stream of (split, text). Sources without their own splits are split deterministically by a hash
+of each document's identity (a path, or a row number), so the same files always land in the same split.
 """
 
 from __future__ import annotations
 
 import glob
 import hashlib
+import json
 import os
 import socket
 import sysconfig
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import datasets
 
@@ -26,7 +29,27 @@ STDLIB_EXCLUDED_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle
 TEXT_ENCODING_ERRORS = "replace"  # a few files are not UTF-8; keep them, with U+FFFD where a byte is invalid
 
 
-def load_corpus(d: Any) -> dict[str, datasets.Dataset]:
+@dataclass
+class TextCorpus:
+    """A text source before tokenising. `fingerprint` identifies its documents and their split cheaply (file
+    sizes and times, the Hub's own fingerprint, or the stream's settings), so that a run whose token store exists
+    starts without reading the documents; `datasets` reads them, once, only when something needs them."""
+
+    label: str
+    fingerprint: str
+    load: Callable[[], dict[str, datasets.Dataset]] | None  # {split: Dataset with a `text` (or prompt) column}
+    stream: Callable[[dict | None], HubStream] | None = None  # streamed sources: rows from a saved state on
+    _loaded: dict[str, datasets.Dataset] | None = None
+
+    @property
+    def datasets(self) -> dict[str, datasets.Dataset]:
+        if self._loaded is None:
+            self._loaded = _checked(self.load(), self.label)
+        return self._loaded
+
+
+def load_corpus(d: Any) -> TextCorpus | dict[str, datasets.Dataset]:
+    """A text source as a TextCorpus, or a notes source as {split: Dataset of pieces}."""
     datasets.disable_progress_bars()
     datasets.logging.set_verbosity_error()
     if d.source in ("music21", "maestro", "midi_files"):
@@ -34,19 +57,38 @@ def load_corpus(d: Any) -> dict[str, datasets.Dataset]:
 
         return load_note_corpus(d)
     if d.source == "pystdlib":
-        corpus = _pystdlib(d)
-    elif d.source == "text_files":
-        corpus = _text_files(d)
-    elif d.source == "json_files":
-        corpus = _json_files(d)
-    else:
-        corpus = _hub(d)
-    if d.max_documents is not None:
-        corpus = {k: v.select(range(min(len(v), d.max_documents))) for k, v in corpus.items()}
+        return _pystdlib(d)
+    if d.source == "text_files":
+        return _text_files(d)
+    if d.source == "json_files":
+        return _json_files(d)
+    return _hub(d)
+
+
+def _checked(corpus: dict[str, datasets.Dataset], label: str) -> dict[str, datasets.Dataset]:
     for name in ("train", "val"):
         if len(corpus.get(name, [])) == 0:
-            raise DataError(f"dataset {d.name}: the {name} split is empty; add documents or raise dataset.val_fraction")
+            raise DataError(f"dataset {label}: the {name} split is empty; add documents or raise dataset.val_fraction")
     return corpus
+
+
+def _capped(corpus: dict[str, datasets.Dataset], d: Any) -> dict[str, datasets.Dataset]:
+    if d.max_documents is None:
+        return corpus
+    return {k: v.select(range(min(len(v), d.max_documents))) for k, v in corpus.items()}
+
+
+def _fingerprint(*parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _file_stamps(paths: list[str]) -> list:
+    """What identifies files' contents without reading them: path, size and modification time."""
+    stamps = []
+    for path in paths:
+        st = os.stat(path)
+        stamps.append((path, st.st_size, st.st_mtime_ns))
+    return stamps
 
 
 def split_of(identity: str, val_fraction: float, test_fraction: float) -> str:
@@ -68,7 +110,7 @@ def stdlib_files() -> tuple[Path, list[Path]]:
     return root, files
 
 
-def _pystdlib(d: Any) -> dict[str, datasets.Dataset]:
+def _pystdlib(d: Any) -> TextCorpus:
     root, files = stdlib_files()
     if not files:
         raise DataError(f"dataset pystdlib: no .py files found under {root}; use dataset=text_files instead")
@@ -84,18 +126,35 @@ def _pystdlib(d: Any) -> dict[str, datasets.Dataset]:
         package = rel.parts[0].removesuffix(".py")
         name = package if package in d.extra_val_splits else split_of(rel.as_posix(), d.val_fraction, d.test_fraction)
         by_split.setdefault(name, []).append(str(path))
-    return _load_text_files(by_split, d, sample_by="document")
+    return _file_corpus("pystdlib", by_split, d)
 
 
-def _text_files(d: Any) -> dict[str, datasets.Dataset]:
-    everything = _load_text_files({"documents": expand_files(d.files)}, d, sample_by="document")["documents"]
-    return _hash_split(everything, d)
+def _text_files(d: Any) -> TextCorpus:
+    """One document per file; a file's split is a hash of its path, so adding a file moves no other one."""
+    by_split: dict[str, list[str]] = {}
+    for path in expand_files(d.files):
+        by_split.setdefault(split_of(path, d.val_fraction, d.test_fraction), []).append(path)
+    return _file_corpus(d.name, by_split, d)
 
 
-def _json_files(d: Any) -> dict[str, datasets.Dataset]:
+def _file_corpus(label: str, by_split: dict[str, list[str]], d: Any) -> TextCorpus:
+    stamps = {name: _file_stamps(paths) for name, paths in sorted(by_split.items())}
+    return TextCorpus(label, _fingerprint("files-v1", stamps, d.max_documents),
+                      lambda: _capped(_load_text_files(by_split, d, sample_by="document"), d))
+
+
+def _json_files(d: Any) -> TextCorpus:
     """JSON / JSON-lines files (datasets' `json` loader): one row per object, split by a hash of the row index."""
-    loaded = datasets.load_dataset("json", data_files=expand_files(d.files), cache_dir=str(Path(d.cache_dir) / "hf"))
-    return {name: _text_column(ds, d, label="dataset.files") for name, ds in _hash_split(loaded["train"], d).items()}
+    paths = expand_files(d.files)
+
+    def load() -> dict[str, datasets.Dataset]:
+        loaded = datasets.load_dataset("json", data_files=paths, cache_dir=str(Path(d.cache_dir) / "hf"))
+        return _capped({name: _text_column(ds, d, label="dataset.files")
+                        for name, ds in _hash_split(loaded["train"], d).items()}, d)
+
+    columns = [d.text_column, d.prompt_column, d.completion_column]
+    return TextCorpus(d.name, _fingerprint("json-v1", _file_stamps(paths), columns, d.val_fraction, d.test_fraction,
+                                           d.max_documents), load)
 
 
 def expand_files(patterns: list[str]) -> list[str]:
@@ -153,21 +212,28 @@ def offline_hub() -> None:
     huggingface_hub.constants.HF_HUB_OFFLINE = True
 
 
-def _hub(d: Any) -> dict[str, datasets.Dataset]:
-    if not hub_reachable():
-        offline_hub()
+def _hub(d: Any) -> TextCorpus:
     label = d.hf_path + (f" ({d.hf_name})" if d.hf_name else "")
-    kwargs = dict(
-        path=d.hf_path, name=d.hf_name, cache_dir=str(Path(d.cache_dir) / "hf"), token=secret("HF_TOKEN")
-    )
+    kwargs = dict(path=d.hf_path, name=d.hf_name, data_files=list(d.files) or None,
+                  cache_dir=str(Path(d.cache_dir) / "hf"), token=secret("HF_TOKEN"))
+    if d.streaming:
+        columns = [d.text_column, d.prompt_column, d.completion_column]
+        stamps = _file_stamps(expand_files(d.files)) if d.files else []
+        fingerprint = _fingerprint("stream-v1", d.hf_path, d.hf_name, d.train_split, stamps, columns, d.val_fraction,
+                                   d.test_fraction, d.max_documents, d.max_tokens)
+        return TextCorpus(label, fingerprint, None, stream=lambda state: HubStream(d, kwargs, label, state))
+    corpus = _hub_call(label, d, lambda: _hub_splits(d, kwargs))
+    fingerprint = _fingerprint("hub-v1", {k: v._fingerprint for k, v in sorted(corpus.items())}, d.max_documents)
+    return TextCorpus(label, fingerprint, lambda: _capped(corpus, d))
+
+
+def _hub_call(label: str, d: Any, load: Callable, connect: bool = True):
+    """Run `load` against the Hub (first going offline when it is unreachable, if `connect`); any failure to reach
+    or read it becomes one line."""
+    if connect and not hub_reachable():
+        offline_hub()
     try:
-        if d.streaming:
-            return _hub_streamed(d, kwargs)
-        splits = {"train": d.train_split, "val": d.val_split, "test": d.test_split}
-        corpus = {}
-        for name, hf_split in splits.items():
-            if hf_split is not None:
-                corpus[name] = _text_column(datasets.load_dataset(split=hf_split, **kwargs), d)
+        return load()
     except DataError:
         raise
     except Exception as e:  # the Hub raises many types: connection, offline mode, not found, gated, bad config
@@ -177,26 +243,48 @@ def _hub(d: Any) -> dict[str, datasets.Dataset]:
             "or dataset=text_files dataset.files=[...], or download it once online (it is then read from "
             f"{d.cache_dir}/hf)"
         ) from None
+
+
+def _hub_splits(d: Any, kwargs: dict) -> dict[str, datasets.Dataset]:
+    splits = {"train": d.train_split, "val": d.val_split, "test": d.test_split}
+    corpus = {name: _text_column(datasets.load_dataset(split=hf_split, **kwargs), d)
+              for name, hf_split in splits.items() if hf_split is not None}
     if d.val_split is None:
         held_out = _hash_split(corpus.pop("train"), d)
         corpus = {**held_out, **{k: v for k, v in corpus.items() if k not in held_out}}
     return corpus
 
 
-def _hub_streamed(d: Any, kwargs: dict) -> dict[str, datasets.Dataset]:
-    """Read the first max_documents documents of a streamed split into a cached Arrow dataset, then hash-split."""
-    stream = datasets.load_dataset(split=d.train_split, streaming=True, **kwargs)
+class HubStream:
+    """The streamed train split, resumable: rows from `row` on, each with the split its row number hashes to.
+    `state()` after a row is what `HubStream(..., state)` needs to go on after it without reading the rows before
+    (datasets' own IterableDataset.state_dict)."""
 
-    def documents(path: str, name: str | None, split: str, n: int, column: str):
-        for row in stream.take(n):
-            yield {"text": row[column]}
+    def __init__(self, d: Any, kwargs: dict, label: str, state: dict | None) -> None:
+        self.d, self.label = d, label
+        self._stream = _hub_call(label, d, lambda: datasets.load_dataset(split=d.train_split, streaming=True, **kwargs))
+        self.row = 0
+        if state is not None:
+            self._stream.load_state_dict(state["stream"])
+            self.row = state["row"]
+        self._rows = None
 
-    taken = datasets.Dataset.from_generator(
-        documents,
-        gen_kwargs=dict(path=d.hf_path, name=d.hf_name, split=d.train_split, n=d.max_documents, column=d.text_column),
-        cache_dir=kwargs["cache_dir"],
-    )
-    return _hash_split(taken, d)
+    def state(self) -> dict:
+        return {"stream": self._stream.state_dict(), "row": self.row}
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        d = self.d
+        rows = iter(self._stream)
+        while d.max_documents is None or self.row < d.max_documents:
+            row = _hub_call(self.label, d, lambda: next(rows, None), connect=False)
+            if row is None:
+                return
+            if d.text_column not in row:
+                raise DataError(f"dataset.text_column: {d.text_column!r} is not a column of {self.label}; it has "
+                                f"{', '.join(row)}")
+            split = split_of(f"row-{self.row}", d.val_fraction, d.test_fraction)
+            self.row += 1
+            yield split, row[d.text_column] or ""
 
 
 def _text_column(ds: datasets.Dataset, d: Any, label: str | None = None) -> datasets.Dataset:

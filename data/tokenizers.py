@@ -9,11 +9,13 @@ it (`to_json` / `tokenizer_from_json`), which checkpoints store instead of a pic
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
+import time
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -34,6 +36,14 @@ class Tokenizer(ABC):
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [self.encode(t) for t in texts]
+
+    def encode_documents(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Documents -> (their ids, each document followed by <EOS>, concatenated; each one's length with <EOS>)."""
+        encoded = self.encode_batch(texts)
+        lengths = np.fromiter((len(ids) + 1 for ids in encoded), np.int64, len(encoded))
+        flat = np.fromiter(itertools.chain.from_iterable(ids + [self.eos_id] for ids in encoded), np.int64,
+                           int(lengths.sum()))
+        return flat, lengths
 
     @abstractmethod
     def decode(self, ids: Iterable[int]) -> str:
@@ -71,6 +81,13 @@ class ByteTokenizer(Tokenizer):
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
+
+    def encode_documents(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        encoded = [t.encode("utf-8") for t in texts]
+        lengths = np.fromiter((len(b) + 1 for b in encoded), np.int64, len(encoded))
+        flat = np.frombuffer(b"\0".join(encoded) + b"\0", np.uint8).astype(np.uint16)
+        flat[np.cumsum(lengths) - 1] = self.eos_id  # the separators' places
+        return flat, lengths
 
     def decode(self, ids: Iterable[int]) -> str:
         out, pending = [], bytearray()
@@ -218,18 +235,26 @@ def tokenizer_from_json(desc: dict) -> Tokenizer:
     raise DataError(f"tokenizer description has unknown kind {kind!r} (expected byte, bpe, gpt2 or notes)")
 
 
-def build_tokenizer(kind: str, *, bpe_vocab_size: int, train_texts, corpus_fingerprint: str, cache_dir: str) -> Tokenizer:
-    """The tokenizer named by `dataset.tokenizer`. A BPE is trained on `train_texts` once per corpus and vocab
-    size, then read back from `<cache_dir>/tokenizers/`."""
+def build_tokenizer(kind: str, *, bpe_vocab_size: int, train_texts: Callable[[], Iterable[str]],
+                    corpus_fingerprint: str, cache_dir: str, process_index: int = 0, wait_s: float = 3600) -> Tokenizer:
+    """The tokenizer named by `dataset.tokenizer`. A BPE is trained on `train_texts()` once per corpus and vocab
+    size, by process 0, and read back from `<cache_dir>/tokenizers/` by every later run and the other processes."""
     if kind == "byte":
         return ByteTokenizer()
     if kind == "gpt2":
         return Gpt2Tokenizer()
     key = hashlib.sha256(f"bpe-v1|{corpus_fingerprint}|{bpe_vocab_size}".encode()).hexdigest()[:16]
     path = Path(cache_dir) / "tokenizers" / f"bpe-{bpe_vocab_size}-{key}.json"
+    if process_index != 0:
+        deadline = time.monotonic() + wait_s
+        while not path.exists():
+            if time.monotonic() > deadline:
+                raise DataError(f"tokenizer bpe: waited {wait_s:.0f} s for process 0 to write {path} (is "
+                                "dataset.cache_dir on a filesystem all processes share?)")
+            time.sleep(0.5)
     if path.exists():
         return tokenizer_from_json(json.loads(path.read_text()))
-    tokenizer = BpeTokenizer.train(iter(train_texts), bpe_vocab_size)
+    tokenizer = BpeTokenizer.train(iter(train_texts()), bpe_vocab_size)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     tmp.write_text(json.dumps(tokenizer.to_json()))

@@ -3,9 +3,8 @@
 import numpy as np
 import pytest
 
-from data.packing import EvalBatches, TrainBatches, tokenize_split
+from data.packing import EvalBatches, TrainBatches
 from data.sources import load_corpus, split_of, stdlib_files
-from data.tokenizers import ByteTokenizer
 from training.config import load_config
 from training.errors import DataError
 
@@ -25,7 +24,7 @@ def test_split_is_a_stable_hash_of_the_identity():
 
 def test_pystdlib_holds_out_whole_packages_as_extra_validation_splits(data_cache):
     cfg = load_config([f"dataset.cache_dir={data_cache}", "dataset.extra_val_splits=[json,email]"])
-    corpus = load_corpus(cfg.dataset)
+    corpus = load_corpus(cfg.dataset).datasets
     assert set(corpus) == {"train", "val", "test", "json", "email"}
     root, files = stdlib_files()
     json_files = {str(p) for p in files if p.relative_to(root).parts[0] == "json"}
@@ -36,12 +35,6 @@ def test_pystdlib_holds_out_whole_packages_as_extra_validation_splits(data_cache
     assert "class JSONDecoder" not in joined  # json/decoder.py lives in the json split only
 
 
-def test_tokenize_split_joins_documents_with_eos(data_cache):
-    import datasets
-
-    docs = datasets.Dataset.from_dict({"text": ["ab", "", "c"]})
-    tokens = tokenize_split(docs, ByteTokenizer(), num_proc=1)
-    assert tokens.tolist() == [97, 98, 256, 99, 256]  # the empty row is not a document
 
 
 def test_train_batch_is_a_pure_function_of_seed_and_step():
@@ -108,7 +101,7 @@ def test_text_files_source_reads_the_users_files(tmp_path, data_cache):
         (tmp_path / f"doc{i}.txt").write_text(f"document number {i}\n" * 20)
     cfg = load_config(["dataset=text_files", f"dataset.files=[{tmp_path}/*.txt]", f"dataset.cache_dir={data_cache}",
                        "dataset.val_fraction=0.2", "dataset.test_fraction=0.1"])
-    corpus = load_corpus(cfg.dataset)
+    corpus = load_corpus(cfg.dataset).datasets
     assert sum(len(v) for v in corpus.values()) == 40
     assert len(corpus["val"]) > 0 and len(corpus["train"]) > len(corpus["val"])
 

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from data.tokenizers import BpeTokenizer, ByteTokenizer, Gpt2Tokenizer, build_tokenizer, tokenizer_from_json
+from data.tokenizers import ByteTokenizer, Gpt2Tokenizer, build_tokenizer, tokenizer_from_json
 from training.errors import DataError
 
 TEXTS = [
@@ -19,7 +19,7 @@ TEXTS = [
 @pytest.fixture(scope="module")
 def bpe(tmp_path_factory):
     corpus = [t * 20 for t in TEXTS] + [open(json.__file__).read()]
-    return build_tokenizer("bpe", bpe_vocab_size=400, train_texts=corpus, corpus_fingerprint="test",
+    return build_tokenizer("bpe", bpe_vocab_size=400, train_texts=lambda: corpus, corpus_fingerprint="test",
                            cache_dir=str(tmp_path_factory.mktemp("tok")))
 
 
@@ -56,10 +56,10 @@ def test_bpe_compresses_and_is_cached(bpe, tmp_path):
     text = TEXTS[0] * 5
     assert len(bpe.encode(text)) < len(text.encode()) / 2
     cache = tmp_path / "cache"
-    first = build_tokenizer("bpe", bpe_vocab_size=300, train_texts=TEXTS * 10, corpus_fingerprint="c1", cache_dir=str(cache))
+    first = build_tokenizer("bpe", bpe_vocab_size=300, train_texts=lambda: TEXTS * 10, corpus_fingerprint="c1", cache_dir=str(cache))
     files = list((cache / "tokenizers").iterdir())
     assert len(files) == 1
-    second = build_tokenizer("bpe", bpe_vocab_size=300, train_texts=iter(()), corpus_fingerprint="c1", cache_dir=str(cache))
+    second = build_tokenizer("bpe", bpe_vocab_size=300, train_texts=lambda: iter(()), corpus_fingerprint="c1", cache_dir=str(cache))
     assert second.to_json() == first.to_json()  # read back, not retrained on the (empty) texts
 
 

@@ -61,10 +61,13 @@ class DatasetConfig:
     train_split: str = "train"
     val_split: Optional[str] = "validation"  # hf: null = hold out val_fraction of the train split
     test_split: Optional[str] = "test"
-    streaming: bool = False  # hf: stream instead of downloading the whole dataset (needs max_documents)
+    streaming: bool = False  # hf: tokenise while streaming into the token store (needs max_documents or max_tokens)
     max_documents: Optional[int] = None  # cap on documents per split (streamed corpora: documents read in all)
-    num_proc: int = 2  # processes for tokenising with datasets.map (and for parsing scores / MIDI files)
-    cache_dir: str = ".cache"  # tokenised datasets, trained tokenizers, parsed notes
+    max_tokens: Optional[int] = None  # streamed corpora: stop reading after the chunk that reaches this many tokens
+    docs_per_chunk: int = 4096  # token store: documents per unit of the build (what a killed build redoes at most)
+    build_timeout_s: float = 21600.0  # multi-process: how long a process waits for the others' part of the build
+    num_proc: int = 2  # processes for parsing scores / MIDI files (spawned workers)
+    cache_dir: str = ".cache"  # token stores, trained tokenizers, parsed notes (shared by all processes of a run)
     # Notes (music21 | maestro | midi_files):
     composers: list[str] = field(default_factory=lambda: ["bach", "mozart", "beethoven", "chopin"])  # music21
     max_pieces_per_composer: Optional[int] = None  # music21: the smallest files first; null = all

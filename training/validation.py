@@ -27,6 +27,24 @@ CHOICES = {
 
 
 
+def _validate_data_path(d: DictConfig) -> None:
+    if d.streaming:
+        if d.max_documents is None and d.max_tokens is None:
+            _fail("dataset.max_tokens", "streaming needs a cap, e.g. dataset.max_tokens=10000000000 (or max_documents)")
+        if d.tokenizer == "bpe":
+            _fail("dataset.tokenizer", "bpe is trained on a whole train split, which a streamed corpus does not have "
+                                       "before the build; use gpt2 or byte")
+        if d.prompt_column:
+            _fail("dataset.streaming", "fine-tuning records (prompt_column) are read whole; set dataset.streaming=false")
+    for key in ("max_documents", "max_tokens"):
+        if d[key] is not None and d[key] < 1:
+            _fail(f"dataset.{key}", f"must be >= 1; got {d[key]}")
+    if d.docs_per_chunk < 1:
+        _fail("dataset.docs_per_chunk", f"must be >= 1; got {d.docs_per_chunk}")
+    if d.build_timeout_s <= 0:
+        _fail("dataset.build_timeout_s", f"must be > 0; got {d.build_timeout_s}")
+
+
 def validate_values(cfg: DictConfig, num_local_devices: int) -> None:
     """Check values that types cannot: ranges, divisibility, and choices. Raises ConfigError naming the key."""
     for key, allowed in CHOICES.items():
@@ -107,10 +125,7 @@ def validate_values(cfg: DictConfig, num_local_devices: int) -> None:
         _fail("dataset.files", "text_files needs at least one path or glob, e.g. dataset.files=[notes/*.txt]")
     if d.source == "hf" and not d.hf_path:
         _fail("dataset.hf_path", "hf needs a Hub dataset id, e.g. dataset.hf_path=Salesforce/wikitext")
-    if d.streaming and d.max_documents is None:
-        _fail("dataset.max_documents", "streaming needs a cap on the documents read, e.g. dataset.max_documents=100000")
-    if d.max_documents is not None and d.max_documents < 1:
-        _fail("dataset.max_documents", f"must be >= 1; got {d.max_documents}")
+    _validate_data_path(d)
 
     _validate_stages(cfg)
     lg = cfg.logging

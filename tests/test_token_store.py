@@ -1,0 +1,205 @@
+"""The token store: built once, read as memory maps, never trusted when stale, the same bytes however it was built."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from data.packing import tokenized_corpus
+from data.sources import load_corpus
+from data.token_store import token_dtype
+from data.tokenizers import ByteTokenizer, build_tokenizer
+from training.config import load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# A child process that builds a store slowly (the real build, each batch delayed), so it can be killed midway.
+SLOW_BUILD = """
+import sys, time
+sys.path.insert(0, {root!r})
+from data.tokenizers import ByteTokenizer
+from data.packing import tokenized_corpus
+from data.sources import load_corpus
+from training.config import load_config
+encode = ByteTokenizer.encode_documents
+def slow(self, texts):
+    time.sleep({delay})
+    return encode(self, texts)
+ByteTokenizer.encode_documents = slow
+d = load_config({overrides!r}).dataset
+tokenized_corpus(load_corpus(d), ByteTokenizer(), d, {index}, {count})
+"""
+
+
+class CountingByteTokenizer(ByteTokenizer):
+    """The byte tokenizer (same ids, same fingerprint), counting the documents it encodes."""
+
+    documents = 0
+
+    def encode_documents(self, texts):
+        self.documents += len(texts)
+        return super().encode_documents(texts)
+
+
+def write_files(folder: Path, n: int, start: int = 0) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(start, start + n):
+        (folder / f"doc{i:03d}.txt").write_text(f"document {i}: " + "text é " * (i % 7) + "\n")
+
+
+def text_files(folder: Path, cache: Path, *extra: str) -> list[str]:
+    return ["dataset=text_files", f"dataset.files=[{folder}]", "dataset.tokenizer=byte", f"dataset.cache_dir={cache}",
+            "dataset.val_fraction=0.2", "dataset.test_fraction=0.1", *extra]
+
+
+def streamed(jsonl: Path, cache: Path, *extra: str) -> list[str]:
+    """A streamed corpus through the Hub loader's code path, from a local JSON-lines file (no network)."""
+    return ["dataset=hf", "dataset.hf_path=json", f"dataset.files=[{jsonl}]", "dataset.streaming=true",
+            "dataset.tokenizer=byte", "dataset.val_split=null", "dataset.test_split=null", "dataset.val_fraction=0.2",
+            "dataset.test_fraction=0.1", "dataset.max_tokens=1000000000", f"dataset.cache_dir={cache}", *extra]
+
+
+def write_jsonl(path: Path, n: int) -> None:
+    path.write_text("".join(json.dumps({"text": f"row {i} " + "words " * (i % 5), "id": i}) + "\n" for i in range(n)))
+
+
+def store_bytes(store) -> dict:
+    return {split: (store.tokens(split).tobytes(), store.document_ends(split).tobytes()) for split in store.splits}
+
+
+def build(overrides: list[str], tokenizer=None, index: int = 0, count: int = 1):
+    d = load_config(overrides).dataset
+    corpus = load_corpus(d)
+    return corpus, tokenized_corpus(corpus, tokenizer or ByteTokenizer(), d, index, count)
+
+
+def test_each_split_is_its_documents_each_followed_by_eos(tmp_path):
+    write_files(tmp_path / "docs", 30)
+    (tmp_path / "docs" / "empty.txt").write_text("")
+    corpus, store = build(text_files(tmp_path / "docs", tmp_path / "cache"))
+    tok = ByteTokenizer()
+    for split, ds in corpus.datasets.items():
+        docs = [t for t in ds["text"] if t]  # an empty file is not a document
+        expected = [i for t in docs for i in tok.encode(t) + [tok.eos_id]]
+        tokens = store.tokens(split)
+        assert isinstance(tokens, np.memmap) and tokens.dtype == np.uint16
+        assert tokens.tolist() == expected
+        assert store.document_ends(split).tolist() == np.cumsum([len(t.encode()) + 1 for t in docs]).tolist()
+        assert store.text_bytes(split) == sum(len(t.encode()) for t in docs)
+    assert token_dtype(50_259) == np.uint16 and token_dtype(70_000) == np.uint32
+
+
+def test_a_second_run_opens_the_store_without_reading_a_document(tmp_path):
+    write_files(tmp_path / "docs", 30)
+    overrides = text_files(tmp_path / "docs", tmp_path / "cache")
+    _, first = build(overrides)
+    d = load_config(overrides).dataset
+    corpus = load_corpus(d)
+    corpus.load = lambda: pytest.fail("the documents were read again")
+    second = tokenized_corpus(corpus, ByteTokenizer(), d)
+    assert second.root == first.root and store_bytes(second) == store_bytes(first)
+
+
+def test_a_stale_or_foreign_store_is_rebuilt_not_used(tmp_path):
+    write_files(tmp_path / "docs", 30)
+    overrides = text_files(tmp_path / "docs", tmp_path / "cache")
+    _, byte_store = build(overrides)
+    reference = store_bytes(byte_store)
+    bpe = build_tokenizer("bpe", bpe_vocab_size=300, train_texts=lambda: ["some text " * 50],
+                          corpus_fingerprint="x", cache_dir=str(tmp_path / "cache"))
+    _, bpe_store = build(overrides, bpe)
+    assert bpe_store.root != byte_store.root and store_bytes(bpe_store) != reference
+    # A store whose record names another tokenizer (copied, or half-overwritten) is not trusted: it is rebuilt.
+    meta = json.loads((byte_store.root / "store.json").read_text())
+    meta["inputs"]["tokenizer"] = "someone-else"
+    (byte_store.root / "store.json").write_text(json.dumps(meta))
+    (byte_store.root / "train.tokens").write_bytes(b"garbage")
+    _, rebuilt = build(overrides)
+    assert rebuilt.root == byte_store.root and store_bytes(rebuilt) == reference
+    # An edited file changes the corpus's fingerprint: a new store, with the new text.
+    (tmp_path / "docs" / "doc000.txt").write_text("changed")
+    corpus, changed = build(overrides)
+    assert changed.root != byte_store.root
+
+
+def test_adding_a_file_moves_no_other_document_between_splits(tmp_path):
+    write_files(tmp_path / "docs", 40)
+
+    def split_of_each_text(overrides):
+        return {t: split for split, ds in load_corpus(load_config(overrides).dataset).datasets.items()
+                for t in ds["text"]}
+
+    before = split_of_each_text(text_files(tmp_path / "docs", tmp_path / "cache"))
+    write_files(tmp_path / "docs", 1, start=40)
+    (tmp_path / "docs" / "aaa-first.txt").write_text("a file sorted before all the others")
+    after = split_of_each_text(text_files(tmp_path / "docs", tmp_path / "cache"))
+    assert len(after) == len(before) + 2 and len(set(before.values())) == 3
+    assert {t: after[t] for t in before} == before
+
+
+def test_two_processes_build_the_same_bytes_as_one(tmp_path):
+    write_files(tmp_path / "docs", 40)
+    _, single = build(text_files(tmp_path / "docs", tmp_path / "one", "dataset.docs_per_chunk=3"))
+    overrides = text_files(tmp_path / "docs", tmp_path / "two", "dataset.docs_per_chunk=3")
+    children = [subprocess.Popen([sys.executable, "-c", SLOW_BUILD.format(root=str(ROOT), delay=0.05,
+                                  overrides=overrides, index=i, count=2)], cwd=tmp_path) for i in range(2)]
+    assert [c.wait(timeout=120) for c in children] == [0, 0]
+    _, double = build(overrides)
+    assert double.root.name == single.root.name and store_bytes(double) == store_bytes(single)
+    assert double.meta["chunks_built_by_process"] == {"0": 7, "1": 7}  # 14 chunks of 3 files, shared out
+
+
+@pytest.mark.parametrize("source", ["text_files", "streamed"])
+def test_a_build_killed_midway_ends_with_the_same_bytes(tmp_path, source):
+    if source == "text_files":
+        write_files(tmp_path / "docs", 40)
+        make = lambda cache: text_files(tmp_path / "docs", cache, "dataset.docs_per_chunk=2")  # noqa: E731
+    else:
+        write_jsonl(tmp_path / "rows.jsonl", 60)
+        make = lambda cache: streamed(tmp_path / "rows.jsonl", cache, "dataset.docs_per_chunk=3")  # noqa: E731
+    _, reference = build(make(tmp_path / "reference"))
+    child = subprocess.Popen([sys.executable, "-c", SLOW_BUILD.format(root=str(ROOT), delay=0.3,
+                              overrides=make(tmp_path / "cache"), index=0, count=1)], cwd=tmp_path)
+    stores = tmp_path / "cache" / "tokens"
+    deadline = time.monotonic() + 120
+    while len(list(stores.glob("*/chunk-*.json"))) < 3:
+        assert child.poll() is None and time.monotonic() < deadline, "the build ended before it could be killed"
+        time.sleep(0.05)
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    (root,) = stores.iterdir()
+    assert not (root / "store.json").exists()  # nothing a later run would trust
+    counting = CountingByteTokenizer()
+    _, resumed = build(make(tmp_path / "cache"), counting)
+    assert store_bytes(resumed) == store_bytes(reference)
+    total = sum(resumed.meta["splits"][s]["documents"] for s in resumed.splits)
+    assert 0 < counting.documents <= total - 3  # the chunks finished before the kill were not tokenised again
+
+
+def test_a_streamed_build_stops_after_the_chunk_that_reaches_max_tokens(tmp_path):
+    write_jsonl(tmp_path / "rows.jsonl", 200)
+    _, whole = build(streamed(tmp_path / "rows.jsonl", tmp_path / "a", "dataset.docs_per_chunk=10"))
+    _, capped = build(streamed(tmp_path / "rows.jsonl", tmp_path / "b", "dataset.docs_per_chunk=10",
+                               "dataset.max_tokens=500"))
+    total = lambda store: sum(len(store.tokens(s)) for s in store.splits)  # noqa: E731
+    assert 500 <= total(capped) < 500 + 10 * 40 and total(whole) > 2 * total(capped)
+    for split in whole.splits:  # the capped store is the start of the whole one
+        n = len(capped.tokens(split))
+        assert capped.tokens(split).tolist() == whole.tokens(split)[:n].tolist()
+
+
+def test_a_run_forks_no_process(tmp_path):
+    """Big enough splits and dataset.num_proc=2: data is still tokenised without forking the process that runs
+    JAX, so Python prints no os.fork() warning."""
+    from helpers import run_cli, tiny_overrides
+
+    out = run_cli(tiny_overrides(str(tmp_path / "cache"), "dataset.max_documents=80", "dataset.num_proc=2",
+                                 "train.max_steps=2", "checkpoint.save=false", f"logging.run_dir={tmp_path}/run"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "step" in out.stdout and "os.fork()" not in out.stdout + out.stderr
