@@ -56,12 +56,13 @@ def _stream_data(cfg: Any, corpus: dict, tokenizer: Tokenizer, context: int, pro
                 f"{context}; add documents or lower dataset.context_size"
             )
     t = cfg.train
+    eos = tokenizer.eos_id if cfg.dataset.document_mask else None
     train = TrainBatches(streams["train"], context, t.batch_size, t.grad_accum_steps, process_index, process_count,
-                         t.seed, tokenizer.pad_id)
+                         t.seed, tokenizer.pad_id, eos)
 
     def eval_set(name: str) -> EvalBatches:
         return EvalBatches(streams[name], context, t.batch_size, t.eval_iters, process_index, process_count,
-                           tokenizer.pad_id)
+                           tokenizer.pad_id, eos)
 
     bytes_per_token = store.text_bytes("train") / max(len(streams["train"]), 1)
     splits = ", ".join(f"{name} {len(tokens) / 1e6:.2f}M" for name, tokens in streams.items())

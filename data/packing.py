@@ -165,13 +165,20 @@ def eval_layout(available: int, batch_size: int, process_count: int, num_batches
     return taken, -(-taken // per_batch), np.arange(taken) * available // max(taken, 1)
 
 
-def _window_batch(windows: np.ndarray, pad_id: int) -> dict[str, np.ndarray]:
-    """[..., T+1] token windows -> inputs/targets/loss_mask of shape [..., T]."""
-    return {
-        "inputs": windows[..., :-1].astype(np.int32),
+def _window_batch(windows: np.ndarray, pad_id: int, eos_id: int | None = None) -> dict[str, np.ndarray]:
+    """[..., T+1] token windows -> inputs/targets/loss_mask of shape [..., T]; with `eos_id` (document masking) also
+    `segment_ids`: the number of <EOS> before each input in its window, so a document's tokens, its <EOS> included,
+    share one id."""
+    inputs = windows[..., :-1].astype(np.int32)
+    batch = {
+        "inputs": inputs,
         "targets": windows[..., 1:].astype(np.int32),
         "loss_mask": (windows[..., 1:] != pad_id).astype(np.float32),
     }
+    if eos_id is not None:
+        ends = inputs == eos_id
+        batch["segment_ids"] = (np.cumsum(ends, axis=-1) - ends).astype(np.int32)
+    return batch
 
 
 @dataclass
@@ -186,6 +193,7 @@ class TrainBatches:
     process_count: int
     seed: int
     pad_id: int
+    eos_id: int | None = None  # set: batches carry segment_ids (document masking)
 
     def __post_init__(self) -> None:
         # One window's worth of slack so that every epoch's random start offset keeps all windows in range.
@@ -216,7 +224,7 @@ class TrainBatches:
             offset, perm = self._epoch(int(g) // self.num_windows)
             start = offset + int(perm[int(g) % self.num_windows]) * self.context
             windows[idx] = self.tokens[start : start + self.context + 1]
-        return _window_batch(windows, self.pad_id)
+        return _window_batch(windows, self.pad_id, self.eos_id)
 
     def epoch_of(self, step: int) -> float:
         return (step + 1) * self.global_batch / self.num_windows
@@ -235,6 +243,7 @@ class EvalBatches:
     process_index: int
     process_count: int
     pad_id: int
+    eos_id: int | None = None  # set: batches carry segment_ids (document masking)
 
     def __post_init__(self) -> None:
         available = max((len(self.tokens) - 1) // self.context, 0)
@@ -250,7 +259,7 @@ class EvalBatches:
             for r, w in enumerate(rows):
                 if w < self.num_windows:
                     windows[r] = self.tokens[self.starts[w] : self.starts[w] + self.context + 1]
-            yield _window_batch(windows, self.pad_id)
+            yield _window_batch(windows, self.pad_id, self.eos_id)
 
     def __len__(self) -> int:
         return self.batches_needed

@@ -5,7 +5,9 @@
   blocked  the same maths in plain JAX, by query blocks: block i only scores keys [0, (i+1) * block), so about
            half of the masked work is never done and each block's scores fit in cache. Faster on CPU.
 
-All take and return [B, T, N, H] arrays and agree to float rounding. Decoding with a KV cache
+All take and return [B, T, N, H] arrays and agree to float rounding. With `segment_ids_BT` (document masking), a
+query also sees only keys of its own segment: a [B, T, T] mask for jax.nn.dot_product_attention (XLA's and cuDNN's
+paths), and the same test inside each block of `blocked`. Decoding with a KV cache
 (`cached_attention`: new tokens at each row's own position, over the cached keys) uses the configured backend where it
 takes those shapes: one new token per row is a key-length mask, which cuDNN's kernel accepts (16-bit inputs); other
 cases run XLA's.
@@ -21,15 +23,18 @@ import jax.numpy as jnp
 ATTENTION_BLOCK = 128  # query/key block for `blocked`; T must be a multiple (else it falls back to one block)
 
 
-def causal_attention(q_BTNH: jax.Array, k_BTNH: jax.Array, v_BTNH: jax.Array, implementation: str) -> jax.Array:
+def causal_attention(q_BTNH: jax.Array, k_BTNH: jax.Array, v_BTNH: jax.Array, implementation: str,
+                     segment_ids_BT: jax.Array | None = None) -> jax.Array:
     dtype = q_BTNH.dtype
     q_BTNH, k_BTNH, v_BTNH = cpu_float16_to_float32(q_BTNH, k_BTNH, v_BTNH)
     if implementation == "cudnn" and dtype == jnp.float32:
         implementation = "xla"  # cuDNN's kernel takes 16-bit inputs: a float32 copy (sampling) runs XLA's
     if implementation == "blocked":
-        y_BTNH = blocked_causal_attention(q_BTNH, k_BTNH, v_BTNH, ATTENTION_BLOCK)
+        y_BTNH = blocked_causal_attention(q_BTNH, k_BTNH, v_BTNH, ATTENTION_BLOCK, segment_ids_BT)
     else:
-        y_BTNH = jax.nn.dot_product_attention(q_BTNH, k_BTNH, v_BTNH, is_causal=True, implementation=implementation)
+        same_B1TT = None if segment_ids_BT is None else same_segment(segment_ids_BT, segment_ids_BT)[:, None]
+        y_BTNH = jax.nn.dot_product_attention(q_BTNH, k_BTNH, v_BTNH, mask=same_B1TT, is_causal=True,
+                                              implementation=implementation)
     return y_BTNH.astype(dtype)
 
 
@@ -51,7 +56,13 @@ def cached_attention(q_BTNH: jax.Array, k_BCNH: jax.Array, v_BCNH: jax.Array, st
     return y_BTNH.astype(dtype)
 
 
-def blocked_causal_attention(q_BTNH: jax.Array, k_BTNH: jax.Array, v_BTNH: jax.Array, block: int) -> jax.Array:
+def same_segment(q_segments_BT: jax.Array, k_segments_BS: jax.Array) -> jax.Array:
+    """[B, T, S]: True where query t and key s belong to the same document."""
+    return q_segments_BT[:, :, None] == k_segments_BS[:, None, :]
+
+
+def blocked_causal_attention(q_BTNH: jax.Array, k_BTNH: jax.Array, v_BTNH: jax.Array, block: int,
+                             segment_ids_BT: jax.Array | None = None) -> jax.Array:
     T = q_BTNH.shape[1]
     if T % block or T <= block:
         block = T
@@ -63,8 +74,10 @@ def blocked_causal_attention(q_BTNH: jax.Array, k_BTNH: jax.Array, v_BTNH: jax.A
         k_BNsH = jnp.swapaxes(k_BTNH[:, :end], 1, 2)
         v_BNsH = jnp.swapaxes(v_BTNH[:, :end], 1, 2)
         s_BNts = jnp.einsum("bnth,bnsh->bnts", q_BNtH, k_BNsH, preferred_element_type=jnp.float32)
-        visible_ts = jnp.arange(start, end)[:, None] >= jnp.arange(end)[None, :]
-        s_BNts = jnp.where(visible_ts, s_BNts, -jnp.inf)
+        visible_1ts = (jnp.arange(start, end)[:, None] >= jnp.arange(end)[None, :])[None]
+        if segment_ids_BT is not None:
+            visible_1ts = visible_1ts & same_segment(segment_ids_BT[:, start:end], segment_ids_BT[:, :end])
+        s_BNts = jnp.where(visible_1ts[:, None], s_BNts, -jnp.inf)
         p_BNts = jax.nn.softmax(s_BNts, axis=-1).astype(v_BNsH.dtype)
         outputs.append(jnp.einsum("bnts,bnsh->btnh", p_BNts, v_BNsH))
     return jnp.concatenate(outputs, axis=1)

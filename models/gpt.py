@@ -93,6 +93,15 @@ class LayerNorm(eqx.Module):
         return y.astype(x.dtype)
 
 
+def segment_positions(segment_ids_BT: jax.Array) -> jax.Array:
+    """[B, T] position of each token within its segment: 0 where a segment starts (segments are contiguous)."""
+    T = segment_ids_BT.shape[1]
+    t = jnp.arange(T)
+    starts_BT = jnp.concatenate([jnp.ones_like(segment_ids_BT[:, :1], bool),
+                                 segment_ids_BT[:, 1:] != segment_ids_BT[:, :-1]], axis=1)
+    return t - jax.lax.cummax(jnp.where(starts_BT, t, 0), axis=1)
+
+
 class Block(eqx.Module):
     """Pre-LN transformer block: x + attn(ln1(x)), then x + mlp(ln2(x))."""
 
@@ -118,7 +127,8 @@ class Block(eqx.Module):
         )
 
     def __call__(self, x_BTD: jax.Array, cfg: GPTConfig, key: jax.Array | None,
-                 cache: LayerCache | None = None) -> tuple[jax.Array, LayerCache | None]:
+                 cache: LayerCache | None = None, segment_ids_BT: jax.Array | None = None
+                 ) -> tuple[jax.Array, LayerCache | None]:
         """The block's output, and (decoding) the cache with this call's keys and values written in."""
         B, T, D = x_BTD.shape
         N = cfg.n_head
@@ -126,7 +136,7 @@ class Block(eqx.Module):
         qkv_BT3D = self.qkv(self.ln1(x_BTD))
         q_BTNH, k_BTNH, v_BTNH = (qkv_BT3D[:, :, i].reshape(B, T, N, D // N) for i in range(3))
         if cache is None:
-            y_BTNH = causal_attention(q_BTNH, k_BTNH, v_BTNH, cfg.attention)
+            y_BTNH = causal_attention(q_BTNH, k_BTNH, v_BTNH, cfg.attention, segment_ids_BT)
         else:
             y_BTNH, cache = cache.attend(q_BTNH, k_BTNH, v_BTNH, cfg.attention)
         x_BTD = x_BTD + _dropout(self.attn_proj(y_BTNH.reshape(B, T, D)), cfg.dropout, keys[0])
@@ -212,12 +222,14 @@ class GPT(eqx.Module):
             cfg=cfg,
         )
 
-    def __call__(self, tokens_BT: jax.Array, *, key: jax.Array | None = None) -> jax.Array:
+    def __call__(self, tokens_BT: jax.Array, *, key: jax.Array | None = None,
+                 segment_ids_BT: jax.Array | None = None) -> jax.Array:
         """Float32 logits [B, T, V] over the padded vocab; padded ids get a large negative logit.
 
         `key` switches dropout on (training); without it the model is deterministic (evaluation, sampling).
+        `segment_ids_BT` (document masking): tokens attend only within their segment, whose positions start at 0.
         """
-        return self.logits(self.hidden(tokens_BT, key=key)[0])
+        return self.logits(self.hidden(tokens_BT, key=key, segment_ids_BT=segment_ids_BT)[0])
 
     def init_cache(self, batch: int) -> KVCache:
         """An empty KV cache for `batch` rows, in the parameters' dtype."""
@@ -226,20 +238,23 @@ class GPT(eqx.Module):
         zeros = jnp.zeros(shape, self.wte.dtype)
         return KVCache(zeros, zeros, jnp.zeros((batch,), jnp.int32), empty=True)
 
-    def hidden(self, tokens_BT: jax.Array, *, key: jax.Array | None = None, cache: KVCache | None = None
-               ) -> tuple[jax.Array, KVCache | None]:
+    def hidden(self, tokens_BT: jax.Array, *, key: jax.Array | None = None, cache: KVCache | None = None,
+               segment_ids_BT: jax.Array | None = None) -> tuple[jax.Array, KVCache | None]:
         """The final LayerNorm's output [B, T, D], in the dtype of the parameters. With a `cache`, the tokens sit at
         positions `cache.lengths` onwards, attend to what the cache holds, and the cache comes back with their keys
         and values added and every row `T` positions longer."""
         cfg = self.cfg
         T = tokens_BT.shape[1]
         keys = [None] * (cfg.n_layer + 1) if key is None else list(jax.random.split(key, cfg.n_layer + 1))
-        positions = jnp.arange(T) if cache is None else cache.lengths[:, None] + jnp.arange(T)
+        if segment_ids_BT is not None:
+            positions = segment_positions(segment_ids_BT)
+        else:
+            positions = jnp.arange(T) if cache is None else cache.lengths[:, None] + jnp.arange(T)
         x_BTD = _dropout(self.wte[tokens_BT] + self.wpe[positions], cfg.dropout, keys[0])
 
         def block_fn(block, x, k, kv):
             layer_cache = None if cache is None else LayerCache(kv[0], kv[1], cache.lengths, cache.empty)
-            x, layer_cache = block(x, cfg, k, layer_cache)
+            x, layer_cache = block(x, cfg, k, layer_cache, segment_ids_BT)
             return x, None if layer_cache is None else (layer_cache.k, layer_cache.v)
 
         if cfg.remat != "none" and cache is None:

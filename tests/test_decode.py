@@ -50,8 +50,8 @@ def test_decoding_runs_the_models_own_blocks(model, monkeypatch):
 
     original = gpt.Block.__call__
 
-    def changed(self, x, cfg, key, cache=None):
-        y, cache = original(self, x, cfg, key, cache)
+    def changed(self, x, cfg, key, cache=None, segment_ids=None):
+        y, cache = original(self, x, cfg, key, cache, segment_ids)
         return y + 3.0 * jnp.roll(x, 1, axis=-1), cache  # a different model
 
     prompts = [[1, 2, 3], [7, 8]]

@@ -106,3 +106,25 @@ def test_biases_are_optional():
     assert model.blocks.qkv.bias is None and model.ln_f.bias is None
     assert count_params(model) < count_params(GPT.init(TINY, jax.random.PRNGKey(0)))
     chex.assert_shape(model(tokens((1, 8))), (1, 8, 320))
+
+
+@pytest.mark.parametrize("attention", ["xla", "blocked"])
+def test_with_document_masking_a_documents_logits_ignore_what_precedes_it(attention):
+    """Two windows end with the same document after different ones: with segment ids its logits agree (attention
+    stays inside it, its positions restart at 0); without them they differ."""
+    from data.packing import _window_batch
+
+    cfg = GPTConfig(vocab_size=259, n_layer=2, n_head=2, n_embd=64, context_size=256, attention=attention)
+    model = GPT.init(cfg, jax.random.PRNGKey(0))
+    rng, eos = np.random.default_rng(1), 256
+    doc = rng.integers(0, 256, 149)
+    windows = np.stack([np.concatenate([rng.integers(0, 256, 106), [eos], doc, [eos]]),
+                        np.concatenate([rng.integers(0, 256, 50), [eos], doc, [eos], rng.integers(0, 256, 56)])])
+    batch = _window_batch(windows, pad_id=257, eos_id=eos)
+    assert batch["segment_ids"][0, 106] == 0 and batch["segment_ids"][0, 107] == 1  # <EOS> ends its document
+    masked = model(jnp.asarray(batch["inputs"]), segment_ids_BT=jnp.asarray(batch["segment_ids"]))
+    plain = model(jnp.asarray(batch["inputs"]))
+    first, second = slice(107, 256), slice(51, 200)  # `doc` in each window
+    np.testing.assert_array_equal(batch["inputs"][0, first], batch["inputs"][1, second])
+    np.testing.assert_allclose(masked[0, first], masked[1, second], atol=1e-4)
+    assert float(jnp.abs(plain[0, first] - plain[1, second]).max()) > 1e-2

@@ -173,3 +173,27 @@ def test_the_logged_lr_is_the_one_applied_after_overwrite_optimizer_and_a_skippe
     assert float(metrics["lr"]) == pytest.approx(measured, rel=1e-4)
     assert float(metrics["lr"]) == pytest.approx(float(second.schedule(4)))  # the skip did not advance it
     assert float(metrics["lr"]) != pytest.approx(float(second.schedule(5)))  # what schedule(step - 1) would say
+
+
+def test_document_mask_reaches_the_train_and_eval_steps(data_cache, tmp_path):
+    """dataset.document_mask=true: batches carry segment ids, and the same step's update changes with them."""
+    for i in range(200):  # short documents: several in every window of 64 tokens
+        (tmp_path / f"doc{i}.txt").write_text(f"doc {i} " * (1 + i % 4))
+    models = {}
+    for masked in (False, True):
+        parts = build(tiny_overrides(data_cache, "dataset=text_files", f"dataset.files=[{tmp_path}]",
+                                     "dataset.max_documents=null", "dataset.test_fraction=0",
+                                     f"dataset.document_mask={str(masked).lower()}",
+                                     "train.grad_accum_steps=2", "train.batch_size=4"))
+        batch = parts.data.train.batch(0)
+        assert ("segment_ids" in batch) == masked
+        if masked:
+            assert batch["segment_ids"][..., -1].min() >= 2
+        eval_batch = next(iter(parts.data.evals["val"]))
+        assert ("segment_ids" in eval_batch) == masked
+        parts.step(0)
+        models[masked] = parts.state.model
+    # Positions restart at each document (none is 40 tokens long): the position embedding's late rows get no
+    # gradient with the mask, and one without.
+    late = slice(40, None)
+    assert float(jnp.abs(models[True].wpe[late] - models[False].wpe[late]).max()) > 1e-4

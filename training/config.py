@@ -65,6 +65,7 @@ class DatasetConfig:
     max_documents: Optional[int] = None  # cap on documents per split (streamed corpora: documents read in all)
     max_tokens: Optional[int] = None  # streamed corpora: stop reading after the chunk that reaches this many tokens
     docs_per_chunk: int = 4096  # token store: documents per unit of the build (what a killed build redoes at most)
+    document_mask: bool = False  # packed text: attention stays within a document, positions restart at each one
     build_timeout_s: float = 21600.0  # multi-process: how long a process waits for the others' part of the build
     num_proc: int = 2  # processes for parsing scores / MIDI files (spawned workers)
     cache_dir: str = ".cache"  # token stores, trained tokenizers, parsed notes (shared by all processes of a run)

@@ -44,7 +44,8 @@ class LossSums(NamedTuple):
 
 def loss_sums(model: Any, batch: Batch, key: jax.Array | None, dtype: jnp.dtype) -> LossSums:
     """Cross-entropy from log(Z) - the target's logit, in float32 whatever the compute dtype."""
-    logits_BTV = cast_floating(model, dtype)(batch["inputs"], key=key).astype(jnp.float32)
+    logits_BTV = cast_floating(model, dtype)(batch["inputs"], key=key,
+                                             segment_ids_BT=batch.get("segment_ids")).astype(jnp.float32)
     log_z_BT = jax.nn.logsumexp(logits_BTV, axis=-1)
     target_logit_BT = jnp.take_along_axis(logits_BTV, batch["targets"][..., None], axis=-1)[..., 0]
     mask_BT = batch["loss_mask"]

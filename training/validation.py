@@ -39,6 +39,9 @@ def _validate_data_path(d: DictConfig) -> None:
     for key in ("max_documents", "max_tokens"):
         if d[key] is not None and d[key] < 1:
             _fail(f"dataset.{key}", f"must be >= 1; got {d[key]}")
+    if d.document_mask and (d.tokenizer == "notes" or d.prompt_column):
+        _fail("dataset.document_mask", "masks documents packed into one window; records (notes, prompt/completion) "
+                                       "hold one each already: set it to false")
     if d.docs_per_chunk < 1:
         _fail("dataset.docs_per_chunk", f"must be >= 1; got {d.docs_per_chunk}")
     if d.build_timeout_s <= 0:
