@@ -129,14 +129,14 @@ def test_a_stale_or_foreign_store_is_rebuilt_not_used(tmp_path):
 
 
 def test_adding_a_file_moves_no_other_document_between_splits(tmp_path):
-    write_files(tmp_path / "docs", 40)
+    write_files(tmp_path / "docs", 100)  # enough that every split holds some, whatever the temporary path
 
     def split_of_each_text(overrides):
         return {t: split for split, ds in load_corpus(load_config(overrides).dataset).datasets.items()
                 for t in ds["text"]}
 
     before = split_of_each_text(text_files(tmp_path / "docs", tmp_path / "cache"))
-    write_files(tmp_path / "docs", 1, start=40)
+    write_files(tmp_path / "docs", 1, start=100)
     (tmp_path / "docs" / "aaa-first.txt").write_text("a file sorted before all the others")
     after = split_of_each_text(text_files(tmp_path / "docs", tmp_path / "cache"))
     assert len(after) == len(before) + 2 and len(set(before.values())) == 3
@@ -152,7 +152,9 @@ def test_two_processes_build_the_same_bytes_as_one(tmp_path):
     assert [c.wait(timeout=120) for c in children] == [0, 0]
     _, double = build(overrides)
     assert double.root.name == single.root.name and store_bytes(double) == store_bytes(single)
-    assert double.meta["chunks_built_by_process"] == {"0": 7, "1": 7}  # 14 chunks of 3 files, shared out
+    # Splits hash the (temporary) paths, so the chunk count varies; chunk k is process k mod 2's either way.
+    shares = double.meta["chunks_built_by_process"]
+    assert set(shares) == {"0", "1"} and shares["0"] - shares["1"] in (0, 1) and sum(shares.values()) >= 14
 
 
 @pytest.mark.parametrize("source", ["text_files", "streamed"])
