@@ -11,6 +11,7 @@ about the position in the data lives in an iterator, so a resumed run reads exac
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import sys
@@ -42,17 +43,16 @@ def tokenized_corpus(corpus: TextCorpus, tokenizer: Tokenizer, d: Any, process_i
         return store
     root.mkdir(parents=True, exist_ok=True)
     clear_stale(root, process_index, d.build_timeout_s)
-    bar = _progress_bar(corpus.label) if process_index == 0 else None
-    ctx = BuildContext(root, inputs, [], tokenizer.encode_documents, tokenizer.token_byte_lengths(),
+    bar = _BuildProgress(corpus.label) if process_index == 0 else None
+    splits = list(STREAM_SPLITS) if corpus.stream else list(corpus.datasets)
+    ctx = BuildContext(root, inputs, splits, tokenizer.encode_documents, tokenizer.token_byte_lengths(),
                        token_dtype(tokenizer.vocab_size), process_index, process_count, d.build_timeout_s,
                        progress=bar.advance if bar else None)
     try:
         if corpus.stream is None:
-            ctx.splits = list(corpus.datasets)
             chunks = _dataset_chunks(corpus.datasets, d.docs_per_chunk)
             build_chunks(ctx, chunks)
             return finish_store(ctx, len(chunks))
-        ctx.splits = list(STREAM_SPLITS)
         num_chunks = _build_stream(ctx, corpus, d) if process_index == 0 else 0
         return finish_store(ctx, num_chunks)
     finally:
@@ -67,12 +67,13 @@ def _dataset_chunks(splits: dict[str, datasets.Dataset], docs_per_chunk: int) ->
     for split, ds in splits.items():
         n = max(-(-len(ds) // docs_per_chunk), 1)
         for j in range(n):
-            def texts(split=split, part=(ds, n, j)):
-                shard = part[0].shard(num_shards=part[1], index=part[2], contiguous=True)
-                for batch in shard.iter(batch_size=ENCODE_BATCH_DOCS):
-                    yield split, [t for t in batch["text"] if t]  # an empty row (a blank line) is not a document
-            chunks.append(Chunk(len(chunks), texts))
+            chunks.append(Chunk(len(chunks), functools.partial(_shard_texts, split, ds, n, j)))
     return chunks
+
+
+def _shard_texts(split: str, ds: datasets.Dataset, num_shards: int, index: int) -> Iterator[tuple[str, list[str]]]:
+    for batch in ds.shard(num_shards=num_shards, index=index, contiguous=True).iter(batch_size=ENCODE_BATCH_DOCS):
+        yield split, [t for t in batch["text"] if t]  # an empty row (a blank line) is not a document
 
 
 def _build_stream(ctx: BuildContext, corpus: TextCorpus, d: Any) -> int:
@@ -111,7 +112,7 @@ def _build_stream(ctx: BuildContext, corpus: TextCorpus, d: Any) -> int:
             return k
 
 
-class _progress_bar:
+class _BuildProgress:
     """documents, tokens and tokens/s of the build, on stderr (process 0)."""
 
     def __init__(self, label: str) -> None:

@@ -267,7 +267,6 @@ class HubStream:
         if state is not None:
             self._stream.load_state_dict(state["stream"])
             self.row = state["row"]
-        self._rows = None
 
     def state(self) -> dict:
         return {"stream": self._stream.state_dict(), "row": self.row}

@@ -102,11 +102,8 @@ def clear_stale(root: Path, process_index: int, wait_s: float) -> None:
                 path.unlink()
         stale.unlink()
         return
-    deadline = time.monotonic() + wait_s
-    while stale.exists():
-        if time.monotonic() > deadline:
-            raise DataError(f"dataset: waited {wait_s:.0f} s for process 0 to clear the stale token store {root}")
-        time.sleep(0.5)
+    wait_for(lambda: None if stale.exists() else True, wait_s,
+             f"dataset: waited {wait_s:.0f} s for process 0 to clear the stale token store {root}")
 
 
 # --- building -------------------------------------------------------------------------------------------------------
@@ -241,10 +238,16 @@ def _join(ctx: BuildContext, split: str, markers: list[dict]) -> None:
 
 
 def _wait_for(get: Callable, ctx: BuildContext, what: str):
-    deadline = time.monotonic() + ctx.wait_s
+    return wait_for(get, ctx.wait_s, f"dataset: waited {ctx.wait_s:.0f} s for {what}; raise "
+                                     f"dataset.build_timeout_s or delete {ctx.root} to build it again")
+
+
+def wait_for(get: Callable, wait_s: float, timeout_line: str):
+    """Poll `get()` on the shared filesystem until it returns something other than None; after `wait_s`, fail with
+    `timeout_line`. How the processes of a run wait for each other's part of the data, before JAX is involved."""
+    deadline = time.monotonic() + wait_s
     while (value := get()) is None:
         if time.monotonic() > deadline:
-            raise DataError(f"dataset: waited {ctx.wait_s:.0f} s for {what}; raise dataset.build_timeout_s or "
-                            f"delete {ctx.root} to build it again")
+            raise DataError(timeout_line)
         time.sleep(0.5)
     return value

@@ -12,13 +12,13 @@ import hashlib
 import itertools
 import json
 import os
-import time
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
+from data.token_store import wait_for
 from training.errors import DataError
 
 SPECIAL_TOKENS = ("<EOS>", "<PAD>", "<GENAI>")
@@ -246,12 +246,8 @@ def build_tokenizer(kind: str, *, bpe_vocab_size: int, train_texts: Callable[[],
     key = hashlib.sha256(f"bpe-v1|{corpus_fingerprint}|{bpe_vocab_size}".encode()).hexdigest()[:16]
     path = Path(cache_dir) / "tokenizers" / f"bpe-{bpe_vocab_size}-{key}.json"
     if process_index != 0:
-        deadline = time.monotonic() + wait_s
-        while not path.exists():
-            if time.monotonic() > deadline:
-                raise DataError(f"tokenizer bpe: waited {wait_s:.0f} s for process 0 to write {path} (is "
-                                "dataset.cache_dir on a filesystem all processes share?)")
-            time.sleep(0.5)
+        wait_for(lambda: path if path.exists() else None, wait_s, f"tokenizer bpe: waited {wait_s:.0f} s for "
+                 f"process 0 to write {path} (is dataset.cache_dir on a filesystem all processes share?)")
     if path.exists():
         return tokenizer_from_json(json.loads(path.read_text()))
     tokenizer = BpeTokenizer.train(iter(train_texts()), bpe_vocab_size)
