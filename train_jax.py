@@ -56,18 +56,9 @@ def init_tokenizer(cfg, corpus: dict, source: Source | None) -> Tokenizer:
         return tokenizer
     if d.tokenizer == "notes":
         return notes_tokenizer(d)
-    return build_tokenizer(d.tokenizer, bpe_vocab_size=d.bpe_vocab_size, train_texts=lambda: _texts(corpus),
+    return build_tokenizer(d.tokenizer, bpe_vocab_size=d.bpe_vocab_size, train_texts=corpus.train_texts,
                            corpus_fingerprint=corpus.fingerprint, cache_dir=d.cache_dir,
                            process_index=jax.process_index(), wait_s=d.build_timeout_s)
-
-
-def _texts(corpus):
-    """What a BPE learns from, batch by batch: the train split's documents, or its prompts and completions."""
-    for batch in corpus.datasets["train"].iter(batch_size=1024):
-        if "text" in batch:
-            yield from batch["text"]
-        else:
-            yield from (t for pair in zip(batch["prompt"], batch["completion"]) for t in pair if t)
 
 
 def load_data(cfg, corpus: dict, tokenizer: Tokenizer) -> Data:
@@ -104,7 +95,7 @@ class Pipeline:
 def build(cfg, source: Source | None = None) -> Pipeline:
     """The init_* functions in order, on a mesh, with a fresh train state and the compiled-on-first-call steps."""
     mesh = init_mesh(cfg.system.num_devices, cfg.system.mesh_model)
-    corpus = load_corpus(cfg.dataset)
+    corpus = load_corpus(cfg.dataset, config_lib.mixture_sources(cfg))
     tokenizer = init_tokenizer(cfg, corpus, source)
     data = load_data(cfg, corpus, tokenizer)
     model_key, train_key = jax.random.split(jax.random.PRNGKey(cfg.train.seed))

@@ -47,11 +47,45 @@ class TextCorpus:
             self._loaded = _checked(self.load(), self.label)
         return self._loaded
 
+    def train_texts(self) -> Iterator[str]:
+        """What a BPE learns from: the train split's documents, or its prompts and completions."""
+        for batch in self.datasets["train"].iter(batch_size=1024):
+            if "text" in batch:
+                yield from batch["text"]
+            else:
+                yield from (t for pair in zip(batch["prompt"], batch["completion"]) for t in pair if t)
 
-def load_corpus(d: Any) -> TextCorpus | dict[str, datasets.Dataset]:
-    """A text source as a TextCorpus, or a notes source as {split: Dataset of pieces}."""
+
+@dataclass
+class MixtureCorpus:
+    """dataset.source=mixture: several text sources, each with its name, weight and own dataset section."""
+
+    names: list[str]
+    weights: list[float]
+    parts: list[TextCorpus]
+    configs: list[Any]
+
+    @property
+    def label(self) -> str:
+        return "+".join(self.names)
+
+    @property
+    def fingerprint(self) -> str:
+        return _fingerprint("mixture-v1", [(n, c.fingerprint) for n, c in zip(self.names, self.parts)])
+
+    def train_texts(self) -> Iterator[str]:
+        for part in self.parts:
+            yield from part.train_texts()
+
+
+def load_corpus(d: Any, mixture: list[tuple[str, float, Any]] = ()) -> TextCorpus | MixtureCorpus | dict:
+    """A text source as a TextCorpus, a mixture of them (`mixture`: each source's name, weight and dataset section),
+    or a notes source as {split: Dataset of pieces}."""
     datasets.disable_progress_bars()
     datasets.logging.set_verbosity_error()
+    if d.source == "mixture":
+        return MixtureCorpus([n for n, _, _ in mixture], [w for _, w, _ in mixture],
+                             [load_corpus(c) for _, _, c in mixture], [c for _, _, c in mixture])
     if d.source in ("music21", "maestro", "midi_files"):
         from data.note_sources import load_note_corpus
 

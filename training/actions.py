@@ -102,6 +102,7 @@ class TrainingRun:
             "loss": loop.train_loss, "lr": float(last["lr"]), "grad_norm": float(last["grad_norm"]),
             **({"z_loss": _token_weighted(fetched, "z_loss")} if "z_loss" in last else {}),
             "tokens_per_s": tokens_per_s, "ms_per_step": ms_per_step, "tokens_seen": loop.tokens_seen,
+            **{f"tokens_seen/{name}": n for name, n in self.p.data.tokens_by_source(loop.step).items()},
             "mfu": mfu(tokens_per_s, self.flops, self.peak, self.p.mesh.devices.size),
             "skipped_steps": int(last["skipped_steps"]), "loss_scale": float(last["loss_scale"]),
             "elapsed_s": self.clock.elapsed(), "remaining_s": self.clock.remaining(loop.step),
@@ -150,6 +151,9 @@ class TrainingRun:
             self.log.info(f"stopped at step {loop.step} ({loop.stop}){where}")
         if loop.results is not None and loop.stop in (None, "time limit"):
             self.log.info(f"final evaluation at step {loop.step}:\n{eval_table(loop.results)}")
+        if by_source := self.p.data.tokens_by_source(loop.step):
+            self.log.info("training tokens per source: " + ", ".join(
+                f"{name} {n:,} ({n / max(sum(by_source.values()), 1):.1%})" for name, n in by_source.items()))
         final = None if loop.val_loss is None else {"val_loss": loop.val_loss}
         self.log.close(hparams=config_lib.flat_hparams(self.cfg), final=final)
         if self.is_main:

@@ -45,7 +45,10 @@ class NotesTokenizerConfig:
 @dataclass
 class DatasetConfig:
     name: str = "pystdlib"  # label used in run names
-    source: str = "pystdlib"  # pystdlib | text_files | json_files | hf (text); music21 | maestro | midi_files (notes)
+    source: str = "pystdlib"  # pystdlib | text_files | json_files | hf | mixture (text); music21 | maestro | midi_files
+    # source=mixture: the sources and their weights, each a preset of conf/dataset/ with any of its keys changed:
+    # [{dataset: fineweb_edu, weight: 0.7}, {dataset: text_files, weight: 0.3, name: mine, files: [notes/]}]
+    mixture: list[Any] = field(default_factory=list)
     tokenizer: str = "bpe"  # byte | bpe | gpt2 (text) | notes
     bpe_vocab_size: int = 4096  # bpe only: size including the byte alphabet and special tokens
     context_size: Optional[int] = None  # tokens per training window; null = model.context_size
@@ -263,6 +266,41 @@ def _one_line(e: BaseException) -> str:
         options = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
         return f"config: {group}={choice} does not exist; choose one of {', '.join(options)}"
     return f"config: {full_key}: {text}" if full_key else f"config: {text}"
+
+
+# Keys a mixture's sources take from the run's dataset section unless the entry sets them: where the caches live and
+# how the data is cut up are the run's, not a source's. The tokenizer is always the run's (one vocabulary).
+MIXTURE_INHERITED = ("bpe_vocab_size", "context_size", "docs_per_chunk", "document_mask", "build_timeout_s",
+                     "num_proc", "cache_dir")
+MIXTURE_ENTRY_KEYS = ("dataset", "weight")
+
+
+def mixture_sources(cfg: DictConfig) -> list[tuple[str, float, DictConfig]]:
+    """dataset.mixture as (name, weight, that source's complete dataset section): the entry's preset from
+    conf/dataset/, then the keys the run's dataset section lends it (MIXTURE_INHERITED), then the entry's own keys."""
+    d, sources = cfg.dataset, []
+    for i, entry in enumerate(d.mixture):
+        where = f"dataset.mixture[{i}]"
+        if not isinstance(entry, DictConfig) or any(k not in entry for k in MIXTURE_ENTRY_KEYS):
+            raise ConfigError(f"config: {where}: needs `dataset` (a preset of conf/dataset/) and `weight`, e.g. "
+                              "{dataset: pystdlib, weight: 0.5}")
+        preset = CONF_DIR / "dataset" / f"{entry.dataset}.yaml"
+        choices = sorted(p.stem for p in preset.parent.glob("*.yaml") if p.stem != "mixture")
+        if entry.dataset == "mixture" or not preset.exists():
+            raise ConfigError(f"config: {where}.dataset: {entry.dataset} is not a source; choose one of "
+                              f"{', '.join(choices)}")
+        if "tokenizer" in entry or "mixture" in entry:
+            key = "tokenizer" if "tokenizer" in entry else "mixture"
+            raise ConfigError(f"config: {where}.{key}: set by the run (dataset.{key}), not per source")
+        own = {k: v for k, v in entry.items() if k not in MIXTURE_ENTRY_KEYS}
+        try:
+            node = OmegaConf.merge(OmegaConf.structured(DatasetConfig), OmegaConf.load(preset),
+                                   {k: d[k] for k in MIXTURE_INHERITED}, {"tokenizer": d.tokenizer}, own)
+        except OmegaConfBaseException as e:
+            raise ConfigError(_one_line(e).replace("config: ", f"config: {where}.", 1)) from None
+        OmegaConf.set_readonly(node, True)
+        sources.append((str(node.name), entry.weight, node))
+    return sources
 
 
 def evaluating(cfg: DictConfig) -> bool:

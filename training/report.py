@@ -50,6 +50,9 @@ def summarize(rows: list[dict], extra: dict[str, Any]) -> dict[str, Any]:
                   "best_loss": min((r["loss"] for r in train if _number(r.get("loss"))), default=None)},
         "splits": splits,
         "tokens_seen": train[-1].get("tokens_seen") if train else 0,
+        **({"tokens_seen_per_source": by_source} if (by_source := {
+            k.split("/", 1)[1]: v for k, v in (train[-1] if train else {}).items() if k.startswith("tokens_seen/")})
+           else {}),
         "tokens_per_s_median": statistics.median(rates) if rates else None,
         "mfu_median": statistics.median(mfus) if mfus else None,
         **extra,

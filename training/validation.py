@@ -5,14 +5,16 @@ from __future__ import annotations
 
 from omegaconf import DictConfig, OmegaConf
 
-from training.config import NOTE_SOURCES, evaluating, init_from_dir
+from data.mixture import MIXTURE_BLOCK
+from data.packing import allot
+from training.config import NOTE_SOURCES, evaluating, init_from_dir, mixture_sources
 from training.errors import ConfigError
 
 CHOICES = {
     "mode": ("train", "eval"),
     "stage": ("next_token_pretraining", "piano_task"),
     "loss_masking": ("pretraining", "finetuning"),
-    "dataset.source": ("pystdlib", "text_files", "json_files", "hf", "music21", "maestro", "midi_files"),
+    "dataset.source": ("pystdlib", "text_files", "json_files", "hf", "mixture", "music21", "maestro", "midi_files"),
     "dataset.tokenizer": ("byte", "bpe", "gpt2", "notes"),
     "model.arch": ("gpt2",),
     "model.attention": ("auto", "xla", "cudnn", "blocked"),
@@ -27,25 +29,63 @@ CHOICES = {
 
 
 
-def _validate_data_path(d: DictConfig) -> None:
+def _validate_data_path(d: DictConfig, at: str = "dataset") -> None:
+    """`at`: where `d` sits in the config (the run's dataset section, or one source of its mixture)."""
     if d.streaming:
         if d.max_documents is None and d.max_tokens is None:
-            _fail("dataset.max_tokens", "streaming needs a cap, e.g. dataset.max_tokens=10000000000 (or max_documents)")
+            _fail(f"{at}.max_tokens", "streaming needs a cap, e.g. dataset.max_tokens=10000000000 (or max_documents)")
         if d.tokenizer == "bpe":
             _fail("dataset.tokenizer", "bpe is trained on a whole train split, which a streamed corpus does not have "
                                        "before the build; use gpt2 or byte")
         if d.prompt_column:
-            _fail("dataset.streaming", "fine-tuning records (prompt_column) are read whole; set dataset.streaming=false")
+            _fail(f"{at}.streaming", "fine-tuning records (prompt_column) are read whole; set dataset.streaming=false")
     for key in ("max_documents", "max_tokens"):
         if d[key] is not None and d[key] < 1:
-            _fail(f"dataset.{key}", f"must be >= 1; got {d[key]}")
+            _fail(f"{at}.{key}", f"must be >= 1; got {d[key]}")
     if d.document_mask and (d.tokenizer == "notes" or d.prompt_column):
         _fail("dataset.document_mask", "masks documents packed into one window; records (notes, prompt/completion) "
                                        "hold one each already: set it to false")
     if d.docs_per_chunk < 1:
-        _fail("dataset.docs_per_chunk", f"must be >= 1; got {d.docs_per_chunk}")
+        _fail(f"{at}.docs_per_chunk", f"must be >= 1; got {d.docs_per_chunk}")
     if d.build_timeout_s <= 0:
-        _fail("dataset.build_timeout_s", f"must be > 0; got {d.build_timeout_s}")
+        _fail(f"{at}.build_timeout_s", f"must be > 0; got {d.build_timeout_s}")
+    for key in ("val_fraction", "test_fraction"):
+        if not 0.0 <= d[key] < 0.5:
+            _fail(f"{at}.{key}", f"must be in [0, 0.5); got {d[key]}")
+    if d.source == "text_files" and not d.files:
+        _fail(f"{at}.files", "text_files needs at least one path or glob, e.g. dataset.files=[notes/*.txt]")
+    if d.source == "hf" and not d.hf_path:
+        _fail(f"{at}.hf_path", "hf needs a Hub dataset id, e.g. dataset.hf_path=Salesforce/wikitext")
+
+
+def _validate_mixture(cfg: DictConfig) -> None:
+    """source=mixture: text sources with positive weights and distinct names, each valid on its own."""
+    d = cfg.dataset
+    if d.source != "mixture":
+        if d.mixture:
+            _fail("dataset.mixture", f"is read only with dataset.source=mixture (dataset=mixture), not {d.source}")
+        return
+    if len(d.mixture) < 1:
+        _fail("dataset.mixture", "source=mixture needs at least one source, e.g. "
+                                 "dataset.mixture=[{dataset: pystdlib, weight: 1}]")
+    if d.prompt_column or cfg.loss_masking == "finetuning":
+        _fail("dataset.mixture", "mixes pretraining text; fine-tune on one prompt/completion source")
+    names = []
+    for i, (name, weight, source) in enumerate(mixture_sources(cfg)):
+        at = f"dataset.mixture[{i}]"
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
+            _fail(f"{at}.weight", f"must be a number > 0; got {weight!r}")
+        if source.source in NOTE_SOURCES or source.prompt_column:
+            _fail(f"{at}.dataset", "a mixture mixes text for next-token pretraining; "
+                                   f"{source.source}{' records' if source.prompt_column else ''} cannot be mixed")
+        if name in names:
+            _fail(f"{at}.name", f"{name!r} names two sources; give each a name of its own")
+        names.append(name)
+        _validate_data_path(source, at)
+    allotted = allot([w for _, w, _ in mixture_sources(cfg)], MIXTURE_BLOCK)
+    if min(allotted) == 0:
+        _fail("dataset.mixture", f"a weight below 1/{MIXTURE_BLOCK} of the total draws no row; raise it or drop "
+                                 "that source")
 
 
 def validate_values(cfg: DictConfig, num_local_devices: int) -> None:
@@ -119,16 +159,10 @@ def validate_values(cfg: DictConfig, num_local_devices: int) -> None:
         if o[key] < 0:
             _fail(f"optimizer.{key}", f"must be >= 0; got {o[key]}")
 
-    for key in ("val_fraction", "test_fraction"):
-        if not 0.0 <= d[key] < 0.5:
-            _fail(f"dataset.{key}", f"must be in [0, 0.5); got {d[key]}")
     if d.tokenizer == "bpe" and d.bpe_vocab_size < 260:
         _fail("dataset.bpe_vocab_size", f"must be >= 260 (256 bytes + special tokens); got {d.bpe_vocab_size}")
-    if d.source == "text_files" and not d.files:
-        _fail("dataset.files", "text_files needs at least one path or glob, e.g. dataset.files=[notes/*.txt]")
-    if d.source == "hf" and not d.hf_path:
-        _fail("dataset.hf_path", "hf needs a Hub dataset id, e.g. dataset.hf_path=Salesforce/wikitext")
     _validate_data_path(d)
+    _validate_mixture(cfg)
 
     _validate_stages(cfg)
     lg = cfg.logging

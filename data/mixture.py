@@ -1,0 +1,93 @@
+"""Training on several sources at once: each row of a step is drawn from one source, by weight, as a pure function of
+(seed, step, process), so a resumed run reads exactly the rows it would have read.
+
+The run's sample numbers g = 0, 1, 2, ... (data/packing.py `step_samples`: the same numbering whatever the number of
+processes or micro-batches) are cut into blocks of MIXTURE_BLOCK. Every block gives each source the same number of
+rows (`allot`: the weights' shares of the block, rounded so they sum to it), in an order shuffled per block from
+(seed, block). Sample g is then row b * count_s + r of its source s, where b is its block and r the number of rows of
+s before it in the block: each source reads its own windows in its own epochs (data/packing.py `TrainBatches`), and
+the tokens each source has given up to any step are known exactly, without a counter that would have to be saved.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from data.packing import TrainBatches, allot, step_samples, window_batch
+
+MIXTURE_BLOCK = 4096  # rows per block: the weights are met exactly every 4096 rows, to 1/4096 of the total
+
+
+@dataclass
+class MixtureTrainBatches:
+    """Training batches drawn from `sources` (each a TrainBatches over its own split; only their windows are used)
+    in proportion to `weights`. `batch(step)` has the shape of a single source's batch."""
+
+    names: list[str]
+    weights: list[float]
+    sources: list[TrainBatches]
+    batch_size: int  # per process per micro-batch
+    grad_accum_steps: int
+    process_index: int
+    process_count: int
+    seed: int
+    _blocks: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self.counts = np.asarray(allot(self.weights, MIXTURE_BLOCK))
+        self.context = self.sources[0].context
+        self.pad_id, self.eos_id = self.sources[0].pad_id, self.sources[0].eos_id
+
+    @property
+    def global_batch(self) -> int:
+        return self.grad_accum_steps * self.process_count * self.batch_size
+
+    def _block(self, b: int) -> tuple[np.ndarray, np.ndarray]:
+        """Block b's source per slot, and each slot's row number within its source's share of the block."""
+        if b not in self._blocks:
+            if len(self._blocks) > 8:  # a step spans few blocks; keep the latest ones only
+                self._blocks.clear()
+            rng = np.random.Generator(np.random.PCG64([self.seed, b, len(self.sources)]))
+            slots = rng.permutation(np.repeat(np.arange(len(self.sources)), self.counts))
+            rank = np.empty(MIXTURE_BLOCK, np.int64)
+            for s in range(len(self.sources)):
+                mine = slots == s
+                rank[mine] = np.arange(int(mine.sum()))
+            self._blocks[b] = (slots, rank)
+        return self._blocks[b]
+
+    def assign(self, samples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Run-wide sample numbers -> (source of each, its sample number within that source)."""
+        source, local = np.empty_like(samples), np.empty_like(samples)
+        blocks = samples // MIXTURE_BLOCK
+        for b in np.unique(blocks):
+            rows = blocks == b
+            slots, rank = self._block(int(b))
+            slot = samples[rows] % MIXTURE_BLOCK
+            source[rows] = slots[slot]
+            local[rows] = b * self.counts[slots[slot]] + rank[slot]
+        return source, local
+
+    def sample_indices(self, step: int) -> np.ndarray:
+        return step_samples(step, self.grad_accum_steps, self.process_count, self.batch_size, self.process_index)
+
+    def batch(self, step: int) -> dict[str, np.ndarray]:
+        source, local = self.assign(self.sample_indices(step))
+        windows = np.empty(source.shape + (self.context + 1,), self.sources[0].tokens.dtype)
+        for s, train in enumerate(self.sources):
+            rows = source == s
+            if rows.any():
+                windows[rows] = train.windows(local[rows])
+        return window_batch(windows, self.pad_id, self.eos_id)
+
+    def tokens_seen(self, steps: int) -> dict[str, int]:
+        """Tokens of training windows each source has given in the run's first `steps` steps (all processes)."""
+        samples = steps * self.global_batch
+        full, part = divmod(samples, MIXTURE_BLOCK)
+        counts = full * self.counts
+        if part:
+            slots, _ = self._block(full)
+            counts = counts + np.bincount(slots[:part], minlength=len(self.sources))
+        return {name: int(n) * self.context for name, n in zip(self.names, counts)}
