@@ -147,7 +147,8 @@ class BpeTokenizer(Tokenizer):
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
+        # The fast variant skips the character offsets, which nothing here reads: twice the tokens/s on 2 cores.
+        return [e.ids for e in self._tok.encode_batch_fast(texts, add_special_tokens=False)]
 
     def decode(self, ids: Iterable[int]) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)

@@ -70,8 +70,8 @@ def _validate_mixture(cfg: DictConfig) -> None:
                                  "dataset.mixture=[{dataset: pystdlib, weight: 1}]")
     if d.prompt_column or cfg.loss_masking == "finetuning":
         _fail("dataset.mixture", "mixes pretraining text; fine-tune on one prompt/completion source")
-    names = []
-    for i, (name, weight, source) in enumerate(mixture_sources(cfg)):
+    names, sources = [], mixture_sources(cfg)
+    for i, (name, weight, source) in enumerate(sources):
         at = f"dataset.mixture[{i}]"
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
             _fail(f"{at}.weight", f"must be a number > 0; got {weight!r}")
@@ -82,7 +82,7 @@ def _validate_mixture(cfg: DictConfig) -> None:
             _fail(f"{at}.name", f"{name!r} names two sources; give each a name of its own")
         names.append(name)
         _validate_data_path(source, at)
-    allotted = allot([w for _, w, _ in mixture_sources(cfg)], MIXTURE_BLOCK)
+    allotted = allot([w for _, w, _ in sources], MIXTURE_BLOCK)
     if min(allotted) == 0:
         _fail("dataset.mixture", f"a weight below 1/{MIXTURE_BLOCK} of the total draws no row; raise it or drop "
                                  "that source")
