@@ -26,6 +26,9 @@ from training.secrets import secret
 
 # Directories of the standard library that hold tests or bundled third-party code, not the library itself.
 STDLIB_EXCLUDED_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
+# datasets writes its Arrow cache every this many rows (default 10,000); a row here is a whole file, so the default
+# held up to 10,000 files in memory: 840 MB of anonymous memory for 1 GB of 256 KB files, against 127 MB with 16.
+FILES_PER_ARROW_WRITE = 16
 TEXT_ENCODING_ERRORS = "replace"  # a few files are not UTF-8; keep them, with U+FFFD where a byte is invalid
 
 
@@ -213,6 +216,7 @@ def _load_text_files(by_split: dict[str, list[str]], d: Any, sample_by: str) -> 
         data_files=by_split,
         sample_by=sample_by,
         encoding_errors=TEXT_ENCODING_ERRORS,
+        writer_batch_size=FILES_PER_ARROW_WRITE,
         cache_dir=str(Path(d.cache_dir) / "hf"),
     )
     return {name: loaded[name] for name in by_split}

@@ -99,10 +99,10 @@ def run_once(checkout: Path, corpus: Path, cache: Path, run_dir: Path, tokenizer
             "fork_warning": any("os.fork()" in line for line in lines)}
 
 
-def store_tokens(cache: Path) -> int:
-    """Tokens in every split of the token store the runs built."""
-    (meta,) = [json.loads(p.read_text()) for p in cache.glob("tokens/*/store.json")]
-    return sum(split["tokens"] for split in meta["splits"].values())
+def store_tokens(cache: Path) -> int | None:
+    """Tokens in every split of the token store the runs built (None for a checkout from before the store)."""
+    metas = [json.loads(p.read_text()) for p in cache.glob("tokens/*/store.json")]
+    return sum(split["tokens"] for split in metas[0]["splits"].values()) if metas else None
 
 
 def encode_batch_rate(corpus: Path, cache: Path, tokenizer: str, limit: int = 64 << 20) -> float:
@@ -145,7 +145,7 @@ def main() -> None:
             shutil.rmtree(cache / "tokens")
         first = run_once(checkout, corpus, cache, work / "runs", args.tokenizer)
         second = run_once(checkout, corpus, cache, work / "runs", args.tokenizer)
-        tokens = store_tokens(cache)
+        tokens = store_tokens(cache) or parse_size(size)  # bytes = tokens for the byte tokenizer
         build = tokens / (first["ready_s"] - second["ready_s"])
         encode = encode_batch_rate(corpus, cache, args.tokenizer)
         print(json.dumps({"corpus_bytes": size, "tokenizer": args.tokenizer, "tokens": tokens,
