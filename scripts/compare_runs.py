@@ -1,0 +1,52 @@
+"""Compare runs or whole sweeps: a table of what differs between them and how each ended, as Markdown and CSV, and a
+figure of final validation loss against learning rate (a line per optimizer) beside the overlaid loss curves.
+
+    python scripts/compare_runs.py multirun/2026-11-23/10-00-00            # every run below a sweep directory
+    python scripts/compare_runs.py runs/a runs/b --out comparison/          # or named runs
+    python scripts/compare_runs.py SWEEP --split code/val                   # the figure for another validation split
+
+Writes <out>/comparison.md, comparison.csv and comparison.png (default <out>: the first directory given) and prints
+the Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from training.compare import find_runs, markdown, plot_sweep, run_record, table, write_csv  # noqa: E402
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("paths", nargs="+", help="run directories, or sweep directories with runs below them")
+    parser.add_argument("--out", default=None, help="where the table and figure go (default: the first path)")
+    parser.add_argument("--split", default="val", help="the validation split the figure shows (default: val)")
+    args = parser.parse_args(argv)
+    paths = [Path(p) for p in args.paths]
+    missing = [str(p) for p in paths if not p.is_dir()]
+    if missing:
+        print(f"error: not a directory: {', '.join(missing)}", file=sys.stderr)
+        return 1
+    runs = find_runs(paths)
+    if not runs:
+        print(f"error: no run (a directory with metrics.jsonl) in or below {', '.join(args.paths)}", file=sys.stderr)
+        return 1
+    out = Path(args.out) if args.out else paths[0]
+    out.mkdir(parents=True, exist_ok=True)
+    records = [run_record(r) for r in runs]
+    columns, rows = table(records, args.split)
+    text = markdown(columns, rows)
+    (out / "comparison.md").write_text(text)
+    write_csv(columns, rows, out / "comparison.csv")
+    plot_sweep(records, out / "comparison.png", args.split)
+    print(text + f"\n{len(runs)} run(s); written: {out / 'comparison.md'}, {out / 'comparison.csv'}, "
+          f"{out / 'comparison.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,139 @@
+"""Comparing finished runs: one row per run (what differs between their configs, final and best loss per validation
+split, tokens seen, median tokens/s, wall time) as a table, Markdown or CSV, and the figures a sweep is read by.
+
+A run is a directory with a `metrics.jsonl` (and usually `config.yaml` and `summary.json`); a sweep directory is any
+directory with runs below it. The table's first columns are the config keys whose values differ between the runs
+compared (the sweep's own axes, e.g. `optimizer.name` and `optimizer.lr_config.lr`), not the whole config.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from training.report import TRAIN, latest_per_step, read_metrics, summarize
+
+# Keys that name where a run writes, not what it is: never a column of their own.
+RUN_IDENTITY_KEYS = ("logging.run_dir", "logging.name", "checkpoint.save_path", "checkpoint.load_path")
+LR_KEY, OPTIMIZER_KEY = "optimizer.lr_config.lr", "optimizer.name"
+
+
+def find_runs(paths: list[Path]) -> list[Path]:
+    """Each path that is a run, and every run below each path that is not (a sweep), in a stable order."""
+    runs: list[Path] = []
+    for path in paths:
+        if (path / "metrics.jsonl").exists():
+            runs.append(path)
+        else:
+            runs.extend(sorted(p.parent for p in path.rglob("metrics.jsonl")))
+    return list(dict.fromkeys(runs))
+
+
+def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(node, dict):
+        return {prefix.rstrip("."): node}
+    out: dict[str, Any] = {}
+    for k, v in node.items():
+        out.update(_flat(v, f"{prefix}{k}."))
+    return out
+
+
+def run_record(run_dir: Path) -> dict[str, Any]:
+    """What one run says about itself: its flat config and its summary (rebuilt from metrics.jsonl for a run that
+    did not finish)."""
+    import yaml
+
+    config_path = run_dir / "config.yaml"
+    config = _flat(yaml.safe_load(config_path.read_text())) if config_path.exists() else {}
+    summary_path = run_dir / "summary.json"
+    summary = (json.loads(summary_path.read_text()) if summary_path.exists()
+               else summarize(read_metrics(run_dir), {"stopped": "unfinished"}))
+    return {"run": str(run_dir), "config": config, "summary": summary}
+
+
+def table(records: list[dict[str, Any]], main: str = "val") -> tuple[list[str], list[dict[str, Any]]]:
+    """Columns and rows: the varying config keys, then per validation split (`main` first) its final and best loss,
+    then tokens seen, median tokens/s, wall time and how the run ended."""
+    keys = sorted({k for r in records for k in r["config"]} - set(RUN_IDENTITY_KEYS))
+    varying = [k for k in keys if len({json.dumps(r["config"].get(k), sort_keys=True) for r in records}) > 1]
+    splits = list(dict.fromkeys(s for r in records for s in r["summary"].get("splits", {})))
+    splits.sort(key=lambda s: s != main)  # stable: the others keep their order
+    columns = ["run", *varying]
+    for split in splits:
+        columns += [f"{split} final", f"{split} best"]
+    columns += ["tokens seen", "tokens/s (median)", "wall s", "stopped"]
+    rows = []
+    for r in records:
+        s = r["summary"]
+        row: dict[str, Any] = {"run": Path(r["run"]).name, **{k: r["config"].get(k) for k in varying}}
+        for split in splits:
+            got = s.get("splits", {}).get(split, {})
+            row[f"{split} final"], row[f"{split} best"] = got.get("final_loss"), got.get("best_loss")
+        row.update({"tokens seen": s.get("tokens_seen"), "tokens/s (median)": s.get("tokens_per_s_median"),
+                    "wall s": s.get("wall_time_s"), "stopped": s.get("stopped")})
+        rows.append(row)
+    return columns, rows
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else f"{value:.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}" if abs(value) >= 1e4 else str(value)
+    return str(value)
+
+
+def markdown(columns: list[str], rows: list[dict[str, Any]]) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_cell(row.get(c)) for c in columns) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def write_csv(columns: list[str], rows: list[dict[str, Any]], out: Path) -> None:
+    with open(out, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def plot_sweep(records: list[dict[str, Any]], out: Path, split: str = "val") -> dict[str, list]:
+    """Left: the final `split` loss against the learning rate, one line per optimizer (log-scaled lr). Right: every
+    run's training loss and `split` loss against step, overlaid. Returns the left panel's points per optimizer."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; no display needed
+    import matplotlib.pyplot as plt
+
+    fig, (lr_ax, curve_ax) = plt.subplots(1, 2, figsize=(14, 5))
+    by_optimizer: dict[str, list] = {}
+    for r in records:
+        final = r["summary"].get("splits", {}).get(split, {}).get("final_loss")
+        lr = r["config"].get(LR_KEY)
+        if final is not None and lr is not None:
+            by_optimizer.setdefault(str(r["config"].get(OPTIMIZER_KEY)), []).append((float(lr), float(final)))
+    for name, points in sorted(by_optimizer.items()):
+        points.sort()
+        lr_ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
+    lr_ax.set(xscale="log", xlabel="learning rate (optimizer.lr_config.lr)", ylabel=f"final {split} loss per token",
+              title=f"final {split} loss against learning rate")
+    for i, r in enumerate(records):
+        rows = latest_per_step(read_metrics(Path(r["run"])))
+        label, colour = Path(r["run"]).name, f"C{i % 10}"
+        train = [x for x in rows if x["split"] == TRAIN]
+        curve_ax.plot([x["step"] for x in train], [x["loss"] for x in train], color=colour, alpha=0.4, lw=1)
+        evals = [x for x in rows if x["split"] == split]
+        curve_ax.plot([x["step"] for x in evals], [x["loss"] for x in evals], color=colour, marker="o", ms=3,
+                      label=label)
+    curve_ax.set(xlabel="step", ylabel="loss per token", title=f"training loss (thin) and {split} loss (dots)")
+    for ax in (lr_ax, curve_ax):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return by_optimizer
