@@ -29,6 +29,7 @@ from training.loop import Action, LoopState
 from training.report import finish_run
 from training.run import RunPlan, carried_over
 from training.sharding import max_over_processes
+from training.profile import StepProfiler
 from training.signals import StopRequest
 from training.stats import statistics_of
 
@@ -58,6 +59,7 @@ class TrainingRun:
         self.flops = flops_per_token(state.model, config_lib.context_size(cfg))
         self.peak = peak_flops(jax.devices()[0].device_kind, cfg.system.dtype, cfg.system.peak_flops)
         self.trained_before = carried_over(self.resumed, "time_trained_s", 0.0)
+        self.profiler = StepProfiler(plan.run_dir, list(cfg.system.profile_steps), self.is_main)
         self.loop_started = time.time()
 
     def loop_state(self, state: Any) -> LoopState:
@@ -76,6 +78,8 @@ class TrainingRun:
             Action(self.save, every=save_steps if isinstance(save_steps, int) else None,
                    steps=frozenset(config_lib.listed_save_steps(self.cfg))),
             Action(self.agree_to_stop, every=1 if single else t.log_interval, syncs=not single),
+            Action(lambda loop: self.profiler.after_step(loop.step, loop.state),
+                   steps=self.profiler.boundaries(first_step)),
         ]
 
     # -- the actions -----------------------------------------------------------------------------------------------
@@ -135,12 +139,14 @@ class TrainingRun:
                                  self.p.schedule):
             self.log.info(line)
         self.log.info(f"MFU counts {MFU_FORMULA[MFU_CONVENTION]} FLOPs per token: {self.flops / 1e6:.1f} MFLOP")
+        self.profiler.at_start(loop.step, loop.state)
         if self.cfg.train.eval_at_start and loop.step == 0:  # the curves' starting point, e.g. init_from's weights
             self.log.eval(0, evaluate(self.p.eval_step, loop.state.model, self.p.data.evals, self.p.mesh,
                                       self.p.data.token_bytes))
 
     def finish(self, loop: LoopState) -> None:
         """A stopped run logs what it trained, evaluates (a time limit, which is a chosen budget) and checkpoints."""
+        self.profiler.stop(loop.state)
         if loop.stop is not None:
             if loop.pending:
                 self.log_interval(loop)

@@ -196,6 +196,9 @@ class SystemConfig:
     # true: any device-to-host transfer at a step that does not log, evaluate, save or agree to stop raises
     # (jax.transfer_guard): checks that the loop never makes the device wait for the host between those steps
     transfer_guard: bool = False
+    # [a, b]: trace steps a to b (counted from 1, inclusive) with jax.profiler into <run_dir>/profile, for
+    # TensorBoard's profile plugin (the .xplane.pb) and Perfetto (perfetto_trace.json.gz); [] = no trace
+    profile_steps: list[int] = field(default_factory=list)
 
 
 @dataclass

@@ -128,6 +128,9 @@ def validate_values(cfg: DictConfig, num_local_devices: int) -> None:
     if t.batch_size % data_devices:
         _fail("train.batch_size", f"{t.batch_size} is not divisible by the {data_devices} local devices it is split "
                                   "over (train.batch_size counts sequences per process)")
+    if sy.profile_steps and not (len(sy.profile_steps) == 2 and 1 <= sy.profile_steps[0] <= sy.profile_steps[1]):
+        _fail("system.profile_steps", f"must be [first, last] with 1 <= first <= last, or []; got "
+                                      f"{list(sy.profile_steps)}")
     if sy.num_processes is not None and sy.num_processes > 1:
         if sy.process_id is not None and not 0 <= sy.process_id < sy.num_processes:
             _fail("system.process_id", f"must be in [0, {sy.num_processes}); got {sy.process_id}")
