@@ -49,6 +49,9 @@ class TrainingRun:
                                              config_lib.listed_save_steps(cfg))
             if self.is_main:
                 (plan.save_path / "config.yaml").write_text(config_lib.to_yaml(cfg))
+                if plan.resume is not None and plan.resume.reader.directory == plan.save_path:
+                    for step, _ in plan.resume.passed_over:  # damaged steps this run will write again
+                        self.checkpointer.set_aside(step)
         t = cfg.train
         self.log = RunLogger(cfg, plan.run_dir, t.max_steps, int(state.step), self.is_main,
                              carried_over(self.resumed, "wandb_id", None))

@@ -18,7 +18,9 @@ Kept: the `max_to_keep` most recent checkpoints, the best one by main validation
 from __future__ import annotations
 
 import json
+import logging
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -90,6 +92,13 @@ class Checkpointer:
         self._manager.wait_until_finished()
         self._manager.close()
 
+    def set_aside(self, step: int) -> Path:
+        """Rename a damaged step out of the way (never deleted), so that the resumed run can save that step again."""
+        aside = self.directory / f"{step}.damaged-{time.strftime('%Y%m%d-%H%M%S')}"
+        (self.directory / str(step)).rename(aside)
+        self._manager.reload()
+        return aside
+
     # -- reading ---------------------------------------------------------------------------------------------------
     def steps(self) -> list[int]:
         return sorted(self._manager.all_steps())
@@ -153,12 +162,33 @@ class Checkpointer:
         try:
             return self._manager.restore(step, args=ocp.args.Composite(**{part: ocp.args.StandardRestore(target)}))[part]
         except Exception as e:  # TensorStore/Orbax raise many types for missing, damaged or mismatched files
-            reason = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+            _drop_abandoned_reads()
+            if not (self.directory / str(step) / part).is_dir():
+                raise CheckpointError(f"checkpoint {self.directory}/{step}: its {part} is missing (an incomplete or "
+                                      "damaged checkpoint)") from None
+            reason = str(e).strip().splitlines()[0].split(" See full TensorStore details")[0][:160] or type(e).__name__
             hint = {"model": "a different model, or a corrupt/truncated checkpoint",
                     "opt_state": "a different optimizer? checkpoint.overwrite_optimizer=True starts a fresh one",
                     "progress": "corrupt or truncated?", STATS: "other statistics knobs"}[part]
             raise CheckpointError(f"checkpoint {self.directory}/{step}: its {part} does not restore ({hint}): {reason}"
                                   ) from None
+
+
+def _drop_abandoned_reads() -> None:
+    """A restore that fails leaves TensorStore reads in flight; when they finish, their callbacks find Orbax's event
+    loop closed, and Python would print a traceback for each (or asyncio "Future exception was never retrieved").
+    The failure is reported once, as a CheckpointError; these echoes of it are dropped."""
+    if getattr(sys.unraisablehook, "drops_abandoned_reads", False):
+        return
+    previous = sys.unraisablehook
+
+    def hook(unraisable: Any) -> None:
+        if not (isinstance(unraisable.exc_value, RuntimeError) and str(unraisable.exc_value) == "Event loop is closed"):
+            previous(unraisable)
+
+    hook.drops_abandoned_reads = True
+    sys.unraisablehook = hook
+    logging.getLogger("asyncio").addFilter(lambda record: "exception was never retrieved" not in record.getMessage())
 
 
 @jax.jit

@@ -169,7 +169,11 @@ class CheckpointConfig:
     save_path: Optional[str] = None  # null = <run_dir>/checkpoints
     save_steps: Any = None  # int = every N steps, list = at these steps, null = only latest/best/final
     max_to_keep: Optional[int] = 3  # periodic checkpoints kept besides latest and best; null = all
-    load: bool = False
+    # true: resume from load_path; false: start fresh; auto: resume from load_path, or else from this run's save path
+    # (save_path, or <logging.run_dir>/checkpoints), when it holds a checkpoint, and start fresh when none does (the
+    # same command rerun after a kill continues); a latest checkpoint that does not restore falls back, with a
+    # warning, to the newest one that does (true only names it)
+    load: Any = False
     load_path: Optional[str] = None
     load_file: str = "latest"  # latest | best | <step>
     overwrite_config: bool = False
@@ -268,6 +272,12 @@ def _one_line(e: BaseException) -> str:
 def evaluating(cfg: DictConfig) -> bool:
     """mode=eval (or eval_only=true): evaluate a checkpoint, train nothing."""
     return cfg.mode == "eval" or bool(cfg.eval_only)
+
+
+def load_mode(cfg: DictConfig) -> str:
+    """`checkpoint.load` as "true", "false" or "auto" (Hydra reads true and false as booleans)."""
+    load = cfg.checkpoint.load
+    return load if isinstance(load, str) else "true" if load else "false"
 
 
 def init_from_dir(cfg: DictConfig) -> str | None:

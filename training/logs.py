@@ -114,7 +114,8 @@ class RunLogger:
     def _record(self, step: int, split: str, values: dict[str, float]) -> None:
         row = {"step": step, "split": split, "time": time.time(), **{k: _plain(v) for k, v in values.items()}}
         self.metrics_file.write(json.dumps(row) + "\n")
-        numbers = {k: v for k, v in values.items() if v is not None}
+        # TensorBoard warns on every NaN (the first interval has no rate yet); metrics.jsonl keeps them as strings
+        numbers = {k: v for k, v in values.items() if v is not None and math.isfinite(v)}
         if self.tb is not None:
             for k, v in numbers.items():
                 self.tb.add_scalar(f"{split}/{k}", v, step)

@@ -1,0 +1,92 @@
+"""Reliability under faults and bad input, through the command line in real processes.
+
+Every expected failure ends with exactly one line on stderr (no traceback, no library output), a non-zero exit, the
+key or file named, and whatever existed before left byte for byte as it was.
+"""
+
+import shutil
+
+import pytest
+
+from helpers import read_metrics, run_cli, tiny_overrides
+
+pytestmark = pytest.mark.e2e
+
+
+def one_line(result) -> str:
+    """The single non-empty line the project wrote on stderr."""
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    return lines[0]
+
+
+def failed_in_one_line(result) -> str:
+    assert result.returncode != 0, result.stdout[-2000:]
+    return one_line(result)
+
+
+def file_bytes(root) -> dict:
+    return {p.relative_to(root): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def truncate(path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 3])
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, data_cache):
+    """A run of 8 steps with checkpoints at steps 4 and 8."""
+    run_dir = tmp_path_factory.mktemp("finished") / "run"
+    result = run_cli(tiny_overrides(data_cache, f"logging.run_dir={run_dir}"), timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir
+
+
+def copy_of(run_dir, where):
+    shutil.copytree(run_dir, where)
+    return where
+
+
+# -- 3. a damaged latest checkpoint ------------------------------------------------------------------------------
+
+def test_a_damaged_latest_checkpoint_names_the_newest_that_restores_and_auto_falls_back_to_it(finished, data_cache,
+                                                                                              tmp_path):
+    corrupt = copy_of(finished, tmp_path / "corrupt")
+    for data_file in (corrupt / "checkpoints" / "8" / "opt_state").rglob("ocdbt.process_0/d/*"):
+        truncate(data_file)
+    missing = copy_of(finished, tmp_path / "missing")
+    shutil.rmtree(missing / "checkpoints" / "8" / "opt_state")
+    for run_dir, what in ((corrupt, "its opt_state does not restore"), (missing, "its opt_state is missing")):
+        before = file_bytes(run_dir)
+        result = run_cli(tiny_overrides(data_cache, "checkpoint.load=True", f"checkpoint.load_path={run_dir}"),
+                         timeout=120)
+        line = failed_in_one_line(result)
+        assert line.startswith(f"error: checkpoint {run_dir}/checkpoints/8: {what}"), line
+        assert "the newest checkpoint that restores is step 4: resume it with checkpoint.load_file=4" in line
+        assert file_bytes(run_dir) == before
+
+    before = file_bytes(corrupt / "checkpoints")
+    result = run_cli(tiny_overrides(data_cache, f"logging.run_dir={corrupt}", "checkpoint.load=auto"), timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    warning = one_line(result)
+    assert warning.startswith("warning: checkpoint") and "resuming from step 4, the newest checkpoint that restores" \
+        in warning
+    assert f"resuming {corrupt}/checkpoints at step 4" in result.stdout
+    assert max(r["step"] for r in read_metrics(corrupt, "train")) == 8
+    after = file_bytes(corrupt / "checkpoints")
+    aside = [p for p in (corrupt / "checkpoints").iterdir() if p.name.startswith("8.damaged-")]
+    assert len(aside) == 1  # the damaged step is kept, renamed, and step 8 written again
+    assert all(after[aside[0].relative_to(corrupt / "checkpoints") / p.relative_to("8")] == data
+               for p, data in before.items() if p.parts[0] == "8")
+    assert all(after[p] == data for p, data in before.items() if p.parts[0] == "4")
+
+
+def test_checkpoint_load_auto_starts_fresh_then_continues_where_a_run_stopped(data_cache, tmp_path):
+    run_dir = tmp_path / "run"
+    command = tiny_overrides(data_cache, f"logging.run_dir={run_dir}", "checkpoint.load=auto")
+    first = run_cli(command + ["train.max_steps=4"], timeout=180)
+    assert first.returncode == 0 and "resuming" not in first.stdout, first.stderr[-3000:]
+    again = run_cli(command + ["checkpoint.overwrite_config=True"], timeout=180)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"resuming {run_dir}/checkpoints at step 4" in again.stdout
+    assert [r["step"] for r in read_metrics(run_dir, "train")] == list(range(1, 9))
