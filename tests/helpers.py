@@ -60,11 +60,11 @@ def build(overrides: list[str], source: Source | None = None) -> Parts:
 
 
 def run_cli(args: list[str], timeout: float = 300, env: dict | None = None, cwd: Path = ROOT,
-            script: str = "train_jax.py") -> subprocess.CompletedProcess:
-    """Run a project script in a fresh Python process, as a user would."""
+            script: str = "train_jax.py", preexec_fn: Any = None) -> subprocess.CompletedProcess:
+    """Run a project script in a fresh Python process, as a user would (`preexec_fn`: set limits in the child)."""
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     return subprocess.run([sys.executable, str(ROOT / script), *args], capture_output=True, text=True,
-                          timeout=timeout, env=full_env, cwd=cwd)
+                          timeout=timeout, env=full_env, cwd=cwd, preexec_fn=preexec_fn)
 
 
 def read_metrics(run_dir: Path, split: str | None = None) -> list[dict]:

@@ -90,3 +90,47 @@ def test_checkpoint_load_auto_starts_fresh_then_continues_where_a_run_stopped(da
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"resuming {run_dir}/checkpoints at step 4" in again.stdout
     assert [r["step"] for r in read_metrics(run_dir, "train")] == list(range(1, 9))
+
+
+# -- 1. paths a user gets wrong --------------------------------------------------------------------------------------
+
+def _without_root_override() -> None:
+    """In the child: drop CAP_DAC_OVERRIDE, so that a directory's mode binds even when the tests run as root."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(24, 1, 0, 0, 0)  # PR_CAPBSET_DROP, CAP_DAC_OVERRIDE
+
+
+def _file_size_limit(limit: int):
+    def apply() -> None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return apply
+
+
+PATH_CASES = [  # (override, key named, reason, how the child runs)
+    ("checkpoint.save_path={d}/a_file", "checkpoint.save_path", "{d}/a_file is a file, not a directory", None),
+    ("logging.run_dir={d}/a_file/run", "logging.run_dir", "{d}/a_file is a file, not a directory", None),
+    ("dataset.cache_dir={d}/a_file/cache", "dataset.cache_dir", "{d}/a_file is a file, not a directory", None),
+    ("logging.run_dir={d}/read_only/run", "logging.run_dir", "cannot write in {d}/read_only: Permission denied",
+     _without_root_override),
+    ("logging.run_dir={d}/run", "logging.run_dir", "cannot write in {d}: File too large (disk full?)",
+     _file_size_limit(4096)),
+]
+
+
+@pytest.mark.parametrize("override,key,reason,child", PATH_CASES, ids=["save_path a file", "run_dir under a file",
+                                                                     "cache_dir under a file", "read-only",
+                                                                     "full"])
+def test_a_path_that_cannot_be_written_is_one_line_naming_the_key_and_nothing_is_written(override, key, reason, child,
+                                                                                        data_cache, tmp_path):
+    (tmp_path / "a_file").write_text("mine\n")
+    (tmp_path / "read_only").mkdir(mode=0o555)
+    result = run_cli(tiny_overrides(data_cache, f"logging.run_dir={tmp_path}/run", override.format(d=tmp_path)),
+                     timeout=60, preexec_fn=child)
+    line = failed_in_one_line(result)
+    assert line.startswith(f"error: {key}: ") and reason.format(d=tmp_path) in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "read_only"]
+    assert (tmp_path / "a_file").read_text() == "mine\n" and not any((tmp_path / "read_only").iterdir())

@@ -29,6 +29,7 @@ from optimizers import continue_schedule_at
 from training.checkpoint import PARTS, Checkpointer, find_checkpoint_dir, holds_checkpoints
 from training.config import Config, evaluating, init_from_dir, load_mode, validate_keys
 from training.errors import CheckpointError, warn
+from training.storage import check_writable
 
 # Keys that describe this invocation (hardware, time budget, what to load, how to print): a resumed run takes them
 # from the command line even when the saved config wins.
@@ -122,6 +123,10 @@ def plan_run(cfg: DictConfig, overrides: list[str], stamp: int) -> RunPlan:
         name = cfg.logging.name or f"{cfg.model.name}-{cfg.dataset.name}"
         run_dir = Path(cfg.logging.run_dir or f"runs/{name}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(stamp))}")
         save_path = Path(cfg.checkpoint.save_path or run_dir / "checkpoints")
+    check_writable("logging.run_dir", run_dir)
+    if not evaluating(cfg) and cfg.checkpoint.save:
+        check_writable("checkpoint.save_path", save_path)
+    check_writable("dataset.cache_dir", cfg.dataset.cache_dir, probe=False)  # a prebuilt store may be read-only
     resuming_here = resume is not None and save_path.absolute() == resume.reader.directory
     restarting = mode == "auto" and resume is None  # a rerun of this command before its first checkpoint
     if not evaluating(cfg) and cfg.checkpoint.save and not (resuming_here or restarting) and holds_checkpoints(save_path):
