@@ -134,3 +134,15 @@ def test_a_path_that_cannot_be_written_is_one_line_naming_the_key_and_nothing_is
     assert line.startswith(f"error: {key}: ") and reason.format(d=tmp_path) in line, line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "read_only"]
     assert (tmp_path / "a_file").read_text() == "mine\n" and not any((tmp_path / "read_only").iterdir())
+
+
+# -- 4. override syntax ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argument", ["train.batch_size=[1,", "dataset.files=[a b", 'logging.name="unterminated'])
+def test_an_argument_hydra_cannot_parse_is_named_with_how_to_quote_it(argument, tmp_path):
+    result = run_cli([argument, f"logging.run_dir={tmp_path}/run"], timeout=60)
+    assert result.returncode == 2
+    line = one_line(result)
+    assert line.startswith(f"error: config: cannot parse the argument {argument!r} (")
+    assert "'train.batch_size=[1,2]'" in line and "quote" in line
+    assert not (tmp_path / "run").exists()

@@ -229,9 +229,25 @@ def load_config(overrides: list[str]) -> DictConfig:
             cfg = compose(config_name="config", overrides=list(overrides))
         validate_keys(cfg)
     except (HydraException, OmegaConfBaseException) as e:
-        raise ConfigError(_one_line(e)) from None
+        raise ConfigError(_unparsable_override(overrides) or _one_line(e)) from None
     OmegaConf.set_readonly(cfg, True)
     return cfg
+
+
+def _unparsable_override(overrides: list[str]) -> str | None:
+    """The first argument Hydra's override grammar rejects, named, with how to write it; None when all parse."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    for item in overrides:
+        try:
+            parser.parse_override(item)
+        except HydraException as e:
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            return (f"config: cannot parse the argument {item!r} ({reason}); write a list whole, e.g. "
+                    "'train.batch_size=[1,2]', and quote a value with spaces, commas or brackets for Hydra inside the "
+                    "shell's quotes: 'key=\"a, b\"'")
+    return None
 
 
 def validate_keys(cfg: DictConfig) -> None:
