@@ -4,6 +4,7 @@ Every expected failure ends with exactly one line on stderr (no traceback, no li
 key or file named, and whatever existed before left byte for byte as it was.
 """
 
+import json
 import shutil
 
 import pytest
@@ -146,3 +147,75 @@ def test_an_argument_hydra_cannot_parse_is_named_with_how_to_quote_it(argument, 
     assert line.startswith(f"error: config: cannot parse the argument {argument!r} (")
     assert "'train.batch_size=[1,2]'" in line and "quote" in line
     assert not (tmp_path / "run").exists()
+
+
+# -- 2. data files a user gets wrong ---------------------------------------------------------------------------------
+
+def _qa_rows(n=40):
+    return [{"question": f"what is {i}? " * 8, "answer": f"it is {i}. " * 8} for i in range(n)]
+
+
+def _write_jsonl(path, rows, replace=None):
+    lines = [json.dumps(r) for r in rows]
+    for number, text in (replace or {}).items():
+        lines[number - 1] = text
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+JSON_CASES = [  # (how the file is broken, the columns asked for, what the line says)
+    ({18: '{"question": "broken'}, ("question", "answer"), "{f} line 18: not valid JSON (column 14: Unterminated"),
+    ({6: '{"question": "no answer here"}'}, ("question", "answer"),
+     "dataset.completion_column: 'answer' is missing or null in {f} line 6"),
+    ({}, ("quest", "answer"), "dataset.prompt_column: 'quest' is not a column of {f}; it has question, answer"),
+]
+
+
+@pytest.mark.parametrize("broken,columns,message", JSON_CASES, ids=["malformed line", "record without completion",
+                                                                   "no such column"])
+def test_a_bad_json_lines_file_is_one_line_naming_the_file_and_line(broken, columns, message, data_cache, tmp_path):
+    data = _write_jsonl(tmp_path / "qa.jsonl", _qa_rows(), broken)
+    before = data.read_bytes()
+    result = run_cli(tiny_overrides(data_cache, f"logging.run_dir={tmp_path}/run", "dataset=json_files",
+                                    f"dataset.files=[{data}]", f"dataset.prompt_column={columns[0]}",
+                                    f"dataset.completion_column={columns[1]}", "loss_masking=finetuning",
+                                    "dataset.tokenizer=byte"), timeout=120)
+    line = failed_in_one_line(result)
+    assert message.format(f=data) in line, line
+    assert data.read_bytes() == before
+
+
+def _midi_folder(root, composers=("bach", "mozart"), pieces=3):
+    import numpy as np
+
+    from data.midi import write_midi
+    from data.notes import Notes
+
+    rng = np.random.default_rng(0)
+    for composer in composers:
+        for i in range(pieces):
+            start = np.cumsum(rng.uniform(0.05, 0.3, 160))
+            write_midi(Notes.from_lists(rng.integers(40, 80, 160).tolist(), rng.integers(30, 100, 160).tolist(),
+                                        start.tolist(), (start + 0.2).tolist()), root / composer / f"piece{i}.mid")
+    return root
+
+
+def test_an_unreadable_midi_file_is_skipped_with_a_warning_and_none_readable_is_one_line(data_cache, tmp_path):
+    songs = _midi_folder(tmp_path / "midi")
+    (songs / "bach" / "damaged.mid").write_bytes((songs / "bach" / "piece0.mid").read_bytes()[:40])
+    notes = ("dataset=midi_files", "dataset.tokenizer=notes", "data.notes_per_record=32", "train.max_steps=2",
+             "train.eval_interval=2")
+    result = run_cli(tiny_overrides(data_cache, f"logging.run_dir={tmp_path}/run", *notes,
+                                    f"dataset.files=[{songs}]"), timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert one_line(result) == (f"warning: dataset.files: {songs}/bach/damaged.mid: not a readable MIDI file "
+                                "(EOFError); skipped")
+
+    (tmp_path / "junk" / "bach").mkdir(parents=True)
+    (tmp_path / "junk" / "bach" / "a.mid").write_bytes(b"not a MIDI file")
+    result = run_cli(tiny_overrides(data_cache, f"logging.run_dir={tmp_path}/run2", *notes,
+                                    f"dataset.files=[{tmp_path / 'junk'}]"), timeout=120)
+    line = failed_in_one_line(result)
+    assert line.startswith(f"error: dataset.files: none of the 1 MIDI files gives notes; {tmp_path}/junk/bach/a.mid: "
+                           "not a readable MIDI file")
+    assert not (tmp_path / "run2").exists()
