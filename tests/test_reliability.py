@@ -4,7 +4,11 @@ Every expected failure ends with exactly one line on stderr (no traceback, no li
 key or file named, and whatever existed before left byte for byte as it was.
 """
 
+import http.server
 import json
+import socket
+import threading
+import time
 import shutil
 
 import pytest
@@ -219,3 +223,79 @@ def test_an_unreadable_midi_file_is_skipped_with_a_warning_and_none_readable_is_
     assert line.startswith(f"error: dataset.files: none of the 1 MIDI files gives notes; {tmp_path}/junk/bach/a.mid: "
                            "not a readable MIDI file")
     assert not (tmp_path / "run2").exists()
+
+
+# -- 5. wandb online without a server that takes the key; 9. secrets stay secret -------------------------------------
+
+class _RefusingWandbServer(http.server.BaseHTTPRequestHandler):
+    """A wandb server that refuses every key (401 on its API, 404 elsewhere)."""
+
+    def do_POST(self):
+        if self.path.rstrip("/") != "/graphql":
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        body = b'{"errors": [{"message": "user is not logged in"}]}'
+        self.send_response(401)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def refusing_wandb():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _RefusingWandbServer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # nothing listens there once the socket is closed
+
+
+API_KEY = "0123456789abcdef" * 2 + "fedcba98"  # 40 characters, like a real key
+HF_TOKEN = "hf_" + "s3cr3tT0k3n" * 3
+
+
+def test_wandb_online_without_a_server_that_takes_the_key_stops_within_60_s_in_one_line(refusing_wandb, data_cache,
+                                                                                       tmp_path):
+    for server, why in ((f"http://127.0.0.1:{_closed_port()}", "cannot reach the wandb server at"),
+                        (refusing_wandb, "refused: user is not logged in")):
+        started = time.time()
+        result = run_cli(tiny_overrides(data_cache, f"logging.run_dir={tmp_path}/run", "logging.wandb=online"),
+                         timeout=120, env={"WANDB_API_KEY": API_KEY, "WANDB_BASE_URL": server})
+        assert time.time() - started < 60
+        line = failed_in_one_line(result)
+        assert line.startswith(f"error: logging.wandb=online: ") and server in line and why in line, line
+        assert "logging.wandb_fallback=offline" in line
+        assert not read_metrics(tmp_path / "run", "train")  # nothing trained
+
+
+def test_secrets_are_written_nowhere_and_an_unreachable_wandb_falls_back_to_offline(refusing_wandb, data_cache,
+                                                                                    tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_cli(tiny_overrides(data_cache, f"logging.run_dir={run_dir}", "logging.wandb=online",
+                                    "logging.wandb_fallback=offline"), timeout=180,
+                     env={"WANDB_API_KEY": API_KEY, "HF_TOKEN": HF_TOKEN, "WANDB_BASE_URL": refusing_wandb})
+    assert result.returncode == 0, result.stderr[-3000:]
+    warning = one_line(result)
+    assert warning.startswith("warning: logging.wandb=online: the wandb server at") and "logging offline" in warning
+    assert "wandb sync" in warning
+    offline = list((run_dir / "wandb").glob("offline-run-*/*.wandb"))
+    assert len(offline) == 1 and max(r["step"] for r in read_metrics(run_dir, "train")) == 8
+    files = [p for p in run_dir.rglob("*") if p.is_file()]
+    assert run_dir / "config.yaml" in files and run_dir / "checkpoints" / "8" / "meta" / "metadata" in files
+    for secret in (API_KEY, HF_TOKEN):
+        assert secret not in result.stdout + result.stderr
+        assert [p for p in files if secret.encode() in p.read_bytes()] == []

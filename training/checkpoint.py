@@ -220,7 +220,8 @@ def find_checkpoint_dir(path: str | Path) -> Path:
 
 
 def holds_checkpoints(path: Path) -> bool:
-    return path.is_dir() and (any(c.name.isdigit() for c in path.iterdir()) or (path / "config.yaml").exists())
+    """A complete checkpoint is there (a run that stopped before its first one left nothing to protect)."""
+    return path.is_dir() and any(c.name.isdigit() for c in path.iterdir())
 
 
 def checkpoint_meta(cfg: Any, plan: Any, tokenizer: Any, step: int, tokens_seen: int, train_loss: float,

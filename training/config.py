@@ -149,6 +149,9 @@ class LoggingConfig:
     run_dir: Optional[str] = None  # null = runs/<name>-<timestamp>
     name: Optional[str] = None  # null = <model.name>-<dataset.name>
     wandb: str = "offline"  # online | offline | disabled
+    # online, when the wandb server cannot be reached or refuses the key (known within 35 s): fail (one line,
+    # before training) | offline (a warning, then log offline; `wandb sync` uploads the run later)
+    wandb_fallback: str = "fail"
     wandb_project: str = "gpt-jax"
     wandb_entity: Optional[str] = None
     tensorboard: bool = True

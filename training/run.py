@@ -128,8 +128,7 @@ def plan_run(cfg: DictConfig, overrides: list[str], stamp: int) -> RunPlan:
         check_writable("checkpoint.save_path", save_path)
     check_writable("dataset.cache_dir", cfg.dataset.cache_dir, probe=False)  # a prebuilt store may be read-only
     resuming_here = resume is not None and save_path.absolute() == resume.reader.directory
-    restarting = mode == "auto" and resume is None  # a rerun of this command before its first checkpoint
-    if not evaluating(cfg) and cfg.checkpoint.save and not (resuming_here or restarting) and holds_checkpoints(save_path):
+    if not evaluating(cfg) and cfg.checkpoint.save and not resuming_here and holds_checkpoints(save_path):
         raise CheckpointError(
             f"checkpoint.save_path: {save_path} already holds another run's checkpoints; choose another "
             f"path, or resume that run with checkpoint.load=True checkpoint.load_path={save_path}"

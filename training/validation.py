@@ -20,6 +20,7 @@ CHOICES = {
     "optimizer.name": ("adamw", "adam", "sgdm", "nadam", "rmsprop", "lion", "muon"),
     "optimizer.lr_config.name": ("constant", "linear", "cosine", "trapezoid", "piecewise_linear"),
     "logging.wandb": ("online", "offline", "disabled"),
+    "logging.wandb_fallback": ("fail", "offline"),
     "logging.progress": ("auto", "bar", "lines"),
     "system.dtype": ("float32", "bfloat16", "float16"),
     "system.sharding": ("dp", "fsdp"),
