@@ -6,14 +6,15 @@ key or file named, and whatever existed before left byte for byte as it was.
 
 import http.server
 import json
+import shutil
+import signal
 import socket
 import threading
 import time
-import shutil
 
 import pytest
 
-from helpers import read_metrics, run_cli, tiny_overrides
+from helpers import read_metrics, run_cli, start, tiny_overrides, wait_for_step
 
 pytestmark = pytest.mark.e2e
 
@@ -299,3 +300,29 @@ def test_secrets_are_written_nowhere_and_an_unreachable_wandb_falls_back_to_offl
     for secret in (API_KEY, HF_TOKEN):
         assert secret not in result.stdout + result.stderr
         assert [p for p in files if secret.encode() in p.read_bytes()] == []
+
+
+# -- 7. two runs resuming one checkpoint directory at once -----------------------------------------------------------
+
+def test_a_second_run_on_a_checkpoint_directory_in_use_is_refused_and_the_lock_dies_with_its_holder(finished,
+                                                                                                   data_cache,
+                                                                                                   tmp_path):
+    run_dir = copy_of(finished, tmp_path / "run")
+    resume = tiny_overrides(data_cache, "checkpoint.load=True", f"checkpoint.load_path={run_dir}")
+    first = start(resume + ["checkpoint.overwrite_config=True", "train.max_steps=100000", "train.eval_interval=50000"])
+    try:
+        wait_for_step(run_dir, 9, first)
+        first.send_signal(signal.SIGSTOP)  # alive, holding the lock, and leaving both cores to the second
+        saved = file_bytes(run_dir / "checkpoints")
+        second = run_cli(resume, timeout=120)  # a requeued copy of the same job
+        line = failed_in_one_line(second)
+        assert line == (f"error: checkpoint.save_path: {run_dir}/checkpoints is in use by another run (pid "
+                        f"{first.pid} on host {socket.gethostname()}, since " + line.split(", since ")[1])
+        assert "let it finish or stop it" in line and "step " not in second.stdout
+        assert file_bytes(run_dir / "checkpoints") == saved  # the second wrote nothing there
+    finally:
+        first.kill()  # kill -9: no handler runs, the lock is not released by the holder
+        first.communicate()
+    third = run_cli(resume + ["checkpoint.overwrite_config=True", "train.max_steps=10"], timeout=180)
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert f"resuming {run_dir}/checkpoints at step 8" in third.stdout
