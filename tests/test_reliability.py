@@ -326,3 +326,79 @@ def test_a_second_run_on_a_checkpoint_directory_in_use_is_refused_and_the_lock_d
     third = run_cli(resume + ["checkpoint.overwrite_config=True", "train.max_steps=10"], timeout=180)
     assert third.returncode == 0, third.stderr[-3000:]
     assert f"resuming {run_dir}/checkpoints at step 8" in third.stdout
+
+
+# -- 8. the disk fills during a save ---------------------------------------------------------------------------------
+
+def test_a_save_that_fills_the_disk_stops_in_one_line_keeps_the_last_checkpoint_and_resumes_later(finished, data_cache,
+                                                                                                   tmp_path):
+    run_dir = copy_of(finished, tmp_path / "run")
+    saved = file_bytes(run_dir / "checkpoints")
+    # Steps 9-12 with the same lr schedule (so the compiled steps come from the cache and nothing else grows), under
+    # a file-size limit that the run's logs fit in and the step-12 checkpoint's array files do not.
+    longer = tiny_overrides(data_cache, f"logging.run_dir={run_dir}", "checkpoint.load=auto",
+                            "checkpoint.overwrite_config=True", "train.max_steps=12", "optimizer.lr_config.max_steps=8")
+    result = run_cli(longer, timeout=180, preexec_fn=_file_size_limit(100_000))
+    line = failed_in_one_line(result)
+    assert line == (f"error: checkpoint.save_path: saving step 12 to {run_dir}/checkpoints failed: File too large (disk "
+                    "full?); the last complete one, step 8, is intact. Free some space and rerun with "
+                    "checkpoint.load=auto to resume"), line
+    after = file_bytes(run_dir / "checkpoints")
+    assert {p: after[p] for p in saved if p.parts[0] in ("4", "8")} == {p: b for p, b in saved.items()
+                                                                         if p.parts[0] in ("4", "8")}
+    assert not (run_dir / "checkpoints" / "12").exists()
+
+    result = run_cli(longer, timeout=180)  # the space is back
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"resuming {run_dir}/checkpoints at step 8" in result.stdout and (run_dir / "checkpoints" / "12").is_dir()
+
+
+# -- 6. a process of a multi-process run dies ------------------------------------------------------------------------
+
+def _start_processes(n: int, args: list[str], port: int) -> list:
+    import os
+    import subprocess
+    import sys
+
+    from helpers import ROOT
+
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # devices come from cpu_devices_per_process
+    env["PYTHONPATH"] = str(ROOT)
+    return [subprocess.Popen([sys.executable, str(ROOT / "train_jax.py"), *args, f"system.num_processes={n}",
+                              f"system.process_id={i}", f"system.coordinator_address=127.0.0.1:{port}"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+            for i in range(n)]
+
+
+def test_a_killed_process_ends_the_survivor_in_one_line_and_the_run_resumes_with_all_processes(data_cache, tmp_path):
+    run_dir, timeout_s = tmp_path / "run", 10
+    args = tiny_overrides(data_cache, f"logging.run_dir={run_dir}", "train.max_steps=24", "train.eval_interval=100",
+                          "checkpoint.save_steps=6", "train.batch_size=4", "system.num_devices=null",
+                          "system.cpu_devices_per_process=1", f"system.distributed_timeout_s={timeout_s}",
+                          "checkpoint.load=auto")
+    survivor, victim = _start_processes(2, args, _closed_port())
+    try:
+        wait_for_step(run_dir, 14, survivor, timeout=240)
+        victim.kill()  # kill -9
+        killed = time.time()
+        _, err = survivor.communicate(timeout=timeout_s + 60)
+        assert time.time() - killed < timeout_s + 15
+    finally:
+        for proc in (survivor, victim):
+            proc.kill()
+            proc.communicate()
+    assert survivor.returncode != 0
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines == [f"error: system: lost process 1 of 2: no sign of life for {timeout_s} s "
+                     "(system.distributed_timeout_s); resume with all 2 processes and checkpoint.load=auto"], err[-3000:]
+
+    last = max(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
+    resumed = _start_processes(2, args, _closed_port())  # the same command, with both processes
+    try:
+        outputs = [proc.communicate(timeout=240) for proc in resumed]
+    finally:
+        for proc in resumed:
+            proc.kill()
+    assert [proc.returncode for proc in resumed] == [0, 0], outputs[0][1][-3000:]
+    assert last >= 12 and f"resuming {run_dir}/checkpoints at step {last}" in outputs[0][0]
+    assert max(r["step"] for r in read_metrics(run_dir, "train")) == 24
