@@ -195,7 +195,7 @@ class SystemConfig:
     process_id: Optional[int] = None
     coordinator_address: Optional[str] = None  # host:port of process 0
     cpu_devices_per_process: Optional[int] = None  # CPU only: devices each process simulates
-    distributed_timeout_s: int = 300  # how long to wait for every process to join
+    distributed_timeout_s: int = 300  # how long to wait for every process to join, or for one that falls silent
     compilation_cache_dir: Optional[str] = ".cache/jax"  # persistent XLA compilation cache; null = off
     # true: any device-to-host transfer at a step that does not log, evaluate, save or agree to stop raises
     # (jax.transfer_guard): checks that the loop never makes the device wait for the host between those steps

@@ -22,6 +22,8 @@ from typing import Any
 
 import jax
 
+from training.errors import PipelineError
+
 HEARTBEAT_S = 1.0
 JAX_HEARTBEAT_MARGIN_S = 30  # JAX declares a process dead this long after the watch does, and ends the survivors
 _KEY = "gpt_jax/alive"
@@ -32,7 +34,7 @@ _watched: list = []  # the system config of a watched run
 
 def watch_peers(system: Any) -> None:
     """Start the watch thread (multi-process runs only; call after jax.distributed joined them)."""
-    if jax.process_count() == 1:
+    if not jax.distributed.is_initialized() or jax.process_count() == 1:
         return
     _watched.append(system)
     threading.Thread(target=_watch, args=(jax.process_index(), jax.process_count(), system.distributed_timeout_s,
@@ -78,7 +80,7 @@ def _try_get(client: Any, key: str) -> str | None:
 def lost_peer(error: BaseException) -> str | None:
     """For an exception from a collective that lost its peer: the line to exit with (after waiting, up to
     distributed_timeout_s, for the watch to name the process); None for any other exception."""
-    if not _watched or not any(s in str(error) for s in ("Connection closed by peer", "Connection reset",
+    if not _watched or isinstance(error, PipelineError) or not any(s in str(error) for s in ("Connection closed by peer", "Connection reset",
                                                                       "Socket closed", "Gloo")):
         return None
     system = _watched[0]
