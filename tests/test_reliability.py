@@ -48,6 +48,11 @@ def finished(tmp_path_factory, data_cache):
     return run_dir
 
 
+@pytest.fixture(autouse=True)
+def _token_store_built(finished):
+    """The token store exists before any test runs: building it shows a progress bar on stderr (after 2 s)."""
+
+
 def copy_of(run_dir, where):
     shutil.copytree(run_dir, where)
     return where
