@@ -35,11 +35,13 @@ from training.errors import DataError, PipelineError
 from training.evaluate import evaluate
 from training.logs import eval_table
 from training.loop import run_loop
+from training.peers import abandon, lost_peer, watch_peers
 from training.run import RunPlan, Source, plan_run, restore_state, shared_timestamp
 from training.sharding import init_distributed, init_mesh, put_batch
 from training.state import TrainState, place_state
 from training.stats import StatsKnobs
 from training.step import COMPUTE_DTYPES, make_eval_step, make_train_step
+from training.storage import storage_error
 
 
 def init_tokenizer(cfg, corpus: dict, source: Source | None) -> Tokenizer:
@@ -117,6 +119,7 @@ def main(argv: list[str]) -> None:
         return
     cfg = config_lib.load_config(argv)
     init_distributed(cfg.system)  # before anything touches a device
+    watch_peers(cfg.system)  # a process that dies is named, and the others end
     init_compilation_cache(cfg.system.compilation_cache_dir)
     compile_clock = CompileClock()
     config_lib.validate(cfg, jax.local_device_count())
@@ -154,6 +157,10 @@ def train(cfg, plan: RunPlan, p: Pipeline, state: TrainState, started: float, co
         run_loop(loop, p.train_step, batches.get, run.actions(loop.step), cfg.train.max_steps, run.tokens_per_step,
                  after_step=run.log.advance, guard=cfg.system.transfer_guard)
         run.finish(loop)
+    except Exception as e:  # before the clean-up below, which would wait for a lost process
+        if (lost := lost_peer(e)) is not None:
+            abandon(lost)
+        raise
     finally:
         batches.close()
         run.close()
@@ -165,6 +172,15 @@ def run(argv: list[str]) -> int:
     except PipelineError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return e.exit_code
+    except OSError as e:
+        if (error := storage_error(e)) is None:
+            raise
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        return error.exit_code
+    except Exception as e:
+        if (lost := lost_peer(e)) is None:
+            raise
+        abandon(lost)
     return 0
 
 

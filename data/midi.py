@@ -19,8 +19,9 @@ def read_midi(path: str | Path) -> Notes:
     """Every pitched note of a .mid file, times in seconds (mido applies the tempo changes while iterating)."""
     try:
         midi = mido.MidiFile(str(path))
-    except (OSError, EOFError, ValueError, KeyError, IndexError) as e:
-        raise DataError(f"{path}: not a readable MIDI file ({type(e).__name__}: {e})") from None
+    except Exception as e:  # mido raises whatever the damaged bytes lead it to (OSError, EOFError, ValueError, ...)
+        reason = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        raise DataError(f"{path}: not a readable MIDI file ({reason})") from None
     now, sounding = 0.0, {}
     pitch, velocity, start, end = [], [], [], []
     for msg in midi:  # merged tracks; msg.time is seconds since the previous message

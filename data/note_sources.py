@@ -22,7 +22,7 @@ import datasets
 
 from data.notes import Notes
 from data.sources import hub_reachable, offline_hub
-from training.errors import DataError
+from training.errors import DataError, warn
 
 FULL_VAL_SPLIT = "full"
 NOTE_FEATURES = datasets.Features({
@@ -193,16 +193,43 @@ def _midi_files(d: Any) -> datasets.Dataset:
         raise DataError(f"dataset.files: {list(d.files)} holds no .mid or .midi files")
     # A file's composer is its folder's name (bach/prelude.mid), as collections are usually sorted.
     listed = [(Path(p).parent.name, p) for p in paths]
-    return _parse_in_parallel(_midi_pieces, listed, d, "midi")
+    try:
+        pieces = _parse_in_parallel(_midi_pieces, listed, d, "midi")
+    except ValueError as e:  # datasets refuses to build an empty dataset: no file gave notes
+        if "corresponds to no data" not in str(e):
+            raise
+        pieces = None
+    parsed = set() if pieces is None else set(zip(pieces["composer"], pieces["title"]))
+    skipped = [(path, _why_no_notes(path)) for composer, path in listed if (composer, Path(path).name) not in parsed]
+    if pieces is None:
+        path, why = skipped[0]
+        raise DataError(f"dataset.files: none of the {len(listed)} MIDI files gives notes; {path}: {why}")
+    for path, why in skipped:
+        warn(f"dataset.files: {path}: {why}; skipped")
+    return pieces
 
 
 def _midi_pieces(items: list[tuple[str, str]], default_velocity: int) -> Iterator[dict]:
+    """The notes of each readable file; a file that is not is left out here and named by _midi_files."""
     from data.midi import read_midi
 
     for composer, path in items:
-        notes = read_midi(path)
+        try:
+            notes = read_midi(path)
+        except DataError:
+            continue
         if len(notes):
             yield {"composer": composer, "title": Path(path).name, **notes.as_columns()}
+
+
+def _why_no_notes(path: str) -> str:
+    from data.midi import read_midi
+
+    try:
+        read_midi(path)
+    except DataError as e:
+        return str(e).removeprefix(f"{path}: ")
+    return "holds no notes"
 
 
 def _parse_in_parallel(generator, items: list[tuple[str, str]], d: Any, label: str) -> datasets.Dataset:
@@ -219,7 +246,9 @@ def _parse_in_parallel(generator, items: list[tuple[str, str]], d: Any, label: s
         cache_dir=str(Path(d.cache_dir) / "notes"),
         fingerprint=hashlib.sha256(json.dumps([label, items, stamps, d.default_velocity]).encode()).hexdigest()[:16],
     )
-    return pieces.sort(["composer", "title"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # pyarrow's deprecation notice about datasets' sort options
+        return pieces.sort(["composer", "title"])
 
 
 def _in_workers(parse, shards: list[list[tuple[str, str]]], default_velocity: int) -> Iterator[dict]:

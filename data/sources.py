@@ -185,9 +185,19 @@ def _json_files(d: Any) -> TextCorpus:
     paths = expand_files(d.files)
 
     def load() -> dict[str, datasets.Dataset]:
-        loaded = datasets.load_dataset("json", data_files=paths, cache_dir=str(Path(d.cache_dir) / "hf"))
-        return _capped({name: _text_column(ds, d, label="dataset.files")
-                        for name, ds in _hash_split(loaded["train"], d).items()}, d)
+        from data.file_checks import check_filled, malformed_json
+
+        datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # a malformed line is said once, below
+        try:
+            loaded = datasets.load_dataset("json", data_files=paths, cache_dir=str(Path(d.cache_dir) / "hf"))
+        except Exception as e:  # a malformed line: DatasetGenerationError, which names neither file nor line
+            raise malformed_json(paths, e) from None
+        finally:
+            datasets.logging.set_verbosity_error()
+        rows = _text_column(loaded["train"], d, label=" ".join(paths[:3]) + (" ..." if len(paths) > 3 else ""))
+        keys = ("prompt_column", "completion_column") if d.prompt_column else ("text_column",)
+        check_filled(loaded["train"], {key: d[key] for key in keys}, paths)
+        return _capped(_hash_split(rows, d), d)
 
     columns = [d.text_column, d.prompt_column, d.completion_column]
     return TextCorpus(d.name, _fingerprint("json-v1", _file_stamps(paths), columns, d.val_fraction, d.test_fraction,

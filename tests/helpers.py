@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -60,13 +61,30 @@ def build(overrides: list[str], source: Source | None = None) -> Parts:
 
 
 def run_cli(args: list[str], timeout: float = 300, env: dict | None = None, cwd: Path = ROOT,
-            script: str = "train_jax.py") -> subprocess.CompletedProcess:
-    """Run a project script in a fresh Python process, as a user would."""
+            script: str = "train_jax.py", preexec_fn: Any = None) -> subprocess.CompletedProcess:
+    """Run a project script in a fresh Python process, as a user would (`preexec_fn`: set limits in the child)."""
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     return subprocess.run([sys.executable, str(ROOT / script), *args], capture_output=True, text=True,
-                          timeout=timeout, env=full_env, cwd=cwd)
+                          timeout=timeout, env=full_env, cwd=cwd, preexec_fn=preexec_fn)
 
 
 def read_metrics(run_dir: Path, split: str | None = None) -> list[dict]:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [r for r in rows if split is None or r["split"] == split]
+
+
+def start(args: list[str], env: dict | None = None) -> subprocess.Popen:
+    """train_jax.py in the background (stdout and stderr piped), for tests that signal or kill it."""
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.Popen([sys.executable, str(ROOT / "train_jax.py"), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=full_env, cwd=ROOT)
+
+
+def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if (run_dir / "metrics.jsonl").exists() and any(r["step"] >= step for r in read_metrics(run_dir, "train")):
+            return
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        time.sleep(0.05)
+    raise TimeoutError(f"no step {step} within {timeout} s")

@@ -5,15 +5,13 @@ produces the same losses, step by step and bit for bit, as the run that was neve
 """
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
-from helpers import ROOT, read_metrics, run_cli, tiny_overrides
+from helpers import read_metrics, run_cli, start, tiny_overrides, wait_for_step
 
 pytestmark = pytest.mark.e2e
 STEPS = 40
@@ -39,22 +37,6 @@ def straight(tmp_path_factory, data_cache):
     run_dir = tmp_path_factory.mktemp("straight") / "run"
     ok(run_cli(config(data_cache, run_dir)))
     return run_dir
-
-
-def start(args):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, str(ROOT / "train_jax.py"), *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-
-
-def wait_for_step(run_dir, step, proc, timeout=120):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if (run_dir / "metrics.jsonl").exists() and any(r["step"] >= step for r in read_metrics(run_dir, "train")):
-            return
-        assert proc.poll() is None, proc.communicate()[1][-2000:]
-        time.sleep(0.05)
-    raise TimeoutError(f"no step {step} within {timeout} s")
 
 
 def resume(data_cache, run_dir, *extra):

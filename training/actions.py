@@ -28,6 +28,7 @@ from training.logs import RunLogger, describe_run, eval_table
 from training.loop import Action, LoopState
 from training.report import finish_run
 from training.run import RunPlan, carried_over
+from training.run_lock import lock_save_path
 from training.sharding import max_over_processes
 from training.profile import StepProfiler
 from training.signals import StopRequest
@@ -41,6 +42,7 @@ class TrainingRun:
         self.cfg, self.plan, self.p, self.started, self.compile_clock = cfg, plan, pipeline, started, compile_clock
         self.is_main = jax.process_index() == 0
         self.resumed = plan.resume.meta if plan.resume else None
+        self.lock = lock_save_path(plan.save_path) if cfg.checkpoint.save else None  # before anything is written
         if self.is_main:
             plan.run_dir.mkdir(parents=True, exist_ok=True)
             (plan.run_dir / "config.yaml").write_text(config_lib.to_yaml(cfg))
@@ -50,6 +52,9 @@ class TrainingRun:
                                              config_lib.listed_save_steps(cfg))
             if self.is_main:
                 (plan.save_path / "config.yaml").write_text(config_lib.to_yaml(cfg))
+                if plan.resume is not None and plan.resume.reader.directory == plan.save_path:
+                    for step, _ in plan.resume.passed_over:  # damaged steps this run will write again
+                        self.checkpointer.set_aside(step)
         t = cfg.train
         self.log = RunLogger(cfg, plan.run_dir, t.max_steps, int(state.step), self.is_main,
                              carried_over(self.resumed, "wandb_id", None))
@@ -172,6 +177,8 @@ class TrainingRun:
         self.signals.uninstall()
         if self.checkpointer is not None:
             self.checkpointer.close()
+        if self.lock is not None:
+            self.lock.release()
 
 
 def _token_weighted(fetched: list[dict], name: str) -> float:

@@ -17,8 +17,13 @@ Kept: the `max_to_keep` most recent checkpoints, the best one by main validation
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import math
+import os
+import re
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -31,8 +36,11 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as policies
 
 from training.errors import CheckpointError
+from training.storage import DISK_FULL_ERRNOS
 
-absl.logging.set_verbosity(absl.logging.ERROR)  # Orbax reports routine events (read-only opens, ...) as warnings
+# Orbax reports routine events (read-only opens, ...) as warnings, and a failed background save as errors with the
+# threads' tracebacks before the failure reaches the caller: the caller says it once, as a CheckpointError.
+absl.logging.set_verbosity(absl.logging.FATAL)
 
 PARTS = ("model", "opt_state", "progress")  # the TrainState, split by what a restore may want
 META = "meta"
@@ -62,6 +70,9 @@ class Checkpointer:
             cleanup_tmp_directories=not read_only,  # leftovers of a save that was killed half-way
         )
         self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=PARTS + (STATS, META))
+        self._saving: int | None = None  # the step of the save in flight, for the line that says it failed
+        self._failed: CheckpointError | None = None
+        _drop_abandoned_io()  # a failed background save echoes from Orbax's threads before anyone is told
 
     # -- writing ---------------------------------------------------------------------------------------------------
     def save(self, state: Any, meta: dict, val_loss: float | None = None) -> bool:
@@ -71,24 +82,55 @@ class Checkpointer:
         step = int(state.step)
         if step in self._manager.all_steps():
             return True  # already saved (e.g. an eval and the end of the run fall on the same step)
-        self._manager.save(
-            step,
-            args=ocp.args.Composite(
-                **{part: ocp.args.StandardSave(arrays) for part, arrays in _parts(state).items()},
-                **({STATS: ocp.args.StandardSave(state.stats)} if state.stats is not None else {}),
-                **{META: ocp.args.JsonSave(meta)},
-            ),
-            metrics={"val_loss": val_loss} if val_loss is not None and math.isfinite(val_loss) else None,
-            force=True,
-        )
+        with self._writing():  # a failure of the previous (background) save surfaces here
+            self._saving = step
+            self._manager.save(
+                step,
+                args=ocp.args.Composite(
+                    **{part: ocp.args.StandardSave(arrays) for part, arrays in _parts(state).items()},
+                    **({STATS: ocp.args.StandardSave(state.stats)} if state.stats is not None else {}),
+                    **{META: ocp.args.JsonSave(meta)},
+                ),
+                metrics={"val_loss": val_loss} if val_loss is not None and math.isfinite(val_loss) else None,
+                force=True,
+            )
         return True
 
     def wait(self) -> None:
-        self._manager.wait_until_finished()
+        with self._writing():
+            self._manager.wait_until_finished()
 
     def close(self) -> None:
-        self._manager.wait_until_finished()
-        self._manager.close()
+        if self._failed is None:  # after a failed save there is nothing left to finish
+            self.wait()
+            self._manager.close()
+
+    @contextlib.contextmanager
+    def _writing(self):
+        """Orbax's save errors (a full disk, a file-size limit, ...) as one CheckpointError naming the step, the
+        reason and the last complete checkpoint, which a failed save leaves as it was."""
+        if self._failed is not None:
+            raise self._failed
+        try:
+            yield
+        except Exception as e:
+            text = str(e)
+            code = re.search(r"os_error_code='(\d+)'", text)
+            reason = (os.strerror(int(code.group(1))) + (" (disk full?)" if int(code.group(1)) in DISK_FULL_ERRNOS
+                                                         else "")) if code else _first_line(text, e)
+            complete = [s for s in self._manager.all_steps() if s != self._saving]
+            last = f"the last complete one, step {max(complete)}, is intact" if complete else "no complete one yet"
+            self._failed = CheckpointError(
+                f"checkpoint.save_path: saving step {self._saving} to {self.directory} failed: {reason}; {last}. "
+                "Free some space and rerun with checkpoint.load=auto to resume")
+            raise self._failed from None
+
+    def set_aside(self, step: int) -> Path:
+        """Rename a damaged step out of the way (never deleted), so that the resumed run can save that step again."""
+        aside = self.directory / f"{step}.damaged-{time.strftime('%Y%m%d-%H%M%S')}"
+        (self.directory / str(step)).rename(aside)
+        self._manager.reload()
+        return aside
 
     # -- reading ---------------------------------------------------------------------------------------------------
     def steps(self) -> list[int]:
@@ -153,12 +195,38 @@ class Checkpointer:
         try:
             return self._manager.restore(step, args=ocp.args.Composite(**{part: ocp.args.StandardRestore(target)}))[part]
         except Exception as e:  # TensorStore/Orbax raise many types for missing, damaged or mismatched files
-            reason = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+            if not (self.directory / str(step) / part).is_dir():
+                raise CheckpointError(f"checkpoint {self.directory}/{step}: its {part} is missing (an incomplete or "
+                                      "damaged checkpoint)") from None
+            reason = _first_line(str(e).split(" See full TensorStore details")[0], e)
             hint = {"model": "a different model, or a corrupt/truncated checkpoint",
                     "opt_state": "a different optimizer? checkpoint.overwrite_optimizer=True starts a fresh one",
                     "progress": "corrupt or truncated?", STATS: "other statistics knobs"}[part]
             raise CheckpointError(f"checkpoint {self.directory}/{step}: its {part} does not restore ({hint}): {reason}"
                                   ) from None
+
+
+def _first_line(text: str, e: BaseException) -> str:
+    return text.strip().splitlines()[0][:160] if text.strip() else type(e).__name__
+
+
+def _drop_abandoned_io() -> None:
+    """A restore or save that fails leaves TensorStore reads and writes in flight; when they finish, their callbacks
+    find Orbax's event loop closed (or the interpreter shutting down), and Python would print a traceback for each
+    (or asyncio "Future exception was never retrieved"). The failure is reported once, as a CheckpointError; these
+    echoes of it are dropped."""
+    if getattr(sys.unraisablehook, "drops_abandoned_io", False):
+        return
+    previous = sys.unraisablehook
+
+    def hook(unraisable: Any) -> None:
+        echo = isinstance(unraisable.exc_value, RuntimeError) and str(unraisable.exc_value) == "Event loop is closed"
+        if not (echo or "orbax" in repr(unraisable.object)):
+            previous(unraisable)
+
+    hook.drops_abandoned_io = True
+    sys.unraisablehook = hook
+    logging.getLogger("asyncio").addFilter(lambda record: "exception was never retrieved" not in record.getMessage())
 
 
 @jax.jit
@@ -190,7 +258,8 @@ def find_checkpoint_dir(path: str | Path) -> Path:
 
 
 def holds_checkpoints(path: Path) -> bool:
-    return path.is_dir() and (any(c.name.isdigit() for c in path.iterdir()) or (path / "config.yaml").exists())
+    """A complete checkpoint is there (a run that stopped before its first one left nothing to protect)."""
+    return path.is_dir() and any(c.name.isdigit() for c in path.iterdir())
 
 
 def checkpoint_meta(cfg: Any, plan: Any, tokenizer: Any, step: int, tokens_seen: int, train_loss: float,

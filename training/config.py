@@ -152,6 +152,9 @@ class LoggingConfig:
     run_dir: Optional[str] = None  # null = runs/<name>-<timestamp>
     name: Optional[str] = None  # null = <model.name>-<dataset.name>
     wandb: str = "offline"  # online | offline | disabled
+    # online, when the wandb server cannot be reached or refuses the key (known within 35 s): fail (one line,
+    # before training) | offline (a warning, then log offline; `wandb sync` uploads the run later)
+    wandb_fallback: str = "fail"
     wandb_project: str = "gpt-jax"
     wandb_entity: Optional[str] = None
     tensorboard: bool = True
@@ -172,7 +175,11 @@ class CheckpointConfig:
     save_path: Optional[str] = None  # null = <run_dir>/checkpoints
     save_steps: Any = None  # int = every N steps, list = at these steps, null = only latest/best/final
     max_to_keep: Optional[int] = 3  # periodic checkpoints kept besides latest and best; null = all
-    load: bool = False
+    # true: resume from load_path; false: start fresh; auto: resume from load_path, or else from this run's save path
+    # (save_path, or <logging.run_dir>/checkpoints), when it holds a checkpoint, and start fresh when none does (the
+    # same command rerun after a kill continues); a latest checkpoint that does not restore falls back, with a
+    # warning, to the newest one that does (true only names it)
+    load: Any = False
     load_path: Optional[str] = None
     load_file: str = "latest"  # latest | best | <step>
     overwrite_config: bool = False
@@ -191,7 +198,7 @@ class SystemConfig:
     process_id: Optional[int] = None
     coordinator_address: Optional[str] = None  # host:port of process 0
     cpu_devices_per_process: Optional[int] = None  # CPU only: devices each process simulates
-    distributed_timeout_s: int = 300  # how long to wait for every process to join
+    distributed_timeout_s: int = 300  # how long to wait for every process to join, or for one that falls silent
     compilation_cache_dir: Optional[str] = ".cache/jax"  # persistent XLA compilation cache; null = off
     # true: any device-to-host transfer at a step that does not log, evaluate, save or agree to stop raises
     # (jax.transfer_guard): checks that the loop never makes the device wait for the host between those steps
@@ -231,9 +238,25 @@ def load_config(overrides: list[str]) -> DictConfig:
             cfg = compose(config_name="config", overrides=list(overrides))
         validate_keys(cfg)
     except (HydraException, OmegaConfBaseException) as e:
-        raise ConfigError(_one_line(e)) from None
+        raise ConfigError(_unparsable_override(overrides) or _one_line(e)) from None
     OmegaConf.set_readonly(cfg, True)
     return cfg
+
+
+def _unparsable_override(overrides: list[str]) -> str | None:
+    """The first argument Hydra's override grammar rejects, named, with how to write it; None when all parse."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    for item in overrides:
+        try:
+            parser.parse_override(item)
+        except HydraException as e:
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            return (f"config: cannot parse the argument {item!r} ({reason}); write a list whole, e.g. "
+                    "'train.batch_size=[1,2]', and quote a value with spaces, commas or brackets for Hydra inside the "
+                    "shell's quotes: 'key=\"a, b\"'")
+    return None
 
 
 def validate_keys(cfg: DictConfig) -> None:
@@ -309,6 +332,12 @@ def mixture_sources(cfg: DictConfig) -> list[tuple[str, float, DictConfig]]:
 def evaluating(cfg: DictConfig) -> bool:
     """mode=eval (or eval_only=true): evaluate a checkpoint, train nothing."""
     return cfg.mode == "eval" or bool(cfg.eval_only)
+
+
+def load_mode(cfg: DictConfig) -> str:
+    """`checkpoint.load` as "true", "false" or "auto" (Hydra reads true and false as booleans)."""
+    load = cfg.checkpoint.load
+    return load if isinstance(load, str) else "true" if load else "false"
 
 
 def init_from_dir(cfg: DictConfig) -> str | None:

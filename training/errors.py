@@ -23,3 +23,13 @@ class DataError(PipelineError):
 
 class CheckpointError(PipelineError):
     """A checkpoint cannot be written or read."""
+
+
+def warn(message: str) -> None:
+    """Something the user should know that does not stop the run: one line on stderr, from process 0 only."""
+    import sys
+
+    import jax
+
+    if jax.process_index() == 0:
+        print(f"warning: {message}", file=sys.stderr, flush=True)

@@ -8,13 +8,18 @@ from __future__ import annotations
 
 import json
 import math
+import socket
 import sys
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
-from training.errors import ConfigError
+from training.errors import ConfigError, PipelineError, warn
 from training.secrets import secret
+
+WANDB_CONNECT_TIMEOUT_S = 5  # online: how long the server has to take a connection before wandb.init is tried
+WANDB_INIT_TIMEOUT_S = 30  # and wandb.init to start the run (its default is 90 s, retried)
 
 
 def format_duration(seconds: float) -> str:
@@ -114,7 +119,8 @@ class RunLogger:
     def _record(self, step: int, split: str, values: dict[str, float]) -> None:
         row = {"step": step, "split": split, "time": time.time(), **{k: _plain(v) for k, v in values.items()}}
         self.metrics_file.write(json.dumps(row) + "\n")
-        numbers = {k: v for k, v in values.items() if v is not None}
+        # TensorBoard warns on every NaN (the first interval has no rate yet); metrics.jsonl keeps them as strings
+        numbers = {k: v for k, v in values.items() if v is not None and math.isfinite(v)}
         if self.tb is not None:
             for k, v in numbers.items():
                 self.tb.add_scalar(f"{split}/{k}", v, step)
@@ -139,9 +145,10 @@ class RunLogger:
 
 
 def _start_wandb(cfg: Any, run_dir: Path, run_id: str | None):
+    """wandb in the configured mode. Online, a server that cannot be reached or refuses the key is known within
+    WANDB_CONNECT_TIMEOUT_S + WANDB_INIT_TIMEOUT_S (wandb alone would retry for minutes and end in its own multi-line
+    error): then one line, or (logging.wandb_fallback=offline) a warning and an offline run."""
     import wandb
-
-    from training.config import as_dict
 
     mode = cfg.logging.wandb
     api_key = secret("WANDB_API_KEY")
@@ -150,10 +157,32 @@ def _start_wandb(cfg: Any, run_dir: Path, run_id: str | None):
             "config: logging.wandb=online needs WANDB_API_KEY in the environment or in .env; "
             "or use logging.wandb=offline (sync later with `wandb sync`)"
         )
-    settings = wandb.Settings(
-        api_key=api_key if mode == "online" else None, silent=True, console="off", disable_git=True,
-        x_save_requirements=False,
-    )
+    # Its notices (e.g. which credentials it uses) are not ours to print; its settings name the server (WANDB_BASE_URL).
+    session = wandb.setup(settings=wandb.Settings(silent=True))
+    if mode == "online":
+        base_url = session.settings.base_url
+        problem = _unreachable(base_url)
+        if problem is None:
+            try:
+                return _init_wandb(cfg, run_dir, run_id, "online", api_key)
+            except wandb.errors.Error as e:
+                problem = f"the wandb server at {base_url} refused: {_first_line(e)}"
+        if cfg.logging.wandb_fallback != "offline":
+            raise PipelineError(f"logging.wandb=online: {problem}; check WANDB_API_KEY and the network, or use "
+                                "logging.wandb=offline, or logging.wandb_fallback=offline to log offline and `wandb "
+                                "sync` later")
+        warn(f"logging.wandb=online: {problem}; logging offline instead (logging.wandb_fallback=offline): upload "
+             f"later with `wandb sync {run_dir / 'wandb'}/offline-run-*`")
+    return _init_wandb(cfg, run_dir, run_id, "offline" if mode == "online" else mode, None)
+
+
+def _init_wandb(cfg: Any, run_dir: Path, run_id: str | None, mode: str, api_key: str | None):
+    import wandb
+
+    from training.config import as_dict
+
+    settings = wandb.Settings(api_key=api_key, silent=True, console="off", disable_git=True,
+                              x_save_requirements=False, init_timeout=WANDB_INIT_TIMEOUT_S)
     return wandb.init(
         project=cfg.logging.wandb_project,
         entity=cfg.logging.wandb_entity,
@@ -165,6 +194,21 @@ def _start_wandb(cfg: Any, run_dir: Path, run_id: str | None):
         config=as_dict(cfg),
         settings=settings,
     )
+
+
+def _unreachable(url: str) -> str | None:
+    """Why the server at `url` takes no connection (no network, wrong address, refused), or None when it does."""
+    parsed = urlparse(url)
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        socket.create_connection((parsed.hostname, port), timeout=WANDB_CONNECT_TIMEOUT_S).close()
+    except OSError as e:
+        return f"cannot reach the wandb server at {url} ({e.strerror or type(e).__name__})"
+    return None
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
 
 
 def _plain(v: Any) -> Any:

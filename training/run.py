@@ -1,16 +1,20 @@
-"""Where a run writes, and what it starts from: fresh, resumed (`checkpoint.load=True`) or from weights (`init_from`).
+"""Where a run writes, and what it starts from: fresh, resumed (`checkpoint.load=True`, or `auto` when the run's save
+path holds a checkpoint) or from weights (`init_from`).
 
 Resuming without `checkpoint.overwrite_config` runs the saved config.yaml; only the keys that describe this
 invocation rather than the experiment come from the command line (`RESUME_KEYS`). A resumed run continues in its old
 run directory (metrics.jsonl, TensorBoard and wandb continue the same curves) and writes its checkpoints beside the
-ones it was loaded from.
+ones it was loaded from. A resumed run takes the newest checkpoint that restores: when the latest is damaged,
+`checkpoint.load=auto` falls back to an older one with a warning, and `checkpoint.load=True` stops with a line that
+names it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +27,9 @@ import numpy as np
 from models.hf import HF_PREFIX, check_hf_config, load_hf_model, resolve_hf
 from optimizers import continue_schedule_at
 from training.checkpoint import PARTS, Checkpointer, find_checkpoint_dir, holds_checkpoints
-from training.config import Config, evaluating, init_from_dir, validate_keys
-from training.errors import CheckpointError
+from training.config import Config, evaluating, init_from_dir, load_mode, validate_keys
+from training.errors import CheckpointError, warn
+from training.storage import check_writable
 
 # Keys that describe this invocation (hardware, time budget, what to load, how to print): a resumed run takes them
 # from the command line even when the saved config wins.
@@ -43,6 +48,8 @@ class Source:
     step: int
     meta: dict
     hf_folder: Path | None = None
+    passed_over: list[tuple[int, str]] = field(default_factory=list)  # newer steps not taken, and why
+    load_file: str = "latest"
 
     @property
     def where(self) -> str:
@@ -60,17 +67,46 @@ class RunPlan:
 
 
 def open_source(path: str, load_file: str) -> Source:
+    """The checkpoint `load_file` names; for `latest`, the newest whose metadata reads (what was passed over is
+    recorded, and restore_state decides whether falling back is allowed)."""
     reader = Checkpointer(find_checkpoint_dir(path), read_only=True)
     step = reader.resolve(load_file)
-    return Source(reader, step, reader.read_meta(step))
+    passed_over: list[tuple[int, str]] = []
+    for candidate in [step] + (older_steps(reader, step) if load_file == "latest" else []):
+        try:
+            return Source(reader, candidate, reader.read_meta(candidate), passed_over=passed_over, load_file=load_file)
+        except CheckpointError as e:
+            passed_over.append((candidate, str(e)))
+    raise CheckpointError(passed_over[0][1] + ("; no older checkpoint's metadata reads either" if len(passed_over) > 1
+                                               else ""))
+
+
+def older_steps(reader: Checkpointer, step: int) -> list[int]:
+    return [s for s in reversed(reader.steps()) if s < step]
+
+
+def auto_resume_path(cfg: DictConfig) -> str | None:
+    """checkpoint.load=auto: the directory to resume from (load_path, else this run's save path), when it holds a
+    complete checkpoint; None starts the run fresh."""
+    c = cfg.checkpoint
+    run_dir = cfg.logging.run_dir
+    path = c.load_path or c.save_path or (str(Path(run_dir) / "checkpoints") if run_dir else None)
+    if path is None or not Path(path).expanduser().is_dir():
+        return None
+    return path if Checkpointer(find_checkpoint_dir(path), read_only=True).steps() else None
 
 
 def plan_run(cfg: DictConfig, overrides: list[str], stamp: int) -> RunPlan:
     """`stamp`: a start time shared by all processes, so they agree on a fresh run's directory name."""
     resume = init_from = None
     ignored: list[str] = []
-    if cfg.checkpoint.load:
-        resume = open_source(cfg.checkpoint.load_path, cfg.checkpoint.load_file)
+    mode = load_mode(cfg)
+    resume_path = cfg.checkpoint.load_path if mode == "true" else auto_resume_path(cfg) if mode == "auto" else None
+    if mode == "auto" and resume_path is None and evaluating(cfg):
+        raise CheckpointError("checkpoint.load=auto: no checkpoint to evaluate in checkpoint.load_path, "
+                              "checkpoint.save_path or <logging.run_dir>/checkpoints")
+    if resume_path is not None:
+        resume = open_source(resume_path, cfg.checkpoint.load_file)
         if not cfg.checkpoint.overwrite_config:
             cfg, ignored = _saved_config_wins(cfg, resume, overrides)
         check_same_model(cfg, resume)
@@ -87,6 +123,10 @@ def plan_run(cfg: DictConfig, overrides: list[str], stamp: int) -> RunPlan:
         name = cfg.logging.name or f"{cfg.model.name}-{cfg.dataset.name}"
         run_dir = Path(cfg.logging.run_dir or f"runs/{name}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(stamp))}")
         save_path = Path(cfg.checkpoint.save_path or run_dir / "checkpoints")
+    check_writable("logging.run_dir", run_dir)
+    if not evaluating(cfg) and cfg.checkpoint.save:
+        check_writable("checkpoint.save_path", save_path)
+    check_writable("dataset.cache_dir", cfg.dataset.cache_dir, probe=False)  # a prebuilt store may be read-only
     resuming_here = resume is not None and save_path.absolute() == resume.reader.directory
     if not evaluating(cfg) and cfg.checkpoint.save and not resuming_here and holds_checkpoints(save_path):
         raise CheckpointError(
@@ -157,14 +197,12 @@ def carried_over(meta: dict | None, key: str, default: Any) -> Any:
 def restore_state(state: Any, plan: RunPlan) -> Any:
     """The fresh `state` with what the plan loads: everything (resume), all but the optimizer state (resume with
     checkpoint.overwrite_optimizer=True: a fresh optimizer whose lr schedule continues at the restored step), or the
-    weights alone (init_from: the schedule starts at 0)."""
-    if plan.resume is not None and plan.cfg.checkpoint.overwrite_optimizer:
-        restored = plan.resume.reader.restore(plan.resume.step, state, ("model", "progress"))
-        # Fresh moments, but the lr schedule continues where the run was: at the updates it had applied.
-        lr_step = restored.step - restored.loss_scale.skipped
-        return eqx.tree_at(lambda s: s.opt_state, restored, continue_schedule_at(restored.opt_state, lr_step))
+    weights alone (init_from: the schedule starts at 0). A resume takes the newest checkpoint that restores, and
+    `plan.resume` becomes that one."""
     if plan.resume is not None:
-        return plan.resume.reader.restore(plan.resume.step, state, PARTS)
+        restored, plan.resume = _newest_that_restores(plan.resume, lambda source: _resume(state, source, plan.cfg),
+                                                      fallback=load_mode(plan.cfg) == "auto")
+        return restored
     if plan.init_from is not None and plan.init_from.hf_folder is not None:
         key = jax.random.fold_in(state.key, 0x4846)  # rows for ids the checkpoint lacks
         model = load_hf_model(plan.init_from.hf_folder, state.model, key)
@@ -173,6 +211,37 @@ def restore_state(state: Any, plan: RunPlan) -> Any:
     if plan.init_from is not None:
         return plan.init_from.reader.restore(plan.init_from.step, state, ("model",))
     return state
+
+
+def _resume(state: Any, source: Source, cfg: DictConfig) -> Any:
+    if cfg.checkpoint.overwrite_optimizer:
+        restored = source.reader.restore(source.step, state, ("model", "progress"))
+        # Fresh moments, but the lr schedule continues where the run was: at the updates it had applied.
+        lr_step = restored.step - restored.loss_scale.skipped
+        return eqx.tree_at(lambda s: s.opt_state, restored, continue_schedule_at(restored.opt_state, lr_step))
+    return source.reader.restore(source.step, state, PARTS)
+
+
+def _newest_that_restores(source: Source, restore: Any, fallback: bool) -> tuple[Any, Source]:
+    """`restore(source)`, or (load_file=latest) that of the newest older checkpoint that restores: taken with a
+    warning when `fallback`, else named in the error. A damaged checkpoint is never taken silently."""
+    failures = list(source.passed_over)
+    candidates = [source.step] + (older_steps(source.reader, source.step) if source.load_file == "latest" else [])
+    for step in candidates:
+        try:
+            candidate = source if step == source.step else Source(source.reader, step, source.reader.read_meta(step))
+            restored = restore(candidate)
+        except CheckpointError as e:
+            failures.append((step, str(e)))
+            continue
+        if not failures:
+            return restored, candidate
+        if fallback:
+            warn(f"{failures[0][1]}; resuming from step {step}, the newest checkpoint that restores")
+            return restored, dataclasses.replace(candidate, passed_over=failures)
+        raise CheckpointError(f"{failures[0][1]}; the newest checkpoint that restores is step {step}: resume it with "
+                              f"checkpoint.load_file={step} (or checkpoint.load=auto)")
+    raise CheckpointError(failures[0][1] + ("; no other checkpoint there restores either" if len(failures) > 1 else ""))
 
 
 def shared_timestamp(now: float) -> int:

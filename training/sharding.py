@@ -25,6 +25,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from training.errors import ConfigError
+from training.peers import JAX_HEARTBEAT_MARGIN_S
 
 DATA_AXIS, MODEL_AXIS = "data", "model"
 FSDP_MIN_SIZE = 2**14  # arrays smaller than this stay replicated: sharding them saves nothing worth a collective
@@ -56,6 +57,8 @@ def init_distributed(system: Any) -> None:
             num_processes=system.num_processes,
             process_id=system.process_id,
             initialization_timeout=system.distributed_timeout_s,
+            # training/peers.py notices a lost process after distributed_timeout_s; this is JAX's own backstop
+            heartbeat_timeout_seconds=system.distributed_timeout_s + JAX_HEARTBEAT_MARGIN_S,
         )
     except (RuntimeError, ValueError) as e:
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__

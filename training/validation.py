@@ -22,6 +22,7 @@ CHOICES = {
     "optimizer.name": ("adamw", "adam", "sgdm", "nadam", "rmsprop", "lion", "muon"),
     "optimizer.lr_config.name": ("constant", "linear", "cosine", "trapezoid", "piecewise_linear"),
     "logging.wandb": ("online", "offline", "disabled"),
+    "logging.wandb_fallback": ("fail", "offline"),
     "logging.progress": ("auto", "bar", "lines"),
     "system.dtype": ("float32", "bfloat16", "float16"),
     "system.sharding": ("dp", "fsdp"),
@@ -189,13 +190,16 @@ def validate_values(cfg: DictConfig, num_local_devices: int) -> None:
             _fail("checkpoint.save_steps", f"must be a positive int, a list of positive ints, or null; got {steps}")
     if c.max_to_keep is not None and c.max_to_keep < 1:
         _fail("checkpoint.max_to_keep", f"must be >= 1 (or null to keep all); got {c.max_to_keep}")
-    if c.load and not c.load_path:
-        _fail("checkpoint.load_path", "checkpoint.load=True needs checkpoint.load_path=<checkpoint dir>")
+    if c.load not in (True, False, "auto"):
+        _fail("checkpoint.load", f"must be true, false or auto; got {c.load!r}")
+    if c.load is True and not c.load_path:
+        _fail("checkpoint.load_path", "checkpoint.load=True needs checkpoint.load_path=<checkpoint dir> (checkpoint.load="
+                                      "auto finds this run's own)")
     if evaluating(cfg) and not c.load:
         key = "eval_only" if cfg.eval_only else "mode"
         _fail(key, f"{key}={'true' if cfg.eval_only else 'eval'} evaluates a checkpoint: add checkpoint.load=True "
                    "checkpoint.load_path=<dir>")
-    if c.load and (init_from_dir(cfg) or str(cfg.init_from or "").startswith("hf:")):
+    if c.load is True and (init_from_dir(cfg) or str(cfg.init_from or "").startswith("hf:")):
         _fail("init_from", "choose one: checkpoint.load=True resumes a run, init_from=<dir> starts one from weights")
     if c.load_file not in ("latest", "best") and not str(c.load_file).isdigit():
         _fail("checkpoint.load_file", f"must be latest, best or a step number; got {c.load_file!r}")

@@ -1,0 +1,69 @@
+"""The user's JSON / JSON-lines files, when datasets' loader fails on them or reads holes: which file, which line.
+
+datasets' `json` builder reports a malformed line as "An error occurred while generating the dataset" (the file and
+line are lost inside pyarrow), and fills a key that a row lacks with null. These functions run only after such a
+failure, or over the columns a run reads, and say where: `<file> line <n>`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from training.errors import DataError
+
+
+def malformed_json(paths: list[str], error: Exception) -> DataError:
+    """The first line (JSON lines) or file (one JSON document) that does not parse; else the loader's own reason."""
+    for path in paths:
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            return DataError(f"dataset.files: {path}: unreadable ({getattr(e, 'strerror', None) or e})")
+        try:
+            json.loads(text)
+            continue  # one JSON document (an array of rows, or one row)
+        except ValueError:
+            pass
+        for number, line in enumerate(text.splitlines(), start=1):
+            if line.strip():
+                try:
+                    json.loads(line)
+                except ValueError as e:
+                    return DataError(f"dataset.files: {path} line {number}: not valid JSON (column "
+                                     f"{e.colno}: {e.msg}); fix or remove that line")
+    cause = error.__cause__ or error
+    reason = str(cause).strip().splitlines()[0][:200] if str(cause).strip() else type(cause).__name__
+    return DataError(f"dataset.files: {', '.join(paths[:3])}: datasets cannot read them as JSON ({reason})")
+
+
+def check_filled(ds: Any, columns: dict[str, str], paths: list[str]) -> None:
+    """Every row has a value in each of `columns` ({config key: column}); else DataError naming the file and line
+    (or record) of the first row without one. `ds` holds the rows of `paths`, in order."""
+    for key, column in columns.items():
+        for start, batch in zip(range(0, len(ds), 4096), ds.select_columns([column]).iter(batch_size=4096)):
+            if None in batch[column]:
+                file, where = _row_location(paths, start + batch[column].index(None))
+                raise DataError(f"dataset.{key}: {column!r} is missing or null in {file}{where}; every record "
+                                "needs it")
+
+
+def _row_location(paths: list[str], row: int) -> tuple[str, str]:
+    for path in paths:
+        labels = _row_labels(path)
+        if row < len(labels):
+            return path, labels[row]
+        row -= len(labels)
+    return paths[-1], ""
+
+
+def _row_labels(path: str) -> list[str]:
+    """Where each row of a file is: a line of a JSON-lines file, or a record of one JSON document."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    try:
+        document = json.loads(text)
+    except ValueError:
+        return [f" line {n}" for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
+    return [f" (record {i + 1})" for i in range(len(document) if isinstance(document, list) else 1)]
