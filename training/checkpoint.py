@@ -221,12 +221,23 @@ def _drop_abandoned_io() -> None:
 
     def hook(unraisable: Any) -> None:
         echo = isinstance(unraisable.exc_value, RuntimeError) and str(unraisable.exc_value) == "Event loop is closed"
-        if not (echo or "orbax" in repr(unraisable.object)):
+        if not (echo or _from_orbax(unraisable)):
             previous(unraisable)
 
     hook.drops_abandoned_io = True
     sys.unraisablehook = hook
     logging.getLogger("asyncio").addFilter(lambda record: "exception was never retrieved" not in record.getMessage())
+
+
+def _from_orbax(unraisable: Any) -> bool:
+    """Raised by Orbax's code: the object's repr names it, or a coroutine's or the traceback's frames are Orbax's."""
+    files, tb = [], unraisable.exc_traceback
+    while tb is not None:
+        files.append(tb.tb_frame.f_code.co_filename)
+        tb = tb.tb_next
+    code = getattr(unraisable.object, "cr_code", None)
+    files += [code.co_filename] if code is not None else []
+    return "orbax" in repr(unraisable.object) or any("orbax" in f for f in files)
 
 
 @jax.jit
