@@ -9,6 +9,15 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest  # noqa: E402
 
+import helpers  # noqa: E402
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item):
+    """Whatever a test started is killed with its process group when the test ends, passed, failed or timed out
+    (also when a module fixture's run was what timed out)."""
+    helpers.kill_started()
+
 
 @pytest.fixture(scope="session")
 def data_cache(tmp_path_factory) -> str:

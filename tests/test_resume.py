@@ -5,7 +5,6 @@ produces the same losses, step by step and bit for bit, as the run that was neve
 """
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -13,7 +12,7 @@ import time
 
 import pytest
 
-from helpers import ROOT, read_metrics, run_cli, tiny_overrides
+from helpers import ROOT, read_metrics, run_cli, spawn, tiny_overrides
 
 pytestmark = pytest.mark.e2e
 STEPS = 40
@@ -42,9 +41,8 @@ def straight(tmp_path_factory, data_cache):
 
 
 def start(args):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, str(ROOT / "train_jax.py"), *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    return spawn([sys.executable, str(ROOT / "train_jax.py"), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                 text=True)
 
 
 def wait_for_step(run_dir, step, proc, timeout=120):

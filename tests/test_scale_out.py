@@ -3,7 +3,6 @@ Megatron tensor parallelism on `model`) and in 2 real processes (jax.distributed
 without accumulation; checkpoints continue under another layout or process count; between the steps that log,
 evaluate or save, nothing moves from the devices to the host."""
 
-import os
 import socket
 import subprocess
 import sys
@@ -14,7 +13,7 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from helpers import ROOT, build, read_metrics, run_cli, tiny_overrides
+from helpers import ROOT, build, communicate, read_metrics, run_cli, spawn, tiny_overrides
 from training.checkpoint import Checkpointer
 from training.config import load_config
 from training.sharding import FSDP_MIN_SIZE, init_mesh, per_device_bytes, state_shardings
@@ -102,27 +101,16 @@ def free_port() -> int:
 
 def launch(n: int, args: list[str], timeout: float = 240) -> list[subprocess.CompletedProcess]:
     """`n` real processes joined through jax.distributed on 127.0.0.1; killed if any outlives `timeout`."""
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # devices come from cpu_devices_per_process
-    env["PYTHONPATH"] = str(ROOT)
+    env = {"XLA_FLAGS": None}  # devices come from cpu_devices_per_process
     port = free_port()
     procs = [
-        subprocess.Popen([sys.executable, str(ROOT / "train_jax.py"), *args, f"system.num_processes={n}",
-                          f"system.process_id={i}", f"system.coordinator_address=127.0.0.1:{port}",
-                          "system.num_devices=null", "system.distributed_timeout_s=60"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+        spawn([sys.executable, str(ROOT / "train_jax.py"), *args, f"system.num_processes={n}",
+               f"system.process_id={i}", f"system.coordinator_address=127.0.0.1:{port}",
+               "system.num_devices=null", "system.distributed_timeout_s=60"],
+              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         for i in range(n)
     ]
-    results = []
-    try:
-        for proc in procs:
-            out, err = proc.communicate(timeout=timeout)
-            results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
-    return results
+    return [communicate(proc, timeout) for proc in procs]  # the others are killed when the test ends
 
 
 @pytest.mark.e2e

@@ -3,7 +3,6 @@
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -15,6 +14,7 @@ from data.packing import tokenized_corpus
 from data.sources import load_corpus
 from data.token_store import token_dtype
 from data.tokenizers import ByteTokenizer, build_tokenizer
+from helpers import spawn
 from training.config import load_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -147,8 +147,8 @@ def test_two_processes_build_the_same_bytes_as_one(tmp_path):
     write_files(tmp_path / "docs", 40)
     _, single = build(text_files(tmp_path / "docs", tmp_path / "one", "dataset.docs_per_chunk=3"))
     overrides = text_files(tmp_path / "docs", tmp_path / "two", "dataset.docs_per_chunk=3")
-    children = [subprocess.Popen([sys.executable, "-c", SLOW_BUILD.format(root=str(ROOT), delay=0.05,
-                                  overrides=overrides, index=i, count=2)], cwd=tmp_path) for i in range(2)]
+    children = [spawn([sys.executable, "-c", SLOW_BUILD.format(root=str(ROOT), delay=0.05, overrides=overrides,
+                                                                index=i, count=2)], cwd=tmp_path) for i in range(2)]
     assert [c.wait(timeout=120) for c in children] == [0, 0]
     _, double = build(overrides)
     assert double.root.name == single.root.name and store_bytes(double) == store_bytes(single)
@@ -166,8 +166,8 @@ def test_a_build_killed_midway_ends_with_the_same_bytes(tmp_path, source):
         write_jsonl(tmp_path / "rows.jsonl", 60)
         make = lambda cache: streamed(tmp_path / "rows.jsonl", cache, "dataset.docs_per_chunk=3")  # noqa: E731
     _, reference = build(make(tmp_path / "reference"))
-    child = subprocess.Popen([sys.executable, "-c", SLOW_BUILD.format(root=str(ROOT), delay=0.3,
-                              overrides=make(tmp_path / "cache"), index=0, count=1)], cwd=tmp_path)
+    child = spawn([sys.executable, "-c", SLOW_BUILD.format(root=str(ROOT), delay=0.3, overrides=make(tmp_path / "cache"),
+                                                           index=0, count=1)], cwd=tmp_path)
     stores = tmp_path / "cache" / "tokens"
     deadline = time.monotonic() + 120
     while len(list(stores.glob("*/chunk-*.json"))) < 3:
