@@ -60,6 +60,9 @@ def build(overrides: list[str], source: Source | None = None) -> Parts:
     return Parts(cfg, train_jax.build(cfg, source))
 
 
+# Where a test's subprocesses run unless it says otherwise (set per session by conftest.py): relative defaults such as
+# `.cache/jax` or `runs/` land there, never in the checkout.
+SCRATCH_CWD: Path | None = None
 _started: list[subprocess.Popen] = []  # every process a test started, killed with its group when the test ends
 
 
@@ -68,7 +71,7 @@ def spawn(command: list[str], env: dict | None = None, cwd: Path | None = None, 
     checkout on PYTHONPATH and `env` over this environment (None unsets a variable); `kill_started()` ends it, at
     the latest when the test ends or times out."""
     full_env = {k: v for k, v in {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}.items() if v is not None}
-    proc = subprocess.Popen(command, env=full_env, cwd=cwd or ROOT, start_new_session=True, **popen)
+    proc = subprocess.Popen(command, env=full_env, cwd=cwd or SCRATCH_CWD or ROOT, start_new_session=True, **popen)
     _started.append(proc)
     return proc
 
