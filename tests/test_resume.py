@@ -5,14 +5,23 @@ produces the same losses, step by step and bit for bit, as the run that was neve
 """
 
 import json
+import re
 import signal
 import subprocess
 import sys
 import time
 
+import chex
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import optax
 import pytest
 
-from helpers import ROOT, read_metrics, run_cli, spawn, tiny_overrides
+from helpers import ROOT, build, read_metrics, run_cli, spawn, tiny_overrides
+from optimizers import continue_schedule_at
+from training.config import load_config
+from training.run import open_source, plan_run, restore_state
 
 pytestmark = pytest.mark.e2e
 STEPS = 40
@@ -94,8 +103,12 @@ def test_kill_9_during_training_resumes_from_the_last_complete_checkpoint(straig
     wait_for_step(run_dir, 8, proc)
     proc.kill()  # SIGKILL: no handler runs, an async save may be half-written
     proc.communicate()
+    assert proc.returncode == -signal.SIGKILL  # killed while it trained, not after it had finished
+    killed_at = max(losses(run_dir))
+    assert killed_at < STEPS
     result = ok(resume(data_cache, run_dir))
-    assert "resuming" in result.stdout
+    resumed_at = int(re.search(r"resuming \S+ at step (\d+)", result.stdout).group(1))
+    assert resumed_at <= killed_at  # the last complete checkpoint, then the rest trained again
     assert_same_losses_bitwise(run_dir, straight)
 
 
@@ -149,6 +162,18 @@ def test_overwrite_optimizer_starts_a_fresh_optimizer(straight, data_cache, tmp_
     ok(resume(data_cache, tmp_path / "a", *switch, "checkpoint.overwrite_optimizer=True"))
     assert max(losses(tmp_path / "a")) == 44
 
+    # What the run starts from, with the same optimizer (where a restored optimizer state would go unnoticed): the
+    # checkpoint's parameters, step and key, and a fresh optimizer state whose schedule continues at the step.
+    overrides = tiny_overrides(data_cache, "checkpoint.load=True", f"checkpoint.load_path={straight}",
+                               "checkpoint.overwrite_optimizer=True")
+    parts = build(overrides)
+    state = restore_state(parts.state, plan_run(load_config(overrides), overrides, 0))
+    saved = open_source(str(straight), "latest").reader.restore(STEPS, parts.state)
+    chex.assert_trees_all_equal((eqx.filter(state.model, eqx.is_array), state.step, state.key),
+                                (eqx.filter(saved.model, eqx.is_array), saved.step, saved.key))
+    chex.assert_trees_all_equal(state.opt_state, continue_schedule_at(parts.state.opt_state, STEPS))
+    assert max(float(jnp.abs(mu).max()) for mu in jax.tree.leaves(optax.tree.get(saved.opt_state, "mu"))) > 0
+
 
 def test_mode_eval_matches_the_training_time_evaluation(straight, data_cache):
     result = ok(run_cli(tiny_overrides(data_cache, "mode=eval", "checkpoint.load=True",
@@ -160,11 +185,18 @@ def test_mode_eval_matches_the_training_time_evaluation(straight, data_cache):
     assert "test" in report["results"] and "test " in result.stdout
 
 
-def test_best_checkpoint_can_be_named(straight, data_cache):
-    vals = losses(straight, "val")
+def test_best_checkpoint_can_be_named(straight, data_cache, tmp_path):
+    """A run whose last evaluation is not its best: `--which best` and checkpoint.load_file=best take the best."""
+    run_dir = tmp_path / "a"
+    subprocess.run(["cp", "-r", str(straight), str(run_dir)], check=True)
+    ok(resume(data_cache, run_dir, "checkpoint.overwrite_config=True", "train.max_steps=44", "train.eval_interval=10",
+              "optimizer/lr_config=constant", "optimizer.lr_config.lr=0.03", "optimizer.lr_config.warmup=0"))
+    vals = losses(run_dir, "val")
     best_step = min(vals, key=vals.get)
-    result = ok(run_cli([str(straight), "--which", "best", "--max-new-tokens", "5"], script="scripts/sample.py"))
+    assert max(vals) == 44 and best_step != 44  # the last evaluation, after steps at a far too high lr, is worse
+    result = ok(run_cli([str(run_dir), "--which", "best", "--max-new-tokens", "5"], script="scripts/sample.py"))
     assert f"step {best_step}," in result.stdout
+    assert open_source(str(run_dir), "best").step == best_step  # what checkpoint.load_file=best loads
 
 
 def test_wandb_resumes_the_same_run_id(data_cache, tmp_path):
