@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import optax
 import pytest
 
-from helpers import ROOT, build, read_metrics, run_cli, spawn, tiny_overrides
+from helpers import ROOT, build, communicate, read_metrics, run_cli, spawn, tiny_overrides
 from optimizers import continue_schedule_at
 from training.config import load_config
 from training.run import open_source, plan_run, restore_state
@@ -95,6 +95,52 @@ def test_sigterm_checkpoints_exits_0_and_resumes_bitwise(straight, data_cache, t
     meta = json.loads((run_dir / "checkpoints" / str(STEPS) / "meta" / "metadata").read_text())
     assert meta["tokens_seen"] == STEPS * 8 * 64  # the counter continued across the restart
     assert offline == []  # wandb is disabled in these runs; the wandb test below covers its resume
+    # TensorBoard: one curve across the restart (every step once, in order, the uninterrupted run's values).
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tensorboard"), purge_orphaned_data=False)
+    events.Reload()
+    train = events.Scalars("train/loss")
+    assert [e.step for e in train] == list(range(1, STEPS + 1))
+    assert [e.value for e in train] == pytest.approx([losses(straight)[s] for s in range(1, STEPS + 1)], rel=1e-6)
+    assert [e.step for e in events.Scalars("val/loss")] == [10, 20, 30, 40]
+
+
+def test_sigint_stops_like_sigterm(data_cache, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = start(config(data_cache, run_dir))
+    wait_for_step(run_dir, 3, proc)
+    proc.send_signal(signal.SIGINT)
+    result = communicate(proc, timeout=60)
+    assert result.returncode == 0, result.stderr[-2000:]
+    stopped = int(re.search(r"stopped at step (\d+) \(SIGINT\); checkpoint saved to", result.stdout).group(1))
+    assert stopped < STEPS and (run_dir / "checkpoints" / str(stopped)).is_dir()
+
+
+# What the loop does while a checkpoint is written (here: hangs), with the run's own signal handling.
+HANGING_SAVE = """
+import sys, time
+sys.path.insert(0, {root!r})
+from training.signals import StopRequest
+stop = StopRequest()
+print("training", flush=True)
+while not stop:
+    time.sleep(0.01)
+print("stopping after", stop.signal_name, flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_second_ctrl_c_aborts_at_once():
+    """When the checkpoint after a first Ctrl-C is what hangs, a second one ends the process at once."""
+    proc = spawn([sys.executable, "-c", HANGING_SAVE.format(root=str(ROOT))], stdout=subprocess.PIPE,
+                 stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "training\n"
+    proc.send_signal(signal.SIGINT)
+    assert proc.stdout.readline() == "stopping after SIGINT\n"
+    proc.send_signal(signal.SIGINT)
+    result = communicate(proc, timeout=10)
+    assert result.returncode != 0 and "KeyboardInterrupt" in result.stderr
 
 
 def test_kill_9_during_training_resumes_from_the_last_complete_checkpoint(straight, data_cache, tmp_path):
