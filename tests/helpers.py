@@ -70,7 +70,8 @@ def spawn(command: list[str], env: dict | None = None, cwd: Path | None = None, 
     """Start `command` in its own process group (so that it and anything it starts can be killed together), with the
     checkout on PYTHONPATH and `env` over this environment (None unsets a variable); `kill_started()` ends it, at
     the latest when the test ends or times out."""
-    full_env = {k: v for k, v in {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}.items() if v is not None}
+    path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+    full_env = {k: v for k, v in {**os.environ, "PYTHONPATH": path, **(env or {})}.items() if v is not None}
     proc = subprocess.Popen(command, env=full_env, cwd=cwd or SCRATCH_CWD or ROOT, start_new_session=True, **popen)
     _started.append(proc)
     return proc
