@@ -25,8 +25,6 @@ def scratch(tmp_path_factory):
     and tiktoken's download cache is an empty folder of the session's: nothing read from or written to the machine."""
     helpers.SCRATCH_CWD = tmp_path_factory.mktemp("cwd")
     os.environ["TIKTOKEN_CACHE_DIR"] = str(tmp_path_factory.mktemp("tiktoken-cache"))
-    yield
-    helpers.kill_started()
 
 
 @pytest.fixture(autouse=True)
