@@ -8,7 +8,7 @@ import optax
 import pytest
 
 from models.gpt import GPT, GPTConfig
-from optimizers import OPTIMIZERS, applied_lr_of, build_optimizer, build_schedule
+from optimizers import OPTIMIZERS, applied_lr_of, build_optimizer, build_schedule, grad_norm_of
 from training.config import load_config
 from training.step import mean_loss
 
@@ -193,3 +193,23 @@ def test_rmsprops_momentum_is_optax_own_at_a_constant_lr():
     (p_ours, _), (p_theirs, _) = (follow(optimizer, params) for optimizer in (ours, theirs))
     for a, b in zip(jax.tree.leaves(p_ours), jax.tree.leaves(p_theirs)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_gradient_clipping_scales_a_large_gradient_down_to_the_threshold():
+    """optimizer.grad_clip: a gradient whose global norm is above it is scaled to that norm, one below it is left
+    alone; the logged gradient norm is the norm before clipping. (Plain SGD: the update is -lr x the gradient.)"""
+    model = tiny_model()
+    cfg = load_config(["optimizer=sgdm", "optimizer.momentum=0", "optimizer.weight_decay=0", "optimizer.grad_clip=0.5",
+                       "optimizer/lr_config=constant", "optimizer.lr_config.lr=0.1", "optimizer.lr_config.warmup=0"])
+    opt = build_optimizer(cfg.optimizer, build_schedule(cfg.optimizer.lr_config, 10), model, 1)
+    params = eqx.filter(model, eqx.is_array)
+    grads = jax.tree.map(lambda x: jax.random.normal(jax.random.PRNGKey(0), x.shape), params)
+    norm = float(optax.global_norm(grads))
+    assert norm > 10
+    update = jax.jit(opt.update)
+    for scale, applied in ((1.0, 0.5 / norm), (0.4 / norm, 1.0)):  # norm above the threshold, then 0.4 below it
+        given = jax.tree.map(lambda g: scale * g, grads)
+        updates, state = update(given, opt.init(params), params)
+        for u, g in zip(jax.tree.leaves(updates), jax.tree.leaves(given)):
+            np.testing.assert_allclose(u, -0.1 * applied * g, rtol=1e-5, atol=1e-9)
+        assert float(grad_norm_of(state)) == pytest.approx(scale * norm, rel=1e-5)
