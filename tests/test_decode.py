@@ -10,7 +10,7 @@ import pytest
 
 from models.decode import generate
 from models.gpt import GPT, GPTConfig
-from models.sampling import generate_no_cache
+from models.sampling import generate_no_cache, sample_logits
 
 
 @pytest.fixture(scope="module")
@@ -93,3 +93,24 @@ def test_the_cache_filled_in_two_chunks_equals_one_pass(model):
     h_rest, cache = model.hidden(tokens[:, 12:], cache=cache)  # 8 new tokens per row on top of 12 cached
     np.testing.assert_allclose(np.concatenate([h_first, h_rest], axis=1), whole, atol=1e-4)  # |h| ~ 8
     assert cache.lengths.tolist() == [20, 20]
+
+
+def test_top_k_and_top_p_sample_only_from_the_most_likely_tokens(model):
+    probabilities = np.array([0.4, 0.3, 0.15, 0.1, 0.05])
+    logits = jnp.log(jnp.asarray(probabilities))[None]
+    keys = jax.random.split(jax.random.PRNGKey(0), 4000)
+
+    def drawn(top_k=None, top_p=None):
+        ids = np.asarray(jax.vmap(lambda k: sample_logits(logits, k, 1.0, top_k, top_p))(keys))[:, 0]
+        return np.bincount(ids, minlength=5) / len(ids)
+
+    np.testing.assert_allclose(drawn(), probabilities, atol=0.03)  # unrestricted: the model's distribution
+    np.testing.assert_allclose(drawn(top_k=2), [0.4 / 0.7, 0.3 / 0.7, 0, 0, 0], atol=0.03)
+    np.testing.assert_allclose(drawn(top_p=0.8), [0.4 / 0.85, 0.3 / 0.85, 0.15 / 0.85, 0, 0], atol=0.03)  # 0.7 < p <= 0.85
+    np.testing.assert_allclose(drawn(top_p=0.6), [0.4 / 0.7, 0.3 / 0.7, 0, 0, 0], atol=0.03)  # 0.4 < p <= 0.7
+    # Through the decoder: keeping one token at temperature 1 is greedy decoding.
+    prompts = [[1, 2, 3], [7, 8]]
+    greedy = generate(model, prompts, 10, temperature=0.0)
+    assert generate(model, prompts, 10, temperature=1.0, seed=3) != greedy
+    assert generate(model, prompts, 10, temperature=1.0, top_k=1, seed=3) == greedy
+    assert generate(model, prompts, 10, temperature=1.0, top_p=1e-6, seed=3) == greedy
