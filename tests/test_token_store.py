@@ -5,6 +5,7 @@ import os
 import signal
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -194,6 +195,25 @@ def test_a_streamed_build_stops_after_the_chunk_that_reaches_max_tokens(tmp_path
     for split in whole.splits:  # the capped store is the start of the whole one
         n = len(capped.tokens(split))
         assert capped.tokens(split).tolist() == whole.tokens(split)[:n].tolist()
+
+
+@pytest.mark.parametrize("source", ["text_files", "hf"])
+def test_num_proc_above_1_loads_the_same_store_without_forking(tmp_path, source):
+    """dataset.num_proc=2 for text: the same token store as one process, and this process (which runs JAX) is
+    never forked (JAX warns at every fork)."""
+    if source == "text_files":
+        write_files(tmp_path / "docs", 40)
+        make = lambda cache, n: text_files(tmp_path / "docs", cache, f"dataset.num_proc={n}")  # noqa: E731
+    else:
+        write_jsonl(tmp_path / "rows.jsonl", 60)
+        make = lambda cache, n: [*streamed(tmp_path / "rows.jsonl", cache, f"dataset.num_proc={n}"),  # noqa: E731
+                                 "dataset.streaming=false"]
+    _, one = build(make(tmp_path / "one", 1))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _, two = build(make(tmp_path / "two", 2))
+    assert store_bytes(two) == store_bytes(one) and sum(len(two.tokens(s)) for s in two.splits) > 1000
+    assert not [w for w in caught if "fork" in str(w.message)]
 
 
 def test_a_run_forks_no_process(tmp_path):
