@@ -37,7 +37,8 @@ def no_network(monkeypatch):
         attempts.append(f"{what} {host}")
         raise OSError(f"tests are offline: {what} {host} refused")
 
-    real_getaddrinfo, real_connect, real_connect_ex = socket.getaddrinfo, socket.socket.connect, socket.socket.connect_ex
+    real_getaddrinfo = socket.getaddrinfo
+    real_connect, real_connect_ex = socket.socket.connect, socket.socket.connect_ex
 
     def getaddrinfo(host, *args, **kwargs):
         name = host.decode() if isinstance(host, bytes) else host

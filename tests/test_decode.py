@@ -106,8 +106,9 @@ def test_top_k_and_top_p_sample_only_from_the_most_likely_tokens(model):
 
     np.testing.assert_allclose(drawn(), probabilities, atol=0.03)  # unrestricted: the model's distribution
     np.testing.assert_allclose(drawn(top_k=2), [0.4 / 0.7, 0.3 / 0.7, 0, 0, 0], atol=0.03)
-    np.testing.assert_allclose(drawn(top_p=0.8), [0.4 / 0.85, 0.3 / 0.85, 0.15 / 0.85, 0, 0], atol=0.03)  # 0.7 < p <= 0.85
-    np.testing.assert_allclose(drawn(top_p=0.6), [0.4 / 0.7, 0.3 / 0.7, 0, 0, 0], atol=0.03)  # 0.4 < p <= 0.7
+    nucleus = [0.4 / 0.85, 0.3 / 0.85, 0.15 / 0.85, 0, 0]
+    np.testing.assert_allclose(drawn(top_p=0.8), nucleus, atol=0.03)  # p in (0.7, 0.85]
+    np.testing.assert_allclose(drawn(top_p=0.6), [0.4 / 0.7, 0.3 / 0.7, 0, 0, 0], atol=0.03)  # p in (0.4, 0.7]
     # Through the decoder: keeping one token at temperature 1 is greedy decoding.
     prompts = [[1, 2, 3], [7, 8]]
     greedy = generate(model, prompts, 10, temperature=0.0)

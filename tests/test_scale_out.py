@@ -165,7 +165,8 @@ def launch(n: int, args: list[str], timeout: float = 240) -> list[subprocess.Com
         spawn([sys.executable, str(ROOT / "train_jax.py"), *args, "system.num_devices=null",
                "system.distributed_timeout_s=60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
               env={"XLA_FLAGS": None,  # devices come from cpu_devices_per_process
-                   "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}", "JAX_NUM_PROCESSES": str(n), "JAX_PROCESS_ID": str(i)})
+                   "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}", "JAX_NUM_PROCESSES": str(n),
+                   "JAX_PROCESS_ID": str(i)})
         for i in range(n)
     ]
     return [communicate(proc, timeout) for proc in procs]
@@ -210,7 +211,8 @@ def test_a_2_process_checkpoint_continues_in_1_process(reference, data_cache, tm
     schedule = (f"optimizer.lr_config.max_steps={STEPS}", "train.eval_interval=3", HEADS)
     run_dir = tmp_path / "two"
     launched = launch_script(2, tiny_overrides(data_cache, f"logging.run_dir={run_dir}", "train.max_steps=3", *schedule,
-                                               f"train.batch_size={GLOBAL_BATCH // 2}", "system.cpu_devices_per_process=2"))
+                                               f"train.batch_size={GLOBAL_BATCH // 2}",
+                                               "system.cpu_devices_per_process=2"))
     assert launched.returncode == 0, launched.stderr[-3000:]
     assert "4 x cpu in 2 process(es)" in launched.stdout and (run_dir / "checkpoints" / "3").is_dir()
 

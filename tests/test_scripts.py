@@ -40,12 +40,12 @@ def trained(tmp_path_factory, data_cache):
 
 
 def test_bench_times_the_step_the_loader_and_a_compile(data_cache, monkeypatch, capsys):
-    step = last_json(run_script("bench.py", ["--steps", "2", "--warmup", "1", *tiny_overrides(data_cache)], monkeypatch, capsys))
+    tiny = tiny_overrides(data_cache)
+    step = last_json(run_script("bench.py", ["--steps", "2", "--warmup", "1", *tiny], monkeypatch, capsys))
     assert step["steps_timed"] == 2 and step["tokens_per_s"] > 0 and step["config"]["model"] == "gpt2-tiny"
-    loader = last_json(run_script("bench.py", ["--loader", "--steps", "3", *tiny_overrides(data_cache)], monkeypatch, capsys))
+    loader = last_json(run_script("bench.py", ["--loader", "--steps", "3", *tiny], monkeypatch, capsys))
     assert loader["steps"] == 3 and loader["tokens_per_batch"] == 8 * 64 and loader["loader_tokens_per_s"] > 0
-    compiled = last_json(run_script("bench.py", ["--compile-only", "--vocab", "259", *tiny_overrides(data_cache)], monkeypatch,
-                                    capsys))
+    compiled = last_json(run_script("bench.py", ["--compile-only", "--vocab", "259", *tiny], monkeypatch, capsys))
     assert compiled["model"] == "gpt2-tiny" and compiled["compile_s"] > 0
 
 

@@ -167,8 +167,9 @@ def test_a_build_killed_midway_ends_with_the_same_bytes(tmp_path, source):
         write_jsonl(tmp_path / "rows.jsonl", 60)
         make = lambda cache: streamed(tmp_path / "rows.jsonl", cache, "dataset.docs_per_chunk=3")  # noqa: E731
     _, reference = build(make(tmp_path / "reference"))
-    child = spawn([sys.executable, "-c", SLOW_BUILD.format(root=str(ROOT), delay=0.3, overrides=make(tmp_path / "cache"),
-                                                           index=0, count=1)], cwd=tmp_path)
+    child = spawn([sys.executable, "-c", SLOW_BUILD.format(root=str(ROOT), delay=0.3,
+                                                           overrides=make(tmp_path / "cache"), index=0, count=1)],
+                  cwd=tmp_path)
     stores = tmp_path / "cache" / "tokens"
     deadline = time.monotonic() + 120
     while len(list(stores.glob("*/chunk-*.json"))) < 3:
