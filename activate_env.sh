@@ -7,7 +7,7 @@
 # Set PYTHON to choose the interpreter that creates .venv (default: python3, 3.11 or newer).
 
 _gpt_root="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-_gpt_imports='import jax, equinox, optax, orbax.checkpoint, chex, hydra, datasets, tokenizers, tiktoken, wandb, tensorboardX, tqdm, dotenv, music21, mido, matplotlib, safetensors, torch, transformers, pytest, xdist'
+_gpt_imports='import jax, equinox, optax, orbax.checkpoint, chex, hydra, datasets, tokenizers, tiktoken, wandb, tensorboardX, tqdm, dotenv, music21, mido, matplotlib, safetensors, torch, transformers, pytest, xdist, pytest_timeout'
 _gpt_stamp="$_gpt_root/.venv/.requirements.sha256"
 _gpt_want="$(sha256sum "$_gpt_root/requirements.txt" | cut -d' ' -f1)"
 

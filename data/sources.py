@@ -244,6 +244,9 @@ def _hash_split(ds: datasets.Dataset, d: Any) -> dict[str, datasets.Dataset]:
 
 
 def hub_reachable(host: str = "huggingface.co") -> bool:
+    """Whether the Hub's name resolves; no probe at all in offline mode (HF_HUB_OFFLINE=1), which means: never ask."""
+    if datasets.config.HF_HUB_OFFLINE:
+        return False
     try:
         socket.getaddrinfo(host, 443)
         return True

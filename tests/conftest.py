@@ -1,13 +1,76 @@
-"""Test set-up: 8 simulated CPU devices, wandb offline and quiet, one shared data cache per session."""
+"""Test set-up: 8 simulated CPU devices, wandb offline and quiet, one shared data cache per session, and a hermetic
+suite: no test reaches the network or writes into the checkout, and every process a test starts dies with it."""
 
 import os
+import socket
 
 # Before JAX starts: 8 host devices, so sharded and single-device runs can be compared in one process.
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Before datasets / huggingface_hub are imported: the Hub is never contacted (not even probed), here or in the
+# processes tests start; Hub code paths take their offline branch, and local folders load as they do offline.
+os.environ["HF_HUB_OFFLINE"] = "1"
 
 import pytest  # noqa: E402
+
+import helpers  # noqa: E402
+
+LOOPBACK = {"localhost", "127.0.0.1", "::1", "0.0.0.0", "::", "", None, socket.gethostname()}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def scratch(tmp_path_factory):
+    """Subprocesses run in a scratch directory (relative defaults like `.cache/jax` land there, not in the checkout),
+    and tiktoken's download cache is an empty folder of the session's: nothing read from or written to the machine."""
+    helpers.SCRATCH_CWD = tmp_path_factory.mktemp("cwd")
+    os.environ["TIKTOKEN_CACHE_DIR"] = str(tmp_path_factory.mktemp("tiktoken-cache"))
+
+
+@pytest.fixture(autouse=True)
+def no_network(monkeypatch):
+    """Any name lookup or connection beyond this machine, by code running in the test's process, fails the test
+    (and fails at once, so that no test waits on a network that happens to be there)."""
+    attempts = []
+
+    def refuse(what, host):
+        attempts.append(f"{what} {host}")
+        raise OSError(f"tests are offline: {what} {host} refused")
+
+    real_getaddrinfo = socket.getaddrinfo
+    real_connect, real_connect_ex = socket.socket.connect, socket.socket.connect_ex
+
+    def getaddrinfo(host, *args, **kwargs):
+        name = host.decode() if isinstance(host, bytes) else host
+        if name not in LOOPBACK and not str(name).startswith("127."):
+            refuse("name lookup of", host)
+        return real_getaddrinfo(host, *args, **kwargs)
+
+    def remote(address) -> bool:
+        return isinstance(address, tuple) and address[0] not in LOOPBACK and not str(address[0]).startswith("127.")
+
+    def connect(self, address):
+        if remote(address):
+            refuse("connection to", address)
+        return real_connect(self, address)
+
+    def connect_ex(self, address):
+        if remote(address):
+            refuse("connection to", address)
+        return real_connect_ex(self, address)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    monkeypatch.setattr(socket.socket, "connect", connect)
+    monkeypatch.setattr(socket.socket, "connect_ex", connect_ex)
+    yield
+    assert not attempts, f"the test tried to reach the network: {attempts}"
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item):
+    """Whatever a test started is killed with its process group when the test ends, passed, failed or timed out
+    (also when a module fixture's run was what timed out)."""
+    helpers.kill_started()
 
 
 @pytest.fixture(scope="session")

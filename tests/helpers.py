@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -60,12 +61,54 @@ def build(overrides: list[str], source: Source | None = None) -> Parts:
     return Parts(cfg, train_jax.build(cfg, source))
 
 
-def run_cli(args: list[str], timeout: float = 300, env: dict | None = None, cwd: Path = ROOT,
+# Where a test's subprocesses run unless it says otherwise (set per session by conftest.py): relative defaults such as
+# `.cache/jax` or `runs/` land there, never in the checkout.
+SCRATCH_CWD: Path | None = None
+_started: list[subprocess.Popen] = []  # every process a test started, killed with its group when the test ends
+
+
+def spawn(command: list[str], env: dict | None = None, cwd: Path | None = None, **popen) -> subprocess.Popen:
+    """Start `command` in its own process group (so that it and anything it starts can be killed together), with the
+    checkout on PYTHONPATH and `env` over this environment (None unsets a variable); `kill_started()` ends it, at
+    the latest when the test ends or times out."""
+    path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+    full_env = {k: v for k, v in {**os.environ, "PYTHONPATH": path, **(env or {})}.items() if v is not None}
+    proc = subprocess.Popen(command, env=full_env, cwd=cwd or SCRATCH_CWD or ROOT, start_new_session=True, **popen)
+    _started.append(proc)
+    return proc
+
+
+def kill_started() -> None:
+    """Kill the process group of every process started with `spawn` (those still running, and whatever they left)."""
+    while _started:
+        proc = _started.pop()
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        proc.wait()
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+
+
+def communicate(proc: subprocess.Popen, timeout: float) -> subprocess.CompletedProcess:
+    """Wait for `proc` and collect its output; past `timeout`, kill its group and raise."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"{' '.join(map(str, proc.args))} ran past {timeout} s; killed.\n{(err or '')[-3000:]}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def run_cli(args: list[str], timeout: float = 300, env: dict | None = None, cwd: Path | None = None,
             script: str = "train_jax.py", preexec_fn: Any = None) -> subprocess.CompletedProcess:
     """Run a project script in a fresh Python process, as a user would (`preexec_fn`: set limits in the child)."""
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    return subprocess.run([sys.executable, str(ROOT / script), *args], capture_output=True, text=True,
-                          timeout=timeout, env=full_env, cwd=cwd, preexec_fn=preexec_fn)
+    proc = spawn([sys.executable, str(ROOT / script), *args], env=env, cwd=cwd, stdout=subprocess.PIPE,
+                 stderr=subprocess.PIPE, text=True, preexec_fn=preexec_fn)
+    return communicate(proc, timeout)
 
 
 def read_metrics(run_dir: Path, split: str | None = None) -> list[dict]:
@@ -75,9 +118,8 @@ def read_metrics(run_dir: Path, split: str | None = None) -> list[dict]:
 
 def start(args: list[str], env: dict | None = None) -> subprocess.Popen:
     """train_jax.py in the background (stdout and stderr piped), for tests that signal or kill it."""
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    return subprocess.Popen([sys.executable, str(ROOT / "train_jax.py"), *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=full_env, cwd=ROOT)
+    return spawn([sys.executable, str(ROOT / "train_jax.py"), *args], env=env, stdout=subprocess.PIPE,
+                 stderr=subprocess.PIPE, text=True)
 
 
 def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: float = 120) -> None:

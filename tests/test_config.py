@@ -1,10 +1,11 @@
 """Config is checked at the door: each bad value exits 2 with one line naming the key, before anything runs."""
 
 import pytest
+import yaml
 
 import train_jax
 from helpers import run_cli, tiny_overrides
-from training.config import load_config
+from training.config import as_dict, load_config
 
 BAD_CONFIGS = [
     (["train.foo=1"], "unknown key 'train.foo'"),
@@ -56,3 +57,13 @@ def test_config_is_read_only_once_loaded():
     cfg = load_config([])
     with pytest.raises(Exception):
         cfg.train.batch_size = 3
+
+
+def test_cfg_prints_every_key_of_the_composed_config_and_runs_nothing(tmp_path, capsys):
+    overrides = ["model=gpt2-tiny", "optimizer=sgdm", "train.max_steps=7", f"logging.run_dir={tmp_path}/run"]
+    assert train_jax.run(["--cfg", *overrides]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed == as_dict(load_config(overrides))
+    assert printed["model"]["name"] == "gpt2-tiny" and printed["optimizer"]["momentum"] == 0.9
+    assert printed["train"]["max_steps"] == 7 and printed["optimizer"]["lr_config"]["name"] == "cosine"
+    assert not (tmp_path / "run").exists()

@@ -1,5 +1,7 @@
 """Data: deterministic splits, packing with <EOS>, and batches that are a pure function of (seed, step, process)."""
 
+import socket
+
 import numpy as np
 import pytest
 
@@ -110,3 +112,22 @@ def test_text_files_that_match_nothing_fail_clearly(tmp_path):
     cfg = load_config(["dataset=text_files", f"dataset.files=[{tmp_path}/missing/*.txt]"])
     with pytest.raises(DataError, match="matches no file"):
         load_corpus(cfg.dataset)
+
+
+def test_the_hub_is_probed_only_outside_offline_mode(monkeypatch):
+    """HF_HUB_OFFLINE=1 (set for every test) means no lookup at all; without it, a failed lookup is what sends the
+    Hub code paths offline at once (instead of huggingface_hub's retries)."""
+    import datasets
+
+    from data.sources import hub_reachable
+
+    lookups = []
+
+    def no_dns(host, *args, **kwargs):
+        lookups.append(host)
+        raise OSError("no network")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_dns)
+    assert hub_reachable() is False and lookups == []
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    assert hub_reachable() is False and lookups == ["huggingface.co"]

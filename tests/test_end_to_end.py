@@ -54,7 +54,16 @@ def test_run_writes_wandb_offline_and_tensorboard_files(tiny_run):
     for tag in ("train/loss", "train/lr", "train/tokens_per_s", "val/loss", "val/perplexity", "json/loss"):
         assert tag in tags, tags
     assert [e.step for e in events.Scalars("val/loss")] == [20, 40]
-    assert list((run_dir / "tensorboard").rglob("hparams*")) or list((run_dir / "tensorboard").rglob("*tfevents*"))
+    # The hparams table: the run's config beside its final validation loss.
+    from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
+
+    hparams = EventAccumulator(str(run_dir / "tensorboard" / "hparams"))
+    hparams.Reload()
+    (final,) = hparams.Scalars("hparam/val_loss")
+    assert final.value == pytest.approx(read_metrics(run_dir, "val")[-1]["loss"], rel=1e-6)
+    session = HParamsPluginData.FromString(hparams.PluginTagToContent("hparams")["_hparams_/session_start_info"])
+    config = session.session_start_info.hparams
+    assert config["model.name"].string_value == "gpt2-tiny" and config["train.max_steps"].number_value == 40
 
 
 def test_run_saves_config_and_checkpoint(tiny_run):

@@ -1,12 +1,17 @@
 """The training loop: actions fire at their steps, a stop ends it, and between syncing actions nothing moves from
 the devices to the host (the transfer guard would raise)."""
 
+import json
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.experimental import multihost_utils
 
+import train_jax
+from helpers import read_metrics, tiny_overrides
 from training.loop import Action, LoopState, run_loop
 from training.transfer_guard import HostTransferError
 
@@ -61,3 +66,19 @@ def test_a_due_syncing_action_may_transfer_and_the_guard_is_off_without_guard():
                  end=3, tokens_per_step=1, guard=guard)
         assert loop.step == 3
     assert jax.config.jax_transfer_guard_device_to_host is None  # the guard does not outlive the loop
+
+
+def test_the_time_limit_stops_the_run_with_an_evaluation_and_a_checkpoint(data_cache, tmp_path, capsys):
+    """train.max_training_hours, counted from the start (set-up and compiling included): here already spent when the
+    first step ends, which is not an evaluation step."""
+    run_dir = tmp_path / "run"
+    code = train_jax.run(tiny_overrides(data_cache, f"logging.run_dir={run_dir}", "train.max_steps=40",
+                                        "train.eval_interval=10", "train.max_training_hours=1e-9"))
+    out = capsys.readouterr().out
+    assert code == 0
+    stopped = int(re.search(r"stopped at step (\d+) \(time limit\); checkpoint saved to", out).group(1))
+    assert stopped % 10 and f"final evaluation at step {stopped}:" in out
+    assert [r["step"] for r in read_metrics(run_dir, "val")] == [stopped]
+    assert (run_dir / "checkpoints" / str(stopped)).is_dir()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stopped"] == "time limit" and summary["checkpoints"]["latest"] == stopped

@@ -6,7 +6,7 @@ import pytest
 
 from data.mixture import MIXTURE_BLOCK, MixtureTrainBatches
 from data.packing import EvalBatches, TrainBatches, allot
-from helpers import build, read_metrics, run_cli, tiny_overrides
+from helpers import ROOT, build, read_metrics, run_cli, tiny_overrides
 from training.config import load_config
 from training.errors import ConfigError
 
@@ -85,7 +85,7 @@ def test_a_mixture_run_evaluates_each_source_and_resumes_bitwise(data_cache, tmp
     mix = tiny_overrides(
         data_cache, "dataset=mixture", "dataset.tokenizer=byte",
         "dataset.mixture=[{dataset: pystdlib, weight: 3, name: code, max_documents: 24},"
-        " {dataset: text_files, weight: 1, name: docs, files: [README.md, BENCHMARKS.md, docs/, conf/],"
+        f" {{dataset: text_files, weight: 1, name: docs, files: [{ROOT}/README.md, {ROOT}/BENCHMARKS.md, {ROOT}/conf/],"
         " val_fraction: 0.3, test_fraction: 0}]",
         "dataset.context_size=32", "train.max_steps=6", "train.eval_interval=3", "checkpoint.save_steps=3",
         "train.batch_size=4", f"logging.run_dir={run_dir}")

@@ -1,5 +1,10 @@
 """Mixed precision, float16 loss scaling, skipped steps, remat / scanned layers, attention choice and the MFU formula."""
 
+import collections
+import dataclasses
+import re
+import warnings
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -21,9 +26,19 @@ STEPS = 20
 TOLERANCE = {"bfloat16": 0.03, "float16": 0.01}
 
 
+def matmul_operand_types(parts) -> list[set[str]]:
+    """The element types of each matmul's operands in the train step as lowered for XLA."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # lowering alone reports the donated buffers as unused
+        text = parts.train_step.lower(parts.state, put_batch(parts.data.train.batch(0), parts.mesh)).as_text()
+    return [set(re.findall(r"x([a-z]+[0-9]*)>", line.split(" : (", 1)[1].split(") ->")[0]))
+            for line in text.splitlines() if "stablehlo.dot_general" in line]
+
+
 @pytest.fixture(scope="module")
 def float32_curve(data_cache):
     parts = build(tiny_overrides(data_cache, f"train.max_steps={STEPS}"))
+    assert all(types == {"f32"} for types in matmul_operand_types(parts))
     return [float(parts.step(s)["loss"]) for s in range(STEPS)]
 
 
@@ -36,6 +51,11 @@ def test_16_bit_compute_tracks_the_float32_curve(dtype, float32_curve, data_cach
     assert parts.state.model.wte.dtype == jnp.float32  # master weights stay float32
     moments = [x for x in jax.tree.leaves(parts.state.opt_state) if jnp.issubdtype(x.dtype, jnp.floating)]
     assert moments and all(x.dtype == jnp.float32 for x in moments)
+    # ... while the step's matmuls run in the compute dtype (float16's logits matmul goes through float32 on CPU).
+    operand_types = matmul_operand_types(parts)
+    short = {"bfloat16": "bf16", "float16": "f16"}[dtype]
+    assert sum(types == {short} for types in operand_types) >= len(operand_types) // 2, operand_types
+    assert {"f32"} in operand_types  # the float32 parts stay float32 (LayerNorm's and the loss's reductions feed them)
 
 
 def unchanged(a, b):
@@ -79,20 +99,56 @@ def test_loss_scale_doubles_after_a_period_of_finite_steps():
     assert float(scale.scale) == 2.0**16 and int(scale.good_steps) == 0
 
 
-@pytest.mark.parametrize("scan", [True, False])
-@pytest.mark.parametrize("remat", ["none", "block", "full"])
-def test_remat_and_scanned_layers_give_the_plain_models_loss_and_gradients(scan, remat):
-    base = GPTConfig(vocab_size=259, n_layer=3, n_head=2, n_embd=32, context_size=32)
-    variant = GPTConfig(**{**base.__dict__, "scan_layers": scan, "remat": remat})
-    key = jax.random.PRNGKey(0)
-    plain, other = GPT.init(base, key), GPT.init(variant, key)
+# The plain model: layers unrolled in Python, nothing recomputed in the backward pass.
+PLAIN = GPTConfig(vocab_size=259, n_layer=3, n_head=2, n_embd=32, context_size=32, scan_layers=False, remat="none")
+
+
+def knobs_batch():
     x = jnp.asarray(np.random.default_rng(0).integers(0, 259, (4, 33)), jnp.int32)
-    batch = {"inputs": x[:, :-1], "targets": x[:, 1:], "loss_mask": jnp.ones((4, 32))}
+    return {"inputs": x[:, :-1], "targets": x[:, 1:], "loss_mask": jnp.ones((4, 32))}
+
+
+def traced_ops(cfg: GPTConfig) -> collections.Counter:
+    """How often each primitive occurs in the loss-and-gradient computation (scan bodies and remat regions
+    included): what the compiler is asked to run."""
+    params, static = eqx.partition(GPT.init(cfg, jax.random.PRNGKey(0)), eqx.is_array)
+    jaxpr = jax.make_jaxpr(jax.value_and_grad(lambda p: mean_loss(eqx.combine(p, static), knobs_batch(), None,
+                                                                  jnp.float32)))(params)
+    counts: collections.Counter = collections.Counter()
+
+    def walk(j):
+        for eqn in j.eqns:
+            counts[eqn.primitive.name] += 1
+            for value in eqn.params.values():
+                for sub in value if isinstance(value, (list, tuple)) else [value]:
+                    if isinstance(sub, (jax.extend.core.Jaxpr, jax.extend.core.ClosedJaxpr)):
+                        walk(getattr(sub, "jaxpr", sub))
+
+    walk(jaxpr.jaxpr)
+    return counts
+
+
+@pytest.mark.parametrize("scan,remat", [(s, r) for s in (True, False) for r in ("none", "block", "full")
+                                        if (s, r) != (False, "none")])
+def test_remat_and_scanned_layers_give_the_plain_models_loss_and_gradients(scan, remat):
+    variant = dataclasses.replace(PLAIN, scan_layers=scan, remat=remat)
+    key = jax.random.PRNGKey(0)
+    plain, other = GPT.init(PLAIN, key), GPT.init(variant, key)
     value_and_grad = eqx.filter_jit(eqx.filter_value_and_grad(mean_loss))
-    (loss_a, grads_a), (loss_b, grads_b) = (value_and_grad(m, batch, None, jnp.float32) for m in (plain, other))
+    (loss_a, grads_a), (loss_b, grads_b) = (value_and_grad(m, knobs_batch(), None, jnp.float32) for m in (plain, other))
     assert abs(float(loss_a) - float(loss_b)) <= 1e-5
     for a, b in zip(jax.tree.leaves(grads_a), jax.tree.leaves(grads_b)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+    assert (traced_ops(variant)["scan"] > 0) == scan  # the layers really run under lax.scan (or really unrolled)
+
+
+@pytest.mark.parametrize("scan", [True, False])
+def test_remat_recomputes_matmuls_in_the_backward_pass(scan):
+    """`block` recomputes the attention's batched matmuls (it keeps the other matmuls' outputs), `full` every matmul
+    the backward pass needs: the gradient's computation holds more matmuls than without remat, and more for `full`."""
+    matmuls = {remat: traced_ops(dataclasses.replace(PLAIN, scan_layers=scan, remat=remat))["dot_general"]
+               for remat in ("none", "block", "full")}
+    assert matmuls["none"] < matmuls["block"] < matmuls["full"], matmuls
 
 
 def test_mfu_formula_matches_a_hand_count_for_gpt2_124m_under_both_conventions():

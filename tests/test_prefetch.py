@@ -1,6 +1,6 @@
 """Prefetching changes when batches are built, never what they hold."""
 
-import time
+import threading
 
 import numpy as np
 import pytest
@@ -17,13 +17,25 @@ def test_prefetched_batches_are_the_direct_batches_in_order():
     prefetcher.close()
 
 
-def test_the_next_batch_is_built_while_the_loop_works():
-    built = []
-    prefetcher = Prefetcher(lambda s: built.append(s) or s, 0, 10, depth=2)
-    assert prefetcher.get(0) == 0
-    time.sleep(0.2)  # "the step runs"
-    assert built == [0, 1, 2, 3]  # built ahead: `depth` waiting in the queue plus one waiting for room, no more
+def test_batches_are_built_ahead_of_the_loop_and_no_further():
+    """Before the loop asks for step s, steps s .. s + depth are already built, unasked (`depth` waiting in the queue
+    plus one waiting for room); and no build ever runs further than `depth` ahead of the steps asked for."""
+    depth, steps, asked = 2, 12, [0]
+    built = [threading.Event() for _ in range(steps)]
+    ahead = []
+
+    def make(step):
+        ahead.append(step - asked[0])
+        built[step].set()
+        return step
+
+    prefetcher = Prefetcher(make, 0, steps, depth=depth)
+    for step in range(steps):
+        assert built[min(step + depth, steps - 1)].wait(timeout=60), f"step {step + depth} was not built ahead"
+        asked[0] = step + 1
+        assert prefetcher.get(step) == step
     prefetcher.close()
+    assert max(ahead) == depth, ahead
 
 
 def test_errors_surface_where_the_batch_is_wanted():

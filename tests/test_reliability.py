@@ -361,17 +361,15 @@ def test_a_save_that_fills_the_disk_stops_in_one_line_keeps_the_last_checkpoint_
 # -- 6. a process of a multi-process run dies ------------------------------------------------------------------------
 
 def _start_processes(n: int, args: list[str], port: int) -> list:
-    import os
     import subprocess
     import sys
 
-    from helpers import ROOT
+    from helpers import ROOT, spawn
 
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # devices come from cpu_devices_per_process
-    env["PYTHONPATH"] = str(ROOT)
-    return [subprocess.Popen([sys.executable, str(ROOT / "train_jax.py"), *args, f"system.num_processes={n}",
-                              f"system.process_id={i}", f"system.coordinator_address=127.0.0.1:{port}"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    # devices come from cpu_devices_per_process, not the suite's XLA_FLAGS
+    return [spawn([sys.executable, str(ROOT / "train_jax.py"), *args, f"system.num_processes={n}",
+                   f"system.process_id={i}", f"system.coordinator_address=127.0.0.1:{port}"],
+                  env={"XLA_FLAGS": None}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for i in range(n)]
 
 

@@ -5,13 +5,23 @@ produces the same losses, step by step and bit for bit, as the run that was neve
 """
 
 import json
+import re
 import signal
 import subprocess
+import sys
 import time
 
+import chex
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import optax
 import pytest
 
-from helpers import read_metrics, run_cli, start, tiny_overrides, wait_for_step
+from helpers import ROOT, build, communicate, read_metrics, run_cli, spawn, start, tiny_overrides, wait_for_step
+from optimizers import continue_schedule_at
+from training.config import load_config
+from training.run import open_source, plan_run, restore_state
 
 pytestmark = pytest.mark.e2e
 STEPS = 40
@@ -70,6 +80,52 @@ def test_sigterm_checkpoints_exits_0_and_resumes_bitwise(straight, data_cache, t
     meta = json.loads((run_dir / "checkpoints" / str(STEPS) / "meta" / "metadata").read_text())
     assert meta["tokens_seen"] == STEPS * 8 * 64  # the counter continued across the restart
     assert offline == []  # wandb is disabled in these runs; the wandb test below covers its resume
+    # TensorBoard: one curve across the restart (every step once, in order, the uninterrupted run's values).
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tensorboard"), purge_orphaned_data=False)
+    events.Reload()
+    train = events.Scalars("train/loss")
+    assert [e.step for e in train] == list(range(1, STEPS + 1))
+    assert [e.value for e in train] == pytest.approx([losses(straight)[s] for s in range(1, STEPS + 1)], rel=1e-6)
+    assert [e.step for e in events.Scalars("val/loss")] == [10, 20, 30, 40]
+
+
+def test_sigint_stops_like_sigterm(data_cache, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = start(config(data_cache, run_dir))
+    wait_for_step(run_dir, 3, proc)
+    proc.send_signal(signal.SIGINT)
+    result = communicate(proc, timeout=60)
+    assert result.returncode == 0, result.stderr[-2000:]
+    stopped = int(re.search(r"stopped at step (\d+) \(SIGINT\); checkpoint saved to", result.stdout).group(1))
+    assert stopped < STEPS and (run_dir / "checkpoints" / str(stopped)).is_dir()
+
+
+# What the loop does while a checkpoint is written (here: hangs), with the run's own signal handling.
+HANGING_SAVE = """
+import sys, time
+sys.path.insert(0, {root!r})
+from training.signals import StopRequest
+stop = StopRequest()
+print("training", flush=True)
+while not stop:
+    time.sleep(0.01)
+print("stopping after", stop.signal_name, flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_second_ctrl_c_aborts_at_once():
+    """When the checkpoint after a first Ctrl-C is what hangs, a second one ends the process at once."""
+    proc = spawn([sys.executable, "-c", HANGING_SAVE.format(root=str(ROOT))], stdout=subprocess.PIPE,
+                 stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "training\n"
+    proc.send_signal(signal.SIGINT)
+    assert proc.stdout.readline() == "stopping after SIGINT\n"
+    proc.send_signal(signal.SIGINT)
+    result = communicate(proc, timeout=10)
+    assert result.returncode != 0 and "KeyboardInterrupt" in result.stderr
 
 
 def test_kill_9_during_training_resumes_from_the_last_complete_checkpoint(straight, data_cache, tmp_path):
@@ -78,8 +134,12 @@ def test_kill_9_during_training_resumes_from_the_last_complete_checkpoint(straig
     wait_for_step(run_dir, 8, proc)
     proc.kill()  # SIGKILL: no handler runs, an async save may be half-written
     proc.communicate()
+    assert proc.returncode == -signal.SIGKILL  # killed while it trained, not after it had finished
+    killed_at = max(losses(run_dir))
+    assert killed_at < STEPS
     result = ok(resume(data_cache, run_dir))
-    assert "resuming" in result.stdout
+    resumed_at = int(re.search(r"resuming \S+ at step (\d+)", result.stdout).group(1))
+    assert resumed_at <= killed_at  # the last complete checkpoint, then the rest trained again
     assert_same_losses_bitwise(run_dir, straight)
 
 
@@ -133,6 +193,18 @@ def test_overwrite_optimizer_starts_a_fresh_optimizer(straight, data_cache, tmp_
     ok(resume(data_cache, tmp_path / "a", *switch, "checkpoint.overwrite_optimizer=True"))
     assert max(losses(tmp_path / "a")) == 44
 
+    # What the run starts from, with the same optimizer (where a restored optimizer state would go unnoticed): the
+    # checkpoint's parameters, step and key, and a fresh optimizer state whose schedule continues at the step.
+    overrides = tiny_overrides(data_cache, "checkpoint.load=True", f"checkpoint.load_path={straight}",
+                               "checkpoint.overwrite_optimizer=True")
+    parts = build(overrides)
+    state = restore_state(parts.state, plan_run(load_config(overrides), overrides, 0))
+    saved = open_source(str(straight), "latest").reader.restore(STEPS, parts.state)
+    chex.assert_trees_all_equal((eqx.filter(state.model, eqx.is_array), state.step, state.key),
+                                (eqx.filter(saved.model, eqx.is_array), saved.step, saved.key))
+    chex.assert_trees_all_equal(state.opt_state, continue_schedule_at(parts.state.opt_state, STEPS))
+    assert max(float(jnp.abs(mu).max()) for mu in jax.tree.leaves(optax.tree.get(saved.opt_state, "mu"))) > 0
+
 
 def test_mode_eval_matches_the_training_time_evaluation(straight, data_cache):
     result = ok(run_cli(tiny_overrides(data_cache, "mode=eval", "checkpoint.load=True",
@@ -144,11 +216,18 @@ def test_mode_eval_matches_the_training_time_evaluation(straight, data_cache):
     assert "test" in report["results"] and "test " in result.stdout
 
 
-def test_best_checkpoint_can_be_named(straight, data_cache):
-    vals = losses(straight, "val")
+def test_best_checkpoint_can_be_named(straight, data_cache, tmp_path):
+    """A run whose last evaluation is not its best: `--which best` and checkpoint.load_file=best take the best."""
+    run_dir = tmp_path / "a"
+    subprocess.run(["cp", "-r", str(straight), str(run_dir)], check=True)
+    ok(resume(data_cache, run_dir, "checkpoint.overwrite_config=True", "train.max_steps=44", "train.eval_interval=10",
+              "optimizer/lr_config=constant", "optimizer.lr_config.lr=0.03", "optimizer.lr_config.warmup=0"))
+    vals = losses(run_dir, "val")
     best_step = min(vals, key=vals.get)
-    result = ok(run_cli([str(straight), "--which", "best", "--max-new-tokens", "5"], script="scripts/sample.py"))
+    assert max(vals) == 44 and best_step != 44  # the last evaluation, after steps at a far too high lr, is worse
+    result = ok(run_cli([str(run_dir), "--which", "best", "--max-new-tokens", "5"], script="scripts/sample.py"))
     assert f"step {best_step}," in result.stdout
+    assert open_source(str(run_dir), "best").step == best_step  # what checkpoint.load_file=best loads
 
 
 def test_wandb_resumes_the_same_run_id(data_cache, tmp_path):

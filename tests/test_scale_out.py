@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -14,10 +15,10 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from helpers import ROOT, build, read_metrics, run_cli, tiny_overrides
+from helpers import ROOT, build, communicate, read_metrics, run_cli, spawn, tiny_overrides
 from training.checkpoint import Checkpointer
 from training.config import load_config
-from training.sharding import FSDP_MIN_SIZE, init_mesh, per_device_bytes, state_shardings
+from training.sharding import FSDP_MIN_SIZE, init_distributed, init_mesh, per_device_bytes, state_shardings
 
 STEPS = 5
 GLOBAL_BATCH = 16
@@ -74,6 +75,61 @@ def test_a_checkpoint_saved_under_one_layout_continues_under_another(reference, 
     np.testing.assert_allclose([float(parts.step(s)["loss"]) for s in (3, 4)], reference[3:], atol=1e-4)
 
 
+def test_a_1_device_checkpoint_continues_on_8_devices(reference, data_cache, tmp_path):
+    """Saved on one device, continued on data=4 x model=2 with fsdp: the same curve (8 devices to 1:
+    test_resume.py)."""
+    _, first = curve(data_cache, "system.num_devices=1", f"train.batch_size={GLOBAL_BATCH}", steps=3)
+    saver = Checkpointer(tmp_path / "ckpt")
+    saver.save(first.state, {"step": 3})
+    saver.close()
+    parts = build(tiny_overrides(data_cache, f"train.max_steps={STEPS}", HEADS, f"train.batch_size={GLOBAL_BATCH}",
+                                 "system.num_devices=8", "system.mesh_model=2", "system.sharding=fsdp"))
+    parts.state = Checkpointer(tmp_path / "ckpt", read_only=True).restore(3, parts.state)
+    assert int(parts.state.step) == 3
+    assert parts.state.model.blocks.fc.weight.sharding == parts.shardings.model.blocks.fc.weight
+    assert len(parts.state.model.blocks.fc.weight.sharding.device_set) == 8
+    np.testing.assert_allclose([float(parts.step(s)["loss"]) for s in (3, 4)], reference[3:], atol=1e-4)
+
+
+# What srun, mpirun (Open MPI 4) and a launcher setting JAX's variables put in each process's environment, and the
+# (coordinator, process count, process id) it means.
+LAUNCHERS = {
+    "slurm": ({"SLURM_JOB_ID": "4242", "SLURM_STEP_NODELIST": "node[007-010]", "SLURM_NTASKS": "4",
+               "SLURM_PROCID": "2", "SLURM_LOCALID": "0"},
+              ("node007:61586", 4, 2)),  # port: 61440 + job id mod 4096, as JAX picks it
+    "openmpi": ({"OMPI_MCA_orte_hnp_uri": "1531576320.0;tcp://10.96.0.1,10.148.0.1:34911", "OMPI_COMM_WORLD_SIZE": "4",
+                 "OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_LOCAL_RANK": "1"},
+                ("10.96.0.1:62624", 4, 3)),  # port: 61440 + (job id / 4096) mod 4096
+    "jax": ({"JAX_COORDINATOR_ADDRESS": "10.0.0.5:1234", "JAX_NUM_PROCESSES": "4", "JAX_PROCESS_ID": "1"},
+            ("10.0.0.5:1234", 4, 1)),
+}
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_a_launchers_environment_gives_the_process_layout(launcher, monkeypatch):
+    """With the system.* keys null, a launcher's environment alone decides to join and how: what the run passes to
+    jax.distributed.initialize, resolved as JAX resolves it (its cluster detection), is the launcher's layout.
+    (A real join through the JAX_* variables: test_2_processes_reproduce_the_1_device_curve...)"""
+    from jax._src import clusters
+
+    for name in os.environ:
+        if name.startswith(("SLURM_", "OMPI_", "JAX_COORDINATOR", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")):
+            monkeypatch.delenv(name)
+    variables, layout = LAUNCHERS[launcher]
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    joined = []
+
+    def initialize(coordinator_address, num_processes, process_id, initialization_timeout):
+        address = coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS")  # as jax.distributed does
+        joined.append(clusters.ClusterEnv.auto_detect_unset_distributed_params(
+            address, num_processes, process_id, None, None, initialization_timeout)[:3])
+
+    monkeypatch.setattr(jax.distributed, "initialize", initialize)  # the real one would start joining
+    init_distributed(load_config([]).system)
+    assert joined == [layout]
+
+
 def test_fsdp_shards_big_arrays_on_their_largest_divisible_dimension():
     cfg = load_config(["model=gpt2-xl"])
     import equinox as eqx
@@ -101,28 +157,29 @@ def free_port() -> int:
 
 
 def launch(n: int, args: list[str], timeout: float = 240) -> list[subprocess.CompletedProcess]:
-    """`n` real processes joined through jax.distributed on 127.0.0.1; killed if any outlives `timeout`."""
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # devices come from cpu_devices_per_process
-    env["PYTHONPATH"] = str(ROOT)
+    """`n` real processes joined through jax.distributed on 127.0.0.1, given their layout as a launcher gives it:
+    JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID, the system.* keys left null. Each is killed if it
+    outlives `timeout` (the others when the test ends)."""
     port = free_port()
     procs = [
-        subprocess.Popen([sys.executable, str(ROOT / "train_jax.py"), *args, f"system.num_processes={n}",
-                          f"system.process_id={i}", f"system.coordinator_address=127.0.0.1:{port}",
-                          "system.num_devices=null", "system.distributed_timeout_s=60"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+        spawn([sys.executable, str(ROOT / "train_jax.py"), *args, "system.num_devices=null",
+               "system.distributed_timeout_s=60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+              env={"XLA_FLAGS": None,  # devices come from cpu_devices_per_process
+                   "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}", "JAX_NUM_PROCESSES": str(n),
+                   "JAX_PROCESS_ID": str(i)})
         for i in range(n)
     ]
-    results = []
-    try:
-        for proc in procs:
-            out, err = proc.communicate(timeout=timeout)
-            results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
-    return results
+    return [communicate(proc, timeout) for proc in procs]
+
+
+def launch_script(n: int, args: list[str], timeout: float = 240) -> subprocess.CompletedProcess:
+    """scripts/launch_multihost.sh with `n` processes (their output together), as the README tells a user to run it;
+    its activate_env.sh takes the checkout's .venv, or this Python when there is none."""
+    here = str(Path(sys.executable).parent)
+    proc = spawn(["bash", str(ROOT / "scripts" / "launch_multihost.sh"), str(n), *args, "system.num_devices=null",
+                  "system.distributed_timeout_s=60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                 env={"XLA_FLAGS": None, "PYTHON": sys.executable, "PATH": f"{here}{os.pathsep}{os.environ['PATH']}"})
+    return communicate(proc, timeout)
 
 
 @pytest.mark.e2e
@@ -153,11 +210,11 @@ def test_2_processes_reproduce_the_1_device_curve_with_no_host_sync_between_log_
 def test_a_2_process_checkpoint_continues_in_1_process(reference, data_cache, tmp_path):
     schedule = (f"optimizer.lr_config.max_steps={STEPS}", "train.eval_interval=3", HEADS)
     run_dir = tmp_path / "two"
-    results = launch(2, tiny_overrides(data_cache, f"logging.run_dir={run_dir}", "train.max_steps=3", *schedule,
-                                       f"train.batch_size={GLOBAL_BATCH // 2}", "system.cpu_devices_per_process=2"))
-    for r in results:
-        assert r.returncode == 0, r.stderr[-3000:]
-    assert (run_dir / "checkpoints" / "3").is_dir()
+    launched = launch_script(2, tiny_overrides(data_cache, f"logging.run_dir={run_dir}", "train.max_steps=3", *schedule,
+                                               f"train.batch_size={GLOBAL_BATCH // 2}",
+                                               "system.cpu_devices_per_process=2"))
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    assert "4 x cpu in 2 process(es)" in launched.stdout and (run_dir / "checkpoints" / "3").is_dir()
 
     resumed = run_cli(tiny_overrides(data_cache, "checkpoint.load=True", f"checkpoint.load_path={run_dir}",
                                      "checkpoint.overwrite_config=True", f"train.max_steps={STEPS}", *schedule,
@@ -165,4 +222,3 @@ def test_a_2_process_checkpoint_continues_in_1_process(reference, data_cache, tm
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     got = {r["step"]: r["loss"] for r in read_metrics(run_dir, "train")}  # steps 1-3 in 2 processes, 4-5 in 1
     np.testing.assert_allclose([got[s] for s in range(1, STEPS + 1)], reference, atol=1e-4)
-    assert "in 2 process(es)" in results[0].stdout

@@ -22,7 +22,7 @@ from training.step import mean_loss, token_losses
 def run_steps(overrides, steps=3):
     parts = build(overrides)
     losses = [float(parts.step(s)["loss"]) for s in range(steps)]
-    return losses, jax.device_get(eqx.filter(parts.state.model, eqx.is_array))
+    return losses, jax.device_get(eqx.filter(parts.state.model, eqx.is_array)), parts
 
 
 def max_param_diff(a, b):
@@ -35,6 +35,10 @@ def test_step_sharded_over_8_devices_equals_the_1_device_step(data_cache):
     sharded = run_steps(base + ["system.num_devices=8"])
     np.testing.assert_allclose(single[0], sharded[0], atol=1e-5)
     assert max_param_diff(single[1], sharded[1]) <= 1e-5
+    for (*_, parts), devices in ((single, 1), (sharded, 8)):  # the second step really ran on 8 devices
+        batch = put_batch(parts.data.train.batch(0), parts.mesh)["inputs"]
+        assert [shard.data.shape for shard in batch.addressable_shards] == [(1, 8 // devices, 64)] * devices
+        assert len(parts.state.model.wte.sharding.device_set) == devices
 
 
 def test_the_step_donates_the_old_state(data_cache):

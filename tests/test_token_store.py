@@ -3,9 +3,9 @@
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +15,7 @@ from data.packing import tokenized_corpus
 from data.sources import load_corpus
 from data.token_store import token_dtype
 from data.tokenizers import ByteTokenizer, build_tokenizer
+from helpers import spawn
 from training.config import load_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -147,8 +148,8 @@ def test_two_processes_build_the_same_bytes_as_one(tmp_path):
     write_files(tmp_path / "docs", 40)
     _, single = build(text_files(tmp_path / "docs", tmp_path / "one", "dataset.docs_per_chunk=3"))
     overrides = text_files(tmp_path / "docs", tmp_path / "two", "dataset.docs_per_chunk=3")
-    children = [subprocess.Popen([sys.executable, "-c", SLOW_BUILD.format(root=str(ROOT), delay=0.05,
-                                  overrides=overrides, index=i, count=2)], cwd=tmp_path) for i in range(2)]
+    children = [spawn([sys.executable, "-c", SLOW_BUILD.format(root=str(ROOT), delay=0.05, overrides=overrides,
+                                                                index=i, count=2)], cwd=tmp_path) for i in range(2)]
     assert [c.wait(timeout=120) for c in children] == [0, 0]
     _, double = build(overrides)
     assert double.root.name == single.root.name and store_bytes(double) == store_bytes(single)
@@ -166,8 +167,9 @@ def test_a_build_killed_midway_ends_with_the_same_bytes(tmp_path, source):
         write_jsonl(tmp_path / "rows.jsonl", 60)
         make = lambda cache: streamed(tmp_path / "rows.jsonl", cache, "dataset.docs_per_chunk=3")  # noqa: E731
     _, reference = build(make(tmp_path / "reference"))
-    child = subprocess.Popen([sys.executable, "-c", SLOW_BUILD.format(root=str(ROOT), delay=0.3,
-                              overrides=make(tmp_path / "cache"), index=0, count=1)], cwd=tmp_path)
+    child = spawn([sys.executable, "-c", SLOW_BUILD.format(root=str(ROOT), delay=0.3,
+                                                           overrides=make(tmp_path / "cache"), index=0, count=1)],
+                  cwd=tmp_path)
     stores = tmp_path / "cache" / "tokens"
     deadline = time.monotonic() + 120
     while len(list(stores.glob("*/chunk-*.json"))) < 3:
@@ -194,6 +196,25 @@ def test_a_streamed_build_stops_after_the_chunk_that_reaches_max_tokens(tmp_path
     for split in whole.splits:  # the capped store is the start of the whole one
         n = len(capped.tokens(split))
         assert capped.tokens(split).tolist() == whole.tokens(split)[:n].tolist()
+
+
+@pytest.mark.parametrize("source", ["text_files", "hf"])
+def test_num_proc_above_1_loads_the_same_store_without_forking(tmp_path, source):
+    """dataset.num_proc=2 for text: the same token store as one process, and this process (which runs JAX) is
+    never forked (JAX warns at every fork)."""
+    if source == "text_files":
+        write_files(tmp_path / "docs", 40)
+        make = lambda cache, n: text_files(tmp_path / "docs", cache, f"dataset.num_proc={n}")  # noqa: E731
+    else:
+        write_jsonl(tmp_path / "rows.jsonl", 60)
+        make = lambda cache, n: [*streamed(tmp_path / "rows.jsonl", cache, f"dataset.num_proc={n}"),  # noqa: E731
+                                 "dataset.streaming=false"]
+    _, one = build(make(tmp_path / "one", 1))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _, two = build(make(tmp_path / "two", 2))
+    assert store_bytes(two) == store_bytes(one) and sum(len(two.tokens(s)) for s in two.splits) > 1000
+    assert not [w for w in caught if "fork" in str(w.message)]
 
 
 def test_a_run_forks_no_process(tmp_path):

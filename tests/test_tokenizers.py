@@ -64,13 +64,46 @@ def test_bpe_compresses_and_is_cached(bpe, tmp_path):
 
 
 def test_gpt2_tokenizer_offline_fails_with_one_actionable_line(monkeypatch, tmp_path):
+    """GPT-2's BPE files are not in tiktoken's cache and the network is down: tiktoken's own loading path runs up to
+    its download, which fails as it does offline, and the user gets one line saying what to do."""
+    import requests
+    import tiktoken.registry
+
+    requested = []
+
+    def offline(url, *args, **kwargs):
+        requested.append(url)
+        raise requests.ConnectionError(f"Failed to resolve host of {url}")
+
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))  # an empty cache: tiktoken must download
-    try:
-        tok = Gpt2Tokenizer()
-    except DataError as e:
-        message = str(e)
-        assert "\n" not in message
-        assert "tokenizer gpt2" in message and "dataset.tokenizer=bpe" in message and "TIKTOKEN_CACHE_DIR" in message
-    else:  # a machine that can reach the internet: then the real tokenizer must work
-        ids = tok.encode("Hello world")
-        assert tok.decode(ids) == "Hello world" and tok.vocab_size == 50259
+    monkeypatch.setattr(tiktoken.registry, "ENCODINGS", {})  # nothing loaded earlier in this process
+    monkeypatch.setattr(requests, "get", offline)  # tiktoken's download, as it fails without a network
+    with pytest.raises(DataError) as error:
+        Gpt2Tokenizer()
+    message = str(error.value)
+    assert requested and requested[0].startswith("https://openaipublic.blob.core.windows.net/gpt-2/")
+    assert "\n" not in message
+    assert message.startswith("tokenizer gpt2: GPT-2's BPE files could not be fetched (ConnectionError; offline?)")
+    assert "dataset.tokenizer=bpe" in message and "TIKTOKEN_CACHE_DIR" in message
+
+
+def test_gpt2_tokenizer_puts_its_special_tokens_after_gpt2s_ids(monkeypatch):
+    """Our part of the gpt2 tokenizer, around a stand-in for GPT-2's BPE (its files cannot be had offline, and
+    tiktoken checks a cached copy against their hash, so no fixture can provide them): GPT-2's <|endoftext|> is
+    <EOS>, <PAD> and <GENAI> come right after it, text never turns into a special id, and every id's byte length is
+    the length of its text."""
+    import tiktoken
+
+    ranks = {bytes([b]): b for b in range(256)} | {b"re": 256, b"ret": 257, b"retu": 258, b"return": 259}
+    stand_in = tiktoken.Encoding(name="gpt2-stand-in", pat_str=r"""'s|'t| ?\w+| ?[^\s\w]+|\s+""",
+                                 mergeable_ranks=ranks, special_tokens={"<|endoftext|>": 260})
+    monkeypatch.setattr(tiktoken, "get_encoding", lambda name: stand_in)
+    tok = Gpt2Tokenizer()
+    assert (tok.eos_id, tok.pad_id, tok.genai_id, tok.vocab_size) == (260, 261, 262, 263)
+    for text in TEXTS + ["return <|endoftext|> as text"]:
+        ids = tok.encode(text)
+        assert tok.decode(ids) == text and not set(ids) & set(tok.special_ids.values())
+        assert int(tok.token_byte_lengths()[np.asarray(ids, int)].sum()) == len(text.encode("utf-8"))
+    assert 259 in tok.encode("return x")  # the merges are used
+    assert tok.decode([tok.eos_id, tok.pad_id, tok.genai_id]) == "<EOS><PAD><GENAI>"
+    assert tokenizer_from_json(tok.to_json()).encode("return") == tok.encode("return")

@@ -52,10 +52,13 @@ def init_distributed(system: Any) -> None:
     if system.cpu_devices_per_process:
         jax.config.update("jax_num_cpu_devices", system.cpu_devices_per_process)
     try:
+        # JAX reads JAX_COORDINATOR_ADDRESS itself, but not the process count and id that go with it.
+        num_processes = system.num_processes or _env_int("JAX_NUM_PROCESSES")
+        process_id = system.process_id if system.process_id is not None else _env_int("JAX_PROCESS_ID")
         jax.distributed.initialize(
             coordinator_address=system.coordinator_address,
-            num_processes=system.num_processes,
-            process_id=system.process_id,
+            num_processes=num_processes,
+            process_id=process_id,
             initialization_timeout=system.distributed_timeout_s,
             # training/peers.py notices a lost process after distributed_timeout_s; this is JAX's own backstop
             heartbeat_timeout_seconds=system.distributed_timeout_s + JAX_HEARTBEAT_MARGIN_S,
@@ -65,6 +68,11 @@ def init_distributed(system: Any) -> None:
         count = system.num_processes or "the launcher's"
         where = system.coordinator_address or "the detected coordinator"
         raise ConfigError(f"config: system: could not join {count} processes at {where}: {first}") from None
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    return int(value) if value else None
 
 
 def init_mesh(num_devices: int | None = None, model_axis: int = 1) -> Mesh:

@@ -1,0 +1,98 @@
+"""Every tool in scripts/ runs once on the smallest config, as a script (`__main__`), in this process; the set-up
+script reuses a Python that already has everything. (train_lm.sh and the piano scripts are full training runs;
+bench_loop.py and bench_data.py time subprocess runs; launch_multihost.sh: test_scale_out.py.)"""
+
+from __future__ import annotations
+
+import json
+import runpy
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import train_jax
+from helpers import ROOT, communicate, spawn, tiny_overrides
+
+
+def run_script(name: str, args: list[str], monkeypatch, capsys) -> str:
+    """`python scripts/<name> args...` in this process; its exit status must be 0; returns what it printed."""
+    monkeypatch.setattr(sys, "argv", [str(ROOT / "scripts" / name), *args])
+    try:
+        runpy.run_path(str(ROOT / "scripts" / name), run_name="__main__")
+    except SystemExit as e:
+        assert e.code in (0, None), capsys.readouterr().err[-2000:]
+    return capsys.readouterr().out
+
+
+def last_json(out: str) -> dict:
+    return json.loads(out.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, data_cache):
+    """A tiny run with checkpoints at steps 4 and 8."""
+    run_dir = tmp_path_factory.mktemp("scripts") / "run"
+    assert train_jax.run(tiny_overrides(data_cache, f"logging.run_dir={run_dir}")) == 0
+    return run_dir
+
+
+def test_bench_times_the_step_the_loader_and_a_compile(data_cache, monkeypatch, capsys):
+    tiny = tiny_overrides(data_cache)
+    step = last_json(run_script("bench.py", ["--steps", "2", "--warmup", "1", *tiny], monkeypatch, capsys))
+    assert step["steps_timed"] == 2 and step["tokens_per_s"] > 0 and step["config"]["model"] == "gpt2-tiny"
+    loader = last_json(run_script("bench.py", ["--loader", "--steps", "3", *tiny], monkeypatch, capsys))
+    assert loader["steps"] == 3 and loader["tokens_per_batch"] == 8 * 64 and loader["loader_tokens_per_s"] > 0
+    compiled = last_json(run_script("bench.py", ["--compile-only", "--vocab", "259", *tiny], monkeypatch, capsys))
+    assert compiled["model"] == "gpt2-tiny" and compiled["compile_s"] > 0
+
+
+def test_bench_decode_times_both_decoders(monkeypatch, capsys):
+    result = last_json(run_script("bench_decode.py", ["--new-tokens", "8", "--vocab", "259", "model=gpt2-tiny"],
+                                  monkeypatch, capsys))
+    assert result["new_tokens"] == 8 and result["kv_cache"]["tokens_per_s"] > 0 and result["no_cache"]["seconds"] > 0
+
+
+def test_bench_checkpoint_times_saves(monkeypatch, capsys):
+    result = last_json(run_script("bench_checkpoint.py", ["--saves", "2", "--vocab", "259", "model=gpt2-tiny",
+                                                          "system.num_devices=1"], monkeypatch, capsys))
+    assert result["saves"] == 2 and result["state_bytes"] > 0 and result["commit_s_median"] >= 0
+
+
+def test_state_memory_lists_every_layout(monkeypatch, capsys):
+    result = last_json(run_script("state_memory.py", ["--devices", "8", "--vocab", "259", "model=gpt2-tiny",
+                                                      "model.n_head=4"], monkeypatch, capsys))
+    assert [(row["data"], row["model"]) for row in result["layouts"]] == [(8, 1), (4, 2), (2, 4)]
+    assert all(row["fsdp_bytes_per_device"] <= row["dp_bytes_per_device"] for row in result["layouts"])
+
+
+def test_sample_and_export_take_the_checkpoint_named_by_which(trained, tmp_path, monkeypatch, capsys):
+    from safetensors.numpy import load_file
+
+    from training.trained import load_trained
+
+    out = run_script("sample.py", [str(trained), "--which", "4", "--prompt", "def ", "--max-new-tokens", "5"],
+                     monkeypatch, capsys)
+    assert out.startswith("# gpt2-tiny, step 4,")
+    run_script("export_hf.py", [str(trained), str(tmp_path / "hf"), "--which", "4"], monkeypatch, capsys)
+    exported = load_file(str(tmp_path / "hf" / "model.safetensors"))["transformer.wte.weight"]
+    for step in (4, 8):  # step 4's weights, not the latest's
+        wte = np.asarray(load_trained(str(trained), str(step)).model.wte)[: exported.shape[0]]
+        assert np.array_equal(exported, wte) == (step == 4)
+
+
+def test_activate_env_uses_a_python_that_already_has_everything(tmp_path):
+    """No .venv and a Python that imports every pinned package (a GPU image, say): activate_env.sh uses it as it
+    is, installs nothing, creates nothing, and puts the checkout on PYTHONPATH."""
+    for name in ("activate_env.sh", "requirements.txt"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    proc = spawn(["bash", "-c", 'source activate_env.sh && echo "PYTHONPATH=$PYTHONPATH"'], cwd=tmp_path,
+                 env={"PYTHON": sys.executable}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    result = communicate(proc, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.strip() == (f"activate_env: using {sys.executable} (its packages already import; nothing "
+                                      "installed)")
+    assert result.stdout.strip().split("=", 1)[1].split(":")[0] == str(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["activate_env.sh", "requirements.txt"]  # no .venv
