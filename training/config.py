@@ -1,9 +1,11 @@
 """The run configuration: typed schema (Hydra structured configs), composition from conf/, one validation pass.
 
-Values live in conf/*.yaml; types and defaults live here. `load_config(overrides)` composes the YAML with Hydra's
-override grammar (`model=gpt2 optimizer/lr_config=cosine train.batch_size=8`), merges it onto the schema (unknown
-keys and wrong types fail there), then `validate` (training/validation.py) checks values. Every failure is a `ConfigError` whose message names
-the key. The config is never mutated afterwards; derived values (global batch, decay steps) are computed where used.
+Values live in conf/*.yaml; types and defaults live here. Hydra composes the YAML with its override grammar
+(`model=gpt2 optimizer/lr_config=cosine train.batch_size=8`) onto the schema (unknown keys and wrong types fail
+there): train_jax.py is a Hydra application, and `load_config(overrides)` does the same through Hydra's compose API
+for scripts and tests. Either way `finish` turns the composed config into the run's, then `validate`
+(training/validation.py) checks values. Every failure is a `ConfigError` whose message names the key. The config is
+never mutated afterwards; derived values (global batch, decay steps) are computed where used.
 """
 
 from __future__ import annotations
@@ -231,16 +233,33 @@ class Config:
 
 ConfigStore.instance().store(name="base_config", node=Config)
 
+
 def load_config(overrides: list[str]) -> DictConfig:
-    """Compose conf/config.yaml with command-line overrides; raise ConfigError naming the offending key."""
+    """Compose conf/config.yaml with command-line overrides (Hydra's compose API, for scripts and tests; train_jax.py
+    is composed by Hydra itself) and `finish` it; raise ConfigError naming the offending key."""
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-            cfg = compose(config_name="config", overrides=list(overrides))
-        validate_keys(cfg)
+            composed = compose(config_name="config", overrides=list(overrides))
     except (HydraException, OmegaConfBaseException) as e:
-        raise ConfigError(_unparsable_override(overrides) or _one_line(e)) from None
-    OmegaConf.set_readonly(cfg, True)
-    return cfg
+        raise composition_error(e, overrides) from None
+    return finish(composed)
+
+
+def finish(composed: DictConfig) -> DictConfig:
+    """The composed config (Hydra's, without its `hydra` node) as the run's checked, read-only config: the one step
+    between composition and use, whether Hydra's app or `load_config` composed it."""
+    try:
+        validate_keys(composed)
+    except OmegaConfBaseException as e:
+        raise ConfigError(_one_line(e)) from None
+    OmegaConf.set_readonly(composed, True)
+    return composed
+
+
+def composition_error(e: BaseException, overrides: list[str]) -> ConfigError:
+    """A failure to compose the config (an override that does not parse, an unknown key or option, a wrong type) as
+    one line naming the argument or key."""
+    return ConfigError(_unparsable_override(overrides) or _one_line(e))
 
 
 def _unparsable_override(overrides: list[str]) -> str | None:
