@@ -1,7 +1,7 @@
 """Compare runs or whole sweeps: a table of what differs between them and how each ended, as Markdown and CSV, and a
 figure of final validation loss against learning rate (a line per optimizer) beside the overlaid loss curves.
 
-    python scripts/compare_runs.py multirun/2026-11-23/10-00-00            # every run below a sweep directory
+    python scripts/compare_runs.py runs/sweeps/train_jax-20261123-100000   # every run below a sweep directory
     python scripts/compare_runs.py runs/a runs/b --out comparison/          # or named runs
     python scripts/compare_runs.py SWEEP --split code/val                   # the figure for another validation split
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from training.compare import find_runs, markdown, plot_sweep, run_record, table, write_csv  # noqa: E402
+from training.compare import find_runs, write_comparison  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
@@ -36,13 +36,7 @@ def main(argv: list[str]) -> int:
         print(f"error: no run (a directory with metrics.jsonl) in or below {', '.join(args.paths)}", file=sys.stderr)
         return 1
     out = Path(args.out) if args.out else paths[0]
-    out.mkdir(parents=True, exist_ok=True)
-    records = [run_record(r) for r in runs]
-    columns, rows = table(records, args.split)
-    text = markdown(columns, rows)
-    (out / "comparison.md").write_text(text)
-    write_csv(columns, rows, out / "comparison.csv")
-    plot_sweep(records, out / "comparison.png", args.split)
+    text = write_comparison(runs, out, args.split)
     print(text + f"\n{len(runs)} run(s); written: {out / 'comparison.md'}, {out / 'comparison.csv'}, "
           f"{out / 'comparison.png'}")
     return 0

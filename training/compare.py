@@ -137,3 +137,16 @@ def plot_sweep(records: list[dict[str, Any]], out: Path, split: str = "val") -> 
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return by_optimizer
+
+
+def write_comparison(runs: list[Path], out: Path, split: str = "val") -> str:
+    """The table of `runs` as `out`/comparison.md and comparison.csv, and the figure as comparison.png; returns the
+    Markdown table (what scripts/compare_runs.py prints, and what a sweep's sweep.md includes)."""
+    out.mkdir(parents=True, exist_ok=True)
+    records = [run_record(r) for r in runs]
+    columns, rows = table(records, split)
+    text = markdown(columns, rows)
+    (out / "comparison.md").write_text(text)
+    write_csv(columns, rows, out / "comparison.csv")
+    plot_sweep(records, out / "comparison.png", split)
+    return text
