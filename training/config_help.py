@@ -1,0 +1,156 @@
+"""`python train_jax.py --help`: every config key with its type, default and meaning, read from the schema itself.
+
+Types and defaults come from the dataclasses of training/config.py by introspection. A key's meaning is the comment
+its maintainers keep beside the field (`batch_size: int = 16  # sequences per ...`) together with the comment lines
+directly above it, read with `tokenize` (comments are not in the AST) at the lines `ast` gives the field. Hydra's
+help template (conf/hydra/help/gpt_jax.yaml) takes the text through the `config_help` resolver, with the composed
+config, so `python train_jax.py model=gpt2 --help` also shows what that command changes.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import inspect
+import io
+import textwrap
+import tokenize
+import typing
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+WIDTH = 120
+_ABSENT = object()
+
+
+@dataclass
+class Key:
+    name: str  # dotted, as an override writes it
+    type: str
+    default: Any
+    meaning: str
+
+
+@functools.lru_cache(maxsize=None)
+def _source(path: str) -> tuple[ast.Module, dict[int, str], list[str]]:
+    """The file's syntax tree, its comments by line (text after `#`), and its lines."""
+    text = open(path, encoding="utf-8").read()
+    comments = {tok.start[0]: tok.string.lstrip("#").strip()
+                for tok in tokenize.generate_tokens(io.StringIO(text).readline) if tok.type == tokenize.COMMENT}
+    return ast.parse(text), comments, text.splitlines()
+
+
+def _class_node(cls: type) -> ast.ClassDef | None:
+    tree, _, _ = _source(inspect.getsourcefile(cls))
+    return next((n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == cls.__name__), None)
+
+
+def field_meanings(cls: type) -> dict[str, str]:
+    """Each annotated field of `cls`: the comment-only lines right above it, then its trailing comment, joined."""
+    node = _class_node(cls)
+    if node is None:
+        return {}
+    _, comments, lines = _source(inspect.getsourcefile(cls))
+
+    def comment_only(row: int) -> bool:
+        return row in comments and lines[row - 1].lstrip().startswith("#")
+
+    meanings = {}
+    for item in node.body:
+        if not (isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)):
+            continue
+        above, row = [], item.lineno - 1
+        while comment_only(row):
+            above.insert(0, comments[row])
+            row -= 1
+        rows = range(item.lineno, item.end_lineno + 1)
+        trailing = [comments[r] for r in rows if r in comments and not comment_only(r)]
+        meanings[item.target.id] = " ".join(above + trailing)
+    return meanings
+
+
+def type_name(t: Any) -> str:
+    """A field's type as a user writes its value: `int`, `float or null`, `list[str]`, `a | b`, `any`."""
+    origin, args = typing.get_origin(t), typing.get_args(t)
+    if t is Any:
+        return "any"
+    if origin is typing.Union:
+        named = [type_name(a) for a in args if a is not type(None)]
+        return " or ".join(named) + (" or null" if type(None) in args else "")
+    if origin is typing.Literal:
+        return " | ".join(str(a) for a in args)
+    if origin in (list, tuple, dict):
+        return f"{origin.__name__}[{', '.join(type_name(a) for a in args)}]" if args else origin.__name__
+    return getattr(t, "__name__", str(t))
+
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return "(required)"
+
+
+def keys(schema: type, prefix: str = "") -> list[tuple[str, str, list[Key]]]:
+    """Sections in schema order: (dotted name, the dataclass's docstring, its keys); nested dataclasses follow their
+    parent as sections of their own."""
+    hints = typing.get_type_hints(schema)
+    meanings = field_meanings(schema)
+    node = _class_node(schema)
+    doc = (ast.get_docstring(node) or "") if node is not None else ""
+    own, nested = [], []
+    for f in dataclasses.fields(schema):
+        t = hints[f.name]
+        if dataclasses.is_dataclass(t):
+            nested += keys(t, f"{prefix}{f.name}.")
+        else:
+            own.append(Key(f"{prefix}{f.name}", type_name(t), _default(f), meanings.get(f.name, "")))
+    return [(prefix.rstrip("."), doc, own), *nested]
+
+
+def show(value: Any) -> str:
+    """A value as an override would write it."""
+    if OmegaConf.is_config(value):
+        value = OmegaConf.to_container(value, resolve=True)
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list):
+        return "[" + ", ".join(show(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {show(v)}" for k, v in value.items()) + "}"
+    return str(value)
+
+
+def help_text(schema: type, composed: DictConfig | None = None, width: int = WIDTH) -> str:
+    """One entry per key, `key: type = default`, then `(here: value)` where `composed` (the config this command
+    line composes) holds another value, then the key's meaning; grouped by section."""
+    out = []
+    for section, doc, section_keys in keys(schema):
+        if not section_keys:
+            continue
+        title = f"{section or '(top level)'}:" + (f" {doc}" if doc else "")
+        out += ["", *textwrap.wrap(title, width, subsequent_indent="  ")]
+        for key in section_keys:
+            line = f"{key.name}: {key.type} = {show(key.default)}"
+            here = OmegaConf.select(composed, key.name, default=_ABSENT) if composed is not None else _ABSENT
+            if here is not _ABSENT and show(here) != show(key.default):
+                line += f" (here: {show(here)})"
+            if key.meaning:
+                line += f" -- {key.meaning}"
+            out += textwrap.wrap(line, width, initial_indent="  ", subsequent_indent="      ", break_on_hyphens=False)
+    return "\n".join(out).lstrip("\n")
+
+
+def _resolver(*, _root_: DictConfig) -> str:
+    from training.config import Config
+
+    return help_text(Config, _root_).replace("$", "$$")  # the text lands in a string.Template
+
+
+OmegaConf.register_new_resolver("config_help", _resolver, replace=True)
