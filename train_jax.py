@@ -5,21 +5,25 @@
     python train_jax.py checkpoint.load=True checkpoint.load_path=runs/<run>     # resume exactly where it stopped
     python train_jax.py mode=eval checkpoint.load=True checkpoint.load_path=runs/<run> checkpoint.load_file=best
     python train_jax.py --cfg                              # print the composed config and exit
+    python train_jax.py -m optimizer=adamw,lion optimizer.lr_config.lr=1e-3,3e-3   # a sweep: runs/sweeps/<name>-<time>/
+    python train_jax.py --help                             # config groups, launchers, sweepers, every key
 
-Config lives in conf/ (Hydra); its schema and checks are in training/config.py. Expected failures print one line
-and exit non-zero (2 for a bad config); tracebacks are for bugs.
+A Hydra application: config lives in conf/, its schema and checks in training/config.py, the command line's
+errors, exit codes and sweep jobs in training/cli.py. Expected failures print one line and exit non-zero (2 for a
+bad config); tracebacks are for bugs.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import hydra
 import jax
 import optax
+from omegaconf import DictConfig
 
 from data import Data, make_data
 from data.prefetch import Prefetcher
@@ -28,10 +32,11 @@ from data.notes_tokenizer import notes_tokenizer
 from data.tokenizers import Tokenizer, build_tokenizer, tokenizer_from_json
 from models import MODEL_BUILDERS
 from optimizers import build_optimizer, build_schedule
+from training import cli
 from training import config as config_lib
 from training.actions import TrainingRun
 from training.compilation import CompileClock, init_compilation_cache
-from training.errors import DataError, PipelineError
+from training.errors import DataError
 from training.evaluate import evaluate
 from training.logs import eval_table
 from training.loop import run_loop
@@ -41,7 +46,6 @@ from training.sharding import init_distributed, init_mesh, put_batch
 from training.state import TrainState, place_state
 from training.stats import StatsKnobs
 from training.step import COMPUTE_DTYPES, make_eval_step, make_train_step
-from training.storage import storage_error
 
 
 def init_tokenizer(cfg, corpus: dict, source: Source | None) -> Tokenizer:
@@ -112,29 +116,24 @@ def build(cfg, source: Source | None = None) -> Pipeline:
                     make_eval_step(dtype))
 
 
-def main(argv: list[str]) -> None:
-    started = time.time()
-    if "--cfg" in argv:
-        print(config_lib.to_yaml(config_lib.load_config([a for a in argv if a != "--cfg"])))
-        return
-    cfg = config_lib.load_config(argv)
+def main(cfg, overrides: list[str], started: float) -> float | None:
+    """One run of a finished config: train (or, mode=eval, evaluate); returns the final `val` loss."""
     init_distributed(cfg.system)  # before anything touches a device
     watch_peers(cfg.system)  # a process that dies is named, and the others end
     init_compilation_cache(cfg.system.compilation_cache_dir)
     compile_clock = CompileClock()
     config_lib.validate(cfg, jax.local_device_count())
-    plan = plan_run(cfg, argv, shared_timestamp(started))
+    plan = plan_run(cfg, overrides, shared_timestamp(started))
     cfg = plan.cfg
     config_lib.validate(cfg, jax.local_device_count())
     p = build(cfg, plan.resume or plan.init_from)
     state = restore_state(p.state, plan)
     if config_lib.evaluating(cfg):
-        evaluate_checkpoint(plan, p, state)
-    else:
-        train(cfg, plan, p, state, started, compile_clock)
+        return evaluate_checkpoint(plan, p, state)
+    return train(cfg, plan, p, state, started, compile_clock)
 
 
-def evaluate_checkpoint(plan: RunPlan, p: Pipeline, state: TrainState) -> None:
+def evaluate_checkpoint(plan: RunPlan, p: Pipeline, state: TrainState) -> float:
     """mode=eval: every validation split and the test split, as a table and as JSON in the run directory."""
     splits = {**p.data.evals, **({"test": p.data.test} if p.data.test else {})}
     results = evaluate(p.eval_step, state.model, splits, p.mesh, p.data.token_bytes)
@@ -144,11 +143,14 @@ def evaluate_checkpoint(plan: RunPlan, p: Pipeline, state: TrainState) -> None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps({"step": step, "checkpoint": str(source), "results": results}, indent=2))
         print(f"evaluated step {step} of {source}\n{eval_table(results)}\nwritten to {out}")
+    return results[p.data.main_split]["loss"]
 
 
-def train(cfg, plan: RunPlan, p: Pipeline, state: TrainState, started: float, compile_clock: CompileClock) -> None:
+def train(cfg, plan: RunPlan, p: Pipeline, state: TrainState, started: float,
+          compile_clock: CompileClock) -> float | None:
     """The loop: step; at their intervals log, evaluate, checkpoint and agree to stop (training/actions.py). Ends at
-    train.max_steps, at the time limit or on SIGTERM/SIGINT, with an evaluation and a checkpoint as due."""
+    train.max_steps, at the time limit or on SIGTERM/SIGINT, with an evaluation and a checkpoint as due; returns the
+    last `val` loss (None when no evaluation ran)."""
     run = TrainingRun(cfg, plan, p, state, started, compile_clock)
     loop = run.loop_state(state)
     batches = Prefetcher(lambda s: put_batch(p.data.train.batch(s), p.mesh), loop.step, cfg.train.max_steps)
@@ -157,6 +159,7 @@ def train(cfg, plan: RunPlan, p: Pipeline, state: TrainState, started: float, co
         run_loop(loop, p.train_step, batches.get, run.actions(loop.step), cfg.train.max_steps, run.tokens_per_step,
                  after_step=run.log.advance, guard=cfg.system.transfer_guard)
         run.finish(loop)
+        return loop.val_loss
     except Exception as e:  # before the clean-up below, which would wait for a lost process
         if (lost := lost_peer(e)) is not None:
             abandon(lost)
@@ -166,23 +169,18 @@ def train(cfg, plan: RunPlan, p: Pipeline, state: TrainState, started: float, co
         run.close()
 
 
+@hydra.main(config_path=str(config_lib.CONF_DIR), config_name="config", version_base=None)
+def task(composed: DictConfig) -> float | None:
+    """One Hydra job, a run or one job of a sweep: returns the run's final `val` loss, which sweepers minimise."""
+    return cli.job(composed, main)
+
+
 def run(argv: list[str]) -> int:
-    try:
-        main(argv)
-    except PipelineError as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
-        return e.exit_code
-    except OSError as e:
-        if (error := storage_error(e)) is None:
-            raise
-        print(f"error: {error}", file=sys.stderr, flush=True)
-        return error.exit_code
-    except Exception as e:
-        if (lost := lost_peer(e)) is None:
-            raise
-        abandon(lost)
-    return 0
+    """The command line (Hydra's: overrides, -m, --help, --cfg, -sc), as an exit code."""
+    return cli.run(task, argv)
 
 
 if __name__ == "__main__":
-    sys.exit(run(sys.argv[1:]))
+    import train_jax  # launchers pickle the task by reference; as train_jax.task their workers can import it
+
+    sys.exit(train_jax.run(sys.argv[1:]))

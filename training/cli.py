@@ -1,0 +1,197 @@
+"""The command line: train_jax.py as a Hydra application, with the project's one-line errors and exit codes.
+
+  run(app, argv)       argv through Hydra (one run, a `-m` sweep, --help, --cfg, -sc), and its exit code. What Hydra
+                       cannot compose (an override that does not parse, an unknown key or option, a wrong type) is one
+                       line and exit 2, before anything runs, also for every job of a sweep. A sweep ends with its
+                       summary (training/sweep.py) and exits 1 when any job failed.
+  job(composed, main)  inside Hydra, once per job: the composed config, finished (training/config.py), goes to
+                       `main`, whose final `val` loss is the job's return value (what sweepers minimise). In a single
+                       run an expected failure is one line and its exit code; in a sweep it is one line naming the
+                       job, the job's record says so, and only that job fails.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import HydraException
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
+
+from training import config_help  # noqa: F401  (registers the resolver that --help's template uses)
+from training import config as config_lib
+from training import sweep
+from training.errors import PipelineError
+from training.peers import abandon, lost_peer
+from training.storage import storage_error
+
+ROOT = Path(__file__).resolve().parent.parent
+CFG_CHOICES = ("job", "hydra", "all")
+EXCLUDE_KEYS = "hydra.job.config.override_dirname.exclude_keys"
+Main = Callable[[DictConfig, list, float], Any]
+
+
+def hydra_argv(argv: list[str]) -> list[str]:
+    """`--cfg` alone, followed by overrides, means Hydra's `--cfg job --resolve`: the task's config, every value
+    resolved (Hydra's `--cfg` wants one of job, hydra, all next)."""
+    out = []
+    for i, arg in enumerate(argv):
+        out.append(arg)
+        if arg in ("--cfg", "-c") and (i + 1 == len(argv) or argv[i + 1] not in CFG_CHOICES):
+            out += ["job", "--resolve"]
+    return out
+
+
+def _parsed(argv: list[str]) -> Any:
+    from hydra._internal.utils import get_args_parser  # the parser hydra.main itself uses
+
+    try:
+        return get_args_parser().parse_args(argv)
+    except SystemExit:  # Hydra's own call says what is wrong
+        return None
+
+
+def _overrides(argv: list[str]) -> list[str]:
+    return args.overrides if (args := _parsed(argv)) is not None else []
+
+
+def name_jobs_by_what_varies(argv: list[str]) -> list[str]:
+    """A sweep's job directories are named by Hydra's override_dirname; the overrides that give every job the same
+    value are left out of it (hydra.job.config.override_dirname.exclude_keys, unless the command sets that), so
+    `3-optimizer.lr_config.lr=0.003,optimizer=lion` says what job 3 is."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    args = _parsed(argv)
+    if args is None or not args.multirun or any(o.startswith(EXCLUDE_KEYS) for o in args.overrides):
+        return argv
+    try:
+        parsed = OverridesParser.create().parse_overrides(args.overrides)
+    except HydraException:
+        return argv  # Hydra names the argument it cannot parse
+    fixed = sorted({o.key_or_group for o in parsed if not o.is_sweep_override() and not o.is_hydra_override()})
+    return [*argv, f"{EXCLUDE_KEYS}=[{','.join(repr(k) for k in fixed)}]"] if fixed else argv
+
+
+def run(app: Callable[[], Any], argv: list[str]) -> int:
+    """Run `app` (the hydra.main-decorated task) on `argv`; the exit code."""
+    argv = name_jobs_by_what_varies(hydra_argv(argv))
+    multirun = (args := _parsed(argv)) is not None and args.multirun
+    saved_argv, saved_env = sys.argv, {k: os.environ.get(k) for k in ("HYDRA_FULL_ERROR", "PYTHONPATH")}
+    sys.argv = [saved_argv[0], *argv]
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra's errors reach this function as exceptions, not printed tracebacks
+    # Launchers that run jobs in fresh processes (submitit) unpickle the task by reference: they import train_jax.
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [saved_env["PYTHONPATH"]])])
+    sweep.started.clear()
+    code = 0
+    try:
+        app()
+    except SystemExit as e:  # a single run's expected failure (already said), --help, or a usage error
+        code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+    except sweep.JobFailed:
+        code = 1  # the job said why, and the summary below lists it
+    except (HydraException, OmegaConfBaseException) as e:
+        code = _say(config_lib.composition_error(e, _overrides(argv)))
+    except Exception as e:
+        # Only the sweep's machinery raises anything else here (a job's own failure is a JobFailed): a launcher
+        # that finds no cluster, a submission refused, a search space Optuna rejects. HYDRA_FULL_ERROR=1: traceback.
+        if not multirun or saved_env["HYDRA_FULL_ERROR"] == "1":
+            raise
+        code = _say(PipelineError(f"sweep: {type(e).__name__}: {_first_line(e)}"))
+    finally:
+        sys.argv = saved_argv
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        for sweep_dir in sweep.started:
+            code = _summarize(sweep_dir) or code
+    return code
+
+
+def _say(error: PipelineError) -> int:
+    print(f"error: {error}", file=sys.stderr, flush=True)
+    return error.exit_code
+
+
+def _summarize(sweep_dir: Path) -> int:
+    """Write the sweep's summary and say where it is; 1 when any job did not complete."""
+    if not sweep.read_records(sweep_dir):
+        return 0  # no job ran (Hydra refused the sweep's config before starting any)
+    summary = sweep.summarize(sweep_dir)
+    print(f"sweep: {summary['completed']} of {len(summary['jobs'])} jobs completed; summary in "
+          f"{sweep_dir / 'sweep.md'} (and sweep.json)", flush=True)
+    if not summary["failed"]:
+        return 0
+    numbers = ", ".join(str(j["job"]) for j in summary["jobs"] if j["status"] != sweep.COMPLETED)
+    print(f"error: sweep {sweep_dir}: {summary['failed']} of {len(summary['jobs'])} jobs failed or did not finish "
+          f"(job {numbers}); {sweep_dir / 'sweep.md'} says why", file=sys.stderr, flush=True)
+    return 1
+
+
+def expected_failure(e: Exception) -> PipelineError | None:
+    """The one-line error an exception stands for, or None for a bug (which keeps its traceback). A lost process of
+    a multi-process run ends this process here, with its line."""
+    if isinstance(e, PipelineError):
+        return e
+    if isinstance(e, OSError) and (error := storage_error(e)) is not None:
+        return error
+    if (lost := lost_peer(e)) is not None:
+        abandon(lost)
+    return None
+
+
+def job(composed: DictConfig, main: Main) -> Any:
+    """One Hydra job: `main(config, overrides, started)` on the finished config; returns what main returns."""
+    started = time.time()
+    hydra = HydraConfig.get()
+    overrides = list(hydra.overrides.task)
+    if hydra.mode != RunMode.MULTIRUN:
+        try:
+            return main(config_lib.finish(composed), overrides, started)
+        except Exception as e:
+            if (error := expected_failure(e)) is None:
+                raise
+            raise SystemExit(_say(error)) from None  # passes through Hydra, which only catches Exception
+    return _sweep_job(composed, main, hydra, overrides, started)
+
+
+def _sweep_job(composed: DictConfig, main: Main, hydra: DictConfig, overrides: list[str], started: float) -> Any:
+    """A job of a sweep: its run directory is Hydra's job directory (unless logging.run_dir is set), and job.json
+    there says how it went; a failure is one line naming the job, and fails this job only."""
+    job_dir = Path(hydra.runtime.output_dir)
+    if OmegaConf.select(composed, "logging.run_dir") is None:
+        with open_dict(composed):
+            composed.logging.run_dir = str(job_dir)
+    record = {"job": hydra.job.num, "overrides": overrides, "run_dir": str(Path(composed.logging.run_dir).absolute()),
+              "status": sweep.RUNNING}
+    sweep.write_record(job_dir, record)
+    try:
+        value = main(config_lib.finish(composed), overrides, started)
+    except Exception as e:
+        error = expected_failure(e)
+        if error is None:
+            traceback.print_exc()
+        reason = str(error) if error is not None else f"{type(e).__name__}: {_first_line(e)} (a bug: traceback above)"
+        line = f"sweep job {hydra.job.num} ({hydra.job.override_dirname or 'no overrides'}): {reason}"
+        print(f"error: {line}", file=sys.stderr, flush=True)
+        sweep.write_record(job_dir, {**record, "status": sweep.FAILED, "error": reason,
+                                     "wall_s": round(time.time() - started, 1)})
+        raise sweep.JobFailed(line) from None
+    import jax
+
+    if jax.process_index() == 0:
+        sweep.write_record(job_dir, {**record, "status": sweep.COMPLETED, "val_loss": value,
+                                     "wall_s": round(time.time() - started, 1)})
+    return value
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).strip().splitlines()[0][:300] if str(e).strip() else ""

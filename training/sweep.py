@@ -1,0 +1,116 @@
+"""A sweep (`python train_jax.py -m ...`): the name of each job's directory, what each job records there, and the
+summary written when the sweep ends, however it ends.
+
+Layout (conf/hydra/output/runs.yaml):
+  runs/sweeps/<hydra.job.name>-<time>/
+    <num>-<overrides>/          one job, and its run directory (metrics.jsonl, config.yaml, summary.json,
+                                checkpoints/) unless logging.run_dir says otherwise; job.json: the job's number,
+                                overrides, status, final `val` loss, run directory and, when it failed, why
+    sweep.json, sweep.md        every job's status, final `val` loss and the overrides that tell it from the others,
+                                the best job, and the comparison of training/compare.py (what differs between the
+                                runs, every split's final and best loss), also as comparison.md/.csv/.png
+    multirun.yaml               Hydra's basic sweeper: the sweep's config
+    optimization_results.yaml   the Optuna sweeper: its best parameters and value
+    .submitit/                  the submitit launchers: each job's script, pickles and logs
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from training.compare import markdown, write_comparison
+
+JOB_RECORD = "job.json"
+DIRNAME_MAX = 100  # characters of a job directory's name (file systems allow 255 bytes per name)
+COMPLETED, FAILED, RUNNING = "completed", "failed", "running"
+
+# Sweep directories this process started (noted by SweepSummary), for training/cli.py to summarise at the end.
+started: list[Path] = []
+
+
+class JobFailed(Exception):
+    """A sweep job that failed: its line was printed and recorded; Hydra marks the job failed, the others run."""
+
+
+class SweepSummary(Callback):
+    """Hydra calls it in the process that runs the sweep, whatever the launcher: it notes the sweep directory. The
+    summary is written after Hydra returns, because a failed job ends Hydra's sweep with an exception, and no
+    `on_multirun_end` is called then."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        started.append(Path(str(config.hydra.sweep.dir)).absolute())
+
+
+def job_dirname(num: Any, overrides: str | None) -> str:
+    """`<num>-<overrides>` (Hydra's override_dirname: `optimizer.lr_config.lr=0.001,optimizer=lion`) as one directory
+    name: a `/` (of `optimizer/lr_config=linear` or a path) or a space becomes `_`, and a long one is cut; the number
+    keeps it unique."""
+    name = f"{num}-{overrides}" if overrides else str(num)
+    return re.sub(r"[/\\\s]", "_", name)[:DIRNAME_MAX]
+
+
+OmegaConf.register_new_resolver("job_dirname", job_dirname, replace=True)
+
+
+def write_record(job_dir: Path, record: dict[str, Any]) -> None:
+    """job.json, replaced whole (a reader never sees half of it)."""
+    job_dir.mkdir(parents=True, exist_ok=True)
+    tmp = job_dir / f".{JOB_RECORD}.{os.getpid()}"
+    tmp.write_text(json.dumps(record, indent=2))
+    tmp.replace(job_dir / JOB_RECORD)
+
+
+def read_records(sweep_dir: Path) -> list[dict[str, Any]]:
+    records = [json.loads(p.read_text()) for p in sweep_dir.rglob(JOB_RECORD) if ".submitit" not in p.parts]
+    return sorted(records, key=lambda r: r["job"])
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def summarize(sweep_dir: Path) -> dict[str, Any]:
+    """sweep.json and sweep.md from the jobs' records, and the comparison of their runs; returns what sweep.json
+    holds (`jobs`, `completed`, `failed`: jobs that did not complete, `best`)."""
+    jobs = read_records(sweep_dir)
+    common = set.intersection(*(set(j["overrides"]) for j in jobs)) if jobs else set()
+    for j in jobs:
+        j["differs"] = [o for o in j["overrides"] if o not in common]
+    done = [j for j in jobs if j["status"] == COMPLETED and _finite(j.get("val_loss"))]
+    best = min(done, key=lambda j: j["val_loss"]) if done else None
+    failed = [j for j in jobs if j["status"] != COMPLETED]
+    summary = {"sweep_dir": str(sweep_dir), "completed": len(jobs) - len(failed), "failed": len(failed),
+               "best": best, "jobs": jobs}
+    (sweep_dir / "sweep.json").write_text(json.dumps(summary, indent=2))
+
+    status = {COMPLETED: COMPLETED, FAILED: FAILED, RUNNING: "did not finish"}
+    rows = [{"job": j["job"], "status": status.get(j["status"], j["status"]), "val final": j.get("val_loss"),
+             "overrides": " ".join(j["differs"]), "run": _relative(j["run_dir"], sweep_dir), "error": j.get("error")}
+            for j in jobs]
+    runs = [Path(j["run_dir"]) for j in jobs if (Path(j["run_dir"]) / "metrics.jsonl").exists()]
+    lines = [f"# Sweep {sweep_dir.name}", "",
+             f"{len(jobs)} jobs: {summary['completed']} completed, {len(failed)} failed or unfinished.", "",
+             markdown(["job", "status", "val final", "overrides", "run", "error"], rows)]
+    if best is not None:
+        lines += [f"Best: job {best['job']}, final val loss {best['val_loss']:.4f} "
+                  f"({' '.join(best['differs']) or 'no overrides'}), {best['run_dir']}", ""]
+    if runs:
+        lines += ["## The runs compared (scripts/compare_runs.py: comparison.md, .csv, .png)", "",
+                  write_comparison(runs, sweep_dir)]
+    (sweep_dir / "sweep.md").write_text("\n".join(lines))
+    return summary
+
+
+def _relative(path: str, base: Path) -> str:
+    try:
+        return str(Path(path).relative_to(base))
+    except ValueError:
+        return path
