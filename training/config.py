@@ -303,9 +303,17 @@ def _one_line(e: BaseException) -> str:
     text = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
     if isinstance(e, HydraException) and "Could not override" in str(e):
         key = re.search(r"Could not override '([^']+)'", str(e))
-        if key and ("not in" in str(cause) or "is not in struct" in str(cause)):
+        unknown = key and ("not in" in str(cause) or "is not in struct" in str(cause))
+        if unknown and key.group(1).startswith("hydra."):
+            inside = full_key and full_key != key.group(1)  # a key in a dictionary's value: `+` adds it
+            return (f"config: unknown key '{full_key or key.group(1)}' of Hydra's (python train_jax.py --cfg hydra "
+                    "lists them" + (f"; +{key.group(1)}={{...}} adds keys to it)" if inside else ")"))
+        if unknown:
             return f"config: unknown key '{key.group(1)}' (python train_jax.py --cfg lists every key)"
     missing = re.search(r"Could not find '([\w/]+)/([^']+)'", str(e))
+    if missing and missing.group(1).startswith("hydra/"):  # launchers and sweepers are plugins' as well as files
+        return (f"config: {missing.group(1)}={missing.group(2)} does not exist (python train_jax.py --help lists the "
+                "options; the launchers and sweepers other than basic come with requirements-sweeps.txt)")
     if missing:
         group, choice = missing.groups()
         options = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
