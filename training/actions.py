@@ -68,9 +68,11 @@ class TrainingRun:
         self.loop_started = time.time()
 
     def loop_state(self, state: Any) -> LoopState:
-        """Where the loop starts: step 0, or where the checkpoint left off."""
+        """Where the loop starts: step 0, or where the checkpoint left off (whose val loss is the run's last until it
+        evaluates again: a run resumed at its end reports it)."""
         best = carried_over(self.resumed, "best_val_loss", None)
         return LoopState(state, int(state.step), carried_over(self.resumed, "tokens_seen", 0),
+                         val_loss=carried_over(self.resumed, "val_loss", None),
                          best_val=math.inf if best is None else best)
 
     def actions(self, first_step: int) -> list[Action]:

@@ -96,6 +96,12 @@ def run(app: Callable[[], Any], argv: list[str]) -> int:
         code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
     except sweep.JobFailed:
         code = 1  # the job said why, and the summary below lists it
+    except KeyboardInterrupt:
+        if not multirun:
+            raise
+        where = sweep.started[-1] if sweep.started else "<the sweep's directory>"
+        code = _say(PipelineError(f"sweep: stopped by a signal; the same command with hydra.sweep.dir={where} "
+                                  "checkpoint.load=auto continues it"))
     except (HydraException, OmegaConfBaseException) as e:
         code = _say(config_lib.composition_error(e, _overrides(argv)))
     except Exception as e:
@@ -187,9 +193,17 @@ def _sweep_job(composed: DictConfig, main: Main, hydra: DictConfig, overrides: l
         raise sweep.JobFailed(line) from None
     import jax
 
+    stopped = sweep.stop_reason(Path(record["run_dir"]))
+    signalled = stopped not in (None, "max_steps", "time limit")
     if jax.process_index() == 0:
-        sweep.write_record(job_dir, {**record, "status": sweep.COMPLETED, "val_loss": value,
-                                     "wall_s": round(time.time() - started, 1)})
+        sweep.write_record(job_dir, {**record, "status": sweep.STOPPED if signalled else sweep.COMPLETED,
+                                     "val_loss": value, "stopped": stopped, "wall_s": round(time.time() - started, 1)})
+    if signalled and sweep.started:
+        raise KeyboardInterrupt  # the jobs run in this process, which was asked to stop: the sweep stops
+    if signalled:  # its loss is not a finished run's: the job fails, and resumes when the sweep is rerun
+        line = f"sweep job {hydra.job.num} ({hydra.job.override_dirname or 'no overrides'}): stopped by {stopped}"
+        print(f"error: {line}", file=sys.stderr, flush=True)
+        raise sweep.JobFailed(line)
     return value
 
 

@@ -132,7 +132,8 @@ def plot_sweep(records: list[dict[str, Any]], out: Path, split: str = "val") -> 
     curve_ax.set(xlabel="step", ylabel="loss per token", title=f"training loss (thin) and {split} loss (dots)")
     for ax in (lr_ax, curve_ax):
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:  # a sweep whose runs never evaluated has no points to label
+            ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)

@@ -29,8 +29,8 @@ from omegaconf import DictConfig, OmegaConf
 from training.compare import markdown, write_comparison
 
 JOB_RECORD = "job.json"
-DIRNAME_MAX = 100  # characters of a job directory's name (file systems allow 255 bytes per name)
-COMPLETED, FAILED, RUNNING = "completed", "failed", "running"
+DIRNAME_MAX = 160  # characters of a job directory's name (file systems allow 255 bytes per name)
+COMPLETED, FAILED, RUNNING, STOPPED = "completed", "failed", "running", "stopped"
 
 # Sweep directories this process started (noted by SweepSummary), for training/cli.py to summarise at the end.
 started: list[Path] = []
@@ -68,6 +68,12 @@ def write_record(job_dir: Path, record: dict[str, Any]) -> None:
     tmp.replace(job_dir / JOB_RECORD)
 
 
+def stop_reason(run_dir: Path) -> str | None:
+    """How the run in `run_dir` ended (summary.json's `stopped`: max_steps, time limit, SIGINT, SIGTERM, ...)."""
+    path = run_dir / "summary.json"
+    return json.loads(path.read_text()).get("stopped") if path.exists() else None
+
+
 def read_records(sweep_dir: Path) -> list[dict[str, Any]]:
     records = [json.loads(p.read_text()) for p in sweep_dir.rglob(JOB_RECORD) if ".submitit" not in p.parts]
     return sorted(records, key=lambda r: r["job"])
@@ -91,7 +97,7 @@ def summarize(sweep_dir: Path) -> dict[str, Any]:
                "best": best, "jobs": jobs}
     (sweep_dir / "sweep.json").write_text(json.dumps(summary, indent=2))
 
-    status = {COMPLETED: COMPLETED, FAILED: FAILED, RUNNING: "did not finish"}
+    status = {COMPLETED: COMPLETED, FAILED: FAILED, RUNNING: "did not finish", STOPPED: "stopped by a signal"}
     rows = [{"job": j["job"], "status": status.get(j["status"], j["status"]), "val final": j.get("val_loss"),
              "overrides": " ".join(j["differs"]), "run": _relative(j["run_dir"], sweep_dir), "error": j.get("error")}
             for j in jobs]
