@@ -1,0 +1,216 @@
+"""train_jax.py as a Hydra application: `-m` sweeps (one run directory per job, a summary, a failed job failing
+alone), the submitit launchers (local for real, SLURM's sbatch script without a cluster), the Optuna sweeper, --help
+and shell completion, and a single run that leaves nothing of Hydra's behind. Every job is a real run of gpt2-tiny."""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import yaml
+
+import train_jax
+from helpers import ROOT, run_cli, tiny_overrides
+from training.config import as_dict, load_config
+from training.config_help import field_meanings
+
+SHORT = ["train.max_steps=2", "train.eval_interval=2", "train.eval_iters=1", "optimizer.lr_config.warmup=1"]
+
+
+def sweep_command(data_cache, sweep_dir, *extra):
+    return ["-m", *tiny_overrides(data_cache, *SHORT), f"hydra.sweep.dir={sweep_dir}", *extra]
+
+
+def final_val_loss(run_dir: Path) -> float:
+    return json.loads((run_dir / "summary.json").read_text())["splits"]["val"]["final_loss"]
+
+
+def job_dirs(sweep_dir: Path) -> list[str]:
+    return sorted(p.name for p in sweep_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def test_a_2x2_sweep_runs_four_jobs_each_in_its_own_run_directory_and_writes_a_summary(data_cache, tmp_path, capsys):
+    sweep = tmp_path / "sweep"
+    assert train_jax.run(sweep_command(data_cache, sweep, "train.seed=0,1", "optimizer.lr_config.lr=1e-3,3e-3")) == 0
+    # named by what each job varies (the overrides every job shares are left out), numbered in Hydra's order
+    assert job_dirs(sweep) == [f"{i}-optimizer.lr_config.lr={lr},train.seed={seed}"
+                               for i, (seed, lr) in enumerate([(0, 0.001), (0, 0.003), (1, 0.001), (1, 0.003)])]
+    summary = json.loads((sweep / "sweep.json").read_text())
+    assert (summary["completed"], summary["failed"]) == (4, 0)
+    for job in summary["jobs"]:
+        run_dir = Path(job["run_dir"])
+        assert run_dir.parent == sweep and run_dir.name.startswith(f"{job['job']}-")
+        assert {"metrics.jsonl", "config.yaml", "summary.json", "checkpoints", "job.json"} <= {
+            p.name for p in run_dir.iterdir()}
+        config = yaml.safe_load((run_dir / "config.yaml").read_text())
+        assert (config["train"]["seed"], config["optimizer"]["lr_config"]["lr"]) == (
+            job["job"] // 2, [1e-3, 3e-3][job["job"] % 2])
+        assert config["logging"]["run_dir"] == str(run_dir)
+        assert job["status"] == "completed" and job["val_loss"] == final_val_loss(run_dir)  # what the job returned
+    assert summary["best"]["job"] == min(summary["jobs"], key=lambda j: j["val_loss"])["job"]
+    # the summary's comparison is training/compare.py's, run on the sweep directory: the swept keys are its columns
+    text = (sweep / "sweep.md").read_text()
+    assert "| run | optimizer.lr_config.lr | train.seed | val final |" in text
+    assert {"comparison.md", "comparison.csv", "comparison.png"} <= {p.name for p in sweep.iterdir()}
+    assert f"sweep: 4 of 4 jobs completed; summary in {sweep / 'sweep.md'}" in capsys.readouterr().out
+
+
+def test_a_bad_value_fails_its_job_with_one_line_while_the_other_runs_and_the_sweep_exits_1(data_cache, tmp_path,
+                                                                                               capsys):
+    sweep = tmp_path / "sweep"
+    code = train_jax.run(sweep_command(data_cache, sweep, "optimizer.lr_config.lr=-0.1,1e-3"))
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "Traceback" not in err, err
+    lines = err.strip().splitlines()
+    assert [line for line in lines if line.startswith("error: sweep job")] == [
+        "error: sweep job 0 (optimizer.lr_config.lr=-0.1): config: optimizer.lr_config.lr: must be >= 0; got -0.1"]
+    assert lines[-1].startswith(f"error: sweep {sweep}: 1 of 2 jobs failed or did not finish (job 0)")
+    failed, completed = json.loads((sweep / "sweep.json").read_text())["jobs"]
+    assert failed["status"] == "failed" and failed["error"] == "config: optimizer.lr_config.lr: must be >= 0; got -0.1"
+    assert [p.name for p in Path(failed["run_dir"]).iterdir()] == ["job.json"]  # nothing else written for it
+    assert completed["status"] == "completed" and completed["val_loss"] == final_val_loss(Path(completed["run_dir"]))
+    assert "| 0 | failed |  | optimizer.lr_config.lr=-0.1 |" in (sweep / "sweep.md").read_text()
+
+
+def test_submitit_local_runs_each_job_in_a_process_of_its_own(data_cache, tmp_path):
+    sweep = tmp_path / "sweep"
+    result = run_cli(sweep_command(data_cache, sweep, "hydra/launcher=submitit_local",
+                                   "optimizer.lr_config.lr=1e-3,3e-3"), timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert job_dirs(sweep) == ["0-optimizer.lr_config.lr=0.001", "1-optimizer.lr_config.lr=0.003"]
+    jobs = json.loads((sweep / "sweep.json").read_text())["jobs"]
+    assert [j["status"] for j in jobs] == ["completed", "completed"]
+    for job in jobs:
+        assert job["val_loss"] == final_val_loss(Path(job["run_dir"]))
+    # each job's training output is in its submitit log, not the launching process's
+    logs = sorted((sweep / ".submitit").glob("*/*_0_log.out"))
+    assert len(logs) == 2 and all("final evaluation at step 2" in log.read_text() for log in logs)
+    assert "final evaluation" not in result.stdout
+
+
+FAKE_SLURM = """#!/bin/sh
+# sbatch and srun where there is no SLURM: sbatch keeps the script it is given and refuses it
+[ "$(basename "$0")" = srun ] && exit 1
+cp "$1" "$SBATCH_SCRIPT"
+echo "sbatch: error: no cluster here" >&2
+exit 1
+"""
+
+
+def fake_slurm(tmp_path: Path) -> dict:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("sbatch", "srun"):
+        (bin_dir / name).write_text(FAKE_SLURM)
+        (bin_dir / name).chmod(0o755)
+    return {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "SBATCH_SCRIPT": str(tmp_path / "submitted.sh")}
+
+
+def test_the_slurm_launcher_submits_an_array_with_the_configured_nodes_tasks_and_gpus(tmp_path):
+    """What hydra/launcher=submitit_slurm hands to sbatch, written by submitit from the launcher's keys: one array
+    task per job, each `nodes` x `tasks_per_node` processes started by srun (which give each its SLURM_PROCID)."""
+    sweep = tmp_path / "sweep"
+    result = run_cli(["-m", "model=gpt2-tiny", f"hydra.sweep.dir={sweep}", "hydra/launcher=submitit_slurm",
+                      "hydra.launcher.nodes=2", "hydra.launcher.tasks_per_node=4", "hydra.launcher.gpus_per_node=4",
+                      "hydra.launcher.timeout_min=30", "hydra.launcher.partition=gpu", "hydra.job.name=lr-search",
+                      "optimizer.lr_config.lr=1e-3,3e-3"], env=fake_slurm(tmp_path), timeout=120)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == "error: sweep: FailedJobError: sbatch: error: no cluster here"
+    script = (tmp_path / "submitted.sh").read_text()
+    for line in ["#SBATCH --array=0-1%2", "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=4",
+                 "#SBATCH --gpus-per-node=4", "#SBATCH --time=30", "#SBATCH --partition=gpu",
+                 "#SBATCH --job-name=lr-search"]:
+        assert line in script.splitlines(), script
+    srun = next(line for line in script.splitlines() if line.startswith("srun "))
+    assert srun.endswith(f"{sys.executable} -u -m submitit.core._submit {sweep}/.submitit/%j"), srun
+
+
+def test_the_slurm_preset_starts_one_process_per_gpu(tmp_path):
+    result = run_cli(["-m", "model=gpt2-tiny", f"hydra.sweep.dir={tmp_path}/sweep", "hydra/launcher=slurm",
+                      "optimizer.lr_config.lr=1e-3,3e-3"], env=fake_slurm(tmp_path), timeout=120)
+    assert result.returncode == 1, result.stderr[-2000:]
+    lines = (tmp_path / "submitted.sh").read_text().splitlines()
+    assert {"#SBATCH --nodes=1", "#SBATCH --gpus-per-node=8", "#SBATCH --ntasks-per-node=8"} <= set(lines)
+
+
+def test_an_optuna_study_of_3_trials_reports_the_lr_of_the_run_that_returned_the_lowest_loss(data_cache, tmp_path):
+    sweep = tmp_path / "sweep"
+    assert train_jax.run(sweep_command(data_cache, sweep, "hydra/sweeper=lr_search", "hydra.sweeper.n_trials=3")) == 0
+    jobs = json.loads((sweep / "sweep.json").read_text())["jobs"]
+    assert [j["status"] for j in jobs] == ["completed"] * 3
+    lrs = [yaml.safe_load((Path(j["run_dir"]) / "config.yaml").read_text())["optimizer"]["lr_config"]["lr"]
+           for j in jobs]
+    assert len(set(lrs)) == 3 and all(1e-4 <= lr <= 3e-2 for lr in lrs)  # drawn from the preset's interval
+    losses = [final_val_loss(Path(j["run_dir"])) for j in jobs]
+    assert [j["val_loss"] for j in jobs] == losses  # each trial's value is its run's final val loss
+    best = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
+    lowest = losses.index(min(losses))
+    assert best["best_params"] == {"optimizer.lr_config.lr": lrs[lowest]} and best["best_value"] == losses[lowest]
+
+
+def test_help_lists_the_groups_launchers_sweepers_and_every_key_with_its_type_default_and_meaning(capsys):
+    assert train_jax.run(["--help", "model=gpt2-tiny"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    for line in ["model: gpt2, gpt2-large, gpt2-medium, gpt2-micro, gpt2-mini, gpt2-tiny, gpt2-xl",
+                 "optimizer/lr_config: constant, cosine, linear, piecewise_linear, trapezoid",
+                 "hydra/launcher: basic, joblib, slurm, submitit_local, submitit_slurm",
+                 "hydra/sweeper: basic, lr_search, optuna"]:
+        assert line in lines, out
+    assert any(line.startswith("dataset: fineweb_edu, hf, json_files,") for line in lines)
+
+    def leaves(node, prefix=""):
+        for key, value in node.items():
+            yield from leaves(value, f"{prefix}{key}.") if isinstance(value, dict) else [f"{prefix}{key}"]
+
+    listed = {line.split(":")[0].strip() for line in lines if line.startswith("  ") and ": " in line}
+    assert set(leaves(as_dict(load_config([])))) <= listed
+    for line in ["train.batch_size: int = 16 -- sequences per micro-batch per process, split over the process's "
+                 "devices",
+                 "model.n_layer: int = 6 (here: 2)",  # the default, then what this command line composes
+                 "dataset.context_size: int or null = null -- tokens per training window; null = model.context_size"]:
+        assert "  " + line in lines, out
+    assert any(line.startswith("  checkpoint.load: any = false -- true: resume from load_path; false: start fresh;")
+               for line in lines)  # a meaning written in the comment lines above the field
+
+
+def test_a_fields_meaning_is_its_comment_lines_above_and_its_trailing_comment(tmp_path, monkeypatch):
+    (tmp_path / "schema_example.py").write_text(
+        "from dataclasses import dataclass\n\n\n@dataclass\nclass Example:\n"
+        "    plain: int = 1\n"
+        "    # first line above\n    # second line above\n    both: str = 'x'  # and beside\n"
+        "\n    # a comment a blank line away belongs to no field\n\n"
+        "    beside: float = 0.5  # only beside (a # inside it stays)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from schema_example import Example
+
+    assert field_meanings(Example) == {"plain": "", "both": "first line above second line above and beside",
+                                       "beside": "only beside (a # inside it stays)"}
+
+
+def test_hydras_own_help_and_shell_completion_work(capsys, monkeypatch):
+    result = run_cli(["--hydra-help"], timeout=60)  # it sets up Hydra's logging on stdout: a process of its own
+    assert result.returncode == 0 and "== Flags ==" in result.stdout, result.stderr[-2000:]
+    assert train_jax.run(["-sc", "install=bash"]) == 0
+    assert "hydra_bash_completion" in capsys.readouterr().out
+    line = "python train_jax.py optimizer/lr_config="
+    monkeypatch.setenv("COMP_LINE", line)
+    monkeypatch.setenv("COMP_POINT", str(len(line)))
+    assert train_jax.run(["-sc", "query=bash"]) == 0
+    assert capsys.readouterr().out.split() == [f"optimizer/lr_config={name}" for name in
+                                               ["constant", "cosine", "linear", "piecewise_linear", "trapezoid"]]
+    # bash's completion script only offers it for scripts whose source says @hydra.main
+    assert "@hydra.main(" in (ROOT / "train_jax.py").read_text()
+
+
+def test_a_single_run_writes_only_its_run_directory_in_the_working_directory(data_cache, tmp_path):
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    result = run_cli(tiny_overrides(data_cache, *SHORT), cwd=cwd, timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [p.name for p in cwd.iterdir()] == ["runs"]  # no outputs/, multirun/, .hydra/ or train_jax.log
+    (run_dir,) = (cwd / "runs").iterdir()
+    assert run_dir.name.startswith("gpt2-tiny-pystdlib-")
+    assert {"metrics.jsonl", "config.yaml", "summary.json", "checkpoints"} <= {p.name for p in run_dir.iterdir()}
+    assert not [p for p in cwd.rglob("*") if p.name in (".hydra", "job.json") or p.suffix == ".log"]
