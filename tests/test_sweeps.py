@@ -74,9 +74,11 @@ def test_a_bad_value_fails_its_job_with_one_line_while_the_other_runs_and_the_sw
 
 
 def test_submitit_local_runs_each_job_in_a_process_of_its_own(data_cache, tmp_path):
+    """The jobs' processes start elsewhere (submitit's module, the test's scratch directory) and still import
+    train_jax: with no PYTHONPATH given, the one train_jax.py sets for them."""
     sweep = tmp_path / "sweep"
     result = run_cli(sweep_command(data_cache, sweep, "hydra/launcher=submitit_local",
-                                   "optimizer.lr_config.lr=1e-3,3e-3"), timeout=240)
+                                   "optimizer.lr_config.lr=1e-3,3e-3"), env={"PYTHONPATH": None}, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     assert job_dirs(sweep) == ["0-optimizer.lr_config.lr=0.001", "1-optimizer.lr_config.lr=0.003"]
     jobs = json.loads((sweep / "sweep.json").read_text())["jobs"]
@@ -207,7 +209,7 @@ def test_hydras_own_help_and_shell_completion_work(capsys, monkeypatch):
 def test_a_single_run_writes_only_its_run_directory_in_the_working_directory(data_cache, tmp_path):
     cwd = tmp_path / "cwd"
     cwd.mkdir()
-    result = run_cli(tiny_overrides(data_cache, *SHORT), cwd=cwd, timeout=180)
+    result = run_cli(tiny_overrides(data_cache, *SHORT, "optimizer.lr_config.lr=1e-3"), cwd=cwd, timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
     assert [p.name for p in cwd.iterdir()] == ["runs"]  # no outputs/, multirun/, .hydra/ or train_jax.log
     (run_dir,) = (cwd / "runs").iterdir()

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 import traceback
@@ -109,7 +110,7 @@ def run(app: Callable[[], Any], argv: list[str]) -> int:
         # that finds no cluster, a submission refused, a search space Optuna rejects. HYDRA_FULL_ERROR=1: traceback.
         if not multirun or saved_env["HYDRA_FULL_ERROR"] == "1":
             raise
-        code = _say(PipelineError(f"sweep: {type(e).__name__}: {_first_line(e)}"))
+        code = _say(PipelineError(f"sweep: {type(e).__name__}: {_first_line(e)}{_raised_within(e)}"))
     finally:
         sys.argv = saved_argv
         for key, value in saved_env.items():
@@ -205,6 +206,12 @@ def _sweep_job(composed: DictConfig, main: Main, hydra: DictConfig, overrides: l
         print(f"error: {line}", file=sys.stderr, flush=True)
         raise sweep.JobFailed(line)
     return value
+
+
+def _raised_within(e: BaseException) -> str:
+    """` ... <Error>: <why>` from a traceback inside a message (submitit's for a job that failed in its process)."""
+    raised = [line.strip() for line in str(e).splitlines()[1:] if re.match(r"[\w.]+(Error|Exception)\b", line)]
+    return f" ... {raised[-1][:300]}" if raised else ""
 
 
 def _first_line(e: BaseException) -> str:
