@@ -12,13 +12,13 @@ from typing import Any
 
 import numpy as np
 
+from core.errors import DataError
 from data.mixture import MixtureTrainBatches
 from data.packing import EvalBatches, TrainBatches, tokenized_corpus
 from data.records import RecordBatches, RecordEvalBatches
 from data.sources import MixtureCorpus, TextCorpus
 from data.token_store import TokenStore
 from data.tokenizers import Tokenizer
-from training.errors import DataError
 
 
 @dataclass

@@ -20,9 +20,9 @@ from typing import Any, Iterator
 
 import datasets
 
+from core.errors import DataError, first_line, warn
+from core.hub import hub_reachable, offline_hub
 from data.notes import Notes
-from data.sources import hub_reachable, offline_hub
-from training.errors import DataError, warn
 
 FULL_VAL_SPLIT = "full"
 NOTE_FEATURES = datasets.Features({
@@ -287,7 +287,7 @@ def _maestro_split(name: str, split: str, d: Any) -> datasets.Dataset:
     try:
         ds = datasets.load_dataset(name, split=split, cache_dir=str(Path(d.cache_dir) / "hf"))
     except Exception as e:  # the Hub raises many types: connection, offline mode, not found, gated, bad config
-        reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        reason = first_line(e)
         raise DataError(f"dataset {name} ({split}): could not load it: {reason}. Offline? Use dataset=music21 (ships "
                         f"with music21) or dataset=midi_files dataset.files=[...]") from None
     return ds.map(_maestro_row, remove_columns=ds.column_names, features=NOTE_FEATURES)

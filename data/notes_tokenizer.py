@@ -14,9 +14,9 @@ from typing import Iterable
 
 import numpy as np
 
+from core.errors import DataError
 from data.notes import PITCH_RANGE, VELOCITY_RANGE, Notes
 from data.tokenizers import Tokenizer
-from training.errors import DataError
 
 TASK_TOKENS = ("dynamics", "continuation", "lower_voices")  # the piano tasks; each has a token that opens its prompt
 TOKEN_NAMES = {"shift": "SHIFT", "pitch": "PITCH", "velocity": "VEL", "duration": "DUR"}

@@ -13,7 +13,6 @@ import glob
 import hashlib
 import json
 import os
-import socket
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,8 +20,9 @@ from typing import Any, Callable, Iterator
 
 import datasets
 
-from training.errors import DataError
-from training.secrets import secret
+from core.errors import DataError, first_line
+from core.hub import hub_reachable, offline_hub
+from core.secrets import secret
 
 # Directories of the standard library that hold tests or bundled third-party code, not the library itself.
 STDLIB_EXCLUDED_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
@@ -243,26 +243,6 @@ def _hash_split(ds: datasets.Dataset, d: Any) -> dict[str, datasets.Dataset]:
     return out
 
 
-def hub_reachable(host: str = "huggingface.co") -> bool:
-    """Whether the Hub's name resolves; no probe at all in offline mode (HF_HUB_OFFLINE=1), which means: never ask."""
-    if datasets.config.HF_HUB_OFFLINE:
-        return False
-    try:
-        socket.getaddrinfo(host, 443)
-        return True
-    except OSError:
-        return False
-
-
-def offline_hub() -> None:
-    """Without this, huggingface_hub retries for ~25 s when the Hub is unreachable; offline mode still reads a
-    local cache and local folders."""
-    import huggingface_hub.constants
-
-    datasets.config.HF_HUB_OFFLINE = True
-    huggingface_hub.constants.HF_HUB_OFFLINE = True
-
-
 def _hub(d: Any) -> TextCorpus:
     label = d.hf_path + (f" ({d.hf_name})" if d.hf_name else "")
     kwargs = dict(path=d.hf_path, name=d.hf_name, data_files=list(d.files) or None,
@@ -288,7 +268,7 @@ def _hub_call(label: str, d: Any, load: Callable, connect: bool = True):
     except DataError:
         raise
     except Exception as e:  # the Hub raises many types: connection, offline mode, not found, gated, bad config
-        reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        reason = first_line(e)
         raise DataError(
             f"dataset {label}: could not load it from the Hugging Face Hub: {reason}. Offline? Use dataset=pystdlib "
             "or dataset=text_files dataset.files=[...], or download it once online (it is then read from "

@@ -18,8 +18,8 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
+from core.errors import DataError
 from data.token_store import wait_for
-from training.errors import DataError
 
 SPECIAL_TOKENS = ("<EOS>", "<PAD>", "<GENAI>")
 

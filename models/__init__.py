@@ -8,8 +8,8 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
+from core.errors import ConfigError
 from models.gpt import GPT, GPTConfig
-from training.errors import ConfigError
 
 
 def build_gpt(cfg: Any, vocab_size: int, key: jax.Array) -> GPT:

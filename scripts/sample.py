@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from core.errors import DataError, PipelineError  # noqa: E402
 from models.decode import generate  # noqa: E402
-from training.errors import DataError, PipelineError  # noqa: E402
 from training.trained import Trained, load_trained  # noqa: E402
 
 

@@ -5,10 +5,10 @@ import socket
 import numpy as np
 import pytest
 
+from core.errors import DataError
 from data.packing import EvalBatches, TrainBatches
 from data.sources import load_corpus, split_of, stdlib_files
 from training.config import load_config
-from training.errors import DataError
 
 PAD = 257
 
@@ -119,7 +119,7 @@ def test_the_hub_is_probed_only_outside_offline_mode(monkeypatch):
     Hub code paths offline at once (instead of huggingface_hub's retries)."""
     import datasets
 
-    from data.sources import hub_reachable
+    from core.hub import hub_reachable
 
     lookups = []
 

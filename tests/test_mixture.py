@@ -4,11 +4,11 @@ per source; tokens seen per source; exact resume."""
 import numpy as np
 import pytest
 
+from core.errors import ConfigError
 from data.mixture import MIXTURE_BLOCK, MixtureTrainBatches
 from data.packing import EvalBatches, TrainBatches, allot
 from helpers import ROOT, build, read_metrics, run_cli, tiny_overrides
 from training.config import load_config
-from training.errors import ConfigError
 
 PAD = 257
 

@@ -12,12 +12,12 @@ import mido
 import numpy as np
 import pytest
 
+from core.errors import ConfigError
 from data.notes import Notes
 from data.note_sources import load_note_corpus
 from helpers import build, read_metrics, run_cli, tiny_overrides
 from training import config as config_lib
 from training.checkpoint import Checkpointer
-from training.errors import ConfigError
 from training.run import plan_run, restore_state
 
 pytestmark = pytest.mark.e2e

@@ -8,7 +8,7 @@ from omegaconf import DictConfig, OmegaConf
 from data.mixture import MIXTURE_BLOCK
 from data.packing import allot
 from training.config import NOTE_SOURCES, evaluating, init_from_dir, mixture_sources
-from training.errors import ConfigError
+from core.errors import ConfigError
 
 CHOICES = {
     "mode": ("train", "eval"),
