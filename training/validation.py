@@ -207,7 +207,7 @@ def validate_values(cfg: DictConfig, num_local_devices: int) -> None:
 
 def _validate_stages(cfg: DictConfig) -> None:
     """Stage, loss masking, tasks and the notes settings must describe one coherent run."""
-    from data.notes_tokenizer import TASK_TOKENS
+    from data.task_names import TASK_NAMES as TASK_TOKENS
 
     d = cfg.dataset
     notes_source = d.source in NOTE_SOURCES
