@@ -23,7 +23,7 @@ import optax
 
 from data import Data, make_data
 from data.prefetch import Prefetcher
-from data.sources import load_corpus
+from data.corpus import load_corpus
 from data.notes_tokenizer import notes_tokenizer
 from data.tokenizers import Tokenizer, build_tokenizer, tokenizer_from_json
 from models import MODEL_BUILDERS

@@ -7,7 +7,8 @@ import pytest
 
 from core.errors import DataError
 from data.packing import EvalBatches, TrainBatches
-from data.sources import load_corpus, split_of, stdlib_files
+from data.corpus import load_corpus
+from data.sources import split_of, stdlib_files
 from training.config import load_config
 
 PAD = 257
