@@ -1,9 +1,10 @@
 """Where notes come from: the music21 corpus (embedded), Hub piano datasets in the maestro layout, or local MIDI files.
 
 Each loader (`music21_corpus`, `maestro_corpus`, `midi_files_corpus`; data/corpus.py picks one by `dataset.source`)
-returns `{split: datasets.Dataset}` with one piece per row and the columns of NOTE_FEATURES: `train`, `test`, and the validation splits (`full`, then one per composer in
-`dataset.eval_composers` that the validation pieces have). Scores and MIDI files are parsed once, in parallel, by
-`datasets.Dataset.from_generator`, and read back from its Arrow cache under `dataset.cache_dir` after that.
+returns `{split: datasets.Dataset}` with one piece per row and the columns of NOTE_FEATURES: `train`, `test`, and
+the validation splits (`full`, then one per composer in `dataset.eval_composers` that the validation pieces have).
+Scores and MIDI files are parsed once, in parallel, by `datasets.Dataset.from_generator`, and read back from its
+Arrow cache under `dataset.cache_dir` after that.
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ def task_sequence(task: str, notes: Notes, tok: NotesTokenizer) -> list[int]:
 
 class NoteRecords:
     """Every record of a split: pieces split at pauses, then cut into runs of `notes_per_record` notes.
-    `sequence(i, rng)` is the `make_record` of data/records.py."""
+    `sequence(i, rng)` is the `make_record` of data/examples.py `Records`."""
 
     def __init__(self, pieces: datasets.Dataset, tok: NotesTokenizer, notes_per_record: int, pause_threshold: float,
                  context: int, tasks: list[str], task_weights: list[float], max_pitch_shift: int,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from omegaconf import DictConfig, OmegaConf
 
 from data.mixture import MIXTURE_BLOCK
-from data.packing import allot
+from data.batches import allot
 from training.config import NOTE_SOURCES, evaluating, init_from_dir, mixture_sources
 from core.errors import ConfigError
 
