@@ -14,15 +14,18 @@ import datasets
 from data.note_sources import maestro_corpus, midi_files_corpus, music21_corpus
 from data.sources import MixtureCorpus, TextCorpus, hub_corpus, json_files_corpus, pystdlib_corpus, text_files_corpus
 
-LOADERS: dict[str, Callable[[Any], TextCorpus | dict[str, datasets.Dataset]]] = {
+TEXT_SOURCES: dict[str, Callable[[Any], TextCorpus]] = {
     "pystdlib": pystdlib_corpus,
     "text_files": text_files_corpus,
     "json_files": json_files_corpus,
     "hf": hub_corpus,
+}
+NOTE_SOURCES: dict[str, Callable[[Any], dict[str, datasets.Dataset]]] = {
     "music21": music21_corpus,
     "maestro": maestro_corpus,
     "midi_files": midi_files_corpus,
 }
+LOADERS = {**TEXT_SOURCES, **NOTE_SOURCES}
 
 
 def load_corpus(d: Any, mixture: list[tuple[str, float, Any]] = ()) -> TextCorpus | MixtureCorpus | dict:
