@@ -274,7 +274,8 @@ class HubStream:
 
 def _text_column(ds: datasets.Dataset, d: Any, label: str | None = None) -> datasets.Dataset:
     """The column(s) the run reads, renamed to `text`, or to `prompt` and `completion` for fine-tuning records."""
-    wanted = {"prompt_column": "prompt", "completion_column": "completion"} if d.prompt_column else {"text_column": "text"}
+    wanted = ({"prompt_column": "prompt", "completion_column": "completion"} if d.prompt_column
+              else {"text_column": "text"})
     for key in wanted:
         if d[key] not in ds.column_names:
             raise DataError(f"dataset.{key}: {d[key]!r} is not a column of {label or d.hf_path}; it has "

@@ -131,7 +131,8 @@ class Gpt2Tokenizer(Tokenizer):
             raise DataError(
                 "tokenizer gpt2: GPT-2's BPE files could not be fetched "
                 f"({type(e).__name__}; offline?). Copy tiktoken's cache from a machine online and set "
-                "TIKTOKEN_CACHE_DIR to it, or use dataset.tokenizer=bpe (trained on your data) or dataset.tokenizer=byte"
+                "TIKTOKEN_CACHE_DIR to it, or use dataset.tokenizer=bpe (trained on your data) or "
+                "dataset.tokenizer=byte"
             ) from None
         self.eos_id = base.eot_token
         self.pad_id, self.genai_id = self.eos_id + 1, self.eos_id + 2
