@@ -23,7 +23,7 @@ import optax
 
 from data import Data, make_data
 from data.prefetch import Prefetcher
-from data.sources import load_corpus
+from data.corpus import load_corpus
 from data.notes_tokenizer import notes_tokenizer
 from data.tokenizers import Tokenizer, build_tokenizer, tokenizer_from_json
 from models import MODEL_BUILDERS
@@ -31,7 +31,7 @@ from optimizers import build_optimizer, build_schedule
 from training import config as config_lib
 from training.actions import TrainingRun
 from training.compilation import CompileClock, init_compilation_cache
-from training.errors import DataError, PipelineError
+from core.errors import DataError, PipelineError
 from training.evaluate import evaluate
 from training.logs import eval_table
 from training.loop import run_loop

@@ -18,10 +18,10 @@ from typing import Any
 
 import jax
 
+from core.errors import PipelineError
 from training import config as config_lib
 from training.checkpoint import Checkpointer, checkpoint_meta
 from training.clock import RunClock
-from training.errors import PipelineError
 from training.evaluate import evaluate
 from training.flops import MFU_CONVENTION, MFU_FORMULA, flops_per_token, mfu, peak_flops
 from training.logs import RunLogger, describe_run, eval_table

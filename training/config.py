@@ -20,7 +20,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from training.errors import ConfigError
+from core.errors import ConfigError
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 NOTE_SOURCES = ("music21", "maestro", "midi_files")

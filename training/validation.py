@@ -6,9 +6,9 @@ from __future__ import annotations
 from omegaconf import DictConfig, OmegaConf
 
 from data.mixture import MIXTURE_BLOCK
-from data.packing import allot
+from data.batches import allot
 from training.config import NOTE_SOURCES, evaluating, init_from_dir, mixture_sources
-from training.errors import ConfigError
+from core.errors import ConfigError
 
 CHOICES = {
     "mode": ("train", "eval"),
@@ -207,7 +207,7 @@ def validate_values(cfg: DictConfig, num_local_devices: int) -> None:
 
 def _validate_stages(cfg: DictConfig) -> None:
     """Stage, loss masking, tasks and the notes settings must describe one coherent run."""
-    from data.notes_tokenizer import TASK_TOKENS
+    from data.task_names import TASK_NAMES as TASK_TOKENS
 
     d = cfg.dataset
     notes_source = d.source in NOTE_SOURCES

@@ -4,6 +4,8 @@
 and keeps its traceback.
 """
 
+from __future__ import annotations
+
 
 class PipelineError(Exception):
     """An expected failure (bad input, missing data, offline Hub, ...) with a message that says how to fix it."""
@@ -33,3 +35,10 @@ def warn(message: str) -> None:
 
     if jax.process_index() == 0:
         print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def first_line(e: BaseException, limit: int = 200, text: str | None = None) -> str:
+    """What a one-line error quotes of a library's exception: the first line of its message (`text` when the message
+    needs trimming first), at most `limit` characters, or the exception's type when the message is empty."""
+    text = str(e) if text is None else text
+    return text.strip().splitlines()[0][:limit] if text.strip() else type(e).__name__
