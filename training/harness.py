@@ -15,9 +15,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+from datasets.exceptions import DataFilesNotFoundError, DatasetNotFoundError
+
+from data.sources import hub_reachable, offline_hub
 from models.decode import generate
 from models.scoring import DEFAULT_BATCH_TOKENS, continuation_logprobs, padded_rows
-from training.errors import ConfigError, MissingPackageError, warn
+from training.errors import ConfigError, DataError, MissingPackageError, warn
 
 DEFAULT_MAX_GEN_TOKS = 256  # lm-eval's default when a task does not say
 
@@ -126,6 +129,13 @@ def evaluate_tasks(lm: Any, tasks: list[str], *, include_path: str | None = None
     if unknown:
         raise ConfigError(f"--tasks: {', '.join(unknown)} is not an lm-eval task or group (`lm-eval ls tasks` lists "
                           "them; --include-path adds a folder of task YAMLs)")
-    return lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=limit, num_fewshot=num_fewshot,
-                                   log_samples=False, random_seed=seed, numpy_random_seed=seed,
-                                   torch_random_seed=seed, fewshot_random_seed=seed)
+    if not hub_reachable():
+        offline_hub()  # the tasks' data then comes from datasets' cache at once, instead of after ~25 s of retries
+    try:
+        return lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=limit,
+                                       num_fewshot=num_fewshot, log_samples=False, random_seed=seed,
+                                       numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed)
+    except (ConnectionError, DatasetNotFoundError, DataFilesNotFoundError) as e:
+        reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise DataError(f"--tasks: a task's data could not be loaded: {reason}. Offline? Run once online (datasets "
+                        "keeps it in its cache), or point --include-path at task YAMLs over local files") from None
