@@ -23,8 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from core.errors import ConfigError, PipelineError  # noqa: E402
 from training.checkpoint import find_checkpoint_dir  # noqa: E402
-from training.errors import ConfigError, PipelineError  # noqa: E402
 from training.harness import evaluate_tasks, harness_lm, import_lm_eval  # noqa: E402
 from training.precision import cast_floating  # noqa: E402
 from training.step import COMPUTE_DTYPES  # noqa: E402

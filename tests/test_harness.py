@@ -149,7 +149,7 @@ def test_rolling_loglikelihood_predicts_every_token_once_in_full_windows(lm_eval
 
 
 def test_a_task_whose_data_cannot_be_had_offline_is_one_line(lm_eval, tmp_path, monkeypatch):
-    from training.errors import DataError
+    from core.errors import DataError
     from training.harness import evaluate_tasks, harness_lm
 
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-datasets"))  # nothing cached: the Hub would be asked

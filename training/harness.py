@@ -17,10 +17,10 @@ from typing import Any
 
 from datasets.exceptions import DataFilesNotFoundError, DatasetNotFoundError
 
-from data.sources import hub_reachable, offline_hub
+from core.errors import ConfigError, DataError, MissingPackageError, first_line, warn
+from core.hub import hub_reachable, offline_hub
 from models.decode import generate
 from models.scoring import DEFAULT_BATCH_TOKENS, continuation_logprobs, padded_rows
-from training.errors import ConfigError, DataError, MissingPackageError, warn
 
 DEFAULT_MAX_GEN_TOKS = 256  # lm-eval's default when a task does not say
 
@@ -136,6 +136,6 @@ def evaluate_tasks(lm: Any, tasks: list[str], *, include_path: str | None = None
                                        num_fewshot=num_fewshot, log_samples=False, random_seed=seed,
                                        numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed)
     except (ConnectionError, DatasetNotFoundError, DataFilesNotFoundError) as e:
-        reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-        raise DataError(f"--tasks: a task's data could not be loaded: {reason}. Offline? Run once online (datasets "
-                        "keeps it in its cache), or point --include-path at task YAMLs over local files") from None
+        raise DataError(f"--tasks: a task's data could not be loaded: {first_line(e)}. Offline? Run once online "
+                        "(datasets keeps it in its cache), or point --include-path at task YAMLs over local files"
+                        ) from None
