@@ -84,7 +84,7 @@ def test_sample_and_export_take_the_checkpoint_named_by_which(trained, tmp_path,
         assert np.array_equal(exported, wte) == (step == 4)
 
 
-ENV_FILES = ("activate_env.sh", "requirements.txt", "requirements-test.txt")
+ENV_FILES = ("activate_env.sh", "requirements.txt", "requirements-test.txt", "requirements-eval.txt")
 
 
 def _activate(tmp_path, which: str, env: dict) -> subprocess.CompletedProcess:
