@@ -18,8 +18,8 @@ REQUIRED = {  # distribution name -> module to import
     "music21": "music21", "mido": "mido", "matplotlib": "matplotlib", "safetensors": "safetensors",
 }
 # The test command's extras (requirements-test.txt): listed when installed, required with --test.
-TEST_EXTRAS = {"torch": "torch", "transformers": "transformers", "pytest": "pytest", "pytest-xdist": "xdist",
-               "pytest-timeout": "pytest_timeout"}
+TEST_EXTRAS = {"torch": "torch", "transformers": "transformers", "lm-eval": "lm_eval", "pytest": "pytest",
+               "pytest-xdist": "xdist", "pytest-timeout": "pytest_timeout"}
 
 
 def main(argv: list[str]) -> int:

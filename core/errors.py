@@ -27,6 +27,12 @@ class CheckpointError(PipelineError):
     """A checkpoint cannot be written or read."""
 
 
+class MissingPackageError(PipelineError):
+    """An optional package that a tool needs is not installed. Exit code 2: the command cannot run as given."""
+
+    exit_code = 2
+
+
 def warn(message: str) -> None:
     """Something the user should know that does not stop the run: one line on stderr, from process 0 only."""
     import sys

@@ -1,6 +1,7 @@
 """Every tool in scripts/ runs once on the smallest config, as a script (`__main__`), in this process; the set-up
 script reuses a Python that already has everything. (train_lm.sh and the piano scripts are full training runs;
-bench_loop.py and bench_data.py time subprocess runs; launch_multihost.sh: test_scale_out.py.)"""
+bench_loop.py and bench_data.py time subprocess runs; launch_multihost.sh: test_scale_out.py; eval_harness.py:
+test_harness.py.)"""
 
 from __future__ import annotations
 
@@ -83,7 +84,7 @@ def test_sample_and_export_take_the_checkpoint_named_by_which(trained, tmp_path,
         assert np.array_equal(exported, wte) == (step == 4)
 
 
-ENV_FILES = ("activate_env.sh", "requirements.txt", "requirements-test.txt")
+ENV_FILES = ("activate_env.sh", "requirements.txt", "requirements-test.txt", "requirements-eval.txt")
 
 
 def _activate(tmp_path, which: str, env: dict) -> subprocess.CompletedProcess:
