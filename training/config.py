@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from core.errors import ConfigError
+from optimizers.registry import with_hyper_parameters
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 NOTE_SOURCES = ("music21", "maestro", "midi_files")
@@ -119,7 +120,7 @@ class LrConfig:
 
 @dataclass
 class OptimizerConfig:
-    name: str = "adamw"  # adamw | adam | sgdm | nadam | rmsprop | lion | muon
+    name: str = "adamw"  # a registered optimizer (optimizers/): adamw | adam | sgdm | nadam | rmsprop | lion | muon
     lr_config: LrConfig = field(default_factory=LrConfig)
     beta1: float = 0.9
     beta2: float = 0.95
@@ -130,6 +131,11 @@ class OptimizerConfig:
     decay: float = 0.9  # rmsprop: squared-gradient averaging
     adam_lr_ratio: float = 1.0  # muon: lr of the AdamW part relative to the Muon part
     grad_clip: float = 1.0  # global-norm clipping threshold; 0 = off
+
+
+# Each registered optimizer's own hyper-parameters (its builder's keyword arguments that are not fields above) join
+# the section, typed by the builder's annotations; null = the builder's default (optimizers/registry.py).
+OptimizerConfig = with_hyper_parameters(OptimizerConfig)
 
 
 @dataclass

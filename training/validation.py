@@ -7,6 +7,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from data.mixture import MIXTURE_BLOCK
 from data.batches import allot
+from optimizers.registry import check_optimizer
 from training.config import NOTE_SOURCES, evaluating, init_from_dir, mixture_sources
 from core.errors import ConfigError
 
@@ -19,7 +20,6 @@ CHOICES = {
     "model.arch": ("gpt2",),
     "model.attention": ("auto", "xla", "cudnn", "blocked"),
     "model.remat": ("none", "block", "full"),
-    "optimizer.name": ("adamw", "adam", "sgdm", "nadam", "rmsprop", "lion", "muon"),
     "optimizer.lr_config.name": ("constant", "linear", "cosine", "trapezoid", "piecewise_linear"),
     "logging.wandb": ("online", "offline", "disabled"),
     "logging.wandb_fallback": ("fail", "offline"),
@@ -95,6 +95,7 @@ def validate_values(cfg: DictConfig, num_local_devices: int) -> None:
         value = OmegaConf.select(cfg, key)
         if value not in allowed:
             _fail(key, f"must be one of {', '.join(allowed)}; got {value!r}")
+    check_optimizer(cfg.optimizer)  # a registered name, and every hyper-parameter its builder needs
 
     d, m, o, t = cfg.dataset, cfg.model, cfg.optimizer, cfg.train
     lr = o.lr_config
