@@ -286,6 +286,10 @@ def _one_line(e: BaseException) -> str:
     cause = e
     while cause.__cause__ is not None and isinstance(cause.__cause__, (HydraException, OmegaConfBaseException)):
         cause = cause.__cause__
+    # A value in a YAML of conf/ that the schema refuses: Hydra names the file and chains OmegaConf's error.
+    in_file = re.match(r"In '([\w/.-]+)': \w+ raised while composing", str(e))
+    if in_file and isinstance(e.__context__, OmegaConfBaseException):
+        cause = e.__context__
     full_key = getattr(cause, "full_key", None)
     text = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
     if isinstance(e, HydraException) and "Could not override" in str(e):
@@ -297,6 +301,10 @@ def _one_line(e: BaseException) -> str:
         group, choice = missing.groups()
         options = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
         return f"config: {group}={choice} does not exist; choose one of {', '.join(options)}"
+    if in_file and full_key:
+        hint = (" (an optimizer's hyper-parameters are the keyword arguments of its builder in optimizers/)"
+                if full_key.startswith("optimizer.") and "not in" in text else "")
+        return f"config: conf/{in_file.group(1)}.yaml: {full_key}: {text}{hint}"
     return f"config: {full_key}: {text}" if full_key else f"config: {text}"
 
 
