@@ -148,13 +148,14 @@ def evaluate_checkpoint(plan: RunPlan, p: Pipeline, state: TrainState) -> None:
 
 def train(cfg, plan: RunPlan, p: Pipeline, state: TrainState, started: float, compile_clock: CompileClock) -> None:
     """The loop: step; at their intervals log, evaluate, checkpoint and agree to stop (training/actions.py). Ends at
-    train.max_steps, at the time limit or on SIGTERM/SIGINT, with an evaluation and a checkpoint as due."""
+    train.max_steps (or after checkpoint.num_steps), at the time limit or on SIGTERM/SIGINT, with an evaluation and a
+    checkpoint as due."""
     run = TrainingRun(cfg, plan, p, state, started, compile_clock)
     loop = run.loop_state(state)
-    batches = Prefetcher(lambda s: put_batch(p.data.train.batch(s), p.mesh), loop.step, cfg.train.max_steps)
+    batches = Prefetcher(lambda s: put_batch(p.data.train.batch(s), p.mesh), loop.step, run.end)
     try:
         run.start(loop)
-        run_loop(loop, p.train_step, batches.get, run.actions(loop.step), cfg.train.max_steps, run.tokens_per_step,
+        run_loop(loop, p.train_step, batches.get, run.actions(loop.step), run.end, run.tokens_per_step,
                  after_step=run.log.advance, guard=cfg.system.transfer_guard)
         run.finish(loop)
     except Exception as e:  # before the clean-up below, which would wait for a lost process

@@ -137,7 +137,7 @@ class Checkpointer:
         return sorted(self._manager.all_steps())
 
     def resolve(self, load_file: str) -> int:
-        """`latest`, `best` or a step number -> a step that exists here."""
+        """`latest`, `best`, a step number or iter_<step>.ckpt -> a step that exists here."""
         steps = self.steps()
         if not steps:
             raise CheckpointError(f"checkpoint.load_path: {self.directory} holds no complete checkpoint")
@@ -146,7 +146,7 @@ class Checkpointer:
         if load_file == "best":
             best = self._manager.best_step()
             return best if best is not None else steps[-1]
-        step = int(load_file)
+        step = load_file_step(load_file)
         if step not in steps:
             raise CheckpointError(
                 f"checkpoint.load_file: step {step} is not in {self.directory}; it has {', '.join(map(str, steps))}"
@@ -204,6 +204,13 @@ class Checkpointer:
                     "progress": "corrupt or truncated?", STATS: "other statistics knobs"}[part]
             raise CheckpointError(f"checkpoint {self.directory}/{step}: its {part} does not restore ({hint}): {reason}"
                                   ) from None
+
+
+def load_file_step(load_file: str) -> int | None:
+    """The step `checkpoint.load_file` names: a step number, or trainit's file name for it, iter_<step>.ckpt (the
+    step's directory here); None for anything else."""
+    named = re.fullmatch(r"(\d+)|iter_(\d+)\.ckpt", str(load_file))
+    return None if named is None else int(named.group(1) or named.group(2))
 
 
 def _drop_abandoned_io() -> None:

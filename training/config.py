@@ -180,6 +180,9 @@ class CheckpointConfig:
     save: bool = True
     save_path: Optional[str] = None  # null = <run_dir>/checkpoints
     save_steps: Any = None  # int = every N steps, list = at these steps, null = only latest/best/final
+    # steps this invocation trains, counted from where it starts (trainit: the steps of one checkpointed run), then it
+    # evaluates and checkpoints like a finished run; null = up to train.max_steps, which the schedule still spans
+    num_steps: Optional[int] = None
     max_to_keep: Optional[int] = 3  # periodic checkpoints kept besides latest and best; null = all
     # true: resume from load_path; false: start fresh; auto: resume from load_path, or else from this run's save path
     # (save_path, or <logging.run_dir>/checkpoints), when it holds a checkpoint, and start fresh when none does (the
@@ -187,7 +190,7 @@ class CheckpointConfig:
     # warning, to the newest one that does (true only names it)
     load: Any = False
     load_path: Optional[str] = None
-    load_file: str = "latest"  # latest | best | <step>
+    load_file: str = "latest"  # latest | best | <step> | iter_<step>.ckpt (trainit's name for a step)
     overwrite_config: bool = False
     overwrite_optimizer: bool = False
 

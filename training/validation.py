@@ -8,6 +8,7 @@ from omegaconf import DictConfig, OmegaConf
 from data.mixture import MIXTURE_BLOCK
 from data.batches import allot
 from optimizers.registry import check_optimizer
+from training.checkpoint import load_file_step
 from training.config import NOTE_SOURCES, evaluating, init_from_dir, mixture_sources
 from core.errors import ConfigError
 
@@ -189,6 +190,8 @@ def validate_values(cfg: DictConfig, num_local_devices: int) -> None:
         )
         if not ok:
             _fail("checkpoint.save_steps", f"must be a positive int, a list of positive ints, or null; got {steps}")
+    if c.num_steps is not None and c.num_steps < 1:
+        _fail("checkpoint.num_steps", f"must be >= 1 (or null for up to train.max_steps); got {c.num_steps}")
     if c.max_to_keep is not None and c.max_to_keep < 1:
         _fail("checkpoint.max_to_keep", f"must be >= 1 (or null to keep all); got {c.max_to_keep}")
     if c.load not in (True, False, "auto"):
@@ -202,8 +205,8 @@ def validate_values(cfg: DictConfig, num_local_devices: int) -> None:
                    "checkpoint.load_path=<dir>")
     if c.load is True and (init_from_dir(cfg) or str(cfg.init_from or "").startswith("hf:")):
         _fail("init_from", "choose one: checkpoint.load=True resumes a run, init_from=<dir> starts one from weights")
-    if c.load_file not in ("latest", "best") and not str(c.load_file).isdigit():
-        _fail("checkpoint.load_file", f"must be latest, best or a step number; got {c.load_file!r}")
+    if c.load_file not in ("latest", "best") and load_file_step(c.load_file) is None:
+        _fail("checkpoint.load_file", f"must be latest, best, a step number or iter_<step>.ckpt; got {c.load_file!r}")
 
 
 def _validate_stages(cfg: DictConfig) -> None:
