@@ -34,6 +34,7 @@ from training.compilation import CompileClock, init_compilation_cache
 from core.errors import DataError, PipelineError
 from training.evaluate import evaluate
 from training.logs import eval_table
+from training.overrides import as_overrides
 from training.loop import run_loop
 from training.peers import abandon, lost_peer, watch_peers
 from training.run import RunPlan, Source, plan_run, restore_state, shared_timestamp
@@ -114,6 +115,7 @@ def build(cfg, source: Source | None = None) -> Pipeline:
 
 def main(argv: list[str]) -> None:
     started = time.time()
+    argv = as_overrides(argv)  # also trainit's README forms: an unquoted list with spaces, `key: value`
     if "--cfg" in argv:
         print(config_lib.to_yaml(config_lib.load_config([a for a in argv if a != "--cfg"])))
         return
