@@ -118,7 +118,7 @@ def test_the_new_hyper_parameter_reaches_the_builder_and_mistakes_are_named(proj
     assert report["sizes"] == [0.025]
     for case, message in MISTAKES.items():
         got = report["errors"][case]
-        assert (got is None) if message is None else got.startswith(message), (case, got)
+        assert got is None if message is None else (got or "").startswith(message), (case, got)
 
 
 def test_a_wrong_type_for_the_new_key_exits_2_with_one_line(project, tmp_path):

@@ -138,7 +138,8 @@ def test_train_lm_sh_takes_log_data(log_data, logged, data_cache, tmp_path):
 
 
 def test_train_lm_sh_refuses_another_log_data(tmp_path):
-    proc = spawn(["bash", str(ROOT / "scripts" / "train_lm.sh"), "log_data=maybe"], cwd=tmp_path,
+    project = repo_copy(tmp_path)  # the script works in its own checkout: a copy, should it go on to train
+    proc = spawn(["bash", str(project / "scripts" / "train_lm.sh"), "log_data=maybe"], cwd=project,
                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     result = communicate(proc, timeout=30)
     assert result.returncode == 2
