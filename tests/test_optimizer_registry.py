@@ -76,7 +76,7 @@ BUILT = textwrap.dedent("""
     from models.gpt import GPT, GPTConfig
     from optimizers import build_optimizer, build_schedule
     from training.config import load_config, validate
-    from training.errors import ConfigError
+    from core.errors import ConfigError
 
     cfg = load_config(["optimizer=signum", "optimizer.step_scale=0.25", "optimizer.grad_clip=0",
                        "optimizer/lr_config=constant", "optimizer.lr_config.lr=0.1", "optimizer.lr_config.warmup=0"])

@@ -36,6 +36,7 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as policies
 
 from core.errors import CheckpointError, first_line
+from training.config import load_file_step
 from training.storage import DISK_FULL_ERRNOS
 
 # Orbax reports routine events (read-only opens, ...) as warnings, and a failed background save as errors with the
@@ -204,13 +205,6 @@ class Checkpointer:
                     "progress": "corrupt or truncated?", STATS: "other statistics knobs"}[part]
             raise CheckpointError(f"checkpoint {self.directory}/{step}: its {part} does not restore ({hint}): {reason}"
                                   ) from None
-
-
-def load_file_step(load_file: str) -> int | None:
-    """The step `checkpoint.load_file` names: a step number, or trainit's file name for it, iter_<step>.ckpt (the
-    step's directory here); None for anything else."""
-    named = re.fullmatch(r"(\d+)|iter_(\d+)\.ckpt", str(load_file))
-    return None if named is None else int(named.group(1) or named.group(2))
 
 
 def _drop_abandoned_io() -> None:

@@ -380,6 +380,13 @@ def listed_save_steps(cfg: DictConfig) -> list[int]:
     return list(steps) if OmegaConf.is_list(steps) else []
 
 
+def load_file_step(load_file: str) -> int | None:
+    """The step `checkpoint.load_file` names: a step number, or trainit's file name for it, iter_<step>.ckpt (the
+    step's directory here); None for anything else."""
+    named = re.fullmatch(r"(\d+)|iter_(\d+)\.ckpt", str(load_file))
+    return None if named is None else int(named.group(1) or named.group(2))
+
+
 def is_save_step(cfg: DictConfig, step: int) -> bool:
     steps = cfg.checkpoint.save_steps
     if steps is None:

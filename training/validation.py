@@ -8,8 +8,7 @@ from omegaconf import DictConfig, OmegaConf
 from data.mixture import MIXTURE_BLOCK
 from data.batches import allot
 from optimizers.registry import check_optimizer
-from training.checkpoint import load_file_step
-from training.config import NOTE_SOURCES, evaluating, init_from_dir, mixture_sources
+from training.config import NOTE_SOURCES, evaluating, init_from_dir, load_file_step, mixture_sources
 from core.errors import ConfigError
 
 CHOICES = {
