@@ -34,6 +34,7 @@ from training.compilation import CompileClock, init_compilation_cache
 from core.errors import DataError, PipelineError
 from training.evaluate import evaluate
 from training.logs import eval_table
+from training.overrides import as_overrides
 from training.loop import run_loop
 from training.peers import abandon, lost_peer, watch_peers
 from training.run import RunPlan, Source, plan_run, restore_state, shared_timestamp
@@ -114,6 +115,7 @@ def build(cfg, source: Source | None = None) -> Pipeline:
 
 def main(argv: list[str]) -> None:
     started = time.time()
+    argv = as_overrides(argv)  # also trainit's README forms: an unquoted list with spaces, `key: value`
     if "--cfg" in argv:
         print(config_lib.to_yaml(config_lib.load_config([a for a in argv if a != "--cfg"])))
         return
@@ -148,13 +150,14 @@ def evaluate_checkpoint(plan: RunPlan, p: Pipeline, state: TrainState) -> None:
 
 def train(cfg, plan: RunPlan, p: Pipeline, state: TrainState, started: float, compile_clock: CompileClock) -> None:
     """The loop: step; at their intervals log, evaluate, checkpoint and agree to stop (training/actions.py). Ends at
-    train.max_steps, at the time limit or on SIGTERM/SIGINT, with an evaluation and a checkpoint as due."""
+    train.max_steps (or after checkpoint.num_steps), at the time limit or on SIGTERM/SIGINT, with an evaluation and a
+    checkpoint as due."""
     run = TrainingRun(cfg, plan, p, state, started, compile_clock)
     loop = run.loop_state(state)
-    batches = Prefetcher(lambda s: put_batch(p.data.train.batch(s), p.mesh), loop.step, cfg.train.max_steps)
+    batches = Prefetcher(lambda s: put_batch(p.data.train.batch(s), p.mesh), loop.step, run.end)
     try:
         run.start(loop)
-        run_loop(loop, p.train_step, batches.get, run.actions(loop.step), cfg.train.max_steps, run.tokens_per_step,
+        run_loop(loop, p.train_step, batches.get, run.actions(loop.step), run.end, run.tokens_per_step,
                  after_step=run.log.advance, guard=cfg.system.transfer_guard)
         run.finish(loop)
     except Exception as e:  # before the clean-up below, which would wait for a lost process

@@ -36,6 +36,7 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as policies
 
 from core.errors import CheckpointError, first_line
+from training.config import load_file_step
 from training.storage import DISK_FULL_ERRNOS
 
 # Orbax reports routine events (read-only opens, ...) as warnings, and a failed background save as errors with the
@@ -137,7 +138,7 @@ class Checkpointer:
         return sorted(self._manager.all_steps())
 
     def resolve(self, load_file: str) -> int:
-        """`latest`, `best` or a step number -> a step that exists here."""
+        """`latest`, `best`, a step number or iter_<step>.ckpt -> a step that exists here."""
         steps = self.steps()
         if not steps:
             raise CheckpointError(f"checkpoint.load_path: {self.directory} holds no complete checkpoint")
@@ -146,7 +147,7 @@ class Checkpointer:
         if load_file == "best":
             best = self._manager.best_step()
             return best if best is not None else steps[-1]
-        step = int(load_file)
+        step = load_file_step(load_file)
         if step not in steps:
             raise CheckpointError(
                 f"checkpoint.load_file: step {step} is not in {self.directory}; it has {', '.join(map(str, steps))}"
