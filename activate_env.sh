@@ -1,19 +1,36 @@
-# Source me: `source activate_env.sh`. Puts the project's Python environment on PATH.
+# Source me: `source activate_env.sh` (training), or `source activate_env.sh test` (training + the test extras).
+# Puts the project's Python environment on PATH.
 #
-# - If .venv exists, activate it, and reinstall the pinned requirements when requirements.txt changed.
-# - Else, if the current Python already imports everything (e.g. a GPU image with jax preinstalled and no internet),
-#   use it as it is and install nothing.
-# - Else create .venv with the pinned versions from requirements.txt (PyPI only).
+# What each set installs (pinned):
+#   training  requirements.txt: JAX, Equinox, optax, Orbax, Hydra, datasets, tokenizers, wandb, TensorBoard, ...
+#   test      requirements-test.txt: the above + torch's CPU wheel and transformers (Hugging Face interop tests),
+#             the Hydra launcher/sweeper plugins, lm-eval, pytest and its plugins
+#
+# - If .venv exists, activate it, and install the set when its requirement files changed since it was installed.
+# - Else, if the current Python already imports everything the set needs (e.g. a GPU image with jax preinstalled and
+#   no internet), use it as it is and install nothing.
+# - Else create .venv and install the set (PyPI only).
 # Set PYTHON to choose the interpreter that creates .venv (default: python3, 3.11 or newer).
 
 _gpt_root="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-_gpt_imports='import jax, equinox, optax, orbax.checkpoint, chex, hydra, datasets, tokenizers, tiktoken, wandb, tensorboardX, tqdm, dotenv, music21, mido, matplotlib, safetensors, torch, transformers, pytest, xdist, pytest_timeout'
-_gpt_stamp="$_gpt_root/.venv/.requirements.sha256"
-_gpt_want="$(sha256sum "$_gpt_root/requirements.txt" | cut -d' ' -f1)"
+_gpt_imports='import jax, equinox, optax, orbax.checkpoint, chex, hydra, datasets, tokenizers, tiktoken, wandb, tensorboardX, tqdm, dotenv, music21, mido, matplotlib, safetensors'
+_gpt_files="requirements.txt"
+if [ "${1:-}" = "test" ]; then
+    _gpt_set=test
+    # each requirements-*.txt names the modules its pins provide in an `# imports:` line
+    _gpt_imports="$_gpt_imports, $(cat "$_gpt_root"/requirements-*.txt | sed -n 's/^# imports: //p' | paste -sd,)"
+    _gpt_files="requirements.txt $(cd "$_gpt_root" && ls requirements-*.txt | tr '\n' ' ')"
+else
+    _gpt_set=training
+fi
+_gpt_stamp="$_gpt_root/.venv/.requirements-$_gpt_set.sha256"
+_gpt_want="$(cd "$_gpt_root" && cat $_gpt_files | sha256sum | cut -d' ' -f1)"
 
 _gpt_install() {
-    echo "activate_env: installing pinned requirements into $_gpt_root/.venv (first run only) ..." >&2
-    python -m pip install --quiet --disable-pip-version-check -r "$_gpt_root/requirements.txt" 2>&1 \
+    local file=requirements.txt
+    [ "$_gpt_set" = test ] && file=requirements-test.txt
+    echo "activate_env: installing the pinned $_gpt_set requirements ($file) into $_gpt_root/.venv ..." >&2
+    python -m pip install --quiet --disable-pip-version-check -r "$_gpt_root/$file" 2>&1 \
         | grep -v "^WARNING: Location" >&2
     local rc=${PIPESTATUS[0]}
     [ "$rc" -eq 0 ] && echo "$_gpt_want" > "$_gpt_stamp"
@@ -33,4 +50,4 @@ else
     _gpt_install || return 1 2>/dev/null || exit 1
 fi
 export PYTHONPATH="$_gpt_root${PYTHONPATH:+:$PYTHONPATH}"
-unset _gpt_imports _gpt_stamp _gpt_want
+unset _gpt_imports _gpt_stamp _gpt_want _gpt_files _gpt_set

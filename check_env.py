@@ -1,6 +1,7 @@
 """Print the versions, backend and devices this project runs on; exit 1 with one line if something is missing.
 
-    python check_env.py
+    python check_env.py          # training's packages
+    python check_env.py --test   # and the test command's extras
 """
 
 from __future__ import annotations
@@ -14,22 +15,32 @@ REQUIRED = {  # distribution name -> module to import
     "jax": "jax", "jaxlib": "jaxlib", "equinox": "equinox", "optax": "optax", "orbax-checkpoint": "orbax.checkpoint",
     "chex": "chex", "hydra-core": "hydra", "datasets": "datasets", "tokenizers": "tokenizers", "tiktoken": "tiktoken",
     "wandb": "wandb", "tensorboardX": "tensorboardX", "tqdm": "tqdm", "python-dotenv": "dotenv",
-    "music21": "music21", "mido": "mido", "matplotlib": "matplotlib", "safetensors": "safetensors", "torch": "torch",
-    "transformers": "transformers",
+    "music21": "music21", "mido": "mido", "matplotlib": "matplotlib", "safetensors": "safetensors",
 }
+# The test command's extras (requirements-test.txt): listed when installed, required with --test.
+TEST_EXTRAS = {"torch": "torch", "transformers": "transformers", "lm-eval": "lm_eval", "pytest": "pytest",
+               "pytest-xdist": "xdist", "pytest-timeout": "pytest_timeout",
+               "hydra-joblib-launcher": "hydra_plugins.hydra_joblib_launcher",
+               "hydra-submitit-launcher": "hydra_plugins.hydra_submitit_launcher",
+               "hydra-optuna-sweeper": "hydra_plugins.hydra_optuna_sweeper", "optuna": "optuna"}
 
 
-def main() -> int:
+def main(argv: list[str]) -> int:
+    test = "--test" in argv
     missing = []
     print(f"python        {platform.python_version()} ({sys.executable})")
-    for dist, module in REQUIRED.items():
+    for dist, module in {**REQUIRED, **TEST_EXTRAS}.items():
         try:
             importlib.import_module(module)
             print(f"{dist:<13} {version(dist)}")
         except (ImportError, PackageNotFoundError) as e:
-            missing.append(f"{dist} ({type(e).__name__}: {e})")
+            if dist in REQUIRED or test:
+                missing.append(f"{dist} ({type(e).__name__}: {e})")
+            else:
+                print(f"{dist:<13} not installed (the test extra: source activate_env.sh test)")
     if missing:
-        print(f"error: missing packages: {'; '.join(missing)}. Run `source activate_env.sh`", file=sys.stderr)
+        fix = "source activate_env.sh test" if test else "source activate_env.sh"
+        print(f"error: missing packages: {'; '.join(missing)}. Run `{fix}`", file=sys.stderr)
         return 1
     import jax
 
@@ -42,4 +53,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -27,7 +27,7 @@ from omegaconf import DictConfig
 
 from data import Data, make_data
 from data.prefetch import Prefetcher
-from data.sources import load_corpus
+from data.corpus import load_corpus
 from data.notes_tokenizer import notes_tokenizer
 from data.tokenizers import Tokenizer, build_tokenizer, tokenizer_from_json
 from models import MODEL_BUILDERS
@@ -36,7 +36,7 @@ from training import cli
 from training import config as config_lib
 from training.actions import TrainingRun
 from training.compilation import CompileClock, init_compilation_cache
-from training.errors import DataError
+from core.errors import DataError
 from training.evaluate import evaluate
 from training.logs import eval_table
 from training.loop import run_loop
@@ -149,14 +149,14 @@ def evaluate_checkpoint(plan: RunPlan, p: Pipeline, state: TrainState) -> float:
 def train(cfg, plan: RunPlan, p: Pipeline, state: TrainState, started: float,
           compile_clock: CompileClock) -> float | None:
     """The loop: step; at their intervals log, evaluate, checkpoint and agree to stop (training/actions.py). Ends at
-    train.max_steps, at the time limit or on SIGTERM/SIGINT, with an evaluation and a checkpoint as due; returns the
-    last `val` loss (None when no evaluation ran)."""
+    train.max_steps (or after checkpoint.num_steps), at the time limit or on SIGTERM/SIGINT, with an evaluation and a
+    checkpoint as due; returns the last `val` loss (None when no evaluation ran)."""
     run = TrainingRun(cfg, plan, p, state, started, compile_clock)
     loop = run.loop_state(state)
-    batches = Prefetcher(lambda s: put_batch(p.data.train.batch(s), p.mesh), loop.step, cfg.train.max_steps)
+    batches = Prefetcher(lambda s: put_batch(p.data.train.batch(s), p.mesh), loop.step, run.end)
     try:
         run.start(loop)
-        run_loop(loop, p.train_step, batches.get, run.actions(loop.step), cfg.train.max_steps, run.tokens_per_step,
+        run_loop(loop, p.train_step, batches.get, run.actions(loop.step), run.end, run.tokens_per_step,
                  after_step=run.log.advance, guard=cfg.system.transfer_guard)
         run.finish(loop)
         return loop.val_loss

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from training.errors import DataError
+from core.errors import DataError, first_line
 
 
 def malformed_json(paths: list[str], error: Exception) -> DataError:
@@ -34,7 +34,7 @@ def malformed_json(paths: list[str], error: Exception) -> DataError:
                     return DataError(f"dataset.files: {path} line {number}: not valid JSON (column "
                                      f"{e.colno}: {e.msg}); fix or remove that line")
     cause = error.__cause__ or error
-    reason = str(cause).strip().splitlines()[0][:200] if str(cause).strip() else type(cause).__name__
+    reason = first_line(cause)
     return DataError(f"dataset.files: {', '.join(paths[:3])}: datasets cannot read them as JSON ({reason})")
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import mido
 import numpy as np
 
+from core.errors import DataError
 from data.notes import Notes
-from training.errors import DataError
 
 PERCUSSION_CHANNEL = 9  # General MIDI drums: not pitched notes
 TICKS_PER_BEAT = 480

@@ -1,11 +1,11 @@
 """Training on several sources at once: each row of a step is drawn from one source, by weight, as a pure function of
 (seed, step, process), so a resumed run reads exactly the rows it would have read.
 
-The run's sample numbers g = 0, 1, 2, ... (data/packing.py `step_samples`: the same numbering whatever the number of
+The run's sample numbers g = 0, 1, 2, ... (data/batches.py `step_samples`: the same numbering whatever the number of
 processes or micro-batches) are cut into blocks of MIXTURE_BLOCK. Every block gives each source the same number of
 rows (`allot`: the weights' shares of the block, rounded so they sum to it), in an order shuffled per block from
 (seed, block). Sample g is then row b * count_s + r of its source s, where b is its block and r the number of rows of
-s before it in the block: each source reads its own windows in its own epochs (data/packing.py `TrainBatches`), and
+s before it in the block: each source reads its own examples in its own epochs (data/batches.py `TrainBatches`), and
 the tokens each source has given up to any step are known exactly, without a counter that would have to be saved.
 """
 
@@ -15,14 +15,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from data.packing import TrainBatches, allot, step_samples, window_batch
+from data.batches import TrainBatches, allot, step_samples
 
 MIXTURE_BLOCK = 4096  # rows per block: the weights are met exactly every 4096 rows, to 1/4096 of the total
 
 
 @dataclass
 class MixtureTrainBatches:
-    """Training batches drawn from `sources` (each a TrainBatches over its own split; only their windows are used)
+    """Training batches drawn from `sources` (each a TrainBatches over its own split; only their rows are used)
     in proportion to `weights`. `batch(step)` has the shape of a single source's batch."""
 
     names: list[str]
@@ -37,8 +37,7 @@ class MixtureTrainBatches:
 
     def __post_init__(self) -> None:
         self.counts = np.asarray(allot(self.weights, MIXTURE_BLOCK))
-        self.context = self.sources[0].context
-        self.pad_id, self.eos_id = self.sources[0].pad_id, self.sources[0].eos_id
+        self.context = self.sources[0].examples.context
 
     @property
     def global_batch(self) -> int:
@@ -75,15 +74,15 @@ class MixtureTrainBatches:
 
     def batch(self, step: int) -> dict[str, np.ndarray]:
         source, local = self.assign(self.sample_indices(step))
-        windows = np.empty(source.shape + (self.context + 1,), self.sources[0].tokens.dtype)
+        rows = np.empty(source.shape + (self.context + 1,), np.int64)
         for s, train in enumerate(self.sources):
-            rows = source == s
-            if rows.any():
-                windows[rows] = train.windows(local[rows])
-        return window_batch(windows, self.pad_id, self.eos_id)
+            chosen = source == s
+            if chosen.any():
+                rows[chosen] = train.rows(local[chosen])
+        return self.sources[0].examples.batch(rows)
 
     def tokens_seen(self, steps: int) -> dict[str, int]:
-        """Tokens of training windows each source has given in the run's first `steps` steps (all processes)."""
+        """Tokens of training rows each source has given in the run's first `steps` steps (all processes)."""
         samples = steps * self.global_batch
         full, part = divmod(samples, MIXTURE_BLOCK)
         counts = full * self.counts

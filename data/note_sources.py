@@ -1,9 +1,10 @@
 """Where notes come from: the music21 corpus (embedded), Hub piano datasets in the maestro layout, or local MIDI files.
 
-`load_note_corpus(cfg.dataset)` returns `{split: datasets.Dataset}` with one piece per row and the columns of
-NOTE_FEATURES: `train`, `test`, and the validation splits (`full`, then one per composer in
-`dataset.eval_composers` that the validation pieces have). Scores and MIDI files are parsed once, in parallel, by
-`datasets.Dataset.from_generator`, and read back from its Arrow cache under `dataset.cache_dir` after that.
+Each loader (`music21_corpus`, `maestro_corpus`, `midi_files_corpus`; data/corpus.py picks one by `dataset.source`)
+returns `{split: datasets.Dataset}` with one piece per row and the columns of NOTE_FEATURES: `train`, `test`, and
+the validation splits (`full`, then one per composer in `dataset.eval_composers` that the validation pieces have).
+Scores and MIDI files are parsed once, in parallel, by `datasets.Dataset.from_generator`, and read back from its
+Arrow cache under `dataset.cache_dir` after that.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from typing import Any, Iterator
 
 import datasets
 
+from core.errors import DataError, first_line, warn
+from core.hub import hub_reachable, offline_hub
+from data.files import expand_files
 from data.notes import Notes
-from data.sources import hub_reachable, offline_hub
-from training.errors import DataError, warn
 
 FULL_VAL_SPLIT = "full"
 NOTE_FEATURES = datasets.Features({
@@ -36,16 +38,21 @@ NOTE_FEATURES = datasets.Features({
 MUSIC21_SKIPPED_SUFFIXES = (".rntxt",)  # Roman-numeral analyses, not notes
 
 
-def load_note_corpus(d: Any) -> dict[str, datasets.Dataset]:
-    datasets.disable_progress_bars()
-    datasets.logging.set_verbosity_error()
-    if d.source == "music21":
-        pieces = _music21(d)
-        corpus = _split_by_piece(pieces, d)
-    elif d.source == "midi_files":
-        corpus = _split_by_piece(_midi_files(d), d)
-    else:
-        corpus = _maestro(d)
+def music21_corpus(d: Any) -> dict[str, datasets.Dataset]:
+    return _note_splits(_split_by_piece(_music21(d), d), d)
+
+
+def midi_files_corpus(d: Any) -> dict[str, datasets.Dataset]:
+    return _note_splits(_split_by_piece(_midi_files(d), d), d)
+
+
+def maestro_corpus(d: Any) -> dict[str, datasets.Dataset]:
+    return _note_splits(_maestro(d), d)
+
+
+def _note_splits(corpus: dict[str, datasets.Dataset], d: Any) -> dict[str, datasets.Dataset]:
+    """Train, val and test capped by dataset.max_documents and checked; then val as `full` and one split per
+    composer of dataset.eval_composers."""
     if d.max_documents is not None:
         corpus = {k: v.select(range(min(len(v), d.max_documents))) for k, v in corpus.items()}
     for name in ("train", "val"):
@@ -186,8 +193,6 @@ def _tempo_map(score: Any):
 # --- local MIDI files ----------------------------------------------------------------------------------------------
 
 def _midi_files(d: Any) -> datasets.Dataset:
-    from data.sources import expand_files
-
     paths = [p for p in expand_files(d.files) if p.lower().endswith((".mid", ".midi"))]
     if not paths:
         raise DataError(f"dataset.files: {list(d.files)} holds no .mid or .midi files")
@@ -287,7 +292,7 @@ def _maestro_split(name: str, split: str, d: Any) -> datasets.Dataset:
     try:
         ds = datasets.load_dataset(name, split=split, cache_dir=str(Path(d.cache_dir) / "hf"))
     except Exception as e:  # the Hub raises many types: connection, offline mode, not found, gated, bad config
-        reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        reason = first_line(e)
         raise DataError(f"dataset {name} ({split}): could not load it: {reason}. Offline? Use dataset=music21 (ships "
                         f"with music21) or dataset=midi_files dataset.files=[...]") from None
     return ds.map(_maestro_row, remove_columns=ds.column_names, features=NOTE_FEATURES)

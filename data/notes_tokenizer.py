@@ -14,11 +14,11 @@ from typing import Iterable
 
 import numpy as np
 
+from core.errors import DataError
 from data.notes import PITCH_RANGE, VELOCITY_RANGE, Notes
-from data.tokenizers import Tokenizer
-from training.errors import DataError
+from data.task_names import TASK_NAMES
+from data.tokenizer_base import Tokenizer
 
-TASK_TOKENS = ("dynamics", "continuation", "lower_voices")  # the piano tasks; each has a token that opens its prompt
 TOKEN_NAMES = {"shift": "SHIFT", "pitch": "PITCH", "velocity": "VEL", "duration": "DUR"}
 
 
@@ -34,8 +34,8 @@ class NotesTokenizer(Tokenizer):
         self.time_step, self.velocity_bins = float(time_step), int(velocity_bins)
         self.max_shift_steps, self.max_duration_steps = int(max_shift_steps), int(max_duration_steps)
         self.eos_id, self.pad_id, self.genai_id = 0, 1, 2
-        self.task_ids = {name: 3 + i for i, name in enumerate(TASK_TOKENS)}
-        self.shift_base = 3 + len(TASK_TOKENS) - 1  # SHIFT_k is shift_base + k, k >= 1
+        self.task_ids = {name: 3 + i for i, name in enumerate(TASK_NAMES)}
+        self.shift_base = 3 + len(TASK_NAMES) - 1  # SHIFT_k is shift_base + k, k >= 1
         self.pitch_base = self.shift_base + self.max_shift_steps + 1
         self.velocity_base = self.pitch_base + PITCH_RANGE
         self.duration_base = self.velocity_base + self.velocity_bins - 1  # DUR_k is duration_base + k, k >= 1
@@ -135,7 +135,7 @@ class NotesTokenizer(Tokenizer):
             if kind == "special":
                 words.append(("<EOS>", "<PAD>", "<GENAI>")[value])
             elif kind == "task":
-                words.append(f"<{TASK_TOKENS[value].upper()}>")
+                words.append(f"<{TASK_NAMES[value].upper()}>")
             else:
                 words.append(f"{TOKEN_NAMES[kind]}_{value}")
         return " ".join(words)
@@ -146,13 +146,13 @@ class NotesTokenizer(Tokenizer):
     def to_json(self) -> dict:
         return {"kind": "notes", "time_step": self.time_step, "max_shift_steps": self.max_shift_steps,
                 "max_duration_steps": self.max_duration_steps, "velocity_bins": self.velocity_bins,
-                "tasks": list(TASK_TOKENS)}
+                "tasks": list(TASK_NAMES)}
 
     @staticmethod
     def from_json(desc: dict) -> NotesTokenizer:
-        if list(desc.get("tasks", TASK_TOKENS)) != list(TASK_TOKENS):
+        if list(desc.get("tasks", TASK_NAMES)) != list(TASK_NAMES):
             raise DataError(f"notes tokenizer: the checkpoint's task tokens {desc.get('tasks')} differ from this "
-                            f"version's {list(TASK_TOKENS)}")
+                            f"version's {list(TASK_NAMES)}")
         return NotesTokenizer(desc["time_step"], desc["max_shift_steps"], desc["max_duration_steps"],
                               desc["velocity_bins"])
 

@@ -1,13 +1,8 @@
-"""Documents -> one token stream per split -> windows of context+1 tokens -> batches.
+"""Documents -> one token stream per split, kept in the token store; prompt/completion rows -> token id records.
 
 Each document is tokenised and followed by `<EOS>`; a split is the concatenation of its documents, kept in the token
-store (data/token_store.py: built once, read as a memory map, so a process holds its batches, not its corpus). A
-batch is `inputs`, `targets` (inputs shifted by one) and `loss_mask` (1 where the target counts).
-
-Training batches are a pure function of (seed, step, process): sample g of the run is window perm_e[g mod W] of epoch
-e = g div W, where W is the number of windows and perm_e (data/shuffle.py: evaluated per index, never materialised)
-and the epoch's start offset come from (seed, e). Nothing about the position in the data lives in an iterator, so a
-resumed run reads exactly the batches it would have read.
+store (data/token_store.py: built once, read as a memory map, so a process holds its batches, not its corpus) and cut
+into windows by data/examples.py `Windows`.
 """
 
 from __future__ import annotations
@@ -16,14 +11,11 @@ import functools
 import hashlib
 import itertools
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
 import datasets
-import numpy as np
 
-from data.shuffle import IndexShuffle
 from data.sources import TextCorpus
 from data.token_store import (BuildContext, Chunk, TokenStore, build_chunk, build_chunks, clear_stale, finish_store,
                               open_store, store_key, token_dtype)
@@ -146,151 +138,3 @@ def _encode_prompts(batch: dict, tokenizer: Tokenizer) -> dict:
     prompts = tokenizer.encode_batch([p or "" for p in batch["prompt"]])
     completions = tokenizer.encode_batch([c or "" for c in batch["completion"]])
     return {"ids": [p + [tokenizer.genai_id] + c + [tokenizer.eos_id] for p, c in zip(prompts, completions)]}
-
-
-def step_samples(step: int, grad_accum: int, process_count: int, batch_size: int, process_index: int) -> np.ndarray:
-    """Run-wide sample numbers for one process at `step`: [grad_accum, batch_size].
-
-    Sample numbers of one step are laid out [grad_accum, process, batch], so the processes' rows of a micro-batch
-    are adjacent and their concatenation is the single-process micro-batch.
-    """
-    A, P, B = grad_accum, process_count, batch_size
-    layout = step * A * P * B + np.arange(A * P * B).reshape(A, P, B)
-    return layout[:, process_index, :]
-
-
-def eval_layout(available: int, batch_size: int, process_count: int, num_batches: int
-                ) -> tuple[int, int, np.ndarray]:
-    """An evaluation set of up to `num_batches` global batches out of `available` windows (or records): how many
-    it takes, how many batches that fills, and which ones (an even stride over the whole split)."""
-    per_batch = batch_size * process_count
-    taken = min(available, num_batches * per_batch)
-    return taken, -(-taken // per_batch), np.arange(taken) * available // max(taken, 1)
-
-
-def window_batch(windows: np.ndarray, pad_id: int, eos_id: int | None = None) -> dict[str, np.ndarray]:
-    """[..., T+1] token windows -> inputs/targets/loss_mask of shape [..., T]; with `eos_id` (document masking) also
-    `segment_ids`: the number of <EOS> before each input in its window, so a document's tokens, its <EOS> included,
-    share one id."""
-    inputs = windows[..., :-1].astype(np.int32)
-    batch = {
-        "inputs": inputs,
-        "targets": windows[..., 1:].astype(np.int32),
-        "loss_mask": (windows[..., 1:] != pad_id).astype(np.float32),
-    }
-    if eos_id is not None:
-        ends = inputs == eos_id
-        batch["segment_ids"] = (np.cumsum(ends, axis=-1) - ends).astype(np.int32)
-    return batch
-
-
-@dataclass
-class TrainBatches:
-    """Training batches for one process: `batch(step)` has arrays of shape [grad_accum, batch_size, context]."""
-
-    tokens: np.ndarray
-    context: int
-    batch_size: int  # per process per micro-batch
-    grad_accum_steps: int
-    process_index: int
-    process_count: int
-    seed: int | tuple[int, ...]  # a mixture's sources: (run seed, source index), so each has an order of its own
-    pad_id: int
-    eos_id: int | None = None  # set: batches carry segment_ids (document masking)
-
-    def __post_init__(self) -> None:
-        # One window's worth of slack so that every epoch's random start offset keeps all windows in range.
-        self.num_windows = (len(self.tokens) - 1 - self.context) // self.context
-        if self.num_windows < 1:
-            raise ValueError(f"the training split has {len(self.tokens)} tokens, fewer than two windows of {self.context}")
-        self._epoch_cache: tuple[int, int, IndexShuffle] | None = None
-
-    @property
-    def global_batch(self) -> int:
-        """Sequences per optimizer step, all processes together."""
-        return self.grad_accum_steps * self.process_count * self.batch_size
-
-    def _epoch(self, epoch: int) -> tuple[int, IndexShuffle]:
-        if self._epoch_cache is None or self._epoch_cache[0] != epoch:
-            rng = np.random.Generator(np.random.PCG64([*np.atleast_1d(self.seed).tolist(), epoch]))
-            offset = int(rng.integers(self.context))
-            self._epoch_cache = (epoch, offset, IndexShuffle(self.num_windows, rng))
-        return self._epoch_cache[1], self._epoch_cache[2]
-
-    def window_starts(self, samples: np.ndarray) -> np.ndarray:
-        """Where in the split each run-wide sample number's window starts."""
-        starts = np.empty(samples.shape, np.int64)
-        epochs = samples // self.num_windows
-        for epoch in np.unique(epochs):
-            rows = epochs == epoch
-            offset, order = self._epoch(int(epoch))
-            starts[rows] = offset + order[samples[rows] % self.num_windows] * self.context
-        return starts
-
-    def sample_indices(self, step: int) -> np.ndarray:
-        return step_samples(step, self.grad_accum_steps, self.process_count, self.batch_size, self.process_index)
-
-    def windows(self, samples: np.ndarray) -> np.ndarray:
-        """[..., context + 1] token windows of these run-wide sample numbers."""
-        starts = self.window_starts(samples)
-        windows = np.empty(starts.shape + (self.context + 1,), self.tokens.dtype)
-        for idx, start in np.ndenumerate(starts):
-            windows[idx] = self.tokens[start : start + self.context + 1]
-        return windows
-
-    def batch(self, step: int) -> dict[str, np.ndarray]:
-        return window_batch(self.windows(self.sample_indices(step)), self.pad_id, self.eos_id)
-
-    def epoch_of(self, step: int) -> float:
-        return (step + 1) * self.global_batch / self.num_windows
-
-
-class EvalBatches:
-    """A fixed evaluation set: `num_batches` x global-batch windows spread evenly over the whole split (all of its
-    windows when it is short). The same windows at every evaluation, so the curve measures the model, not the
-    sample. Rows past the last window are padding with `loss_mask` 0.
-
-    `tokens` may also be several splits with `weights` (a mixture's sources): the set then takes from each its
-    weight's share of the windows, spread evenly over that split."""
-
-    def __init__(self, tokens: np.ndarray | list[np.ndarray], context: int, batch_size: int, num_batches: int,
-                 process_index: int, process_count: int, pad_id: int, eos_id: int | None = None,
-                 weights: list[float] | None = None) -> None:
-        self.sources = tokens if isinstance(tokens, list) else [tokens]
-        self.context, self.batch_size, self.process_index, self.process_count = (context, batch_size, process_index,
-                                                                                  process_count)
-        self.pad_id, self.eos_id = pad_id, eos_id  # eos_id set: batches carry segment_ids (document masking)
-        per_batch = batch_size * process_count
-        wanted = allot(weights or [1.0] * len(self.sources), num_batches * per_batch)
-        source, starts = [], []
-        for s, (split, n) in enumerate(zip(self.sources, wanted)):
-            available = max((len(split) - 1) // context, 0)
-            taken = min(available, n)
-            source.append(np.full(taken, s))
-            starts.append(np.arange(taken) * available // max(taken, 1) * context)
-        self.window_source, self.starts = np.concatenate(source), np.concatenate(starts)  # window w: where it is
-        self.num_windows = len(self.starts)
-        self.batches_needed = -(-self.num_windows // per_batch)
-
-    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-        per_batch = self.batch_size * self.process_count
-        for b in range(self.batches_needed):
-            rows = b * per_batch + self.process_index * self.batch_size + np.arange(self.batch_size)
-            windows = np.full((self.batch_size, self.context + 1), self.pad_id, self.sources[0].dtype)
-            for r, w in enumerate(rows):
-                if w < self.num_windows:
-                    start = self.starts[w]
-                    windows[r] = self.sources[self.window_source[w]][start : start + self.context + 1]
-            yield window_batch(windows, self.pad_id, self.eos_id)
-
-    def __len__(self) -> int:
-        return self.batches_needed
-
-
-def allot(weights: list[float], total: int) -> list[int]:
-    """`total` split in proportion to `weights`, rounded by largest remainder so the parts sum to `total`."""
-    shares = np.asarray(weights, np.float64) / float(np.sum(weights)) * total
-    parts = np.floor(shares).astype(np.int64)
-    order = np.argsort(-(shares - parts), kind="stable")  # ties: the earlier source first
-    parts[order[: total - int(parts.sum())]] += 1
-    return parts.tolist()

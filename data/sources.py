@@ -1,6 +1,7 @@
-"""Where documents come from: the Python standard library (embedded default), the user's files, or the HF Hub.
+"""Where text comes from: the Python standard library (embedded default), the user's files, or the HF Hub.
 
-`load_corpus(cfg.dataset)` returns a `TextCorpus`: a cheap fingerprint of the documents, and `datasets` giving
+Each loader (`pystdlib_corpus`, `text_files_corpus`, `json_files_corpus`, `hub_corpus`; data/corpus.py picks one by
+`dataset.source`) returns a `TextCorpus`: a cheap fingerprint of the documents, and `datasets` giving
 `{split name: datasets.Dataset}` with one `text` column and one document per row (read only when needed): `train`,
 `val` (the main validation split), any extra validation splits, and `test` when there is one; or, for a streamed Hub
 corpus, a resumable stream of (split, text). Sources without their own splits are split deterministically by a hash
@@ -9,11 +10,8 @@ of each document's identity (a path, or a row number), so the same files always 
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import json
-import os
-import socket
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,8 +19,10 @@ from typing import Any, Callable, Iterator
 
 import datasets
 
-from training.errors import DataError
-from training.secrets import secret
+from core.errors import DataError, first_line
+from core.hub import hub_reachable, offline_hub
+from core.secrets import secret
+from data.files import expand_files, file_stamps
 
 # Directories of the standard library that hold tests or bundled third-party code, not the library itself.
 STDLIB_EXCLUDED_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
@@ -81,27 +81,6 @@ class MixtureCorpus:
             yield from part.train_texts()
 
 
-def load_corpus(d: Any, mixture: list[tuple[str, float, Any]] = ()) -> TextCorpus | MixtureCorpus | dict:
-    """A text source as a TextCorpus, a mixture of them (`mixture`: each source's name, weight and dataset section),
-    or a notes source as {split: Dataset of pieces}."""
-    datasets.disable_progress_bars()
-    datasets.logging.set_verbosity_error()
-    if d.source == "mixture":
-        return MixtureCorpus([n for n, _, _ in mixture], [w for _, w, _ in mixture],
-                             [load_corpus(c) for _, _, c in mixture], [c for _, _, c in mixture])
-    if d.source in ("music21", "maestro", "midi_files"):
-        from data.note_sources import load_note_corpus
-
-        return load_note_corpus(d)
-    if d.source == "pystdlib":
-        return _pystdlib(d)
-    if d.source == "text_files":
-        return _text_files(d)
-    if d.source == "json_files":
-        return _json_files(d)
-    return _hub(d)
-
-
 def _checked(corpus: dict[str, datasets.Dataset], label: str) -> dict[str, datasets.Dataset]:
     for name in ("train", "val"):
         if len(corpus.get(name, [])) == 0:
@@ -117,15 +96,6 @@ def _capped(corpus: dict[str, datasets.Dataset], d: Any) -> dict[str, datasets.D
 
 def _fingerprint(*parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def _file_stamps(paths: list[str]) -> list:
-    """What identifies files' contents without reading them: path, size and modification time."""
-    stamps = []
-    for path in paths:
-        st = os.stat(path)
-        stamps.append((path, st.st_size, st.st_mtime_ns))
-    return stamps
 
 
 def split_of(identity: str, val_fraction: float, test_fraction: float) -> str:
@@ -147,7 +117,7 @@ def stdlib_files() -> tuple[Path, list[Path]]:
     return root, files
 
 
-def _pystdlib(d: Any) -> TextCorpus:
+def pystdlib_corpus(d: Any) -> TextCorpus:
     root, files = stdlib_files()
     if not files:
         raise DataError(f"dataset pystdlib: no .py files found under {root}; use dataset=text_files instead")
@@ -166,7 +136,7 @@ def _pystdlib(d: Any) -> TextCorpus:
     return _file_corpus("pystdlib", by_split, d)
 
 
-def _text_files(d: Any) -> TextCorpus:
+def text_files_corpus(d: Any) -> TextCorpus:
     """One document per file; a file's split is a hash of its path, so adding a file moves no other one."""
     by_split: dict[str, list[str]] = {}
     for path in expand_files(d.files):
@@ -175,12 +145,12 @@ def _text_files(d: Any) -> TextCorpus:
 
 
 def _file_corpus(label: str, by_split: dict[str, list[str]], d: Any) -> TextCorpus:
-    stamps = {name: _file_stamps(paths) for name, paths in sorted(by_split.items())}
+    stamps = {name: file_stamps(paths) for name, paths in sorted(by_split.items())}
     return TextCorpus(label, _fingerprint("files-v1", stamps, d.max_documents),
                       lambda: _capped(_load_text_files(by_split, d, sample_by="document"), d))
 
 
-def _json_files(d: Any) -> TextCorpus:
+def json_files_corpus(d: Any) -> TextCorpus:
     """JSON / JSON-lines files (datasets' `json` loader): one row per object, split by a hash of the row index."""
     paths = expand_files(d.files)
 
@@ -200,23 +170,8 @@ def _json_files(d: Any) -> TextCorpus:
         return _capped(_hash_split(rows, d), d)
 
     columns = [d.text_column, d.prompt_column, d.completion_column]
-    return TextCorpus(d.name, _fingerprint("json-v1", _file_stamps(paths), columns, d.val_fraction, d.test_fraction,
+    return TextCorpus(d.name, _fingerprint("json-v1", file_stamps(paths), columns, d.val_fraction, d.test_fraction,
                                            d.max_documents), load)
-
-
-def expand_files(patterns: list[str]) -> list[str]:
-    """`dataset.files`: paths, directories (every file under them) or globs -> sorted file paths."""
-    paths: list[str] = []
-    for pattern in patterns:
-        expanded = os.path.expanduser(pattern)
-        if os.path.isdir(expanded):
-            matches = [str(p) for p in sorted(Path(expanded).rglob("*")) if p.is_file()]
-        else:
-            matches = sorted(glob.glob(expanded, recursive=True))
-        if not matches:
-            raise DataError(f"dataset.files: {pattern!r} matches no file")
-        paths.extend(m for m in matches if os.path.isfile(m))
-    return sorted(set(paths))
 
 
 def _load_text_files(by_split: dict[str, list[str]], d: Any, sample_by: str) -> dict[str, datasets.Dataset]:
@@ -243,33 +198,13 @@ def _hash_split(ds: datasets.Dataset, d: Any) -> dict[str, datasets.Dataset]:
     return out
 
 
-def hub_reachable(host: str = "huggingface.co") -> bool:
-    """Whether the Hub's name resolves; no probe at all in offline mode (HF_HUB_OFFLINE=1), which means: never ask."""
-    if datasets.config.HF_HUB_OFFLINE:
-        return False
-    try:
-        socket.getaddrinfo(host, 443)
-        return True
-    except OSError:
-        return False
-
-
-def offline_hub() -> None:
-    """Without this, huggingface_hub retries for ~25 s when the Hub is unreachable; offline mode still reads a
-    local cache and local folders."""
-    import huggingface_hub.constants
-
-    datasets.config.HF_HUB_OFFLINE = True
-    huggingface_hub.constants.HF_HUB_OFFLINE = True
-
-
-def _hub(d: Any) -> TextCorpus:
+def hub_corpus(d: Any) -> TextCorpus:
     label = d.hf_path + (f" ({d.hf_name})" if d.hf_name else "")
     kwargs = dict(path=d.hf_path, name=d.hf_name, data_files=list(d.files) or None,
                   cache_dir=str(Path(d.cache_dir) / "hf"), token=secret("HF_TOKEN"))
     if d.streaming:
         columns = [d.text_column, d.prompt_column, d.completion_column]
-        stamps = _file_stamps(expand_files(d.files)) if d.files else []
+        stamps = file_stamps(expand_files(d.files)) if d.files else []
         fingerprint = _fingerprint("stream-v1", d.hf_path, d.hf_name, d.train_split, stamps, columns, d.val_fraction,
                                    d.test_fraction, d.max_documents, d.max_tokens)
         return TextCorpus(label, fingerprint, None, stream=lambda state: HubStream(d, kwargs, label, state))
@@ -288,7 +223,7 @@ def _hub_call(label: str, d: Any, load: Callable, connect: bool = True):
     except DataError:
         raise
     except Exception as e:  # the Hub raises many types: connection, offline mode, not found, gated, bad config
-        reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        reason = first_line(e)
         raise DataError(
             f"dataset {label}: could not load it from the Hugging Face Hub: {reason}. Offline? Use dataset=pystdlib "
             "or dataset=text_files dataset.files=[...], or download it once online (it is then read from "
@@ -339,7 +274,8 @@ class HubStream:
 
 def _text_column(ds: datasets.Dataset, d: Any, label: str | None = None) -> datasets.Dataset:
     """The column(s) the run reads, renamed to `text`, or to `prompt` and `completion` for fine-tuning records."""
-    wanted = {"prompt_column": "prompt", "completion_column": "completion"} if d.prompt_column else {"text_column": "text"}
+    wanted = ({"prompt_column": "prompt", "completion_column": "completion"} if d.prompt_column
+              else {"text_column": "text"})
     for key in wanted:
         if d[key] not in ds.column_names:
             raise DataError(f"dataset.{key}: {d[key]!r} is not a column of {label or d.hf_path}; it has "

@@ -16,6 +16,7 @@ import numpy as np
 
 from data.notes import Notes, augment, notes_of_row, record_starts, split_at_pauses
 from data.notes_tokenizer import NotesTokenizer
+from data.task_names import CONTINUATION, DYNAMICS, LOWER_VOICES
 
 Task = Callable[[Notes, NotesTokenizer], tuple[list[int], list[int]]]  # notes -> (prompt, target) ids
 
@@ -42,7 +43,7 @@ def lower_voices(notes: Notes, tok: NotesTokenizer) -> tuple[list[int], list[int
     return tok.encode_notes(notes.take(top)), tok.encode_notes(notes.take(~top))
 
 
-TASKS: dict[str, Task] = {"dynamics": dynamics, "continuation": continuation, "lower_voices": lower_voices}
+TASKS: dict[str, Task] = {DYNAMICS: dynamics, CONTINUATION: continuation, LOWER_VOICES: lower_voices}
 
 
 def task_sequence(task: str, notes: Notes, tok: NotesTokenizer) -> list[int]:
@@ -52,7 +53,7 @@ def task_sequence(task: str, notes: Notes, tok: NotesTokenizer) -> list[int]:
 
 class NoteRecords:
     """Every record of a split: pieces split at pauses, then cut into runs of `notes_per_record` notes.
-    `sequence(i, rng)` is the `make_record` of data/records.py."""
+    `sequence(i, rng)` is the `make_record` of data/examples.py `Records`."""
 
     def __init__(self, pieces: datasets.Dataset, tok: NotesTokenizer, notes_per_record: int, pause_threshold: float,
                  context: int, tasks: list[str], task_weights: list[float], max_pitch_shift: int,
@@ -104,7 +105,7 @@ def note_prompt(task: str | None, notes: Notes, tok: NotesTokenizer) -> list[int
     if task is None:
         return tok.encode_notes(notes)
     prompt, _ = TASKS[task](notes, tok)
-    if task == "continuation":  # the prompt is the given notes, not their first half
+    if task == CONTINUATION:  # the prompt is the given notes, not their first half
         prompt = tok.encode_notes(notes)
     return [tok.task_ids[task], *prompt, tok.genai_id]
 
@@ -113,14 +114,14 @@ def notes_from_generation(task: str | None, notes: Notes, generated: list[int], 
     """The piece a generation describes: the prompt's notes with what the model added (for `dynamics`, the same
     notes with the predicted velocities)."""
     given = tok.quantise(notes)
-    if task == "dynamics":
+    if task == DYNAMICS:
         velocities = [int(tok.bin_velocity(v)) for kind, v in map(tok.token_kind, generated) if kind == "velocity"]
         velocity = np.asarray((velocities + given.velocity.tolist()[len(velocities):])[: len(given)])
         return Notes(given.pitch, velocity, given.start, given.end)
-    if task == "lower_voices":
+    if task == LOWER_VOICES:
         given = given.take(top_voice_mask(given))
         added = tok.decode_notes(generated)
-    elif task == "continuation" or task is None:
+    elif task == CONTINUATION or task is None:
         added = tok.decode_notes(generated, start_from=float(given.start[-1]) if len(given) else 0.0)
     else:
         raise ValueError(f"unknown task {task!r}")

@@ -29,7 +29,7 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from training.errors import DataError
+from core.errors import DataError
 
 STORE_VERSION = "token-store-v1"
 COPY_BLOCK = 64 << 20  # bytes per read when shards are joined: constant memory whatever the corpus size

@@ -9,65 +9,17 @@ it (`to_json` / `tokenizer_from_json`), which checkpoints store instead of a pic
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import os
-from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
+from core.errors import DataError
+from data.notes_tokenizer import NotesTokenizer
 from data.token_store import wait_for
-from training.errors import DataError
-
-SPECIAL_TOKENS = ("<EOS>", "<PAD>", "<GENAI>")
-
-
-class Tokenizer(ABC):
-    kind: str
-    vocab_size: int
-    eos_id: int
-    pad_id: int
-    genai_id: int
-
-    @abstractmethod
-    def encode(self, text: str) -> list[int]: ...
-
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return [self.encode(t) for t in texts]
-
-    def encode_documents(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """Documents -> (their ids, each document followed by <EOS>, concatenated; each one's length with <EOS>)."""
-        encoded = self.encode_batch(texts)
-        lengths = np.fromiter((len(ids) + 1 for ids in encoded), np.int64, len(encoded))
-        flat = np.fromiter(itertools.chain.from_iterable(ids + [self.eos_id] for ids in encoded), np.int64,
-                           int(lengths.sum()))
-        return flat, lengths
-
-    @abstractmethod
-    def decode(self, ids: Iterable[int]) -> str:
-        """Text of `ids`; special tokens appear by name, e.g. "<EOS>"."""
-
-    @abstractmethod
-    def token_byte_lengths(self) -> np.ndarray:
-        """[vocab_size] int array: UTF-8 bytes of text each id stands for (0 for special tokens).
-
-        Dividing a summed loss by the summed byte lengths of the targets gives a per-byte loss that compares across
-        tokenizers.
-        """
-
-    @abstractmethod
-    def to_json(self) -> dict: ...
-
-    def fingerprint(self) -> str:
-        """Short stable hash of the description; keys caches of tokenised data."""
-        blob = json.dumps(self.to_json(), sort_keys=True).encode()
-        return hashlib.sha256(blob).hexdigest()[:16]
-
-    @property
-    def special_ids(self) -> dict[str, int]:
-        return {"<EOS>": self.eos_id, "<PAD>": self.pad_id, "<GENAI>": self.genai_id}
+from data.tokenizer_base import SPECIAL_TOKENS, Tokenizer
 
 
 class ByteTokenizer(Tokenizer):
@@ -179,7 +131,8 @@ class Gpt2Tokenizer(Tokenizer):
             raise DataError(
                 "tokenizer gpt2: GPT-2's BPE files could not be fetched "
                 f"({type(e).__name__}; offline?). Copy tiktoken's cache from a machine online and set "
-                "TIKTOKEN_CACHE_DIR to it, or use dataset.tokenizer=bpe (trained on your data) or dataset.tokenizer=byte"
+                "TIKTOKEN_CACHE_DIR to it, or use dataset.tokenizer=bpe (trained on your data) or "
+                "dataset.tokenizer=byte"
             ) from None
         self.eos_id = base.eot_token
         self.pad_id, self.genai_id = self.eos_id + 1, self.eos_id + 2
@@ -230,8 +183,6 @@ def tokenizer_from_json(desc: dict) -> Tokenizer:
     if kind == "gpt2":
         return Gpt2Tokenizer()
     if kind == "notes":
-        from data.notes_tokenizer import NotesTokenizer
-
         return NotesTokenizer.from_json(desc)
     raise DataError(f"tokenizer description has unknown kind {kind!r} (expected byte, bpe, gpt2 or notes)")
 

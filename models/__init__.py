@@ -1,4 +1,6 @@
-"""Model registry: `model.arch` names a builder `(run config, vocab_size, key) -> model`."""
+"""Models: the Equinox GPT-2 (gpt.py, attention.py), generation (sampling.py, decode.py with a KV cache) and
+transformers interop (hf.py). This module is the registry: `model.arch` names a builder `(run config, vocab_size,
+key) -> model`. Models import only core/; the tokenizer's vocabulary size is all they know of the data."""
 
 from __future__ import annotations
 
@@ -8,8 +10,8 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
+from core.errors import ConfigError
 from models.gpt import GPT, GPTConfig
-from training.errors import ConfigError
 
 
 def build_gpt(cfg: Any, vocab_size: int, key: jax.Array) -> GPT:

@@ -17,8 +17,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from core.errors import ConfigError, DataError, first_line
+from core.hub import hub_reachable
 from models.gpt import GPT, INIT_STD, Block, GPTConfig, LayerNorm, Linear
-from training.errors import ConfigError, DataError
 
 HF_PREFIX = "hf:"
 HF_FILES = ("config.json", "model.safetensors")
@@ -107,14 +108,12 @@ def resolve_hf(name: str, cache_dir: str) -> Path:
         return local
     from huggingface_hub import snapshot_download
 
-    from data.sources import hub_reachable
-
     try:
         if not hub_reachable():
             raise OSError("the Hugging Face Hub is unreachable")
         return Path(snapshot_download(name, allow_patterns=list(HF_FILES), cache_dir=str(Path(cache_dir) / "hf")))
     except Exception as e:  # connection, offline mode, not found, gated
-        reason = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+        reason = first_line(e, 160)
         raise DataError(f"init_from=hf:{name}: not a local folder, and the Hub download failed ({reason}); offline, "
                         "pass a folder with config.json and model.safetensors") from None
 

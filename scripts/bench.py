@@ -25,10 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import jax  # noqa: E402
 
+from core.errors import PipelineError  # noqa: E402
 import train_jax  # noqa: E402
 from models.gpt import count_params  # noqa: E402
 from training import config as config_lib  # noqa: E402
-from training.errors import PipelineError  # noqa: E402
 from training.flops import MFU_FORMULA, flops_per_token, mfu, peak_flops  # noqa: E402
 from training.sharding import put_batch  # noqa: E402
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from core.errors import PipelineError  # noqa: E402
 from models.hf import export_hf  # noqa: E402
-from training.errors import PipelineError  # noqa: E402
 from training.trained import load_trained  # noqa: E402
 
 

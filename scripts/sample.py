@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from core.errors import DataError, PipelineError  # noqa: E402
 from models.decode import generate  # noqa: E402
-from training.errors import DataError, PipelineError  # noqa: E402
 from training.trained import Trained, load_trained  # noqa: E402
 
 
@@ -98,11 +98,12 @@ def sample_notes(trained: Trained, args: argparse.Namespace) -> int:
 
 def _first_record(cfg, tok, split: str | None):
     """The notes of the first record of a validation split of the run's own dataset (parsed data comes from cache)."""
-    from data.note_sources import FULL_VAL_SPLIT, load_note_corpus
+    from data.corpus import load_corpus
+    from data.note_sources import FULL_VAL_SPLIT
     from data.tasks import NoteRecords
 
     split = split or FULL_VAL_SPLIT
-    corpus = load_note_corpus(cfg.dataset)
+    corpus = load_corpus(cfg.dataset)
     if split not in corpus:
         raise DataError(f"--prompt-split: {split!r} is not a split of {cfg.dataset.name}; it has {', '.join(corpus)}")
     records = NoteRecords(corpus[split], tok, cfg.data.notes_per_record, cfg.dataset.pause_detection_threshold,

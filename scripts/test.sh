@@ -2,7 +2,7 @@
 # The test suite, exactly as CI runs it. Extra arguments go to pytest, e.g.: bash scripts/test.sh -k resume
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source activate_env.sh
-python check_env.py
+source activate_env.sh test  # training's packages + requirements-test.txt (torch, transformers, pytest, ...)
+python check_env.py --test
 # Two workers: most tests wait on subprocess start-up and compilation, which a second core overlaps.
 python -m pytest -n "${PYTEST_WORKERS:-2}" "$@"

@@ -1,8 +1,26 @@
 #!/usr/bin/env bash
 # Train a small GPT-2 (gpt2-micro) on the Python standard library end to end, then print what it learned.
 # Extra arguments are Hydra overrides, e.g.: bash scripts/train_lm.sh train.max_steps=100 model=gpt2-tiny
+# log_data (trainit's switch; set it below, or pass log_data=true): true also logs the gradient / parameter / update
+# norms (logging.log_callback_data); false logs no training statistics at all (every logging statistics knob off).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+log_data=false
+overrides=()
+for arg in "$@"; do
+    case "$arg" in
+        log_data=*) log_data="${arg#log_data=}" ;;
+        *) overrides+=("$arg") ;;
+    esac
+done
+case "${log_data,,}" in
+    true) statistics=(logging.log_callback_data=true) ;;
+    false) statistics=(logging.log_callback_data=false logging.store_last_grads=false logging.store_past_grads=false
+                       logging.store_last_params=false logging.compute_last_loss=false logging.compute_last_grads=false
+                       logging.running_stats_window=0) ;;
+    *) echo "error: log_data: must be true or false; got '$log_data'" >&2; exit 2 ;;
+esac
 
 t0=$SECONDS
 source activate_env.sh
@@ -15,7 +33,7 @@ t1=$SECONDS
 # and stops.
 python train_jax.py model=gpt2-micro train.max_steps=320 train.eval_interval=160 \
     optimizer.lr_config.lr=3e-3 optimizer.lr_config.min_lr=3e-4 optimizer.lr_config.warmup=20 \
-    logging.run_dir="$run_dir" train.max_training_hours=0.15 "$@"
+    logging.run_dir="$run_dir" train.max_training_hours=0.15 "${statistics[@]}" ${overrides[@]+"${overrides[@]}"}
 echo "training took $((SECONDS - t1)) s; run directory: $run_dir"
 
 python scripts/sample.py "$run_dir" --which best --prompt "def " --prompt "class " --prompt "import " \

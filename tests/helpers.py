@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -109,6 +110,18 @@ def run_cli(args: list[str], timeout: float = 300, env: dict | None = None, cwd:
     proc = spawn([sys.executable, str(ROOT / script), *args], env=env, cwd=cwd, stdout=subprocess.PIPE,
                  stderr=subprocess.PIPE, text=True, preexec_fn=preexec_fn)
     return communicate(proc, timeout)
+
+
+def repo_copy(dest: Path) -> Path:
+    """A copy of the checkout's files (tracked, and untracked ones git does not ignore) at `dest`: for tests that add
+    files to the project as a user would, which must never write into the checkout."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            check=True, capture_output=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        if (ROOT / name).is_file():  # a file deleted in the working tree is still listed until the change is staged
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, dest / name)
+    return dest
 
 
 def read_metrics(run_dir: Path, split: str | None = None) -> list[dict]:

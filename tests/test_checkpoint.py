@@ -8,9 +8,9 @@ import numpy as np
 import optax
 import pytest
 
+from core.errors import CheckpointError
 from models.gpt import GPT, GPTConfig
 from training.checkpoint import Checkpointer
-from training.errors import CheckpointError
 from training.precision import LossScale
 from training.state import TrainState
 

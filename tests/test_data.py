@@ -5,10 +5,12 @@ import socket
 import numpy as np
 import pytest
 
-from data.packing import EvalBatches, TrainBatches
-from data.sources import load_corpus, split_of, stdlib_files
+from core.errors import DataError
+from data.batches import EvalBatches, TrainBatches
+from data.corpus import load_corpus
+from data.examples import Examples, Records, Windows
+from data.sources import split_of, stdlib_files
 from training.config import load_config
-from training.errors import DataError
 
 PAD = 257
 
@@ -37,63 +39,88 @@ def test_pystdlib_holds_out_whole_packages_as_extra_validation_splits(data_cache
     assert "class JSONDecoder" not in joined  # json/decoder.py lives in the json split only
 
 
+def augmented_record(index: int, rng: np.random.Generator | None) -> list[int]:
+    """Record `index` opens with its index; in training a random tail (drawn from rng) follows, so the batch shows
+    whether a record's augmentation is a function of (seed, sample)."""
+    return [index % 256, *(rng.integers(0, 256, rng.integers(1, 11)).tolist() if rng is not None else [])]
 
 
-def test_train_batch_is_a_pure_function_of_seed_and_step():
-    a = TrainBatches(stream(), 16, 4, 1, 0, 1, seed=3, pad_id=PAD)
-    b = TrainBatches(stream(), 16, 4, 1, 0, 1, seed=3, pad_id=PAD)
+def examples(kind: str) -> Examples:
+    """Both kinds of numbered examples: windows of a packed stream, and augmented records padded to 16 + 1."""
+    return Windows(stream(), 16, PAD) if kind == "windows" else Records(300, augmented_record, 16, PAD)
+
+
+KINDS = ["windows", "records"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_train_batch_is_a_pure_function_of_seed_and_step(kind):
+    a = TrainBatches(examples(kind), 4, 1, 0, 1, seed=3)
+    b = TrainBatches(examples(kind), 4, 1, 0, 1, seed=3)
     for step in (0, 7, 100, 5):
         for key in ("inputs", "targets", "loss_mask"):
             np.testing.assert_array_equal(a.batch(step)[key], b.batch(step)[key])
-    c = TrainBatches(stream(), 16, 4, 1, 0, 1, seed=4, pad_id=PAD)
+    c = TrainBatches(examples(kind), 4, 1, 0, 1, seed=4)
     assert not np.array_equal(a.batch(0)["inputs"], c.batch(0)["inputs"])
 
 
 def test_batch_shapes_and_targets_are_inputs_shifted():
     data = stream()
-    batches = TrainBatches(data, 16, 4, 2, 0, 1, seed=0, pad_id=PAD)
+    batches = TrainBatches(Windows(data, 16, PAD), 4, 2, 0, 1, seed=0)
     batch = batches.batch(3)
     assert batch["inputs"].shape == (2, 4, 16) and batch["inputs"].dtype == np.int32
     np.testing.assert_array_equal(batch["inputs"][..., 1:], batch["targets"][..., :-1])
     assert batch["loss_mask"].min() == 1.0  # packed pretraining data has no padding
 
 
-def test_processes_slice_the_single_process_batch():
-    full = TrainBatches(stream(), 16, 8, 2, 0, 1, seed=0, pad_id=PAD).batch(5)
-    parts = [TrainBatches(stream(), 16, 4, 2, p, 2, seed=0, pad_id=PAD).batch(5) for p in range(2)]
-    np.testing.assert_array_equal(np.concatenate([p["inputs"] for p in parts], axis=1), full["inputs"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_processes_slice_the_single_process_batch(kind):
+    full = TrainBatches(examples(kind), 8, 2, 0, 1, seed=0).batch(5)
+    parts = [TrainBatches(examples(kind), 4, 2, p, 2, seed=0).batch(5) for p in range(2)]
+    for key in ("inputs", "loss_mask"):
+        np.testing.assert_array_equal(np.concatenate([p[key] for p in parts], axis=1), full[key])
 
 
-def test_accumulated_micro_batches_are_the_big_batch():
-    micro = TrainBatches(stream(), 16, 4, 3, 0, 1, seed=0, pad_id=PAD).batch(2)["inputs"]
-    big = TrainBatches(stream(), 16, 12, 1, 0, 1, seed=0, pad_id=PAD).batch(2)["inputs"]
+@pytest.mark.parametrize("kind", KINDS)
+def test_accumulated_micro_batches_are_the_big_batch(kind):
+    micro = TrainBatches(examples(kind), 4, 3, 0, 1, seed=0).batch(2)["inputs"]
+    big = TrainBatches(examples(kind), 12, 1, 0, 1, seed=0).batch(2)["inputs"]
     np.testing.assert_array_equal(micro.reshape(1, 12, 16), big)
+
+
+def test_an_epoch_visits_every_record_once_and_pads_short_ones():
+    batches = TrainBatches(Records(300, augmented_record, 16, PAD), 5, 1, 0, 1, seed=1)
+    firsts = np.concatenate([batches.batch(step)["inputs"][0, :, 0] for step in range(60)])
+    assert sorted(firsts.tolist()) == sorted(i % 256 for i in range(300))  # 300 samples: every record once
+    batch = batches.batch(0)
+    lengths = (batch["inputs"] != PAD).sum(-1)
+    np.testing.assert_array_equal(batch["loss_mask"].sum(-1), lengths - 1)  # no target past the record's end
 
 
 def test_an_epoch_visits_every_window_once():
     data = np.arange(16 * 50 + 40, dtype=np.int64) % 60000  # distinct values identify windows
-    batches = TrainBatches(data.astype(np.uint16), 16, 5, 1, 0, 1, seed=1, pad_id=PAD)
+    batches = TrainBatches(Windows(data.astype(np.uint16), 16, PAD), 5, 1, 0, 1, seed=1)
     starts = []
-    for step in range(batches.num_windows // 5):
+    for step in range(batches.examples.num_examples // 5):
         starts.extend(batches.batch(step)["inputs"][0, :, 0].tolist())
-    assert len(set(starts)) == len(starts) == (batches.num_windows // 5) * 5
+    assert len(set(starts)) == len(starts) == (batches.examples.num_examples // 5) * 5
     assert all(s % 16 == starts[0] % 16 for s in starts)  # one epoch, one offset
 
 
 def test_eval_batches_are_fixed_and_padded():
     data = stream(16 * 10 + 1)
-    ev = EvalBatches(data, 16, 4, num_batches=5, process_index=0, process_count=1, pad_id=PAD)
+    ev = EvalBatches(Windows(data, 16, PAD), 4, num_batches=5, process_index=0, process_count=1)
     batches = list(ev)
     assert len(batches) == len(ev) == 3  # all 10 windows, in batches of 4
     np.testing.assert_array_equal(batches[0]["inputs"][0], data[:16])
     assert batches[2]["loss_mask"][:2].min() == 1 and batches[2]["loss_mask"][2:].max() == 0
-    again = list(EvalBatches(data, 16, 4, 5, 0, 1, PAD))
+    again = list(EvalBatches(Windows(data, 16, PAD), 4, 5, 0, 1))
     np.testing.assert_array_equal(again[1]["targets"], batches[1]["targets"])
 
 
 def test_eval_windows_spread_over_the_whole_split():
     data = np.arange(16 * 100 + 1, dtype=np.int64).astype(np.uint16)
-    ev = EvalBatches(data, 16, 5, num_batches=2, process_index=0, process_count=1, pad_id=PAD)
+    ev = EvalBatches(Windows(data, 16, PAD), 5, num_batches=2, process_index=0, process_count=1)
     starts = np.concatenate([b["inputs"][:, 0] for b in ev])
     np.testing.assert_array_equal(starts, np.arange(10) * 160)  # 10 of 100 windows, every 10th
 
@@ -119,7 +146,7 @@ def test_the_hub_is_probed_only_outside_offline_mode(monkeypatch):
     Hub code paths offline at once (instead of huggingface_hub's retries)."""
     import datasets
 
-    from data.sources import hub_reachable
+    from core.hub import hub_reachable
 
     lookups = []
 

@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
+from core.errors import ConfigError
 from helpers import build, read_metrics, run_cli, tiny_overrides
 from training import config as config_lib
-from training.errors import ConfigError
 from training.run import plan_run, restore_state
 
 import torch  # noqa: E402  pinned CPU wheels (requirements.txt): a missing one fails here, never skips

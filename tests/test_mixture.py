@@ -4,11 +4,12 @@ per source; tokens seen per source; exact resume."""
 import numpy as np
 import pytest
 
+from core.errors import ConfigError
+from data.batches import EvalBatches, TrainBatches, allot
+from data.examples import Windows
 from data.mixture import MIXTURE_BLOCK, MixtureTrainBatches
-from data.packing import EvalBatches, TrainBatches, allot
 from helpers import ROOT, build, read_metrics, run_cli, tiny_overrides
 from training.config import load_config
-from training.errors import ConfigError
 
 PAD = 257
 
@@ -19,7 +20,7 @@ def sources(n_sources=3, context=16):
 
 
 def mixture(weights, batch_size=8, accum=1, process=0, processes=1, seed=0, context=16):
-    trains = [TrainBatches(t, context, batch_size, accum, process, processes, (seed, i), PAD)
+    trains = [TrainBatches(Windows(t, context, PAD), batch_size, accum, process, processes, (seed, i))
               for i, t in enumerate(sources(len(weights), context))]
     return MixtureTrainBatches([f"s{i}" for i in range(len(weights))], weights, trains, batch_size, accum, process,
                                processes, seed)
@@ -73,7 +74,8 @@ def test_rows_come_from_the_drawn_source_and_tokens_seen_counts_them():
 
 def test_a_mixed_evaluation_set_takes_each_sources_share_of_windows():
     a, b = sources(2)
-    ev = EvalBatches([a, b], 16, 4, num_batches=4, process_index=0, process_count=1, pad_id=PAD, weights=[3, 1])
+    ev = EvalBatches([Windows(a, 16, PAD), Windows(b, 16, PAD)], 4, num_batches=4, process_index=0, process_count=1,
+                     weights=[3, 1])
     firsts = np.concatenate([batch["inputs"][:, 0] for batch in ev])
     assert np.bincount(firsts, minlength=2).tolist() == [12, 4]
 

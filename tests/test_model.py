@@ -116,7 +116,7 @@ MASKED_BACKENDS = ["xla", "blocked"] + (["cudnn"] if jax.default_backend() == "g
 def test_with_document_masking_a_documents_logits_ignore_what_precedes_it(attention):
     """Two windows end with the same document after different ones: with segment ids its logits agree (attention
     stays inside it, its positions restart at 0); without them they differ."""
-    from data.packing import window_batch
+    from data.examples import token_batch
 
     cfg = GPTConfig(vocab_size=259, n_layer=2, n_head=2, n_embd=64, context_size=256, attention=attention)
     model = GPT.init(cfg, jax.random.PRNGKey(0))
@@ -128,7 +128,7 @@ def test_with_document_masking_a_documents_logits_ignore_what_precedes_it(attent
     doc = rng.integers(0, 256, 149)
     windows = np.stack([np.concatenate([rng.integers(0, 256, 106), [eos], doc, [eos]]),
                         np.concatenate([rng.integers(0, 256, 50), [eos], doc, [eos], rng.integers(0, 256, 56)])])
-    batch = window_batch(windows, pad_id=257, eos_id=eos)
+    batch = token_batch(windows, pad_id=257, eos_id=eos)
     assert batch["segment_ids"][0, 106] == 0 and batch["segment_ids"][0, 107] == 1  # <EOS> ends its document
     masked = model(jnp.asarray(batch["inputs"]), segment_ids_BT=jnp.asarray(batch["segment_ids"]))
     plain = model(jnp.asarray(batch["inputs"]))

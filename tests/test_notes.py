@@ -6,10 +6,11 @@ import mido
 import numpy as np
 import pytest
 
+from data.examples import Records
 from data.midi import read_midi, write_midi
 from data.notes import Notes, augment, record_starts, split_at_pauses
 from data.notes_tokenizer import NotesTokenizer
-from data.records import record_batch
+from data.task_names import TASK_NAMES
 from data.tasks import TASKS, task_sequence, top_voice_mask
 from data.tokenizers import tokenizer_from_json
 
@@ -131,13 +132,22 @@ def test_the_fine_tuning_mask_covers_exactly_the_target_tokens(task, bach_choral
     ids = task_sequence(task, notes, tok)
     assert ids == [tok.task_ids[task], *prompt, tok.genai_id, *target, tok.eos_id]
     context = len(ids) + 10  # room for padding after the record
-    batch = record_batch([ids], context, tok.pad_id, tok.genai_id, finetuning=True)
+    finetuning = Records(1, lambda i, rng: ids, context, tok.pad_id, genai_id=tok.genai_id)
+    batch = finetuning.batch(finetuning.rows(np.zeros(1, np.int64)))
     masked = batch["targets"][0][batch["loss_mask"][0] > 0].tolist()
     assert masked == [*target, tok.eos_id]
     first = int(np.flatnonzero(batch["loss_mask"][0])[0])
     assert batch["inputs"][0][first] == tok.genai_id  # the first counted target is the one right after <GENAI>
-    pretraining = record_batch([ids], context, tok.pad_id, tok.genai_id, finetuning=False)
-    assert pretraining["loss_mask"][0].sum() == len(ids) - 1  # every real target, no padding
+    pretraining = Records(1, lambda i, rng: ids, context, tok.pad_id)
+    pretraining_mask = pretraining.batch(pretraining.rows(np.zeros(1, np.int64)))["loss_mask"][0]
+    assert pretraining_mask.sum() == len(ids) - 1  # every real target, no padding
+
+
+def test_every_task_name_has_its_task_and_its_own_token():
+    tok = NotesTokenizer()
+    assert list(TASKS) == list(TASK_NAMES)
+    assert sorted(tok.task_ids.values()) == list(range(3, 3 + len(TASK_NAMES)))  # after <EOS>, <PAD>, <GENAI>
+    assert [tok.token_kind(tok.task_ids[name]) for name in TASK_NAMES] == [("task", i) for i in range(len(TASK_NAMES))]
 
 
 def test_tasks_pose_what_they_promise(bach_chorale):

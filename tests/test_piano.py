@@ -12,12 +12,12 @@ import mido
 import numpy as np
 import pytest
 
+from core.errors import ConfigError
 from data.notes import Notes
-from data.note_sources import load_note_corpus
+from data.corpus import load_corpus
 from helpers import build, read_metrics, run_cli, tiny_overrides
 from training import config as config_lib
 from training.checkpoint import Checkpointer
-from training.errors import ConfigError
 from training.run import plan_run, restore_state
 
 pytestmark = pytest.mark.e2e
@@ -159,7 +159,7 @@ def test_the_maestro_layout_loads_from_a_local_folder_through_the_hub_code_path(
     })
     cfg = config_lib.load_config(["dataset=maestro", f"dataset.base_dataset_name={tmp_path / 'maestro'}",
                                   f"dataset.cache_dir={tmp_path / 'cache'}"])
-    corpus = load_note_corpus(cfg.dataset)
+    corpus = load_corpus(cfg.dataset)
     assert list(corpus) == ["train", "full", "bach", "chopin", "test"]
     assert [len(corpus[s]) for s in corpus] == [3, 3, 1, 1, 1]
     assert corpus["chopin"][0]["composer"] == "Frédéric Chopin"

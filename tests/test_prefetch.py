@@ -5,12 +5,13 @@ import threading
 import numpy as np
 import pytest
 
-from data.packing import TrainBatches
+from data.batches import TrainBatches
+from data.examples import Windows
 from data.prefetch import Prefetcher
 
 
 def test_prefetched_batches_are_the_direct_batches_in_order():
-    source = TrainBatches(np.arange(5000).astype(np.uint16) % 300, 16, 4, 2, 0, 1, seed=0, pad_id=257)
+    source = TrainBatches(Windows(np.arange(5000).astype(np.uint16) % 300, 16, pad_id=257), 4, 2, 0, 1, seed=0)
     prefetcher = Prefetcher(source.batch, 3, 12, depth=2)
     for step in range(3, 12):
         np.testing.assert_array_equal(prefetcher.get(step)["inputs"], source.batch(step)["inputs"])

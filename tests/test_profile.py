@@ -5,9 +5,9 @@ import json
 
 import pytest
 
+from core.errors import ConfigError
 from helpers import run_cli, tiny_overrides
 from training.config import load_config, validate
-from training.errors import ConfigError
 
 
 def outermost(events, name):

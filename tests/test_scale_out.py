@@ -120,7 +120,7 @@ def test_a_launchers_environment_gives_the_process_layout(launcher, monkeypatch)
         monkeypatch.setenv(name, value)
     joined = []
 
-    def initialize(coordinator_address, num_processes, process_id, initialization_timeout):
+    def initialize(coordinator_address, num_processes, process_id, initialization_timeout, **_):
         address = coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS")  # as jax.distributed does
         joined.append(clusters.ClusterEnv.auto_detect_unset_distributed_params(
             address, num_processes, process_id, None, None, initialization_timeout)[:3])

@@ -1,6 +1,7 @@
 """Every tool in scripts/ runs once on the smallest config, as a script (`__main__`), in this process; the set-up
 script reuses a Python that already has everything. (train_lm.sh and the piano scripts are full training runs;
-bench_loop.py and bench_data.py time subprocess runs; launch_multihost.sh: test_scale_out.py.)"""
+bench_loop.py and bench_data.py time subprocess runs; launch_multihost.sh: test_scale_out.py; eval_harness.py:
+test_harness.py.)"""
 
 from __future__ import annotations
 
@@ -83,16 +84,30 @@ def test_sample_and_export_take_the_checkpoint_named_by_which(trained, tmp_path,
         assert np.array_equal(exported, wte) == (step == 4)
 
 
-def test_activate_env_uses_a_python_that_already_has_everything(tmp_path):
-    """No .venv and a Python that imports every pinned package (a GPU image, say): activate_env.sh uses it as it
-    is, installs nothing, creates nothing, and puts the checkout on PYTHONPATH."""
-    for name in ("activate_env.sh", "requirements.txt"):
+ENV_FILES = ("activate_env.sh", "requirements.txt", "requirements-test.txt", "requirements-eval.txt")
+
+
+def _activate(tmp_path, which: str, env: dict) -> subprocess.CompletedProcess:
+    for name in ENV_FILES:
         shutil.copy(ROOT / name, tmp_path / name)
-    proc = spawn(["bash", "-c", 'source activate_env.sh && echo "PYTHONPATH=$PYTHONPATH"'], cwd=tmp_path,
-                 env={"PYTHON": sys.executable}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    result = communicate(proc, timeout=120)
+    proc = spawn(["bash", "-c", f'source activate_env.sh {which} && echo "PYTHONPATH=$PYTHONPATH"'], cwd=tmp_path,
+                 env={"PYTHON": sys.executable, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return communicate(proc, timeout=120)
+
+
+@pytest.mark.parametrize("which,hidden", [("", "torch"), ("test", None)], ids=["training without torch", "test"])
+def test_activate_env_uses_a_python_that_already_has_everything(which, hidden, tmp_path):
+    """No .venv and a Python that imports every package of the set (a GPU image, say): activate_env.sh uses it as it
+    is, installs nothing, creates nothing, and puts the checkout on PYTHONPATH. Training's set asks for neither torch
+    nor the test tools (here hidden from that Python)."""
+    env = {}
+    if hidden:
+        (tmp_path / "hide" / hidden).mkdir(parents=True)
+        (tmp_path / "hide" / hidden / "__init__.py").write_text(f"raise ImportError('{hidden} is hidden')\n")
+        env["PYTHONPATH"] = str(tmp_path / "hide")
+    result = _activate(tmp_path, which, env)
     assert result.returncode == 0, result.stderr
     assert result.stderr.strip() == (f"activate_env: using {sys.executable} (its packages already import; nothing "
                                       "installed)")
     assert result.stdout.strip().split("=", 1)[1].split(":")[0] == str(tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["activate_env.sh", "requirements.txt"]  # no .venv
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "hide") == sorted(ENV_FILES)  # no .venv

@@ -8,9 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from core.errors import ConfigError
 from helpers import build, tiny_overrides
 from training import config as config_lib
-from training.errors import ConfigError
 from training.sharding import put_batch
 from training.stats import statistics_of
 from training.step import mean_loss

@@ -186,7 +186,7 @@ def test_document_mask_reaches_the_train_and_eval_steps(data_cache, tmp_path):
     models = {}
     for masked in (False, True):
         parts = build(tiny_overrides(data_cache, "dataset=text_files", f"dataset.files=[{tmp_path}]",
-                                     "dataset.max_documents=null", "dataset.test_fraction=0",
+                                     "dataset.max_documents=null", "dataset.test_fraction=0", "dataset.val_fraction=0.3",
                                      f"dataset.document_mask={str(masked).lower()}",
                                      "train.grad_accum_steps=2", "train.batch_size=4"))
         batch = parts.data.train.batch(0)

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from data.corpus import load_corpus
 from data.packing import tokenized_corpus
-from data.sources import load_corpus
 from data.token_store import token_dtype
 from data.tokenizers import ByteTokenizer, build_tokenizer
 from helpers import spawn
@@ -26,7 +26,7 @@ import sys, time
 sys.path.insert(0, {root!r})
 from data.tokenizers import ByteTokenizer
 from data.packing import tokenized_corpus
-from data.sources import load_corpus
+from data.corpus import load_corpus
 from training.config import load_config
 encode = ByteTokenizer.encode_documents
 def slow(self, texts):

@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 
+from core.errors import DataError
 from data.tokenizers import ByteTokenizer, Gpt2Tokenizer, build_tokenizer, tokenizer_from_json
-from training.errors import DataError
 
 TEXTS = [
     "def f(x):\n    return x ** 2  # square\n",

@@ -18,10 +18,10 @@ from typing import Any
 
 import jax
 
+from core.errors import PipelineError
 from training import config as config_lib
 from training.checkpoint import Checkpointer, checkpoint_meta
 from training.clock import RunClock
-from training.errors import PipelineError
 from training.evaluate import evaluate
 from training.flops import MFU_CONVENTION, MFU_FORMULA, flops_per_token, mfu, peak_flops
 from training.logs import RunLogger, describe_run, eval_table
@@ -56,10 +56,11 @@ class TrainingRun:
                     for step, _ in plan.resume.passed_over:  # damaged steps this run will write again
                         self.checkpointer.set_aside(step)
         t = cfg.train
-        self.log = RunLogger(cfg, plan.run_dir, t.max_steps, int(state.step), self.is_main,
+        self.end = segment_end(cfg, int(state.step))
+        self.log = RunLogger(cfg, plan.run_dir, self.end, int(state.step), self.is_main,
                              carried_over(self.resumed, "wandb_id", None))
         self.tokens_per_step = pipeline.data.train.global_batch * config_lib.context_size(cfg)
-        self.clock = RunClock(started, t.max_training_hours, self.tokens_per_step, t.max_steps)
+        self.clock = RunClock(started, t.max_training_hours, self.tokens_per_step, self.end)
         self.signals = StopRequest()
         self.flops = flops_per_token(state.model, config_lib.context_size(cfg))
         self.peak = peak_flops(jax.devices()[0].device_kind, cfg.system.dtype, cfg.system.peak_flops)
@@ -146,6 +147,9 @@ class TrainingRun:
                                  self.p.schedule):
             self.log.info(line)
         self.log.info(f"MFU counts {MFU_FORMULA[MFU_CONVENTION]} FLOPs per token: {self.flops / 1e6:.1f} MFLOP")
+        if self.end < self.cfg.train.max_steps:
+            self.log.info(f"segment    checkpoint.num_steps={self.cfg.checkpoint.num_steps}: steps {loop.step + 1} to "
+                          f"{self.end} of train.max_steps={self.cfg.train.max_steps}")
         self.profiler.at_start(loop.step, loop.state)
         if self.cfg.train.eval_at_start and loop.step == 0:  # the curves' starting point, e.g. init_from's weights
             self.log.eval(0, evaluate(self.p.eval_step, loop.state.model, self.p.data.evals, self.p.mesh,
@@ -164,6 +168,12 @@ class TrainingRun:
             self.log.info(f"stopped at step {loop.step} ({loop.stop}){where}")
         if loop.results is not None and loop.stop in (None, "time limit"):
             self.log.info(f"final evaluation at step {loop.step}:\n{eval_table(loop.results)}")
+        segment_done = loop.stop is None and loop.step < self.cfg.train.max_steps
+        if segment_done:
+            where = f"; checkpoint saved to {self.plan.save_path}, checkpoint.load=True continues" \
+                if self.checkpointer else ""
+            self.log.info(f"trained checkpoint.num_steps={self.cfg.checkpoint.num_steps} steps, to step {loop.step} of "
+                          f"train.max_steps={self.cfg.train.max_steps}{where}")
         if by_source := self.p.data.tokens_by_source(loop.step):
             self.log.info("training tokens per source: " + ", ".join(
                 f"{name} {n:,} ({n / max(sum(by_source.values()), 1):.1%})" for name, n in by_source.items()))
@@ -172,8 +182,8 @@ class TrainingRun:
         if self.is_main:
             from models.gpt import count_params
 
-            finish_run(self.plan.run_dir, self.checkpointer, loop.stop, time.time() - self.started,
-                       count_params(loop.state.model), MFU_FORMULA[MFU_CONVENTION])
+            finish_run(self.plan.run_dir, self.checkpointer, "checkpoint.num_steps" if segment_done else loop.stop,
+                       time.time() - self.started, count_params(loop.state.model), MFU_FORMULA[MFU_CONVENTION])
 
     def close(self) -> None:
         self.signals.uninstall()
@@ -181,6 +191,13 @@ class TrainingRun:
             self.checkpointer.close()
         if self.lock is not None:
             self.lock.release()
+
+
+def segment_end(cfg: Any, first_step: int) -> int:
+    """The step this invocation trains to: train.max_steps, or, with checkpoint.num_steps (trainit's steps of one
+    checkpointed run), that many steps after the one it starts from, if sooner. The schedule still spans max_steps."""
+    num_steps = cfg.checkpoint.num_steps
+    return cfg.train.max_steps if num_steps is None else min(first_step + num_steps, cfg.train.max_steps)
 
 
 def _token_weighted(fetched: list[dict], name: str) -> float:

@@ -35,7 +35,8 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as policies
 
-from training.errors import CheckpointError
+from core.errors import CheckpointError, first_line
+from training.config import load_file_step
 from training.storage import DISK_FULL_ERRNOS
 
 # Orbax reports routine events (read-only opens, ...) as warnings, and a failed background save as errors with the
@@ -117,7 +118,7 @@ class Checkpointer:
             text = str(e)
             code = re.search(r"os_error_code='(\d+)'", text)
             reason = (os.strerror(int(code.group(1))) + (" (disk full?)" if int(code.group(1)) in DISK_FULL_ERRNOS
-                                                         else "")) if code else _first_line(text, e)
+                                                         else "")) if code else first_line(e, 160)
             complete = [s for s in self._manager.all_steps() if s != self._saving]
             last = f"the last complete one, step {max(complete)}, is intact" if complete else "no complete one yet"
             self._failed = CheckpointError(
@@ -137,7 +138,7 @@ class Checkpointer:
         return sorted(self._manager.all_steps())
 
     def resolve(self, load_file: str) -> int:
-        """`latest`, `best` or a step number -> a step that exists here."""
+        """`latest`, `best`, a step number or iter_<step>.ckpt -> a step that exists here."""
         steps = self.steps()
         if not steps:
             raise CheckpointError(f"checkpoint.load_path: {self.directory} holds no complete checkpoint")
@@ -146,7 +147,7 @@ class Checkpointer:
         if load_file == "best":
             best = self._manager.best_step()
             return best if best is not None else steps[-1]
-        step = int(load_file)
+        step = load_file_step(load_file)
         if step not in steps:
             raise CheckpointError(
                 f"checkpoint.load_file: step {step} is not in {self.directory}; it has {', '.join(map(str, steps))}"
@@ -198,16 +199,12 @@ class Checkpointer:
             if not (self.directory / str(step) / part).is_dir():
                 raise CheckpointError(f"checkpoint {self.directory}/{step}: its {part} is missing (an incomplete or "
                                       "damaged checkpoint)") from None
-            reason = _first_line(str(e).split(" See full TensorStore details")[0], e)
+            reason = first_line(e, 160, str(e).split(" See full TensorStore details")[0])
             hint = {"model": "a different model, or a corrupt/truncated checkpoint",
                     "opt_state": "a different optimizer? checkpoint.overwrite_optimizer=True starts a fresh one",
                     "progress": "corrupt or truncated?", STATS: "other statistics knobs"}[part]
             raise CheckpointError(f"checkpoint {self.directory}/{step}: its {part} does not restore ({hint}): {reason}"
                                   ) from None
-
-
-def _first_line(text: str, e: BaseException) -> str:
-    return text.strip().splitlines()[0][:160] if text.strip() else type(e).__name__
 
 
 def _drop_abandoned_io() -> None:

@@ -26,10 +26,11 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
+from core.errors import PipelineError, first_line
 from training import config_help  # noqa: F401  (registers the resolver that --help's template uses)
 from training import config as config_lib
 from training import sweep
-from training.errors import PipelineError
+from training.overrides import as_overrides
 from training.peers import abandon, lost_peer
 from training.storage import storage_error
 
@@ -82,7 +83,7 @@ def name_jobs_by_what_varies(argv: list[str]) -> list[str]:
 
 def run(app: Callable[[], Any], argv: list[str]) -> int:
     """Run `app` (the hydra.main-decorated task) on `argv`; the exit code."""
-    argv = name_jobs_by_what_varies(hydra_argv(argv))
+    argv = name_jobs_by_what_varies(hydra_argv(as_overrides(argv)))  # as_overrides: trainit's README forms too
     multirun = (args := _parsed(argv)) is not None and args.multirun
     saved_argv, saved_env = sys.argv, {k: os.environ.get(k) for k in ("HYDRA_FULL_ERROR", "PYTHONPATH")}
     sys.argv = [saved_argv[0], *argv]
@@ -110,7 +111,7 @@ def run(app: Callable[[], Any], argv: list[str]) -> int:
         # that finds no cluster, a submission refused, a search space Optuna rejects. HYDRA_FULL_ERROR=1: traceback.
         if not multirun or saved_env["HYDRA_FULL_ERROR"] == "1":
             raise
-        code = _say(PipelineError(f"sweep: {type(e).__name__}: {_first_line(e)}{_raised_within(e)}"))
+        code = _say(PipelineError(f"sweep: {type(e).__name__}: {first_line(e, 300)}{_raised_within(e)}"))
     finally:
         sys.argv = saved_argv
         for key, value in saved_env.items():
@@ -186,7 +187,7 @@ def _sweep_job(composed: DictConfig, main: Main, hydra: DictConfig, overrides: l
         error = expected_failure(e)
         if error is None:
             traceback.print_exc()
-        reason = str(error) if error is not None else f"{type(e).__name__}: {_first_line(e)} (a bug: traceback above)"
+        reason = str(error) if error is not None else f"{first_line(e, 300)} ({type(e).__name__}: a bug)"
         line = f"sweep job {hydra.job.num} ({hydra.job.override_dirname or 'no overrides'}): {reason}"
         print(f"error: {line}", file=sys.stderr, flush=True)
         sweep.write_record(job_dir, {**record, "status": sweep.FAILED, "error": reason,
@@ -214,5 +215,3 @@ def _raised_within(e: BaseException) -> str:
     return f" ... {raised[-1][:300]}" if raised else ""
 
 
-def _first_line(e: BaseException) -> str:
-    return str(e).strip().splitlines()[0][:300] if str(e).strip() else ""

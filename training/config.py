@@ -22,7 +22,8 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from training.errors import ConfigError
+from core.errors import ConfigError
+from optimizers.registry import with_hyper_parameters
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 NOTE_SOURCES = ("music21", "maestro", "midi_files")
@@ -121,7 +122,7 @@ class LrConfig:
 
 @dataclass
 class OptimizerConfig:
-    name: str = "adamw"  # adamw | adam | sgdm | nadam | rmsprop | lion | muon
+    name: str = "adamw"  # a registered optimizer (optimizers/): adamw | adam | sgdm | nadam | rmsprop | lion | muon
     lr_config: LrConfig = field(default_factory=LrConfig)
     beta1: float = 0.9
     beta2: float = 0.95
@@ -132,6 +133,11 @@ class OptimizerConfig:
     decay: float = 0.9  # rmsprop: squared-gradient averaging
     adam_lr_ratio: float = 1.0  # muon: lr of the AdamW part relative to the Muon part
     grad_clip: float = 1.0  # global-norm clipping threshold; 0 = off
+
+
+# Each registered optimizer's own hyper-parameters (its builder's keyword arguments that are not fields above) join
+# the section, typed by the builder's annotations; null = the builder's default (optimizers/registry.py).
+OptimizerConfig = with_hyper_parameters(OptimizerConfig)
 
 
 @dataclass
@@ -176,6 +182,9 @@ class CheckpointConfig:
     save: bool = True
     save_path: Optional[str] = None  # null = <run_dir>/checkpoints
     save_steps: Any = None  # int = every N steps, list = at these steps, null = only latest/best/final
+    # steps this invocation trains, counted from where it starts (trainit: the steps of one checkpointed run), then it
+    # evaluates and checkpoints like a finished run; null = up to train.max_steps, which the schedule still spans
+    num_steps: Optional[int] = None
     max_to_keep: Optional[int] = 3  # periodic checkpoints kept besides latest and best; null = all
     # true: resume from load_path; false: start fresh; auto: resume from load_path, or else from this run's save path
     # (save_path, or <logging.run_dir>/checkpoints), when it holds a checkpoint, and start fresh when none does (the
@@ -183,7 +192,7 @@ class CheckpointConfig:
     # warning, to the newest one that does (true only names it)
     load: Any = False
     load_path: Optional[str] = None
-    load_file: str = "latest"  # latest | best | <step>
+    load_file: str = "latest"  # latest | best | <step> | iter_<step>.ckpt (trainit's name for a step)
     overwrite_config: bool = False
     overwrite_optimizer: bool = False
 
@@ -299,6 +308,10 @@ def _one_line(e: BaseException) -> str:
     cause = e
     while cause.__cause__ is not None and isinstance(cause.__cause__, (HydraException, OmegaConfBaseException)):
         cause = cause.__cause__
+    # A value in a YAML of conf/ that the schema refuses: Hydra names the file and chains OmegaConf's error.
+    in_file = re.match(r"In '([\w/.-]+)': \w+ raised while composing", str(e))
+    if in_file and isinstance(e.__context__, OmegaConfBaseException):
+        cause = e.__context__
     full_key = getattr(cause, "full_key", None)
     text = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
     if isinstance(e, HydraException) and "Could not override" in str(e):
@@ -318,6 +331,10 @@ def _one_line(e: BaseException) -> str:
         group, choice = missing.groups()
         options = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
         return f"config: {group}={choice} does not exist; choose one of {', '.join(options)}"
+    if in_file and full_key:
+        hint = (" (an optimizer's hyper-parameters are the keyword arguments of its builder in optimizers/)"
+                if full_key.startswith("optimizer.") and "not in" in text else "")
+        return f"config: conf/{in_file.group(1)}.yaml: {full_key}: {text}{hint}"
     return f"config: {full_key}: {text}" if full_key else f"config: {text}"
 
 
@@ -388,6 +405,13 @@ def listed_save_steps(cfg: DictConfig) -> list[int]:
     """Steps named in a list `checkpoint.save_steps`: always kept, whatever max_to_keep says."""
     steps = cfg.checkpoint.save_steps
     return list(steps) if OmegaConf.is_list(steps) else []
+
+
+def load_file_step(load_file: str) -> int | None:
+    """The step `checkpoint.load_file` names: a step number, or trainit's file name for it, iter_<step>.ckpt (the
+    step's directory here); None for anything else."""
+    named = re.fullmatch(r"(\d+)|iter_(\d+)\.ckpt", str(load_file))
+    return None if named is None else int(named.group(1) or named.group(2))
 
 
 def is_save_step(cfg: DictConfig, step: int) -> bool:

@@ -43,17 +43,36 @@ def _source(path: str) -> tuple[ast.Module, dict[int, str], list[str]]:
     return ast.parse(text), comments, text.splitlines()
 
 
+def _source_file(cls: type) -> str | None:
+    try:
+        return inspect.getsourcefile(cls)
+    except TypeError:  # made at run time (dataclasses.make_dataclass): no source
+        return None
+
+
 def _class_node(cls: type) -> ast.ClassDef | None:
-    tree, _, _ = _source(inspect.getsourcefile(cls))
+    path = _source_file(cls)
+    if path is None:
+        return None
+    tree, _, _ = _source(path)
     return next((n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == cls.__name__), None)
 
 
 def field_meanings(cls: type) -> dict[str, str]:
-    """Each annotated field of `cls`: the comment-only lines right above it, then its trailing comment, joined."""
+    """Each annotated field of `cls` and of the dataclasses it extends: the comment-only lines right above it, then
+    its trailing comment, joined (a field added at run time, e.g. an optimizer's own hyper-parameter, has none)."""
+    meanings: dict[str, str] = {}
+    for base in reversed(cls.__mro__[1:]):
+        if dataclasses.is_dataclass(base):
+            meanings.update(field_meanings(base))
+    return {**meanings, **_own_meanings(cls)}
+
+
+def _own_meanings(cls: type) -> dict[str, str]:
     node = _class_node(cls)
     if node is None:
         return {}
-    _, comments, lines = _source(inspect.getsourcefile(cls))
+    _, comments, lines = _source(_source_file(cls))
 
     def comment_only(row: int) -> bool:
         return row in comments and lines[row - 1].lstrip().startswith("#")
@@ -100,7 +119,7 @@ def keys(schema: type, prefix: str = "") -> list[tuple[str, str, list[Key]]]:
     parent as sections of their own."""
     hints = typing.get_type_hints(schema)
     meanings = field_meanings(schema)
-    node = _class_node(schema)
+    node = next((n for n in map(_class_node, schema.__mro__) if n is not None), None)
     doc = (ast.get_docstring(node) or "") if node is not None else ""
     own, nested = [], []
     for f in dataclasses.fields(schema):

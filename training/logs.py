@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from training.errors import ConfigError, PipelineError, warn
-from training.secrets import secret
+from core.errors import ConfigError, PipelineError, first_line, warn
+from core.secrets import secret
 
 WANDB_CONNECT_TIMEOUT_S = 5  # online: how long the server has to take a connection before wandb.init is tried
 WANDB_INIT_TIMEOUT_S = 30  # and wandb.init to start the run (its default is 90 s, retried)
@@ -166,7 +166,7 @@ def _start_wandb(cfg: Any, run_dir: Path, run_id: str | None):
             try:
                 return _init_wandb(cfg, run_dir, run_id, "online", api_key)
             except wandb.errors.Error as e:
-                problem = f"the wandb server at {base_url} refused: {_first_line(e)}"
+                problem = f"the wandb server at {base_url} refused: {first_line(e)}"
         if cfg.logging.wandb_fallback != "offline":
             raise PipelineError(f"logging.wandb=online: {problem}; check WANDB_API_KEY and the network, or use "
                                 "logging.wandb=offline, or logging.wandb_fallback=offline to log offline and `wandb "
@@ -205,10 +205,6 @@ def _unreachable(url: str) -> str | None:
     except OSError as e:
         return f"cannot reach the wandb server at {url} ({e.strerror or type(e).__name__})"
     return None
-
-
-def _first_line(e: BaseException) -> str:
-    return str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
 
 
 def _plain(v: Any) -> Any:

@@ -22,7 +22,7 @@ from typing import Any
 
 import jax
 
-from training.errors import PipelineError
+from core.errors import PipelineError, first_line
 
 HEARTBEAT_S = 1.0
 JAX_HEARTBEAT_MARGIN_S = 30  # JAX declares a process dead this long after the watch does, and ends the survivors
@@ -55,7 +55,7 @@ def _watch(me: int, count: int, timeout: float, coordinator: str | None) -> None
         except Exception as e:  # the store lives in process 0
             if me != 0:
                 abandon(f"system: lost process 0 of {count} (the coordinator at {coordinator or 'its address'}): "
-                        f"{_first_line(e)}")
+                        f"{first_line(e)}")
             values = {p: seen[p][0] for p in seen}
         now = time.monotonic()
         for p, value in values.items():
@@ -88,7 +88,7 @@ def lost_peer(error: BaseException) -> str | None:
         return (f"system: lost process 0 of {jax.process_count()} (the coordinator at {system.coordinator_address}); "
                 f"resume with all {jax.process_count()} processes and checkpoint.load=auto")
     _verdict.wait(system.distributed_timeout_s + 2 * HEARTBEAT_S)  # the watch names the lost process and exits
-    return f"system: a collective lost its peer ({_first_line(error)}); resume with checkpoint.load=auto"
+    return f"system: a collective lost its peer ({first_line(error)}); resume with checkpoint.load=auto"
 
 
 def _answers(address: str | None) -> bool:
@@ -109,7 +109,3 @@ def abandon(line: str) -> None:
         print(f"error: {line}", file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(1)
-
-
-def _first_line(e: BaseException) -> str:
-    return str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__

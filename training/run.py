@@ -24,11 +24,11 @@ import equinox as eqx
 import jax
 import numpy as np
 
+from core.errors import CheckpointError, warn
 from models.hf import HF_PREFIX, check_hf_config, load_hf_model, resolve_hf
 from optimizers import continue_schedule_at
 from training.checkpoint import PARTS, Checkpointer, find_checkpoint_dir, holds_checkpoints
 from training.config import Config, evaluating, init_from_dir, load_mode, validate_keys
-from training.errors import CheckpointError, warn
 from training.storage import check_writable
 
 # Keys that describe this invocation (hardware, time budget, what to load, how to print): a resumed run takes them

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import jax
 
-from training.errors import CheckpointError
+from core.errors import CheckpointError
 from training.sharding import max_over_processes
 
 LOCK_FILE = ".lock"

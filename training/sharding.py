@@ -24,7 +24,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from training.errors import ConfigError
+from core.errors import ConfigError, first_line
 from training.peers import JAX_HEARTBEAT_MARGIN_S
 
 DATA_AXIS, MODEL_AXIS = "data", "model"
@@ -64,7 +64,7 @@ def init_distributed(system: Any) -> None:
             heartbeat_timeout_seconds=system.distributed_timeout_s + JAX_HEARTBEAT_MARGIN_S,
         )
     except (RuntimeError, ValueError) as e:
-        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        first = first_line(e)
         count = system.num_processes or "the launcher's"
         where = system.coordinator_address or "the detected coordinator"
         raise ConfigError(f"config: system: could not join {count} processes at {where}: {first}") from None

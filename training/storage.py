@@ -12,7 +12,7 @@ import errno
 import tempfile
 from pathlib import Path
 
-from training.errors import ConfigError, PipelineError
+from core.errors import ConfigError, PipelineError
 
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # no space, over quota, over the file-size limit
 PROBE_BYTES = 1 << 16  # what the check writes (to a nameless temporary file) to see that the disk takes data

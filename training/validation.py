@@ -6,9 +6,10 @@ from __future__ import annotations
 from omegaconf import DictConfig, OmegaConf
 
 from data.mixture import MIXTURE_BLOCK
-from data.packing import allot
-from training.config import NOTE_SOURCES, evaluating, init_from_dir, mixture_sources
-from training.errors import ConfigError
+from data.batches import allot
+from optimizers.registry import check_optimizer
+from training.config import NOTE_SOURCES, evaluating, init_from_dir, load_file_step, mixture_sources
+from core.errors import ConfigError
 
 CHOICES = {
     "mode": ("train", "eval"),
@@ -19,7 +20,6 @@ CHOICES = {
     "model.arch": ("gpt2",),
     "model.attention": ("auto", "xla", "cudnn", "blocked"),
     "model.remat": ("none", "block", "full"),
-    "optimizer.name": ("adamw", "adam", "sgdm", "nadam", "rmsprop", "lion", "muon"),
     "optimizer.lr_config.name": ("constant", "linear", "cosine", "trapezoid", "piecewise_linear"),
     "logging.wandb": ("online", "offline", "disabled"),
     "logging.wandb_fallback": ("fail", "offline"),
@@ -95,6 +95,7 @@ def validate_values(cfg: DictConfig, num_local_devices: int) -> None:
         value = OmegaConf.select(cfg, key)
         if value not in allowed:
             _fail(key, f"must be one of {', '.join(allowed)}; got {value!r}")
+    check_optimizer(cfg.optimizer)  # a registered name, and every hyper-parameter its builder needs
 
     d, m, o, t = cfg.dataset, cfg.model, cfg.optimizer, cfg.train
     lr = o.lr_config
@@ -188,6 +189,8 @@ def validate_values(cfg: DictConfig, num_local_devices: int) -> None:
         )
         if not ok:
             _fail("checkpoint.save_steps", f"must be a positive int, a list of positive ints, or null; got {steps}")
+    if c.num_steps is not None and c.num_steps < 1:
+        _fail("checkpoint.num_steps", f"must be >= 1 (or null for up to train.max_steps); got {c.num_steps}")
     if c.max_to_keep is not None and c.max_to_keep < 1:
         _fail("checkpoint.max_to_keep", f"must be >= 1 (or null to keep all); got {c.max_to_keep}")
     if c.load not in (True, False, "auto"):
@@ -201,13 +204,13 @@ def validate_values(cfg: DictConfig, num_local_devices: int) -> None:
                    "checkpoint.load_path=<dir>")
     if c.load is True and (init_from_dir(cfg) or str(cfg.init_from or "").startswith("hf:")):
         _fail("init_from", "choose one: checkpoint.load=True resumes a run, init_from=<dir> starts one from weights")
-    if c.load_file not in ("latest", "best") and not str(c.load_file).isdigit():
-        _fail("checkpoint.load_file", f"must be latest, best or a step number; got {c.load_file!r}")
+    if c.load_file not in ("latest", "best") and load_file_step(c.load_file) is None:
+        _fail("checkpoint.load_file", f"must be latest, best, a step number or iter_<step>.ckpt; got {c.load_file!r}")
 
 
 def _validate_stages(cfg: DictConfig) -> None:
     """Stage, loss masking, tasks and the notes settings must describe one coherent run."""
-    from data.notes_tokenizer import TASK_TOKENS
+    from data.task_names import TASK_NAMES as TASK_TOKENS
 
     d = cfg.dataset
     notes_source = d.source in NOTE_SOURCES

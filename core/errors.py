@@ -4,6 +4,8 @@
 and keeps its traceback.
 """
 
+from __future__ import annotations
+
 
 class PipelineError(Exception):
     """An expected failure (bad input, missing data, offline Hub, ...) with a message that says how to fix it."""
@@ -25,6 +27,12 @@ class CheckpointError(PipelineError):
     """A checkpoint cannot be written or read."""
 
 
+class MissingPackageError(PipelineError):
+    """An optional package that a tool needs is not installed. Exit code 2: the command cannot run as given."""
+
+    exit_code = 2
+
+
 def warn(message: str) -> None:
     """Something the user should know that does not stop the run: one line on stderr, from process 0 only."""
     import sys
@@ -33,3 +41,10 @@ def warn(message: str) -> None:
 
     if jax.process_index() == 0:
         print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def first_line(e: BaseException, limit: int = 200, text: str | None = None) -> str:
+    """What a one-line error quotes of a library's exception: the first line of its message (`text` when the message
+    needs trimming first), at most `limit` characters, or the exception's type when the message is empty."""
+    text = str(e) if text is None else text
+    return text.strip().splitlines()[0][:limit] if text.strip() else type(e).__name__

@@ -1,0 +1,39 @@
+"""`dataset.source` -> the loader of its corpus: one table for every source, text and notes.
+
+`load_corpus(cfg.dataset)` returns what the source's loader gives: a `TextCorpus` for text (data/sources.py),
+`{split: datasets.Dataset}` of pieces for notes (data/note_sources.py); source=mixture gives a `MixtureCorpus` of the
+text corpora of its sources.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import datasets
+
+from data.note_sources import maestro_corpus, midi_files_corpus, music21_corpus
+from data.sources import MixtureCorpus, TextCorpus, hub_corpus, json_files_corpus, pystdlib_corpus, text_files_corpus
+
+TEXT_SOURCES: dict[str, Callable[[Any], TextCorpus]] = {
+    "pystdlib": pystdlib_corpus,
+    "text_files": text_files_corpus,
+    "json_files": json_files_corpus,
+    "hf": hub_corpus,
+}
+NOTE_SOURCES: dict[str, Callable[[Any], dict[str, datasets.Dataset]]] = {
+    "music21": music21_corpus,
+    "maestro": maestro_corpus,
+    "midi_files": midi_files_corpus,
+}
+LOADERS = {**TEXT_SOURCES, **NOTE_SOURCES}
+
+
+def load_corpus(d: Any, mixture: list[tuple[str, float, Any]] = ()) -> TextCorpus | MixtureCorpus | dict:
+    """The corpus of the dataset section `d`; for source=mixture, `mixture` holds each source's name, weight and
+    dataset section (training/config.py `mixture_sources`)."""
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
+    if d.source == "mixture":
+        return MixtureCorpus([n for n, _, _ in mixture], [w for _, w, _ in mixture],
+                             [load_corpus(c) for _, _, c in mixture], [c for _, _, c in mixture])
+    return LOADERS[d.source](d)

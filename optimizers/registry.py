@@ -1,0 +1,109 @@
+"""Optimizers by name: a module of this package registers its builder with `@register("name")`, and
+optimizers/__init__.py imports every module of the package, so a new file is all it takes to add one.
+
+A builder is `builder(model, *, <hyper-parameters>) -> optax.GradientTransformation`: the model gives the
+weight-decay and Muon masks, and the keyword arguments are the hyper-parameters it reads from the `optimizer` config
+section. Names the schema already has (training/config.py: beta1, beta2, eps, weight_decay, momentum, nesterov, decay,
+adam_lr_ratio) come typed from there; any other name joins the schema when the builder registers, typed by the
+builder's annotation, null by default (null = the builder's own default), so conf/optimizer/<name>.yaml and the
+command line (`optimizer.<key>=...`) can set it. The builder returns the step's direction for a unit learning rate
+(already negated): the learning rate, clipping and accumulation are added around it (optimizers/__init__.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import typing
+from typing import Any, Callable, Optional
+
+import optax
+
+from core.errors import ConfigError
+
+Builder = Callable[..., optax.GradientTransformation]
+OPTIMIZERS: dict[str, Builder] = {}  # name -> builder, in the order the modules registered them
+# Keys of the `optimizer` section that belong to the wrapping (schedule, clipping) or to the choice, never to a builder.
+RESERVED = ("name", "lr_config", "grad_clip")
+OWN_KEYS: dict[str, list[str]] = {}  # hyper-parameters the schema gained from builders -> the optimizers that read them
+
+
+def register(name: str) -> Callable[[Builder], Builder]:
+    """`@register("name")` on a builder `(model, *, hyper-parameters) -> optax.GradientTransformation`."""
+
+    def add(builder: Builder) -> Builder:
+        where = f"{builder.__module__}.{builder.__qualname__}"
+        if name in OPTIMIZERS:
+            raise TypeError(f"{where}: optimizer {name!r} is already registered by {OPTIMIZERS[name].__module__}")
+        kinds = [p.kind for p in inspect.signature(builder).parameters.values()]
+        if kinds[:1] != [inspect.Parameter.POSITIONAL_OR_KEYWORD] or set(kinds[1:]) - {inspect.Parameter.KEYWORD_ONLY}:
+            raise TypeError(f"{where}: a builder takes the model, then its hyper-parameters as keyword-only "
+                            "arguments: def build(model, *, beta1: float, ...)")
+        if reserved := [k for k in hyper_parameters(builder) if k in RESERVED]:
+            raise TypeError(f"{where}: {', '.join(reserved)} belong to every optimizer (the wrapping), not to a "
+                            "builder")
+        OPTIMIZERS[name] = builder
+        return builder
+
+    return add
+
+
+def hyper_parameters(builder: Builder) -> dict[str, inspect.Parameter]:
+    """The builder's keyword-only arguments: the config keys it reads."""
+    return {p.name: p for p in inspect.signature(builder).parameters.values() if p.kind == p.KEYWORD_ONLY}
+
+
+def with_hyper_parameters(schema: type) -> type:
+    """`schema` (the `optimizer` section's dataclass) with a field for every registered builder's hyper-parameter it
+    lacks: Optional[<the builder's annotation>], default None (= the builder's own default)."""
+    known = {f.name for f in dataclasses.fields(schema)}
+    types: dict[str, Any] = {}
+    OWN_KEYS.clear()
+    for name, builder in OPTIMIZERS.items():
+        hints = typing.get_type_hints(builder)
+        for key in hyper_parameters(builder):
+            if key in known:
+                continue
+            annotation = hints.get(key, Any)
+            if types.setdefault(key, annotation) != annotation:
+                raise TypeError(f"optimizer hyper-parameter {key!r}: {name} annotates it {annotation}, "
+                                f"{OWN_KEYS[key][0]} {types[key]}; one key has one type")
+            OWN_KEYS.setdefault(key, []).append(name)
+    if not types:
+        return schema
+    fields = [(key, Optional[annotation], dataclasses.field(default=None)) for key, annotation in types.items()]
+    return dataclasses.make_dataclass(schema.__name__, fields, bases=(schema,))
+
+
+def build_direction(optimizer_cfg: Any, model: Any) -> optax.GradientTransformation:
+    """The registered builder of `optimizer_cfg.name`, called with the hyper-parameters it names."""
+    builder = OPTIMIZERS[optimizer_cfg.name]
+    return builder(model, **hyper_parameter_values(optimizer_cfg))
+
+
+def hyper_parameter_values(optimizer_cfg: Any) -> dict[str, Any]:
+    """What the chosen builder receives: each of its hyper-parameters from the config, but those left null that the
+    builder has a default for. Raises ConfigError naming a key the builder needs and nothing sets."""
+    name = optimizer_cfg.name
+    values = {}
+    for key, parameter in hyper_parameters(OPTIMIZERS[name]).items():
+        value = optimizer_cfg.get(key)
+        if value is None and parameter.default is inspect.Parameter.empty:
+            raise ConfigError(f"config: optimizer.{key}: {name} needs a value; set it in conf/optimizer/{name}.yaml "
+                              f"or with optimizer.{key}=...")
+        if value is not None or parameter.default is inspect.Parameter.empty:
+            values[key] = value
+    return values
+
+
+def check_optimizer(optimizer_cfg: Any) -> None:
+    """`optimizer.name` is a registered optimizer, and its builder gets every hyper-parameter it needs."""
+    if optimizer_cfg.name not in OPTIMIZERS:
+        raise ConfigError(f"config: optimizer.name: must be one of {', '.join(sorted(OPTIMIZERS))}; got "
+                          f"{optimizer_cfg.name!r} (a new optimizer: a module in optimizers/ with @register(\"name\") "
+                          "and conf/optimizer/<name>.yaml)")
+    for key, readers in OWN_KEYS.items():
+        if optimizer_cfg.get(key) is not None and optimizer_cfg.name not in readers:
+            raise ConfigError(f"config: optimizer.{key}: {optimizer_cfg.name} does not take it (it is "
+                              f"{' and '.join(readers)}'s); leave it null")
+    hyper_parameter_values(optimizer_cfg)

@@ -1,0 +1,121 @@
+"""Score a checkpoint on downstream tasks with EleutherAI's lm-evaluation-harness (lm-eval), 0-shot by default.
+
+    python scripts/eval_harness.py RUN_DIR [--tasks hellaswag,lambada_openai] [--which latest|best|STEP]
+        [--num-fewshot K] [--limit N] [--include-path MY_TASKS/] [--batch-tokens 8192] [--dtype float32]
+        [--out FILE]
+
+RUN_DIR is a run directory or its checkpoint directory. The model reads the tasks' text through the run's own
+tokenizer. Results (lm-eval's results dict, the command, the checkpoint and its step) go to
+<run>/harness/step<N>-<tasks>.json (a rerun of the same evaluation replaces it), are printed as lm-eval's table and
+are logged to the run's TensorBoard as harness/<task>/<metric> at the checkpoint's step. lm-eval is an extra:
+pip install -r requirements-eval.txt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shlex
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from core.errors import ConfigError, PipelineError  # noqa: E402
+from training.checkpoint import find_checkpoint_dir  # noqa: E402
+from training.harness import evaluate_tasks, harness_lm, import_lm_eval  # noqa: E402
+from training.precision import cast_floating  # noqa: E402
+from training.step import COMPUTE_DTYPES  # noqa: E402
+from training.storage import check_writable  # noqa: E402
+from training.trained import Trained, load_trained  # noqa: E402
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("path", help="run directory or checkpoint directory")
+    parser.add_argument("--tasks", default="hellaswag,lambada_openai", help="comma-separated lm-eval task names")
+    parser.add_argument("--which", default="latest", help="latest, best or a step number")
+    parser.add_argument("--num-fewshot", type=int, default=None, help="examples in the prompt (default: the task's)")
+    parser.add_argument("--limit", type=float, default=None, help="only the first N documents per task (or a fraction)")
+    parser.add_argument("--include-path", default=None, help="a folder of task YAMLs besides lm-eval's own")
+    parser.add_argument("--batch-tokens", type=int, default=8192, help="padded tokens per forward pass")
+    parser.add_argument("--dtype", default="float32", choices=sorted(COMPUTE_DTYPES), help="compute dtype")
+    parser.add_argument("--seed", type=int, default=0, help="lm-eval's seeds (few-shot example choice)")
+    parser.add_argument("--out", default=None, help="results file (default: <run>/harness/step<N>-<tasks>.json)")
+    args = parser.parse_args(argv)
+    try:
+        import_lm_eval()  # before anything is loaded: a missing extra is one line at once
+        tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+        if not tasks:
+            raise ConfigError("--tasks: name at least one lm-eval task, e.g. --tasks hellaswag,lambada_openai")
+        trained = load_trained(args.path, args.which)
+        if trained.tokenizer.kind == "notes":
+            raise ConfigError(f"{args.path}: a note model (notes tokenizer); lm-eval's tasks are text")
+        out = Path(args.out or run_dir_of(trained, args.path) / "harness" / results_name(trained, tasks, args))
+        check_writable("--out", out.parent)
+        lm = harness_lm(cast_floating(trained.model, COMPUTE_DTYPES[args.dtype]), trained.tokenizer, args.batch_tokens)
+        results = evaluate_tasks(lm, tasks, include_path=args.include_path, limit=args.limit,
+                                 num_fewshot=args.num_fewshot, seed=args.seed)
+    except PipelineError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    from lm_eval.utils import handle_non_serializable, make_table
+
+    record = {"command": shlex.join(["python", "scripts/eval_harness.py", *argv]),
+              "checkpoint": str(find_checkpoint_dir(args.path).absolute()), "step": trained.step,
+              "model": trained.cfg.model.name, "tokenizer": trained.tokenizer.kind, **results}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(record, indent=2, default=handle_non_serializable))
+    os.replace(tmp, out)  # a reader sees the whole file or none
+    print(f"# {trained.cfg.model.name}, step {trained.step} of {args.path}")
+    print(make_table(results))
+    if "groups" in results:
+        print(make_table(results, "groups"))
+    logged = log_to_tensorboard(trained, args.path, results)
+    print(f"written to {out}" + (f"; TensorBoard: {logged}" if logged else ""))
+    return 0
+
+
+def run_dir_of(trained: Trained, path: str) -> Path:
+    """The run's directory as the checkpoint recorded it, or the directory given when that one is gone (moved)."""
+    recorded = trained.meta.get("run_dir")
+    return Path(recorded) if recorded and Path(recorded).is_dir() else Path(path)
+
+
+def results_name(trained: Trained, tasks: list[str], args: argparse.Namespace) -> str:
+    shots = "" if args.num_fewshot is None else f"-{args.num_fewshot}shot"
+    limit = "" if args.limit is None else f"-limit{args.limit:g}"
+    return f"step{trained.step}-{'+'.join(tasks)}{shots}{limit}.json"
+
+
+def scalar_metrics(results: dict) -> dict[str, float]:
+    """harness/<task>/<metric> (with `_<filter>` unless lm-eval's default filter) for every finite number."""
+    scalars = {}
+    for task, values in {**results.get("results", {}), **results.get("groups", {})}.items():
+        for key, value in values.items():
+            metric, _, kind = key.partition(",")
+            if not kind or metric.endswith("_stderr") or isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            if math.isfinite(value):
+                scalars[f"harness/{task}/{metric}" + ("" if kind == "none" else f"_{kind}")] = float(value)
+    return scalars
+
+
+def log_to_tensorboard(trained: Trained, path: str, results: dict) -> Path | None:
+    """The metrics as scalars at the checkpoint's step, in the run's TensorBoard folder (when the run has one)."""
+    logdir = run_dir_of(trained, path) / "tensorboard"
+    if not (trained.cfg.logging.tensorboard and logdir.is_dir()):
+        return None
+    from tensorboardX import SummaryWriter
+
+    with SummaryWriter(logdir=str(logdir)) as writer:
+        for tag, value in scalar_metrics(results).items():
+            writer.add_scalar(tag, value, trained.step)
+    return logdir
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
