@@ -8,7 +8,7 @@
     python train_jax.py -m optimizer=adamw,lion optimizer.lr_config.lr=1e-3,3e-3   # a sweep: runs/sweeps/<name>-<time>/
     python train_jax.py --help                             # config groups, launchers, sweepers, every key
 
-A Hydra application: config lives in conf/, its schema and checks in training/config.py, the command line's
+A Hydra application: config lives in conf/, its typed schema and checks in training/config/, the command line's
 errors, exit codes and sweep jobs in training/cli.py. Expected failures print one line and exit non-zero (2 for a
 bad config); tracebacks are for bugs.
 """
@@ -34,6 +34,7 @@ from models import MODEL_BUILDERS
 from optimizers import build_optimizer, build_schedule
 from training import cli
 from training import config as config_lib
+from training.config import Config
 from training.actions import TrainingRun
 from training.compilation import CompileClock, init_compilation_cache
 from core.errors import DataError
@@ -48,7 +49,7 @@ from training.stats import StatsKnobs
 from training.step import COMPUTE_DTYPES, make_eval_step, make_train_step
 
 
-def init_tokenizer(cfg, corpus: dict, source: Source | None) -> Tokenizer:
+def init_tokenizer(cfg: Config, corpus: dict, source: Source | None) -> Tokenizer:
     """A run that starts from a checkpoint keeps the checkpoint's tokenizer: its ids are what the weights learned."""
     d = cfg.dataset
     if source is not None:
@@ -67,19 +68,19 @@ def init_tokenizer(cfg, corpus: dict, source: Source | None) -> Tokenizer:
                            process_index=jax.process_index(), wait_s=d.build_timeout_s)
 
 
-def load_data(cfg, corpus: dict, tokenizer: Tokenizer) -> Data:
+def load_data(cfg: Config, corpus: dict, tokenizer: Tokenizer) -> Data:
     return make_data(cfg, corpus, tokenizer, config_lib.context_size(cfg), jax.process_index(), jax.process_count())
 
 
-def init_model(cfg, vocab_size: int, key: jax.Array):
+def init_model(cfg: Config, vocab_size: int, key: jax.Array):
     return MODEL_BUILDERS[cfg.model.arch](cfg, vocab_size, key)
 
 
-def init_scheduler(cfg) -> optax.Schedule:
+def init_scheduler(cfg: Config) -> optax.Schedule:
     return build_schedule(cfg.optimizer.lr_config, config_lib.schedule_steps(cfg))
 
 
-def init_optimizer(cfg, schedule: optax.Schedule, model) -> optax.GradientTransformation:
+def init_optimizer(cfg: Config, schedule: optax.Schedule, model) -> optax.GradientTransformation:
     return build_optimizer(cfg.optimizer, schedule, model, cfg.train.grad_accum_steps)
 
 
@@ -98,10 +99,10 @@ class Pipeline:
     eval_step: Callable
 
 
-def build(cfg, source: Source | None = None) -> Pipeline:
+def build(cfg: Config, source: Source | None = None) -> Pipeline:
     """The init_* functions in order, on a mesh, with a fresh train state and the compiled-on-first-call steps."""
     mesh = init_mesh(cfg.system.num_devices, cfg.system.mesh_model)
-    corpus = load_corpus(cfg.dataset, config_lib.mixture_sources(cfg))
+    corpus = load_corpus(cfg.dataset, config_lib.mixture_sources(cfg.dataset))
     tokenizer = init_tokenizer(cfg, corpus, source)
     data = load_data(cfg, corpus, tokenizer)
     model_key, train_key = jax.random.split(jax.random.PRNGKey(cfg.train.seed))
@@ -116,16 +117,16 @@ def build(cfg, source: Source | None = None) -> Pipeline:
                     make_eval_step(dtype))
 
 
-def main(cfg, overrides: list[str], started: float) -> float | None:
-    """One run of a finished config: train (or, mode=eval, evaluate); returns the final `val` loss."""
+def main(cfg: Config, overrides: list[str], started: float) -> float | None:
+    """One run of a finished config (typed, every value checked but those that need the devices): train (or,
+    mode=eval, evaluate); returns the final `val` loss."""
     init_distributed(cfg.system)  # before anything touches a device
     watch_peers(cfg.system)  # a process that dies is named, and the others end
     init_compilation_cache(cfg.system.compilation_cache_dir)
     compile_clock = CompileClock()
-    config_lib.validate(cfg, jax.local_device_count())
+    config_lib.check_devices(cfg, jax.local_device_count())
     plan = plan_run(cfg, overrides, shared_timestamp(started))
-    cfg = plan.cfg
-    config_lib.validate(cfg, jax.local_device_count())
+    cfg = plan.cfg  # a resumed run's saved config, checked, when it wins
     p = build(cfg, plan.resume or plan.init_from)
     state = restore_state(p.state, plan)
     if config_lib.evaluating(cfg):
@@ -146,7 +147,7 @@ def evaluate_checkpoint(plan: RunPlan, p: Pipeline, state: TrainState) -> float:
     return results[p.data.main_split]["loss"]
 
 
-def train(cfg, plan: RunPlan, p: Pipeline, state: TrainState, started: float,
+def train(cfg: Config, plan: RunPlan, p: Pipeline, state: TrainState, started: float,
           compile_clock: CompileClock) -> float | None:
     """The loop: step; at their intervals log, evaluate, checkpoint and agree to stop (training/actions.py). Ends at
     train.max_steps (or after checkpoint.num_steps), at the time limit or on SIGTERM/SIGINT, with an evaluation and a

@@ -30,7 +30,7 @@ LOADERS = {**TEXT_SOURCES, **NOTE_SOURCES}
 
 def load_corpus(d: Any, mixture: list[tuple[str, float, Any]] = ()) -> TextCorpus | MixtureCorpus | dict:
     """The corpus of the dataset section `d`; for source=mixture, `mixture` holds each source's name, weight and
-    dataset section (training/config.py `mixture_sources`)."""
+    dataset section (training/config/mixture.py `mixture_sources`)."""
     datasets.disable_progress_bars()
     datasets.logging.set_verbosity_error()
     if d.source == "mixture":

@@ -166,7 +166,7 @@ def json_files_corpus(d: Any) -> TextCorpus:
             datasets.logging.set_verbosity_error()
         rows = _text_column(loaded["train"], d, label=" ".join(paths[:3]) + (" ..." if len(paths) > 3 else ""))
         keys = ("prompt_column", "completion_column") if d.prompt_column else ("text_column",)
-        check_filled(loaded["train"], {key: d[key] for key in keys}, paths)
+        check_filled(loaded["train"], {key: getattr(d, key) for key in keys}, paths)
         return _capped(_hash_split(rows, d), d)
 
     columns = [d.text_column, d.prompt_column, d.completion_column]
@@ -276,9 +276,10 @@ def _text_column(ds: datasets.Dataset, d: Any, label: str | None = None) -> data
     """The column(s) the run reads, renamed to `text`, or to `prompt` and `completion` for fine-tuning records."""
     wanted = ({"prompt_column": "prompt", "completion_column": "completion"} if d.prompt_column
               else {"text_column": "text"})
-    for key in wanted:
-        if d[key] not in ds.column_names:
-            raise DataError(f"dataset.{key}: {d[key]!r} is not a column of {label or d.hf_path}; it has "
+    columns = {key: getattr(d, key) for key in wanted}
+    for key, column in columns.items():
+        if column not in ds.column_names:
+            raise DataError(f"dataset.{key}: {column!r} is not a column of {label or d.hf_path}; it has "
                             f"{', '.join(ds.column_names)}")
-    ds = ds.select_columns([d[key] for key in wanted])
-    return ds.rename_columns({d[key]: new for key, new in wanted.items() if d[key] != new})
+    ds = ds.select_columns(list(columns.values()))
+    return ds.rename_columns({columns[key]: new for key, new in wanted.items() if columns[key] != new})

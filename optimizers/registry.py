@@ -3,8 +3,8 @@ optimizers/__init__.py imports every module of the package, so a new file is all
 
 A builder is `builder(model, *, <hyper-parameters>) -> optax.GradientTransformation`: the model gives the
 weight-decay and Muon masks, and the keyword arguments are the hyper-parameters it reads from the `optimizer` config
-section. Names the schema already has (training/config.py: beta1, beta2, eps, weight_decay, momentum, nesterov, decay,
-adam_lr_ratio) come typed from there; any other name joins the schema when the builder registers, typed by the
+section. Names the schema already has (training/config/optimizer.py: beta1, beta2, eps, weight_decay, momentum,
+nesterov, decay, adam_lr_ratio) come typed from there; any other name joins the schema when the builder registers, typed by the
 builder's annotation, null by default (null = the builder's own default), so conf/optimizer/<name>.yaml and the
 command line (`optimizer.<key>=...`) can set it. The builder returns the step's direction for a unit learning rate
 (already negated): the learning rate, clipping and accumulation are added around it (optimizers/__init__.py).
@@ -72,7 +72,8 @@ def with_hyper_parameters(schema: type) -> type:
     if not types:
         return schema
     fields = [(key, Optional[annotation], dataclasses.field(default=None)) for key, annotation in types.items()]
-    return dataclasses.make_dataclass(schema.__name__, fields, bases=(schema,))
+    frozen = schema.__dataclass_params__.frozen  # a frozen section's subclass must be frozen too
+    return dataclasses.make_dataclass(schema.__name__, fields, bases=(schema,), frozen=frozen)
 
 
 def build_direction(optimizer_cfg: Any, model: Any) -> optax.GradientTransformation:
@@ -87,7 +88,7 @@ def hyper_parameter_values(optimizer_cfg: Any) -> dict[str, Any]:
     name = optimizer_cfg.name
     values = {}
     for key, parameter in hyper_parameters(OPTIMIZERS[name]).items():
-        value = optimizer_cfg.get(key)
+        value = getattr(optimizer_cfg, key, None)
         if value is None and parameter.default is inspect.Parameter.empty:
             raise ConfigError(f"config: optimizer.{key}: {name} needs a value; set it in conf/optimizer/{name}.yaml "
                               f"or with optimizer.{key}=...")
@@ -103,7 +104,7 @@ def check_optimizer(optimizer_cfg: Any) -> None:
                           f"{optimizer_cfg.name!r} (a new optimizer: a module in optimizers/ with @register(\"name\") "
                           "and conf/optimizer/<name>.yaml)")
     for key, readers in OWN_KEYS.items():
-        if optimizer_cfg.get(key) is not None and optimizer_cfg.name not in readers:
+        if getattr(optimizer_cfg, key, None) is not None and optimizer_cfg.name not in readers:
             raise ConfigError(f"config: optimizer.{key}: {optimizer_cfg.name} does not take it (it is "
                               f"{' and '.join(readers)}'s); leave it null")
     hyper_parameter_values(optimizer_cfg)

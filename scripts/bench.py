@@ -34,8 +34,7 @@ from training.sharding import put_batch  # noqa: E402
 
 
 def bench(overrides: list[str], steps: int, warmup: int) -> dict:
-    cfg = config_lib.load_config(overrides)
-    config_lib.validate(cfg, jax.local_device_count())
+    cfg = config_lib.load_config(overrides, jax.local_device_count())
     p = train_jax.build(cfg)
     mesh, data, state, train_step = p.mesh, p.data, p.state, p.train_step
     batches = [put_batch(data.train.batch(s), mesh) for s in range(warmup + steps)]
@@ -99,8 +98,7 @@ def _round(x: float | None) -> float | None:
 
 def bench_loader(overrides: list[str], steps: int) -> dict:
     """The data path alone, no model: read the windows, build the batch, put it on the devices."""
-    cfg = config_lib.load_config(overrides)
-    config_lib.validate(cfg, jax.local_device_count())
+    cfg = config_lib.load_config(overrides, jax.local_device_count())
     p = train_jax.build(cfg)
     jax.block_until_ready(put_batch(p.data.train.batch(0), p.mesh))
     t0 = time.perf_counter()

@@ -57,8 +57,7 @@ class Parts:
 
 
 def build(overrides: list[str], source: Source | None = None) -> Parts:
-    cfg = config_lib.load_config(overrides)
-    config_lib.validate(cfg, jax.local_device_count())
+    cfg = config_lib.load_config(overrides, jax.local_device_count())
     return Parts(cfg, train_jax.build(cfg, source))
 
 

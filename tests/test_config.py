@@ -5,7 +5,7 @@ import yaml
 
 import train_jax
 from helpers import run_cli, tiny_overrides
-from training.config import as_dict, load_config
+from training.config import as_dict, compose_config, load_config, to_config
 
 BAD_CONFIGS = [
     (["train.foo=1"], "unknown key 'train.foo'"),
@@ -66,7 +66,7 @@ def test_cfg_prints_every_key_of_the_composed_config_and_runs_nothing(tmp_path, 
     overrides = ["model=gpt2-tiny", "optimizer=sgdm", "train.max_steps=7", f"logging.run_dir={tmp_path}/run"]
     assert train_jax.run(["--cfg", *overrides]) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
-    assert printed == as_dict(load_config(overrides))
+    assert printed == as_dict(to_config(compose_config(overrides)))
     assert printed["model"]["name"] == "gpt2-tiny" and printed["optimizer"]["momentum"] == 0.9
     assert printed["train"]["max_steps"] == 7 and printed["optimizer"]["lr_config"]["name"] == "cosine"
     assert not (tmp_path / "run").exists()

@@ -124,15 +124,11 @@ def test_a_mixture_run_evaluates_each_source_and_resumes_bitwise(data_cache, tmp
      "dataset.mixture"),
 ])
 def test_a_bad_mixture_is_one_config_error_naming_the_entry(override, named):
-    from training.config import validate
-
     with pytest.raises(ConfigError) as e:
-        validate(load_config(["dataset=mixture", "dataset.tokenizer=byte", override]), 1)
+        load_config(["dataset=mixture", "dataset.tokenizer=byte", override], num_local_devices=1)
     assert f"config: {named}" in str(e.value) and "\n" not in str(e.value)
 
 
 def test_a_mixture_without_source_mixture_is_refused():
-    from training.config import validate
-
     with pytest.raises(ConfigError, match="dataset.mixture: is read only with dataset.source=mixture"):
-        validate(load_config(["dataset.mixture=[{dataset: pystdlib, weight: 1}]"]), 1)
+        load_config(["dataset.mixture=[{dataset: pystdlib, weight: 1}]"], num_local_devices=1)

@@ -75,7 +75,7 @@ BUILT = textwrap.dedent("""
     import equinox as eqx, jax, jax.numpy as jnp
     from models.gpt import GPT, GPTConfig
     from optimizers import build_optimizer, build_schedule
-    from training.config import load_config, validate
+    from training.config import load_config
     from core.errors import ConfigError
 
     cfg = load_config(["optimizer=signum", "optimizer.step_scale=0.25", "optimizer.grad_clip=0",
@@ -89,7 +89,7 @@ BUILT = textwrap.dedent("""
     errors = {}
     for case in sys.argv[1:]:
         try:
-            validate(load_config(case.split()), 8)
+            load_config(case.split(), num_local_devices=8)
             errors[case] = None
         except ConfigError as e:
             errors[case] = str(e)

@@ -208,7 +208,7 @@ def test_text_fine_tuning_records_put_the_loss_on_the_completion_only(tmp_path, 
 ])
 def test_incoherent_stage_settings_fail_at_the_door(override, message):
     with pytest.raises(ConfigError) as e:
-        config_lib.validate(config_lib.load_config(["model=gpt2-tiny", *override]), 1)
+        config_lib.load_config(["model=gpt2-tiny", *override], num_local_devices=1)
     assert str(e.value).startswith(message)
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from core.errors import ConfigError
 from helpers import run_cli, tiny_overrides
-from training.config import load_config, validate
+from training.config import load_config
 
 
 def outermost(events, name):
@@ -35,4 +35,4 @@ def test_the_trace_holds_the_named_steps_and_nothing_else(data_cache, tmp_path):
 @pytest.mark.parametrize("steps", ["[3]", "[4,2]", "[0,2]"])
 def test_a_bad_profile_range_is_one_config_error(steps):
     with pytest.raises(ConfigError, match=r"system.profile_steps: must be \[first, last\]"):
-        validate(load_config([f"system.profile_steps={steps}"]), 1)
+        load_config([f"system.profile_steps={steps}"], num_local_devices=1)

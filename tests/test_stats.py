@@ -104,7 +104,7 @@ def test_a_knob_allocates_only_its_own_buffers(data_cache, knob, buffers):
 def test_knobs_that_need_the_last_params_say_so():
     for key in ("compute_last_loss", "compute_last_grads"):
         with pytest.raises(ConfigError, match=f"^config: logging.{key}: needs the previous parameters"):
-            config_lib.validate(config_lib.load_config(["model=gpt2-tiny", f"logging.{key}=true"]), 1)
+            config_lib.load_config(["model=gpt2-tiny", f"logging.{key}=true"], num_local_devices=1)
 
 
 def test_statistics_checkpoint_and_resume_with_the_state(data_cache, tmp_path):

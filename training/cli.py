@@ -4,7 +4,7 @@
                        cannot compose (an override that does not parse, an unknown key or option, a wrong type) is one
                        line and exit 2, before anything runs, also for every job of a sweep. A sweep ends with its
                        summary (training/sweep.py) and exits 1 when any job failed.
-  job(composed, main)  inside Hydra, once per job: the composed config, finished (training/config.py), goes to
+  job(composed, main)  inside Hydra, once per job: the composed config, finished (training/config/), goes to
                        `main`, whose final `val` loss is the job's return value (what sweepers minimise). In a single
                        run an expected failure is one line and its exit code; in a sweep it is one line naming the
                        job, the job's record says so, and only that job fails.

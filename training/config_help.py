@@ -1,16 +1,17 @@
 """`python train_jax.py --help`: every config key with its type, default and meaning, read from the schema itself.
 
-Types and defaults come from the dataclasses of training/config.py by introspection. A key's meaning is the comment
-its maintainers keep beside the field (`batch_size: int = 16  # sequences per ...`) together with the comment lines
-directly above it, read with `tokenize` (comments are not in the AST) at the lines `ast` gives the field. Hydra's
-help template (conf/hydra/help/gpt_jax.yaml) takes the text through the `config_help` resolver, with the composed
-config, so `python train_jax.py model=gpt2 --help` also shows what that command changes.
+Types, defaults and choices (enums) come from the dataclasses of training/config/ by introspection. A key's meaning
+is the comment its maintainers keep beside the field (`batch_size: int = 16  # sequences per ...`) together with the
+comment lines directly above it, read with `tokenize` (comments are not in the AST) at the lines `ast` gives the
+field. Hydra's help template (conf/hydra/help/gpt_jax.yaml) takes the text through the `config_help` resolver, with
+the composed config, so `python train_jax.py model=gpt2 --help` also shows what that command changes.
 """
 
 from __future__ import annotations
 
 import ast
 import dataclasses
+import enum
 import functools
 import inspect
 import io
@@ -96,6 +97,8 @@ def type_name(t: Any) -> str:
     origin, args = typing.get_origin(t), typing.get_args(t)
     if t is Any:
         return "any"
+    if isinstance(t, type) and issubclass(t, enum.Enum):  # a choice: its values, as overrides spell them
+        return " | ".join(str(member.value) for member in t)
     if origin is typing.Union:
         named = [type_name(a) for a in args if a is not type(None)]
         return " or ".join(named) + (" or null" if type(None) in args else "")

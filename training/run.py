@@ -18,17 +18,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-
 import equinox as eqx
 import jax
 import numpy as np
+from omegaconf import OmegaConf
 
 from core.errors import CheckpointError, warn
 from models.hf import HF_PREFIX, check_hf_config, load_hf_model, resolve_hf
 from optimizers import continue_schedule_at
 from training.checkpoint import PARTS, Checkpointer, find_checkpoint_dir, holds_checkpoints
-from training.config import Config, evaluating, init_from_dir, load_mode, validate_keys
+from training.config import Config, LoadMode, as_dict, evaluating, finish, init_from_dir, load_mode
 from training.storage import check_writable
 
 # Keys that describe this invocation (hardware, time budget, what to load, how to print): a resumed run takes them
@@ -58,7 +57,7 @@ class Source:
 
 @dataclass
 class RunPlan:
-    cfg: DictConfig  # the config this run uses
+    cfg: Config  # the config this run uses
     run_dir: Path
     save_path: Path
     resume: Source | None  # full state (checkpoint.load=True)
@@ -85,7 +84,7 @@ def older_steps(reader: Checkpointer, step: int) -> list[int]:
     return [s for s in reversed(reader.steps()) if s < step]
 
 
-def auto_resume_path(cfg: DictConfig) -> str | None:
+def auto_resume_path(cfg: Config) -> str | None:
     """checkpoint.load=auto: the directory to resume from (load_path, else this run's save path), when it holds a
     complete checkpoint; None starts the run fresh."""
     c = cfg.checkpoint
@@ -96,13 +95,14 @@ def auto_resume_path(cfg: DictConfig) -> str | None:
     return path if Checkpointer(find_checkpoint_dir(path), read_only=True).steps() else None
 
 
-def plan_run(cfg: DictConfig, overrides: list[str], stamp: int) -> RunPlan:
+def plan_run(cfg: Config, overrides: list[str], stamp: int) -> RunPlan:
     """`stamp`: a start time shared by all processes, so they agree on a fresh run's directory name."""
     resume = init_from = None
     ignored: list[str] = []
     mode = load_mode(cfg)
-    resume_path = cfg.checkpoint.load_path if mode == "true" else auto_resume_path(cfg) if mode == "auto" else None
-    if mode == "auto" and resume_path is None and evaluating(cfg):
+    resume_path = (cfg.checkpoint.load_path if mode == LoadMode.true else
+                   auto_resume_path(cfg) if mode == LoadMode.auto else None)
+    if mode == LoadMode.auto and resume_path is None and evaluating(cfg):
         raise CheckpointError("checkpoint.load=auto: no checkpoint to evaluate in checkpoint.load_path, "
                               "checkpoint.save_path or <logging.run_dir>/checkpoints")
     if resume_path is not None:
@@ -146,32 +146,38 @@ def _run_dir_of(source: Source) -> Path:
     return Path(recorded) if recorded and Path(recorded).is_dir() else directory.parent
 
 
-def _saved_config_wins(cfg: DictConfig, source: Source, overrides: list[str]) -> tuple[DictConfig, list[str]]:
+def _saved_config_wins(cfg: Config, source: Source, overrides: list[str]) -> tuple[Config, list[str]]:
+    """The saved config with this invocation's RESUME_KEYS, checked as a command line's would be, and the overrides
+    it leaves unused."""
     config_file = source.reader.directory / "config.yaml"
     try:
         saved = OmegaConf.load(config_file) if config_file.exists() else OmegaConf.create(source.meta["config"])
     except Exception as e:
         raise CheckpointError(f"checkpoint {config_file}: unreadable ({type(e).__name__}); corrupt?") from None
-    merged = OmegaConf.merge(OmegaConf.structured(Config), saved)
-    validate_keys(merged)
+    given = OmegaConf.create(as_dict(cfg))
     for key in RESUME_KEYS:
-        OmegaConf.update(merged, key, OmegaConf.select(cfg, key), merge=False)
-    OmegaConf.set_readonly(merged, True)
+        OmegaConf.update(saved, key, OmegaConf.select(given, key), merge=False)
+    try:
+        resumed = finish(saved, jax.local_device_count())
+    except ConfigError as e:
+        raise ConfigError(f"{e}, in the saved {config_file} (checkpoint.overwrite_config=True runs this command "
+                          "line's config instead)") from None
+    runs = OmegaConf.create(as_dict(resumed))
     ignored = []
     for item in overrides:
         key = item.split("=", 1)[0].lstrip("+~")
         if "=" in item and "/" not in key and not any(key == k or key.startswith(k + ".") for k in RESUME_KEYS):
-            if OmegaConf.select(cfg, key) != OmegaConf.select(merged, key):
+            if OmegaConf.select(given, key) != OmegaConf.select(runs, key):
                 ignored.append(item)
-    return merged, ignored
+    return resumed, ignored
 
 
-def check_same_model(cfg: DictConfig, source: Source) -> None:
+def check_same_model(cfg: Config, source: Source) -> None:
     saved_model = source.meta.get("config", {}).get("model", {})
     diffs = [
-        f"{k} {saved_model.get(k)} (checkpoint) vs {cfg.model[k]}"
+        f"{k} {saved_model.get(k)} (checkpoint) vs {getattr(cfg.model, k)}"
         for k in MODEL_SHAPE_KEYS
-        if k in saved_model and saved_model[k] != cfg.model[k]
+        if k in saved_model and saved_model[k] != getattr(cfg.model, k)
     ]
     if diffs:
         raise CheckpointError(
@@ -180,7 +186,7 @@ def check_same_model(cfg: DictConfig, source: Source) -> None:
         )
 
 
-def open_hf_source(cfg: DictConfig) -> Source:
+def open_hf_source(cfg: Config) -> Source:
     """`init_from=hf:<folder or Hub id>`: GPT-2 weights. A folder exported by this project names its tokenizer;
     other GPT-2 checkpoints use GPT-2's own (dataset.tokenizer=gpt2)."""
     folder = resolve_hf(cfg.init_from[len(HF_PREFIX):], cfg.dataset.cache_dir)
@@ -201,7 +207,7 @@ def restore_state(state: Any, plan: RunPlan) -> Any:
     `plan.resume` becomes that one."""
     if plan.resume is not None:
         restored, plan.resume = _newest_that_restores(plan.resume, lambda source: _resume(state, source, plan.cfg),
-                                                      fallback=load_mode(plan.cfg) == "auto")
+                                                      fallback=load_mode(plan.cfg) == LoadMode.auto)
         return restored
     if plan.init_from is not None and plan.init_from.hf_folder is not None:
         key = jax.random.fold_in(state.key, 0x4846)  # rows for ids the checkpoint lacks
@@ -213,7 +219,7 @@ def restore_state(state: Any, plan: RunPlan) -> Any:
     return state
 
 
-def _resume(state: Any, source: Source, cfg: DictConfig) -> Any:
+def _resume(state: Any, source: Source, cfg: Config) -> Any:
     if cfg.checkpoint.overwrite_optimizer:
         restored = source.reader.restore(source.step, state, ("model", "progress"))
         # Fresh moments, but the lr schedule continues where the run was: at the updates it had applied.

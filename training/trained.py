@@ -8,19 +8,18 @@ from typing import Any
 
 import equinox as eqx
 import jax
-from omegaconf import OmegaConf
 
 from data.tokenizers import Tokenizer, tokenizer_from_json
 from models import MODEL_BUILDERS
 from training.checkpoint import Checkpointer, find_checkpoint_dir
-from training.config import Config
+from training.config import Config, to_config
 
 
 @dataclass
 class Trained:
     model: Any
     tokenizer: Tokenizer
-    cfg: Any
+    cfg: Config
     step: int
     meta: dict
 
@@ -30,7 +29,7 @@ def load_trained(path: str, which: str = "latest") -> Trained:
     reader = Checkpointer(find_checkpoint_dir(path), read_only=True)
     step = reader.resolve(which)
     meta = reader.read_meta(step)
-    cfg = OmegaConf.merge(OmegaConf.structured(Config), meta["config"])
+    cfg = to_config(meta["config"])
     tokenizer = tokenizer_from_json(meta["tokenizer"])
     abstract = eqx.filter_eval_shape(MODEL_BUILDERS[cfg.model.arch], cfg, tokenizer.vocab_size, jax.random.PRNGKey(0))
     sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])

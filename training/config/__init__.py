@@ -1,0 +1,35 @@
+"""The run configuration: a typed schema (Hydra structured configs of frozen dataclasses), composed from conf/ and
+checked once, at the door.
+
+Types, defaults and allowed values (enums) live in the dataclasses, one module per part of the pipeline, each field
+with its meaning as a comment and each section with a `check` of its own values:
+  dataset.py    dataset, data             model.py    model              optimizer.py   optimizer, lr_config
+  loop.py       train, logging, checkpoint system.py  system             root.py        Config: the top-level keys,
+  mixture.py    dataset.mixture's sources                                               checks across sections
+conf/*.yaml holds presets (a group's choices) only. compose.py turns YAML and overrides into the typed `Config`
+(`load_config`, `finish`); nodes.py is the way back to plain data (YAML, dicts). The config is never changed after
+it is checked; derived values (global batch, schedule length) are computed where they are used.
+"""
+
+from training.config.compose import compose_config, composition_error, finish, load_config, to_config
+from training.config.dataset import (AugmentationConfig, DataConfig, DatasetConfig, NotesTokenizerConfig,
+                                     TokenizerKind)
+from training.config.loop import (CheckpointConfig, LoadMode, LoggingConfig, Progress, TrainConfig, WandbFallback,
+                                  WandbMode, load_file_step)
+from training.config.mixture import mixture_sources
+from training.config.model import Attention, ModelConfig, Remat
+from training.config.nodes import CONF_DIR, as_dict, flat_hparams, schema_node, to_yaml
+from training.config.optimizer import LrConfig, OptimizerConfig, Schedule
+from training.config.root import (Config, LossMasking, Mode, Stage, check_devices, context_size, evaluating,
+                                  init_from_dir, is_save_step, listed_save_steps, load_mode, schedule_steps)
+from training.config.system import Dtype, Sharding, SystemConfig
+
+__all__ = [
+    "compose_config", "composition_error", "finish", "load_config", "to_config", "AugmentationConfig", "DataConfig",
+    "DatasetConfig", "NotesTokenizerConfig", "TokenizerKind", "CheckpointConfig", "LoadMode", "LoggingConfig",
+    "Progress", "TrainConfig", "WandbFallback", "WandbMode", "load_file_step", "mixture_sources", "Attention",
+    "ModelConfig", "Remat", "CONF_DIR", "as_dict", "flat_hparams", "schema_node", "to_yaml", "LrConfig",
+    "OptimizerConfig", "Schedule", "Config", "LossMasking", "Mode", "Stage", "check_devices", "context_size",
+    "evaluating", "init_from_dir", "is_save_step", "listed_save_steps", "load_mode", "schedule_steps", "Dtype",
+    "Sharding", "SystemConfig",
+]

@@ -1,0 +1,40 @@
+"""What every config section shares: how a check fails (one `ConfigError` naming the key) and the common checks."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, NoReturn
+
+from core.errors import ConfigError
+
+
+def fail(key: str, reason: str) -> NoReturn:
+    raise ConfigError(f"config: {key}: {reason}")
+
+
+def either(choices: Iterable[str]) -> str:
+    """`a, b or c`: the choices a message names."""
+    *most, last = [str(c) for c in choices]
+    return f"{', '.join(most)} or {last}" if most else last
+
+
+def require_positive(section: Any, at: str, *names: str) -> None:
+    """Each field `names` of `section` (which sits at `at` in the config) must be >= 1."""
+    for name in names:
+        value = getattr(section, name)
+        if value is None or value < 1:
+            fail(f"{at}.{name}", f"must be >= 1; got {value}")
+
+
+def require_fraction(section: Any, at: str, *names: str) -> None:
+    """Each field `names` of `section` must be in [0, 1): a probability or a decay rate."""
+    for name in names:
+        value = getattr(section, name)
+        if not 0.0 <= value < 1.0:
+            fail(f"{at}.{name}", f"must be in [0, 1); got {value}")
+
+
+def require_non_negative(section: Any, at: str, *names: str) -> None:
+    for name in names:
+        value = getattr(section, name)
+        if value < 0:
+            fail(f"{at}.{name}", f"must be >= 0; got {value}")

@@ -1,0 +1,98 @@
+"""From conf/ and the command line to the typed, checked `Config`.
+
+Hydra composes conf/config.yaml with its override grammar (`model=gpt2 optimizer/lr_config=cosine
+train.batch_size=8`) onto the schema: train_jax.py is a Hydra application (training/cli.py), and
+`load_config(overrides)` does the same through Hydra's compose API for scripts and tests. Either way `finish` turns
+the composed node into the typed `Config` (unknown keys and wrong types fail there) and runs every check on its
+values. Every failure is a `ConfigError` whose one-line message names the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+
+from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from core.errors import ConfigError
+from training.config.nodes import CONF_DIR, one_line, schema_node
+from training.config.root import Config, check_across, check_devices
+
+ConfigStore.instance().store(name="base_config", node=schema_node(Config))  # conf/config.yaml's first default
+
+
+def load_config(overrides: list[str], num_local_devices: int | None = None) -> Config:
+    """conf/config.yaml with command-line overrides, typed and checked (see `finish` for `num_local_devices`)."""
+    return finish(compose_config(overrides), num_local_devices)
+
+
+def compose_config(overrides: list[str]) -> DictConfig:
+    """conf/config.yaml with command-line overrides, as Hydra composes it onto the schema (types are checked)."""
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+            return compose(config_name="config", overrides=list(overrides))
+    except (HydraException, OmegaConfBaseException) as e:
+        raise composition_error(e, overrides) from None
+
+
+def composition_error(e: BaseException, overrides: list[str]) -> ConfigError:
+    """A failure to compose the config (an override that does not parse, an unknown key or option, a wrong type) as
+    one line naming the argument or key: for `compose_config`, and for Hydra's own app (training/cli.py)."""
+    return ConfigError(_unparsable_override(overrides) or one_line(e))
+
+
+def finish(composed: DictConfig, num_local_devices: int | None = None) -> Config:
+    """A composed config (Hydra's, or a saved config.yaml) as the typed `Config`, every value checked.
+
+    `num_local_devices`: this process's device count, for the checks that need it (the batch splits over the
+    devices, the mesh fits them). None leaves those to `check_devices`, for a caller that cannot ask JAX yet: JAX's
+    devices are known only after jax.distributed.initialize, which needs the config's `system` section.
+    """
+    cfg = to_config(composed)
+    cfg.check()
+    check_across(cfg)
+    if num_local_devices is not None:
+        check_devices(cfg, num_local_devices)
+    return cfg
+
+
+def to_config(node: DictConfig | dict) -> Config:
+    """`node` merged onto the schema as the typed `Config`, unchecked: unknown keys and wrong types fail here."""
+    try:
+        node = OmegaConf.create(node) if isinstance(node, dict) else node
+        _reject_unknown_keys(node, Config, "")
+        return OmegaConf.to_object(OmegaConf.merge(schema_node(Config), node))  # type: ignore[return-value]
+    except OmegaConfBaseException as e:
+        raise ConfigError(one_line(e)) from None
+
+
+def _unparsable_override(overrides: list[str]) -> str | None:
+    """The first argument Hydra's override grammar rejects, named, with how to write it; None when all parse."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    for item in overrides:
+        try:
+            parser.parse_override(item)
+        except HydraException as e:
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            return (f"config: cannot parse the argument {item!r} ({reason}); write a list whole, e.g. "
+                    "'train.batch_size=[1,2]', and quote a value with spaces, commas or brackets for Hydra inside the "
+                    "shell's quotes: 'key=\"a, b\"'")
+    return None
+
+
+def _reject_unknown_keys(node: DictConfig, schema: type, prefix: str) -> None:
+    """`+key=value` overrides (and old saved configs) may hold keys the schema does not have; nothing would read
+    them, so refuse."""
+    types = typing.get_type_hints(schema)
+    fields = {f.name for f in dataclasses.fields(schema)}
+    for key in node.keys():
+        if key not in fields:
+            raise ConfigError(f"config: unknown key '{prefix}{key}' (python train_jax.py --cfg lists every key)")
+        if dataclasses.is_dataclass(types[key]) and isinstance(node[key], DictConfig):
+            _reject_unknown_keys(node[key], types[key], f"{prefix}{key}.")

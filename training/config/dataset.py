@@ -1,0 +1,185 @@
+"""The `dataset` and `data` sections: where documents or pieces come from, how they are tokenised and cut up, and
+the checks on their values."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Optional
+
+from data.corpus import LOADERS, NOTE_SOURCES
+from training.config.base import fail, require_positive
+
+
+MIXTURE = "mixture"  # dataset.source of a mixture: load_corpus (data/corpus.py) mixes the sources it lists
+SOURCES = (*LOADERS, MIXTURE)  # what dataset.source can name: a loader of data/corpus.py's table, or a mixture
+
+
+class TokenizerKind(StrEnum):
+    byte = "byte"  # the 256 bytes + special tokens
+    bpe = "bpe"  # byte-level BPE trained on the training split (dataset.bpe_vocab_size)
+    gpt2 = "gpt2"  # GPT-2's 50,257 tokens (tiktoken)
+    notes = "notes"  # notes sources: SHIFT / PITCH / VEL / DUR tokens (dataset.notes_tokenizer)
+
+
+@dataclass(frozen=True)
+class AugmentationConfig:
+    """Notes only, training records only; drawn per record from (seed, sample), so a resumed run sees the same."""
+
+    speed_change_factors: list[float] = field(default_factory=list)  # e.g. [0.9, 1.1]: also play records this fast
+    max_pitch_shift: int = 0  # transpose each record by up to this many semitones either way
+
+    def check(self, at: str) -> None:
+        if not 0 <= self.max_pitch_shift <= 127:
+            fail(f"{at}.max_pitch_shift", f"must be in [0, 127]; got {self.max_pitch_shift}")
+        if any(f <= 0 for f in self.speed_change_factors):
+            fail(f"{at}.speed_change_factors", f"must all be > 0; got {list(self.speed_change_factors)}")
+
+
+@dataclass(frozen=True)
+class NotesTokenizerConfig:
+    time_step: float = 0.01  # seconds per SHIFT / DUR step
+    max_shift_steps: int = 100  # largest single SHIFT token; longer gaps take several
+    max_duration_steps: int = 100  # largest single DUR token; longer notes take several
+    velocity_bins: int = 32  # velocities 0..127 fall into this many equal bins (at most 128)
+
+    def check(self, at: str) -> None:
+        require_positive(self, at, "max_shift_steps", "max_duration_steps", "velocity_bins")
+        if self.time_step <= 0:
+            fail(f"{at}.time_step", f"must be > 0 seconds; got {self.time_step}")
+        if self.velocity_bins > 128:
+            fail(f"{at}.velocity_bins", f"must be <= 128; got {self.velocity_bins}")
+
+
+@dataclass(frozen=True)
+class DatasetConfig:
+    name: str = "pystdlib"  # label used in run names
+    # Where documents (or pieces of notes) come from: a key of data/corpus.py's table of loaders, or mixture. A
+    # plain string, so that a loader added to that table can be chosen here.
+    source: str = "pystdlib"
+    # source=mixture: the sources and their weights, each a preset of conf/dataset/ with any of its keys changed:
+    # [{dataset: fineweb_edu, weight: 0.7}, {dataset: text_files, weight: 0.3, name: mine, files: [notes/]}]
+    mixture: list[Any] = field(default_factory=list)
+    tokenizer: TokenizerKind = TokenizerKind.bpe  # text sources take a text tokenizer, notes sources `notes`
+    bpe_vocab_size: int = 4096  # bpe only: size including the byte alphabet and special tokens
+    context_size: Optional[int] = None  # tokens per training window; null = model.context_size
+    val_fraction: float = 0.05  # sources without their own splits: share of documents held out per split
+    test_fraction: float = 0.05  # ... and the share held out for the test split
+    extra_val_splits: list[str] = field(default_factory=list)  # pystdlib: packages held out whole, one split each
+    files: list[str] = field(default_factory=list)  # text_files, json_files, midi_files: paths, directories or globs
+    hf_path: Optional[str] = None  # hf: Hub dataset id, e.g. Salesforce/wikitext
+    hf_name: Optional[str] = None  # hf: dataset config name, e.g. wikitext-2-raw-v1
+    text_column: str = "text"  # hf, json_files: the column holding a document's text
+    prompt_column: Optional[str] = None  # text fine-tuning: records are `prompt <GENAI> completion` from these two
+    completion_column: Optional[str] = None  # ... columns; both or neither
+    train_split: str = "train"  # hf: the split that trains
+    val_split: Optional[str] = "validation"  # hf: null = hold out val_fraction of the train split
+    test_split: Optional[str] = "test"  # hf: null = no test split (or val_fraction's hold-out gives one)
+    streaming: bool = False  # hf: tokenise while streaming into the token store (needs max_documents or max_tokens)
+    max_documents: Optional[int] = None  # cap on documents per split (streamed corpora: documents read in all)
+    max_tokens: Optional[int] = None  # streamed corpora: stop reading after the chunk that reaches this many tokens
+    docs_per_chunk: int = 4096  # token store: documents per unit of the build (what a killed build redoes at most)
+    document_mask: bool = False  # packed text: attention stays within a document, positions restart at each one
+    build_timeout_s: float = 21600.0  # multi-process: how long a process waits for the others' part of the build
+    num_proc: int = 2  # processes for parsing scores / MIDI files (spawned workers)
+    cache_dir: str = ".cache"  # token stores, trained tokenizers, parsed notes (shared by all processes of a run)
+    # Notes (music21 | maestro | midi_files):
+    composers: list[str] = field(  # music21: the composers whose scores are read
+        default_factory=lambda: ["bach", "mozart", "beethoven", "haydn", "chopin"])
+    max_pieces_per_composer: Optional[int] = None  # music21: the smallest files first; null = all
+    eval_composers: list[str] = field(  # composers with a validation split of their own (beside `full`)
+        default_factory=lambda: ["bach", "mozart", "beethoven", "chopin"])
+    default_velocity: int = 80  # scores: velocity before the first dynamic mark
+    base_dataset_name: Optional[str] = None  # maestro: Hub id or local folder giving validation and test
+    extra_datasets: list[str] = field(default_factory=list)  # maestro: their train splits train (default: base's)
+    pause_detection_threshold: float = 4.0  # seconds of silence that split a piece into segments
+    augmentation: AugmentationConfig = field(default_factory=AugmentationConfig)  # notes: how records vary
+    notes_tokenizer: NotesTokenizerConfig = field(default_factory=NotesTokenizerConfig)  # notes: token grid
+
+    @property
+    def records(self) -> bool:
+        """Text fine-tuning: one `prompt <GENAI> completion` record per row instead of packed documents."""
+        return bool(self.prompt_column or self.completion_column)
+
+    @property
+    def notes(self) -> bool:
+        """Whether the source gives pieces of notes (for the notes tokenizer) rather than text."""
+        return self.source in NOTE_SOURCES
+
+    def check(self, at: str = "dataset") -> None:
+        """`at`: where this section sits (the run's dataset section, or one source of its mixture)."""
+        if self.source not in SOURCES:
+            fail(f"{at}.source", f"must be one of {', '.join(SOURCES)}; got {self.source!r}")
+        self._check_build(at)
+        self._check_source(at)
+        self._check_notes(at)
+
+    def _check_build(self, at: str) -> None:
+        """How the token store is built: caps, chunks, held-out shares."""
+        if self.streaming:
+            if self.max_documents is None and self.max_tokens is None:
+                fail(f"{at}.max_tokens", "streaming needs a cap, e.g. dataset.max_tokens=10000000000 (or "
+                                         "max_documents)")
+            if self.tokenizer == TokenizerKind.bpe:
+                fail("dataset.tokenizer", "bpe is trained on a whole train split, which a streamed corpus does not "
+                                          "have before the build; use gpt2 or byte")
+            if self.prompt_column:
+                fail(f"{at}.streaming", "fine-tuning records (prompt_column) are read whole; set "
+                                        "dataset.streaming=false")
+        for key in ("max_documents", "max_tokens"):
+            if getattr(self, key) is not None and getattr(self, key) < 1:
+                fail(f"{at}.{key}", f"must be >= 1; got {getattr(self, key)}")
+        if self.document_mask and (self.tokenizer == TokenizerKind.notes or self.prompt_column):
+            fail("dataset.document_mask", "masks documents packed into one window; records (notes, prompt/completion) "
+                                          "hold one each already: set it to false")
+        require_positive(self, at, "docs_per_chunk", "num_proc")
+        if self.build_timeout_s <= 0:
+            fail(f"{at}.build_timeout_s", f"must be > 0; got {self.build_timeout_s}")
+        for key in ("val_fraction", "test_fraction"):
+            if not 0.0 <= getattr(self, key) < 0.5:
+                fail(f"{at}.{key}", f"must be in [0, 0.5); got {getattr(self, key)}")
+        if self.tokenizer == TokenizerKind.bpe and self.bpe_vocab_size < 260:
+            fail(f"{at}.bpe_vocab_size", f"must be >= 260 (256 bytes + special tokens); got {self.bpe_vocab_size}")
+
+    def _check_source(self, at: str) -> None:
+        """What each source needs: its files or Hub id, its kind of tokenizer, the columns of its records."""
+        needs = {"text_files": ("files", "text_files needs at least one path or glob, e.g. "
+                                         "dataset.files=[notes/*.txt]"),
+                 "hf": ("hf_path", "hf needs a Hub dataset id, e.g. dataset.hf_path=Salesforce/wikitext"),
+                 "maestro": ("base_dataset_name", "maestro needs a Hub id or local folder, e.g. "
+                                                  "epr-labs/maestro-sustain-v2"),
+                 "midi_files": ("files", "midi_files needs at least one .mid file, folder or glob"),
+                 "json_files": ("files", "json_files needs at least one .json/.jsonl file or glob")}
+        if self.source in needs and not getattr(self, needs[self.source][0]):
+            fail(f"{at}.{needs[self.source][0]}", needs[self.source][1])
+        if self.notes != (self.tokenizer == TokenizerKind.notes):
+            fail("dataset.tokenizer", f"dataset.source={self.source} needs " + (
+                "dataset.tokenizer=notes" if self.notes else
+                f"a text tokenizer ({', '.join(k for k in TokenizerKind if k != TokenizerKind.notes)}), "
+                f"not {self.tokenizer}"))
+        if self.records and not (self.prompt_column and self.completion_column):
+            fail(f"{at}.prompt_column", "text fine-tuning needs both dataset.prompt_column and "
+                                        "dataset.completion_column")
+        if self.records and self.source not in ("json_files", "hf"):
+            fail(f"{at}.prompt_column", f"prompt/completion records come from dataset.source=json_files or hf, not "
+                                        f"{self.source}")
+        if self.mixture and self.source != MIXTURE:
+            fail(f"{at}.mixture", f"is read only with dataset.source=mixture (dataset=mixture), not {self.source}")
+
+    def _check_notes(self, at: str) -> None:
+        self.notes_tokenizer.check(f"{at}.notes_tokenizer")
+        self.augmentation.check(f"{at}.augmentation")
+        if self.max_pieces_per_composer is not None and self.max_pieces_per_composer < 1:
+            fail(f"{at}.max_pieces_per_composer", f"must be >= 1 (or null for all); got {self.max_pieces_per_composer}")
+        if not 1 <= self.default_velocity <= 127:
+            fail(f"{at}.default_velocity", f"must be in [1, 127]; got {self.default_velocity}")
+        if self.pause_detection_threshold <= 0:
+            fail(f"{at}.pause_detection_threshold", f"must be > 0 seconds; got {self.pause_detection_threshold}")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    notes_per_record: int = 128  # notes: consecutive notes per training/evaluation record
+
+    def check(self) -> None:
+        require_positive(self, "data", "notes_per_record")

@@ -1,0 +1,146 @@
+"""The sections the training loop reads: `train` (steps, batches, evaluation), `logging` and `checkpoint`, and the
+checks on their values."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Optional
+
+from training.config.base import either, fail, require_non_negative, require_positive
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    seed: int = 0  # model initialisation, dropout and the data order all follow from it
+    batch_size: int = 16  # sequences per micro-batch per process, split over the process's devices
+    grad_accum_steps: int = 1  # micro-batches per optimizer step (optax.MultiSteps)
+    max_steps: int = 120  # optimizer steps; the default run is sized for ~8 minutes on 2 CPU cores (README)
+    max_training_hours: Optional[float] = None  # stop (and checkpoint) after this much wall time
+    eval_interval: int = 60  # steps between evaluations (and one at the end)
+    eval_iters: int = 8  # batches per validation split per evaluation
+    log_interval: int = 10  # steps between log lines
+    skip_nonfinite: bool = False  # true: skip updates whose gradient is NaN/Inf; false: stop the run there
+    eval_at_start: bool = False  # also evaluate before the first step (e.g. the weights init_from brought)
+    z_loss: float = 0.0  # > 0: add z_loss * log(Z)^2 per target token (PaLM's auxiliary loss), logged as z_loss
+
+    def check(self) -> None:
+        require_positive(self, "train", "batch_size", "max_steps", "eval_interval", "eval_iters", "log_interval",
+                         "grad_accum_steps")
+        require_non_negative(self, "train", "z_loss")
+        if self.max_training_hours is not None and self.max_training_hours <= 0:
+            fail("train.max_training_hours", f"must be > 0 (or null for no limit); got {self.max_training_hours}")
+
+
+class WandbMode(StrEnum):
+    online = "online"  # log to the wandb server (needs WANDB_API_KEY)
+    offline = "offline"  # log to files under the run directory; `wandb sync` uploads them later
+    disabled = "disabled"  # no wandb at all
+
+
+class WandbFallback(StrEnum):
+    """logging.wandb=online, when the server cannot be reached or refuses the key (known within 35 s)."""
+
+    fail = "fail"  # one line, before training
+    offline = "offline"  # a warning, then log offline; `wandb sync` uploads the run later
+
+
+class Progress(StrEnum):
+    auto = "auto"  # a bar on a terminal, lines otherwise
+    bar = "bar"  # a progress bar
+    lines = "lines"  # a log line every logging interval
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    run_dir: Optional[str] = None  # null = runs/<name>-<timestamp>
+    name: Optional[str] = None  # null = <model.name>-<dataset.name>
+    wandb: WandbMode = WandbMode.offline  # where wandb logs go
+    wandb_fallback: WandbFallback = WandbFallback.fail  # online, with no reachable server or a refused key
+    wandb_project: str = "gpt-jax"  # wandb project the run is logged under
+    wandb_entity: Optional[str] = None  # wandb user or team; null = the API key's default
+    tensorboard: bool = True  # also write TensorBoard event files in the run directory
+    progress: Progress = Progress.auto  # how progress is shown on the console
+    # Training statistics (training/stats.py says what each computes and what it costs); all off by default.
+    log_callback_data: bool = False  # gradient / parameter / update norms (global, per layer), <g_t, update_t>
+    store_last_grads: bool = False  # keep g_{t-1}: cos(g_t, g_{t-1})
+    store_past_grads: bool = False  # keep the sum of past gradients: cos(g_t, their mean)
+    store_last_params: bool = False  # keep x_{t-1}: the last step's length
+    compute_last_loss: bool = False  # f(x_t) - f(x_{t-1}) on the same batch (needs store_last_params)
+    compute_last_grads: bool = False  # |g_t - grad f(x_{t-1})| on the same batch (needs store_last_params)
+    running_stats_window: int = 0  # > 0: also each statistic's mean over this many steps
+
+    def check(self) -> None:
+        for key in ("compute_last_loss", "compute_last_grads"):
+            if getattr(self, key) and not self.store_last_params:
+                fail(f"logging.{key}", "needs the previous parameters: add logging.store_last_params=true")
+        require_non_negative(self, "logging", "running_stats_window")
+        knobs = ("log_callback_data", "store_last_grads", "store_past_grads", "store_last_params")
+        if self.running_stats_window > 0 and not any(getattr(self, k) for k in knobs):
+            fail("logging.running_stats_window", "averages statistics, but no statistics knob is on (e.g. "
+                                                 "logging.log_callback_data=true)")
+
+
+class LoadMode(StrEnum):
+    """What `checkpoint.load` asks for."""
+
+    true = "true"  # resume from load_path
+    false = "false"  # start fresh
+    # resume from load_path, or else from this run's save path when it holds a checkpoint, and start fresh when none
+    # does (the same command rerun after a kill continues)
+    auto = "auto"
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    save: bool = True  # write checkpoints (at evaluations, the end, the time limit, a signal, and save_steps)
+    save_path: Optional[str] = None  # null = <run_dir>/checkpoints
+    save_steps: Any = None  # int = every N steps, list = at these steps, null = only latest/best/final
+    # steps this invocation trains, counted from where it starts (trainit: the steps of one checkpointed run), then it
+    # evaluates and checkpoints like a finished run; null = up to train.max_steps, which the schedule still spans
+    num_steps: Optional[int] = None
+    max_to_keep: Optional[int] = 3  # periodic checkpoints kept besides latest and best; null = all
+    # true: resume from load_path; false: start fresh; auto: resume from load_path, or else from this run's save path
+    # (save_path, or <logging.run_dir>/checkpoints), when it holds a checkpoint, and start fresh when none does (the
+    # same command rerun after a kill continues); a latest checkpoint that does not restore falls back, with a
+    # warning, to the newest one that does (true only names it)
+    load: str = LoadMode.false
+    load_path: Optional[str] = None  # the checkpoint directory to load, or the run directory that holds it
+    load_file: str = "latest"  # latest | best | <step> | iter_<step>.ckpt (trainit's name for a step)
+    overwrite_config: bool = False  # resuming, false: the saved config.yaml runs; true: this command line's config
+    overwrite_optimizer: bool = False  # true: a fresh optimizer state; the lr schedule continues at the restored step
+
+    def __post_init__(self) -> None:
+        """`load` as a LoadMode. The schema types it `str`: Hydra and YAML read true / false (trainit's
+        `checkpoint.load=True`) as booleans, which OmegaConf 2.3's enum nodes refuse (it has no unions) and its string
+        nodes keep as 'True' / 'False'."""
+        if str(self.load).lower() in LoadMode.__members__:
+            object.__setattr__(self, "load", LoadMode(str(self.load).lower()))
+
+    def check(self) -> None:
+        steps = self.save_steps
+        if steps is not None:
+            ok = (isinstance(steps, int) and steps > 0) or (
+                isinstance(steps, list) and all(isinstance(s, int) and s > 0 for s in steps))
+            if not ok:
+                fail("checkpoint.save_steps", f"must be a positive int, a list of positive ints, or null; got {steps}")
+        if self.num_steps is not None and self.num_steps < 1:
+            fail("checkpoint.num_steps", f"must be >= 1 (or null for up to train.max_steps); got {self.num_steps}")
+        if self.max_to_keep is not None and self.max_to_keep < 1:
+            fail("checkpoint.max_to_keep", f"must be >= 1 (or null to keep all); got {self.max_to_keep}")
+        if not isinstance(self.load, LoadMode):
+            fail("checkpoint.load", f"must be {either(LoadMode)}; got {self.load!r}")
+        if self.load == LoadMode.true and not self.load_path:
+            fail("checkpoint.load_path", "checkpoint.load=True needs checkpoint.load_path=<checkpoint dir> "
+                                         "(checkpoint.load=auto finds this run's own)")
+        if self.load_file not in ("latest", "best") and load_file_step(self.load_file) is None:
+            fail("checkpoint.load_file", f"must be latest, best, a step number or iter_<step>.ckpt; got "
+                                         f"{self.load_file!r}")
+
+
+def load_file_step(load_file: str) -> int | None:
+    """The step `checkpoint.load_file` names: a step number, or trainit's file name for it, iter_<step>.ckpt (the
+    step's directory here); None for anything else."""
+    named = re.fullmatch(r"(\d+)|iter_(\d+)\.ckpt", str(load_file))
+    return None if named is None else int(named.group(1) or named.group(2))

@@ -1,0 +1,80 @@
+"""`dataset.mixture`: each source a preset of conf/dataset/ with the run's dataset settings it inherits and its own
+keys, and the checks on the mixture as a whole."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from core.errors import ConfigError
+from data.batches import allot
+from data.mixture import MIXTURE_BLOCK
+from training.config.base import fail
+from training.config.dataset import MIXTURE, DatasetConfig
+from training.config.nodes import CONF_DIR, one_line, schema_node
+
+# Keys a mixture's sources take from the run's dataset section unless the entry sets them: where the caches live and
+# how the data is cut up are the run's, not a source's. The tokenizer is always the run's (one vocabulary).
+MIXTURE_INHERITED = ("bpe_vocab_size", "context_size", "docs_per_chunk", "document_mask", "build_timeout_s",
+                     "num_proc", "cache_dir")
+MIXTURE_ENTRY_KEYS = ("dataset", "weight")
+
+
+def mixture_sources(d: DatasetConfig) -> list[tuple[str, float, DatasetConfig]]:
+    """dataset.mixture as (name, weight, that source's complete dataset section): the entry's preset from
+    conf/dataset/, then the keys the run's dataset section lends it (MIXTURE_INHERITED), then the entry's own keys."""
+    sources = []
+    for i, entry in enumerate(d.mixture):
+        where = f"dataset.mixture[{i}]"
+        if not isinstance(entry, dict) or any(k not in entry for k in MIXTURE_ENTRY_KEYS):
+            fail(where, "needs `dataset` (a preset of conf/dataset/) and `weight`, e.g. "
+                        "{dataset: pystdlib, weight: 0.5}")
+        preset = CONF_DIR / "dataset" / f"{entry['dataset']}.yaml"
+        choices = sorted(p.stem for p in preset.parent.glob("*.yaml") if p.stem != MIXTURE)
+        if entry["dataset"] == MIXTURE or not preset.exists():
+            fail(f"{where}.dataset", f"{entry['dataset']} is not a source; choose one of {', '.join(choices)}")
+        if "tokenizer" in entry or "mixture" in entry:
+            key = "tokenizer" if "tokenizer" in entry else "mixture"
+            fail(f"{where}.{key}", f"set by the run (dataset.{key}), not per source")
+        own = {k: v for k, v in entry.items() if k not in MIXTURE_ENTRY_KEYS}
+        lent = {k: getattr(d, k) for k in MIXTURE_INHERITED}
+        try:
+            node = OmegaConf.merge(schema_node(DatasetConfig), OmegaConf.load(preset), lent,
+                                   {"tokenizer": d.tokenizer}, own)
+            source = OmegaConf.to_object(node)
+        except OmegaConfBaseException as e:
+            raise ConfigError(one_line(e).replace("config: ", f"config: {where}.", 1)) from None
+        sources.append((source.name, entry["weight"], source))
+    return sources
+
+
+def check_mixture(d: DatasetConfig, finetuning: bool) -> None:
+    """source=mixture: text sources with positive weights and distinct names, each valid on its own."""
+    if d.source != MIXTURE:
+        return
+    if len(d.mixture) < 1:
+        fail("dataset.mixture", "source=mixture needs at least one source, e.g. "
+                                "dataset.mixture=[{dataset: pystdlib, weight: 1}]")
+    if d.prompt_column or finetuning:
+        fail("dataset.mixture", "mixes pretraining text; fine-tune on one prompt/completion source")
+    names, sources = [], mixture_sources(d)
+    for i, (name, weight, source) in enumerate(sources):
+        at = f"dataset.mixture[{i}]"
+        if not _positive_number(weight):
+            fail(f"{at}.weight", f"must be a number > 0; got {weight!r}")
+        if source.notes or source.prompt_column:
+            fail(f"{at}.dataset", "a mixture mixes text for next-token pretraining; "
+                                  f"{source.source}{' records' if source.prompt_column else ''} cannot be mixed")
+        if name in names:
+            fail(f"{at}.name", f"{name!r} names two sources; give each a name of its own")
+        names.append(name)
+        source.check(at)
+    if min(allot([w for _, w, _ in sources], MIXTURE_BLOCK)) == 0:
+        fail("dataset.mixture", f"a weight below 1/{MIXTURE_BLOCK} of the total draws no row; raise it or drop that "
+                                "source")
+
+
+def _positive_number(weight: Any) -> bool:
+    return not isinstance(weight, bool) and isinstance(weight, (int, float)) and weight > 0

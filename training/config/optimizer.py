@@ -1,0 +1,83 @@
+"""The `optimizer` section and its `lr_config`: which optax optimizer, its hyper-parameters, the learning-rate
+schedule, and the checks on their values."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Optional
+
+from optimizers.registry import check_optimizer, with_hyper_parameters
+from training.config.base import fail, require_fraction, require_non_negative
+
+
+class Schedule(StrEnum):
+    """The learning-rate schedule after the warmup (optimizers/schedules.py)."""
+
+    constant = "constant"  # lr throughout
+    linear = "linear"  # lr -> min_lr in a straight line
+    cosine = "cosine"  # lr -> min_lr along half a cosine
+    trapezoid = "trapezoid"  # lr, then linearly to min_lr over the last decay_fraction (warmup-stable-decay)
+    piecewise_linear = "piecewise_linear"  # straight lines through (boundaries[i], boundary_lrs[i])
+
+    @property
+    def decays_to_min_lr(self) -> bool:
+        return self in (Schedule.linear, Schedule.cosine, Schedule.trapezoid)
+
+
+@dataclass(frozen=True)
+class LrConfig:
+    name: Schedule = Schedule.cosine  # the schedule's shape
+    lr: float = 1e-3  # peak learning rate
+    warmup: int = 0  # steps of linear warmup; the first step's lr is lr / warmup, never 0
+    min_lr: float = 0.0  # floor reached at the end of the decay
+    max_steps: Optional[int] = None  # schedule length; null = train.max_steps
+    decay_fraction: float = 0.2  # trapezoid: share of the steps spent in the final linear decay
+    boundaries: list[int] = field(default_factory=list)  # piecewise_linear: steps after warmup ...
+    boundary_lrs: list[float] = field(default_factory=list)  # ... and the lr reached at each of them
+
+    def check(self) -> None:
+        at = "optimizer.lr_config"
+        require_non_negative(self, at, "lr")
+        if self.name.decays_to_min_lr and not 0 <= self.min_lr <= self.lr:
+            fail(f"{at}.min_lr", f"must be in [0, lr={self.lr}] for a decaying schedule; got {self.min_lr}")
+        require_non_negative(self, at, "warmup")
+        if self.max_steps is not None and self.max_steps < 1:
+            fail(f"{at}.max_steps", f"must be >= 1 (or null for train.max_steps); got {self.max_steps}")
+        if not 0.0 <= self.decay_fraction <= 1.0:
+            fail(f"{at}.decay_fraction", f"must be in [0, 1]; got {self.decay_fraction}")
+        if self.name == Schedule.piecewise_linear:
+            if not self.boundaries or len(self.boundaries) != len(self.boundary_lrs):
+                fail(f"{at}.boundaries", "piecewise_linear needs boundaries and boundary_lrs of equal, non-zero length")
+            if list(self.boundaries) != sorted(set(self.boundaries)) or self.boundaries[0] <= 0:
+                fail(f"{at}.boundaries", f"must be strictly increasing positive steps; got {list(self.boundaries)}")
+            if any(v < 0 for v in self.boundary_lrs):
+                fail(f"{at}.boundary_lrs", f"must all be >= 0; got {list(self.boundary_lrs)}")
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    # A registered optimizer (a module of optimizers/ with @register(name)): a plain string, so that adding that file
+    # is all it takes to choose it here.
+    name: str = "adamw"
+    lr_config: LrConfig = field(default_factory=LrConfig)  # the learning-rate schedule
+    beta1: float = 0.9  # first-moment decay (adam family, lion, muon's AdamW part)
+    beta2: float = 0.95  # second-moment decay (adam family, muon's AdamW part); lion: its update interpolation
+    eps: float = 1e-8  # added to the second moment's root (adam family, rmsprop, muon's AdamW part)
+    weight_decay: float = 0.1  # decoupled; matrices only (adamw, lion, muon, sgdm)
+    momentum: float = 0.9  # sgdm, rmsprop, muon
+    nesterov: bool = False  # sgdm, muon
+    decay: float = 0.9  # rmsprop: squared-gradient averaging
+    adam_lr_ratio: float = 1.0  # muon: lr of the AdamW part relative to the Muon part
+    grad_clip: float = 1.0  # global-norm clipping threshold; 0 = off
+
+    def check(self) -> None:
+        check_optimizer(self)  # a registered name, and every hyper-parameter its builder needs
+        self.lr_config.check()
+        require_fraction(self, "optimizer", "beta1", "beta2", "momentum", "decay")
+        require_non_negative(self, "optimizer", "eps", "weight_decay", "grad_clip", "adam_lr_ratio")
+
+
+# Each registered optimizer's own hyper-parameters (its builder's keyword arguments that are not fields above) join
+# the section, typed by the builder's annotations; null = the builder's default (optimizers/registry.py).
+OptimizerConfig = with_hyper_parameters(OptimizerConfig)  # type: ignore[misc]

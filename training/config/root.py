@@ -1,0 +1,158 @@
+"""The whole run's config: the top-level keys, the sections, the checks that span sections, and the values derived
+from it where they are used (never written back)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Optional
+
+from data.corpus import NOTE_SOURCES
+from data.task_names import TASK_NAMES
+from models.hf import HF_PREFIX
+from training.config.base import either, fail
+from training.config.dataset import DataConfig, DatasetConfig
+from training.config.loop import CheckpointConfig, LoadMode, LoggingConfig, TrainConfig
+from training.config.mixture import check_mixture
+from training.config.model import ModelConfig
+from training.config.optimizer import OptimizerConfig
+from training.config.system import SystemConfig
+
+SCRATCH = "scratch_next_token"  # piano-gpt's name for fresh weights, which its users pass as init_from
+
+
+class Mode(StrEnum):
+    train = "train"  # train (and evaluate along the way)
+    eval = "eval"  # evaluate a checkpoint on every validation split and the test split; train nothing
+
+
+class Stage(StrEnum):
+    next_token_pretraining = "next_token_pretraining"  # learn every next token
+    piano_task = "piano_task"  # records `<TASK> prompt <GENAI> target` of the piano tasks in `tasks`
+
+
+class LossMasking(StrEnum):
+    pretraining = "pretraining"  # every target token but padding counts
+    finetuning = "finetuning"  # only the target tokens after <GENAI> count
+
+
+@dataclass(frozen=True)
+class Config:
+    mode: Mode = Mode.train  # what the run does
+    eval_only: bool = False  # the earlier pipeline's (piano-gpt's) name for mode=eval, kept for its users
+    stage: Stage = Stage.next_token_pretraining  # what the records are
+    # null: fresh weights (`scratch_next_token`, piano-gpt's name for it, too); a checkpoint (or run) dir: its
+    # weights, fresh optimizer, step 0; hf:<folder or Hub id>: GPT-2 weights from a transformers folder (e.g. hf:gpt2)
+    init_from: Optional[str] = None
+    loss_masking: LossMasking = LossMasking.pretraining  # which target tokens the loss counts
+    tasks: list[str] = field(default_factory=list)  # piano_task: names of data/task_names.py TASK_NAMES
+    task_weights: list[float] = field(default_factory=list)  # how often each task is drawn; empty = equally
+    dataset: DatasetConfig = field(default_factory=DatasetConfig)  # documents or pieces, tokenizer, token store
+    data: DataConfig = field(default_factory=DataConfig)  # records of notes
+    model: ModelConfig = field(default_factory=ModelConfig)  # the network
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)  # optimizer and learning-rate schedule
+    train: TrainConfig = field(default_factory=TrainConfig)  # steps, batches, evaluation
+    logging: LoggingConfig = field(default_factory=LoggingConfig)  # console, wandb, TensorBoard, statistics
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)  # saving, resuming, loading weights
+    system: SystemConfig = field(default_factory=SystemConfig)  # devices, processes, dtype
+
+    def check(self) -> None:
+        """Each section's own values, then this level's."""
+        self.model.check()
+        self.train.check()
+        self.system.check()
+        self.optimizer.check()
+        self.dataset.check()
+        self.data.check()
+        self.logging.check()
+        self.checkpoint.check()
+        for task in self.tasks:
+            if task not in TASK_NAMES:
+                fail("tasks", f"unknown task {task!r}; choose from {', '.join(TASK_NAMES)}")
+        weights = self.task_weights
+        if weights and (len(weights) != len(self.tasks) or min(weights) < 0 or sum(weights) <= 0):
+            fail("task_weights", f"needs one weight >= 0 per task ({len(self.tasks)}), not all 0; got {list(weights)}")
+
+
+def check_across(cfg: Config) -> None:
+    """Values that are wrong only together with another section's."""
+    d, lr, c = cfg.dataset, cfg.optimizer.lr_config, cfg.checkpoint
+    if d.context_size is not None and not 0 < d.context_size <= cfg.model.context_size:
+        fail("dataset.context_size", f"{d.context_size} must be in [1, model.context_size={cfg.model.context_size}]")
+    if lr.warmup > schedule_steps(cfg):
+        fail("optimizer.lr_config.warmup", f"{lr.warmup} exceeds the schedule's {schedule_steps(cfg)} steps")
+    check_mixture(d, cfg.loss_masking == LossMasking.finetuning)
+    if cfg.stage == Stage.piano_task:
+        if not d.notes:
+            fail("stage", f"piano_task needs a notes source (dataset={either(NOTE_SOURCES)}), not {d.source}")
+        if not cfg.tasks:
+            fail("tasks", f"stage=piano_task needs at least one task, e.g. tasks=[dynamics]; choose from "
+                          f"{', '.join(TASK_NAMES)}")
+    elif cfg.tasks:
+        fail("tasks", "tasks are for stage=piano_task; set stage=piano_task or tasks=[]")
+    if cfg.loss_masking == LossMasking.finetuning and cfg.stage != Stage.piano_task and not d.records:
+        fail("loss_masking", "finetuning puts the loss after <GENAI>, which only records have: set stage=piano_task "
+                             "or dataset.prompt_column / dataset.completion_column")
+    if evaluating(cfg) and c.load == LoadMode.false:
+        key = "eval_only" if cfg.eval_only else "mode"
+        fail(key, f"{key}={'true' if cfg.eval_only else 'eval'} evaluates a checkpoint: add checkpoint.load=True "
+                  "checkpoint.load_path=<dir>")
+    if c.load == LoadMode.true and (init_from_dir(cfg) or str(cfg.init_from or "").startswith(HF_PREFIX)):
+        fail("init_from", "choose one: checkpoint.load=True resumes a run, init_from=<dir> starts one from weights")
+
+
+def check_devices(cfg: Config, num_local_devices: int) -> None:
+    """What depends on this process's devices (known only once JAX has started, after jax.distributed)."""
+    sy, m = cfg.system, cfg.model
+    if sy.num_devices is not None and not 0 < sy.num_devices <= num_local_devices:
+        fail("system.num_devices", f"{sy.num_devices} must be in [1, {num_local_devices}] on this machine")
+    n_dev = sy.num_devices or num_local_devices
+    if sy.mesh_model < 1 or n_dev % sy.mesh_model:
+        fail("system.mesh_model", f"{sy.mesh_model} must be >= 1 and divide the {n_dev} local devices")
+    for key, size in (("model.n_head", m.n_head), ("model.vocab_multiple", m.vocab_multiple)):
+        if size % sy.mesh_model:
+            fail("system.mesh_model", f"{sy.mesh_model} must divide {key}={size}: tensor parallelism splits the heads "
+                                      "and the vocabulary over the `model` axis")
+    data_devices = n_dev // sy.mesh_model
+    if cfg.train.batch_size % data_devices:
+        fail("train.batch_size", f"{cfg.train.batch_size} is not divisible by the {data_devices} local devices it is "
+                                 "split over (train.batch_size counts sequences per process)")
+
+
+def evaluating(cfg: Config) -> bool:
+    """mode=eval (or eval_only=true): evaluate a checkpoint, train nothing."""
+    return cfg.mode == Mode.eval or cfg.eval_only
+
+
+def load_mode(cfg: Config) -> LoadMode:
+    return cfg.checkpoint.load  # type: ignore[return-value]  # a LoadMode once checked
+
+
+def init_from_dir(cfg: Config) -> str | None:
+    """The checkpoint directory `init_from` names, or None for fresh weights (null or scratch_next_token)."""
+    if cfg.init_from in (None, SCRATCH) or cfg.init_from.startswith(HF_PREFIX):
+        return None
+    return cfg.init_from
+
+
+def context_size(cfg: Config) -> int:
+    """Tokens per training window (the model sees windows of this length)."""
+    return cfg.dataset.context_size or cfg.model.context_size
+
+
+def schedule_steps(cfg: Config) -> int:
+    """Length of the learning-rate schedule in optimizer steps."""
+    return cfg.optimizer.lr_config.max_steps or cfg.train.max_steps
+
+
+def listed_save_steps(cfg: Config) -> list[int]:
+    """Steps named in a list `checkpoint.save_steps`: always kept, whatever max_to_keep says."""
+    steps = cfg.checkpoint.save_steps
+    return list(steps) if isinstance(steps, list) else []
+
+
+def is_save_step(cfg: Config, step: int) -> bool:
+    steps = cfg.checkpoint.save_steps
+    if steps is None:
+        return False
+    return step in steps if isinstance(steps, list) else step % steps == 0

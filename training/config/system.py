@@ -1,0 +1,56 @@
+"""The `system` section: devices, processes, numerics and tooling of the machine a run is on, and the checks on its
+values that do not need the devices (those that do are `check_devices`, training/config/root.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Optional
+
+from training.config.base import fail
+
+
+class Dtype(StrEnum):
+    """The compute dtype; parameters, optimizer state, softmax and loss stay float32 (training/precision.py)."""
+
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"  # with dynamic loss scaling
+
+
+class Sharding(StrEnum):
+    dp = "dp"  # data parallel: parameters and optimizer state replicated on every device
+    fsdp = "fsdp"  # parameters and optimizer state sharded over the `data` axis
+
+
+@dataclass(frozen=True)
+class SystemConfig:
+    dtype: Dtype = Dtype.float32  # compute dtype
+    sharding: Sharding = Sharding.dp  # how parameters and optimizer state are laid out over devices
+    num_devices: Optional[int] = None  # local devices to use (single process); null = all
+    mesh_model: int = 1  # devices on the mesh's `model` axis (Megatron tensor parallelism); `data` takes the rest
+    peak_flops: Optional[float] = None  # per-device peak FLOP/s for MFU; null = from the table of known devices
+    # Multi-process (multi-host) runs; null = from the launcher's environment (SLURM, Open MPI, JAX_* variables).
+    num_processes: Optional[int] = None  # processes in the run
+    process_id: Optional[int] = None  # this process's rank, 0 .. num_processes - 1
+    coordinator_address: Optional[str] = None  # host:port of process 0
+    cpu_devices_per_process: Optional[int] = None  # CPU only: devices each process simulates
+    distributed_timeout_s: int = 300  # how long to wait for every process to join, or for one that falls silent
+    compilation_cache_dir: Optional[str] = ".cache/jax"  # persistent XLA compilation cache; null = off
+    # true: any device-to-host transfer at a step that does not log, evaluate, save or agree to stop raises
+    # (jax.transfer_guard): checks that the loop never makes the device wait for the host between those steps
+    transfer_guard: bool = False
+    # [a, b]: trace steps a to b (counted from 1, inclusive) with jax.profiler into <run_dir>/profile, for
+    # TensorBoard's profile plugin (the .xplane.pb) and Perfetto (perfetto_trace.json.gz); [] = no trace
+    profile_steps: list[int] = field(default_factory=list)
+
+    def check(self) -> None:
+        if self.num_devices is not None and (self.num_processes or 1) > 1:
+            fail("system.num_devices", "selects local devices of a single process; leave it null with "
+                                       "num_processes > 1")
+        steps = self.profile_steps
+        if steps and not (len(steps) == 2 and 1 <= steps[0] <= steps[1]):
+            fail("system.profile_steps", f"must be [first, last] with 1 <= first <= last, or []; got {list(steps)}")
+        if self.num_processes is not None and self.num_processes > 1:
+            if self.process_id is not None and not 0 <= self.process_id < self.num_processes:
+                fail("system.process_id", f"must be in [0, {self.num_processes}); got {self.process_id}")
