@@ -1,11 +1,16 @@
 """Config is checked at the door: each bad value exits 2 with one line naming the key, before anything runs."""
 
+import dataclasses
+
 import pytest
 import yaml
+from omegaconf import OmegaConf
 
 import train_jax
+from core.errors import ConfigError
 from helpers import run_cli, tiny_overrides
-from training.config import as_dict, compose_config, load_config, to_config
+from training.config import (Config, Dtype, LoadMode, as_dict, compose_config, evaluating, finish, init_from_dir,
+                             load_config, to_config, to_yaml)
 
 BAD_CONFIGS = [
     (["train.foo=1"], "unknown key 'train.foo'"),
@@ -14,7 +19,8 @@ BAD_CONFIGS = [
     (["optimizer.lr_config.lr=-0.1"], "optimizer.lr_config.lr: must be >= 0"),
     (["model.n_head=5"], "model.n_embd: 64 is not divisible by model.n_head=5"),
     (["dataset.context_size=128"], "dataset.context_size: 128 must be in [1, model.context_size=64]"),
-    (["system.num_devices=null", "train.batch_size=12"], "train.batch_size: 12 is not divisible by the 8 local devices"),
+    (["system.num_devices=null", "train.batch_size=12"],
+     "train.batch_size: 12 is not divisible by the 8 local devices"),
     (["train.grad_accum_steps=0"], "train.grad_accum_steps: must be >= 1"),
     (["model=gpt3"], "model=gpt3 does not exist; choose one of gpt2, gpt2-large"),
     (["optimizer=adamw", "optimizer/lr_config=exponential"], "optimizer/lr_config=exponential does not exist"),
@@ -25,6 +31,9 @@ BAD_CONFIGS = [
     (["checkpoint.num_steps=0"], "checkpoint.num_steps: must be >= 1 (or null for up to train.max_steps); got 0"),
     (["checkpoint.load_file=iter_x.ckpt"], "checkpoint.load_file: must be latest, best, a step number or "
                                            "iter_<step>.ckpt; got 'iter_x.ckpt'"),
+    (["system.dtype=fp8"], "system.dtype: 'fp8' is not one of float32, bfloat16, float16"),
+    (["model.remat=True"], "model.remat: 'True' is not one of none, block, full"),
+    (["checkpoint.load=maybe"], "checkpoint.load: must be true, false or auto; got 'maybe'"),
 ]
 
 
@@ -70,3 +79,46 @@ def test_cfg_prints_every_key_of_the_composed_config_and_runs_nothing(tmp_path, 
     assert printed["model"]["name"] == "gpt2-tiny" and printed["optimizer"]["momentum"] == 0.9
     assert printed["train"]["max_steps"] == 7 and printed["optimizer"]["lr_config"]["name"] == "cosine"
     assert not (tmp_path / "run").exists()
+
+
+def test_the_code_receives_typed_sections_whose_choices_still_compare_as_strings():
+    cfg = load_config(["system.dtype=bfloat16", "optimizer=lion"])
+    assert type(cfg) is Config and dataclasses.is_dataclass(cfg.system) and dataclasses.is_dataclass(cfg.dataset)
+    assert cfg.system.dtype is Dtype.bfloat16 and cfg.system.dtype == "bfloat16"
+    assert cfg.optimizer.name == "lion" and cfg.optimizer.lr_config.name == "cosine"
+
+
+@pytest.mark.parametrize("spelling,mode", [("True", "true"), ("true", "true"), ("false", "false"),
+                                           ("False", "false"), ("auto", "auto")])
+def test_checkpoint_load_takes_trainits_spellings_and_yamls_booleans(spelling, mode):
+    cfg = load_config([f"checkpoint.load={spelling}", "checkpoint.load_path=runs/x"])
+    assert cfg.checkpoint.load is LoadMode(mode)
+
+
+def test_checkpoint_load_reads_the_booleans_of_earlier_saved_configs():
+    for saved, mode in ((True, LoadMode.true), (False, LoadMode.false)):
+        assert to_config({"checkpoint": {"load": saved, "load_path": "runs/x"}}).checkpoint.load is mode
+
+
+def test_a_saved_config_reads_back_as_the_same_typed_config():
+    """What a run writes (config.yaml; the checkpoint's JSON metadata) is what a resumed run or a script reads."""
+    cfg = load_config(["dataset=mixture", "dataset.tokenizer=byte", "system.dtype=bfloat16", "checkpoint.load=auto",
+                       "checkpoint.save_steps=[5,10]", "model.remat=block", "logging.wandb=disabled"])
+    assert to_config(as_dict(cfg)) == cfg
+    assert finish(OmegaConf.create(yaml.safe_load(to_yaml(cfg)))) == cfg
+    assert to_config(as_dict(cfg)) != load_config([])
+
+
+def test_the_checks_that_need_the_device_count_wait_for_it():
+    composed = compose_config(["system.num_devices=null", "train.batch_size=12"])
+    assert finish(composed).train.batch_size == 12  # before JAX knows its devices: not checked yet
+    with pytest.raises(ConfigError, match="train.batch_size: 12 is not divisible by the 8 local devices"):
+        finish(composed, num_local_devices=8)
+
+
+def test_the_earlier_pipelines_names_mean_what_they_meant_there():
+    assert evaluating(load_config(["eval_only=true", "checkpoint.load=True", "checkpoint.load_path=runs/x"]))
+    with pytest.raises(ConfigError, match="^config: eval_only: eval_only=true evaluates a checkpoint"):
+        load_config(["eval_only=true"])
+    assert init_from_dir(load_config(["init_from=scratch_next_token"])) is None
+    assert init_from_dir(load_config(["init_from=runs/x"])) == "runs/x"
