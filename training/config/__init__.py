@@ -1,14 +1,16 @@
 """The run configuration: a typed schema (Hydra structured configs of frozen dataclasses), composed from conf/ and
 checked once, at the door.
 
-Types, defaults and allowed values (enums) live in the dataclasses, one module per part of the pipeline, each field
-with its meaning as a comment and each section with a `check` of its own values:
-  dataset.py    dataset, data             model.py    model              optimizer.py   optimizer, lr_config
-  loop.py       train, logging, checkpoint system.py  system             root.py        Config: the top-level keys,
-  mixture.py    dataset.mixture's sources                                               checks across sections
-conf/*.yaml holds presets (a group's choices) only. compose.py turns YAML and overrides into the typed `Config`
-(`load_config`, `finish`); nodes.py is the way back to plain data (YAML, dicts). The config is never changed after
-it is checked; derived values (global batch, schedule length) are computed where they are used.
+Types, defaults and allowed values (enums) live in the dataclasses, each field with its meaning as a comment and each
+section with a `check` of its own values beside its fields:
+  dataset.py     the dataset and data sections          loop.py     train, logging, checkpoint
+  model.py       model                                  system.py   system
+  optimizer.py   optimizer and its lr_config            mixture.py  dataset.mixture's sources and their checks
+  root.py        Config: the top-level keys, the checks across sections, values derived from the config
+conf/*.yaml holds presets only (a group's options, and in config.yaml what the default run changes in them).
+compose.py turns YAML and overrides into the checked `Config` (`load_config`, `finish`); nodes.py goes between it and
+OmegaConf (plain data, YAML, one-line errors). The config never changes once checked; derived values (global batch,
+schedule length) are computed where they are used.
 """
 
 from training.config.compose import compose_config, composition_error, finish, load_config, to_config

@@ -23,11 +23,10 @@ def schema_node(schema: type) -> DictConfig:
 
 
 def _writable(node: DictConfig) -> None:
-    node._set_flag("readonly", None)
-    for key in node.keys():
-        child = node._get_node(key)
-        if isinstance(child, DictConfig):
-            _writable(child)
+    OmegaConf.set_readonly(node, None)
+    for key in node:
+        if isinstance(node[key], DictConfig):
+            _writable(node[key])
 
 
 def one_line(e: BaseException) -> str:
