@@ -83,7 +83,7 @@ class DatasetConfig:
     build_timeout_s: float = 21600.0  # multi-process: how long a process waits for the others' part of the build
     num_proc: int = 2  # processes for parsing scores / MIDI files (spawned workers)
     cache_dir: str = ".cache"  # token stores, trained tokenizers, parsed notes (shared by all processes of a run)
-    # Notes (music21 | maestro | midi_files):
+    # Notes sources (data/corpus.py NOTE_SOURCES):
     composers: list[str] = field(  # music21: the composers whose scores are read
         default_factory=lambda: ["bach", "mozart", "beethoven", "haydn", "chopin"])
     max_pieces_per_composer: Optional[int] = None  # music21: the smallest files first; null = all
