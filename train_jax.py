@@ -182,6 +182,4 @@ def run(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    import train_jax  # launchers pickle the task by reference; as train_jax.task their workers can import it
-
-    sys.exit(train_jax.run(sys.argv[1:]))
+    sys.exit(run(sys.argv[1:]))

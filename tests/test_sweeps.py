@@ -74,8 +74,8 @@ def test_a_bad_value_fails_its_job_with_one_line_while_the_other_runs_and_the_sw
 
 
 def test_submitit_local_runs_each_job_in_a_process_of_its_own(data_cache, tmp_path):
-    """The jobs' processes start elsewhere (submitit's module, the test's scratch directory) and still import
-    train_jax: with no PYTHONPATH given, the one train_jax.py sets for them."""
+    """The jobs' processes start elsewhere (submitit's module, the test's scratch directory) and still import the
+    project's modules: with no PYTHONPATH given, the one train_jax.py sets for them."""
     sweep = tmp_path / "sweep"
     result = run_cli(sweep_command(data_cache, sweep, "hydra/launcher=submitit_local",
                                    "optimizer.lr_config.lr=1e-3,3e-3"), env={"PYTHONPATH": None}, timeout=240)

@@ -88,7 +88,7 @@ def run(app: Callable[[], Any], argv: list[str]) -> int:
     saved_argv, saved_env = sys.argv, {k: os.environ.get(k) for k in ("HYDRA_FULL_ERROR", "PYTHONPATH")}
     sys.argv = [saved_argv[0], *argv]
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra's errors reach this function as exceptions, not printed tracebacks
-    # Launchers that run jobs in fresh processes (submitit) unpickle the task by reference: they import train_jax.
+    # Launchers that run jobs in fresh processes (submitit) unpickle the task, which names this checkout's modules.
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [saved_env["PYTHONPATH"]])])
     sweep.started.clear()
     code = 0
