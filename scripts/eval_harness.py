@@ -29,14 +29,13 @@ from training.harness import evaluate_tasks, harness_lm, import_lm_eval  # noqa:
 from training.precision import cast_floating  # noqa: E402
 from training.step import COMPUTE_DTYPES  # noqa: E402
 from training.storage import check_writable  # noqa: E402
-from training.trained import Trained, load_trained  # noqa: E402
+from training.trained import Trained, add_checkpoint_arguments, load_trained  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("path", help="run directory or checkpoint directory")
+    add_checkpoint_arguments(parser)
     parser.add_argument("--tasks", default="hellaswag,lambada_openai", help="comma-separated lm-eval task names")
-    parser.add_argument("--which", default="latest", help="latest, best or a step number")
     parser.add_argument("--num-fewshot", type=int, default=None, help="examples in the prompt (default: the task's)")
     parser.add_argument("--limit", type=float, default=None, help="only the first N documents per task (or a fraction)")
     parser.add_argument("--include-path", default=None, help="a folder of task YAMLs besides lm-eval's own")

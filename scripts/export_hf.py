@@ -16,14 +16,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from core.errors import PipelineError  # noqa: E402
 from models.hf import export_hf  # noqa: E402
-from training.trained import load_trained  # noqa: E402
+from training.trained import add_checkpoint_arguments, load_trained  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("checkpoint", help="run directory or checkpoint directory")
-    parser.add_argument("out_dir")
-    parser.add_argument("--which", default="latest", help="latest, best or a step number")
+    add_checkpoint_arguments(parser, "checkpoint")
+    parser.add_argument("out_dir", help="the transformers folder to write")
     args = parser.parse_args(argv)
     try:
         trained = load_trained(args.checkpoint, args.which)

@@ -21,13 +21,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from core.errors import DataError, PipelineError  # noqa: E402
 from models.decode import generate  # noqa: E402
-from training.trained import Trained, load_trained  # noqa: E402
+from training.trained import Trained, add_checkpoint_arguments, load_trained  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("path", help="run directory or checkpoint directory")
-    parser.add_argument("--which", default="latest", help="latest, best or a step number")
+    add_checkpoint_arguments(parser)
     parser.add_argument("--prompt", action="append", help="prompt text (repeatable); default: the start of a document")
     parser.add_argument("--num-samples", type=int, default=1, help="samples per prompt")
     parser.add_argument("--max-new-tokens", type=int, default=200)

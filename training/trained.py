@@ -3,6 +3,7 @@ scripts start from."""
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,12 @@ class Trained:
     cfg: Config
     step: int
     meta: dict
+
+
+def add_checkpoint_arguments(parser: argparse.ArgumentParser, path: str = "path") -> None:
+    """The arguments of a script that reads a trained model: the run (or checkpoint) directory and which step."""
+    parser.add_argument(path, help="run directory or checkpoint directory")
+    parser.add_argument("--which", default="latest", help="latest, best or a step number")
 
 
 def load_trained(path: str, which: str = "latest") -> Trained:
