@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,10 +112,11 @@ def split_of(identity: str, val_fraction: float, test_fraction: float) -> str:
 def stdlib_files() -> tuple[Path, list[Path]]:
     """The running Python's standard library: every .py file outside tests and site-packages."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    files = sorted(
-        p for p in root.rglob("*.py") if not STDLIB_EXCLUDED_DIRS.intersection(p.relative_to(root).parts[:-1])
-    )
-    return root, files
+    files = []
+    for folder, subfolders, names in os.walk(root):  # excluded folders are not entered: site-packages can be huge
+        subfolders[:] = [name for name in subfolders if name not in STDLIB_EXCLUDED_DIRS]
+        files += [Path(folder, name) for name in names if name.endswith(".py")]
+    return root, sorted(files)
 
 
 def pystdlib_corpus(d: Any) -> TextCorpus:
