@@ -1,10 +1,12 @@
 """The command line end to end, in real subprocesses: train, log everywhere, sample; offline Hub datasets fail clearly."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 
-from helpers import read_metrics, run_cli, tiny_overrides
+from helpers import communicate, read_metrics, run_cli, spawn, tiny_overrides
 
 pytestmark = pytest.mark.e2e
 
@@ -64,6 +66,29 @@ def test_run_writes_wandb_offline_and_tensorboard_files(tiny_run):
     session = HParamsPluginData.FromString(hparams.PluginTagToContent("hparams")["_hparams_/session_start_info"])
     config = session.session_start_info.hparams
     assert config["model.name"].string_value == "gpt2-tiny" and config["train.max_steps"].number_value == 40
+
+
+def test_tensorboard_is_written_without_importing_torch_which_stays_importable(tmp_path):
+    """tensorboardX imports torch when it is installed (as in the test environment): seconds at each run's start for
+    nothing, since the run logs plain numbers."""
+    script = (
+        "import sys\n"
+        "from training.logs import summary_writer\n"
+        f"writer = summary_writer()(logdir={str(tmp_path / 'tb')!r})\n"
+        "writer.add_scalar('train/loss', 1.5, 3)\n"
+        "writer.close()\n"
+        "print('torch imported:', 'torch' in sys.modules)\n"
+        "import torch\n"
+        "print('torch', torch.__version__)\n")
+    result = communicate(spawn([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
+                         timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "torch imported: False" in result.stdout and "torch 2." in result.stdout, result.stdout
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [(3, 1.5)]
 
 
 def test_run_saves_config_and_checkpoint(tiny_run):
