@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def tiny_overrides(cache_dir: str, *extra: str) -> list[str]:
-    """gpt2-tiny, bytes, a few dozen stdlib files per split, one device, no wandb: seconds per run."""
+    """gpt2-tiny, bytes, a few dozen stdlib files per split, one device, no wandb, no plot: seconds per run."""
     return [
         "model=gpt2-tiny",
         "dataset.tokenizer=byte",
@@ -39,6 +39,7 @@ def tiny_overrides(cache_dir: str, *extra: str) -> list[str]:
         "system.num_devices=1",
         "logging.wandb=disabled",
         "logging.progress=lines",
+        "logging.plot=false",  # matplotlib's import and drawing: 2.4 s of each run (tests/test_end_to_end.py plots)
         f"system.compilation_cache_dir={cache_dir}/jax",
         *extra,
     ]

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.e2e
 def tiny_run(tmp_path_factory, data_cache):
     run_dir = tmp_path_factory.mktemp("e2e") / "run"
     result = run_cli(tiny_overrides(data_cache, f"logging.run_dir={run_dir}", "logging.wandb=offline",
-                                    "train.max_steps=40", "train.eval_interval=20", "train.log_interval=5",
+                                    "train.max_steps=40", "train.eval_interval=20", "train.log_interval=5", "logging.plot=true",
                                     "optimizer.lr_config.lr=3e-3"))
     assert result.returncode == 0, result.stderr[-3000:]
     return run_dir, result

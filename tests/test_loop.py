@@ -82,3 +82,4 @@ def test_the_time_limit_stops_the_run_with_an_evaluation_and_a_checkpoint(data_c
     assert (run_dir / "checkpoints" / str(stopped)).is_dir()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["stopped"] == "time limit" and summary["checkpoints"]["latest"] == stopped
+    assert not (run_dir / "plots.png").exists()  # logging.plot=false (tiny_overrides)

@@ -183,7 +183,8 @@ class TrainingRun:
             from models.gpt import count_params
 
             finish_run(self.plan.run_dir, self.checkpointer, "checkpoint.num_steps" if segment_done else loop.stop,
-                       time.time() - self.started, count_params(loop.state.model), MFU_FORMULA[MFU_CONVENTION])
+                       time.time() - self.started, count_params(loop.state.model), MFU_FORMULA[MFU_CONVENTION],
+                       plot=self.cfg.logging.plot)
 
     def close(self) -> None:
         self.signals.uninstall()

@@ -113,8 +113,8 @@ def plot_runs(run_dirs: list[Path], out: Path, labels: list[str] | None = None) 
 
 
 def finish_run(run_dir: Path, checkpointer: Any, stopped: str | None, wall_s: float, parameters: int,
-               mfu_formula: str) -> None:
-    """summary.json and plots.png at the end of a run (process 0)."""
+               mfu_formula: str, plot: bool = True) -> None:
+    """summary.json, and plots.png unless `plot` is false, at the end of a run (process 0)."""
     from training.checkpoint import package_versions
 
     checkpoints = None
@@ -127,4 +127,5 @@ def finish_run(run_dir: Path, checkpointer: Any, stopped: str | None, wall_s: fl
     write_summary(run_dir, {"run_dir": str(run_dir), "stopped": stopped or "max_steps", "wall_time_s": round(wall_s, 1),
                             "parameters": parameters, "mfu_formula": mfu_formula, "checkpoints": checkpoints,
                             "versions": package_versions()})
-    plot_runs([run_dir], Path(run_dir) / "plots.png")
+    if plot:
+        plot_runs([run_dir], Path(run_dir) / "plots.png")

@@ -62,6 +62,7 @@ class LoggingConfig:
     wandb_entity: Optional[str] = None  # wandb user or team; null = the API key's default
     tensorboard: bool = True  # also write TensorBoard event files in the run directory
     progress: Progress = Progress.auto  # how progress is shown on the console
+    plot: bool = True  # plots.png at the end: loss, lr and tokens/s per step (scripts/plot_runs.py draws it later, too)
     # Training statistics (training/stats.py says what each computes and what it costs); all off by default.
     log_callback_data: bool = False  # gradient / parameter / update norms (global, per layer), <g_t, update_t>
     store_last_grads: bool = False  # keep g_{t-1}: cos(g_t, g_{t-1})
