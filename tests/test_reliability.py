@@ -395,6 +395,8 @@ def test_a_killed_process_ends_the_survivor_in_one_line_and_the_run_resumes_with
     assert lines == [f"error: system: lost process 1 of 2: no sign of life for {timeout_s} s "
                      "(system.distributed_timeout_s); resume with all 2 processes and checkpoint.load=auto"], err[-3000:]
 
+    # Saves at 6 and 12 were due before the kill at step 14; the one at 12 is asynchronous and needs both processes,
+    # so it may not have committed when the victim died: the run resumes from the newest committed checkpoint.
     last = max(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
     resumed = _start_processes(2, args, _closed_port())  # the same command, with both processes
     try:
@@ -403,5 +405,5 @@ def test_a_killed_process_ends_the_survivor_in_one_line_and_the_run_resumes_with
         for proc in resumed:
             proc.kill()
     assert [proc.returncode for proc in resumed] == [0, 0], outputs[0][1][-3000:]
-    assert last >= 12 and f"resuming {run_dir}/checkpoints at step {last}" in outputs[0][0]
+    assert last in (6, 12) and f"resuming {run_dir}/checkpoints at step {last}" in outputs[0][0]
     assert max(r["step"] for r in read_metrics(run_dir, "train")) == 24
