@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import socket
 
-import datasets
+from core.hf_datasets import hf_datasets
 
 
 def hub_reachable(host: str = "huggingface.co") -> bool:
     """Whether the Hub's name resolves; no probe at all in offline mode (HF_HUB_OFFLINE=1), which means: never ask."""
-    if datasets.config.HF_HUB_OFFLINE:
+    if hf_datasets().config.HF_HUB_OFFLINE:
         return False
     try:
         socket.getaddrinfo(host, 443)
@@ -27,5 +27,5 @@ def offline_hub() -> None:
     local cache and local folders."""
     import huggingface_hub.constants
 
-    datasets.config.HF_HUB_OFFLINE = True
+    hf_datasets().config.HF_HUB_OFFLINE = True
     huggingface_hub.constants.HF_HUB_OFFLINE = True

@@ -7,12 +7,13 @@ text corpora of its sources.
 
 from __future__ import annotations
 
-from typing import Any, Callable
-
-import datasets
+from typing import TYPE_CHECKING, Any, Callable
 
 from data.note_sources import maestro_corpus, midi_files_corpus, music21_corpus
 from data.sources import MixtureCorpus, TextCorpus, hub_corpus, json_files_corpus, pystdlib_corpus, text_files_corpus
+
+if TYPE_CHECKING:
+    import datasets
 
 TEXT_SOURCES: dict[str, Callable[[Any], TextCorpus]] = {
     "pystdlib": pystdlib_corpus,
@@ -31,8 +32,6 @@ LOADERS = {**TEXT_SOURCES, **NOTE_SOURCES}
 def load_corpus(d: Any, mixture: list[tuple[str, float, Any]] = ()) -> TextCorpus | MixtureCorpus | dict:
     """The corpus of the dataset section `d`; for source=mixture, `mixture` holds each source's name, weight and
     dataset section (training/config/mixture.py `mixture_sources`)."""
-    datasets.disable_progress_bars()
-    datasets.logging.set_verbosity_error()
     if d.source == "mixture":
         return MixtureCorpus([n for n, _, _ in mixture], [w for _, w, _ in mixture],
                              [load_corpus(c) for _, _, c in mixture], [c for _, _, c in mixture])

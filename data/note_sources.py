@@ -1,7 +1,7 @@
 """Where notes come from: the music21 corpus (embedded), Hub piano datasets in the maestro layout, or local MIDI files.
 
 Each loader (`music21_corpus`, `maestro_corpus`, `midi_files_corpus`; data/corpus.py picks one by `dataset.source`)
-returns `{split: datasets.Dataset}` with one piece per row and the columns of NOTE_FEATURES: `train`, `test`, and
+returns `{split: datasets.Dataset}` with one piece per row and the columns of `note_features()`: `train`, `test`, and
 the validation splits (`full`, then one per composer in `dataset.eval_composers` that the validation pieces have).
 Scores and MIDI files are parsed once, in parallel, by `datasets.Dataset.from_generator`, and read back from its
 Arrow cache under `dataset.cache_dir` after that.
@@ -17,25 +17,32 @@ import warnings
 from concurrent.futures import ProcessPoolExecutor
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, Iterator
-
-import datasets
+from typing import TYPE_CHECKING, Any, Iterator
 
 from core.errors import DataError, first_line, warn
+from core.hf_datasets import hf_datasets
 from core.hub import hub_reachable, offline_hub
 from data.files import expand_files
 from data.notes import Notes
 
+if TYPE_CHECKING:
+    import datasets
+
 FULL_VAL_SPLIT = "full"
-NOTE_FEATURES = datasets.Features({
-    "composer": datasets.Value("string"),
-    "title": datasets.Value("string"),
-    "pitch": datasets.Sequence(datasets.Value("int16")),
-    "velocity": datasets.Sequence(datasets.Value("int16")),
-    "start": datasets.Sequence(datasets.Value("float64")),
-    "end": datasets.Sequence(datasets.Value("float64")),
-})
 MUSIC21_SKIPPED_SUFFIXES = (".rntxt",)  # Roman-numeral analyses, not notes
+
+
+def note_features() -> datasets.Features:
+    """The columns of a piece: its composer and title, and its notes as parallel lists."""
+    datasets = hf_datasets()
+    return datasets.Features({
+        "composer": datasets.Value("string"),
+        "title": datasets.Value("string"),
+        "pitch": datasets.Sequence(datasets.Value("int16")),
+        "velocity": datasets.Sequence(datasets.Value("int16")),
+        "start": datasets.Sequence(datasets.Value("float64")),
+        "end": datasets.Sequence(datasets.Value("float64")),
+    })
 
 
 def music21_corpus(d: Any) -> dict[str, datasets.Dataset]:
@@ -242,9 +249,9 @@ def _parse_in_parallel(generator, items: list[tuple[str, str]], d: Any, label: s
     the generator's code and its arguments, so the next run reads Arrow files instead of parsing."""
     shards = min(d.num_proc, len(items))
     stamps = [os.path.getmtime(path) for _, path in items]  # an edited file is parsed again
-    pieces = datasets.Dataset.from_generator(
+    pieces = hf_datasets().Dataset.from_generator(
         _in_workers,
-        features=NOTE_FEATURES,
+        features=note_features(),
         # Interleaving spreads the big files (the list is sorted by size) over all the workers.
         gen_kwargs={"parse": generator, "shards": [items[i::shards] for i in range(shards)],
                     "default_velocity": d.default_velocity},
@@ -283,19 +290,19 @@ def _maestro(d: Any) -> dict[str, datasets.Dataset]:
     corpus = {
         "val": _maestro_split(d.base_dataset_name, d.val_split or "validation", d),
         "test": _maestro_split(d.base_dataset_name, d.test_split or "test", d),
-        "train": datasets.concatenate_datasets([_maestro_split(name, "train", d) for name in train_names]),
+        "train": hf_datasets().concatenate_datasets([_maestro_split(name, "train", d) for name in train_names]),
     }
     return corpus
 
 
 def _maestro_split(name: str, split: str, d: Any) -> datasets.Dataset:
     try:
-        ds = datasets.load_dataset(name, split=split, cache_dir=str(Path(d.cache_dir) / "hf"))
+        ds = hf_datasets().load_dataset(name, split=split, cache_dir=str(Path(d.cache_dir) / "hf"))
     except Exception as e:  # the Hub raises many types: connection, offline mode, not found, gated, bad config
         reason = first_line(e)
         raise DataError(f"dataset {name} ({split}): could not load it: {reason}. Offline? Use dataset=music21 (ships "
                         f"with music21) or dataset=midi_files dataset.files=[...]") from None
-    return ds.map(_maestro_row, remove_columns=ds.column_names, features=NOTE_FEATURES)
+    return ds.map(_maestro_row, remove_columns=ds.column_names, features=note_features())
 
 
 def _maestro_row(row: dict) -> dict:

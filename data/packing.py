@@ -12,14 +12,15 @@ import hashlib
 import itertools
 import sys
 from pathlib import Path
-from typing import Any, Iterator
-
-import datasets
+from typing import TYPE_CHECKING, Any, Iterator
 
 from data.sources import TextCorpus
 from data.token_store import (BuildContext, Chunk, TokenStore, build_chunk, build_chunks, clear_stale, finish_store,
                               open_store, store_key, token_dtype)
 from data.tokenizers import Tokenizer
+
+if TYPE_CHECKING:
+    import datasets
 
 STREAM_SPLITS = ("train", "val", "test")
 

@@ -16,14 +16,16 @@ import os
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
-
-import datasets
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from core.errors import DataError, first_line
+from core.hf_datasets import hf_datasets
 from core.hub import hub_reachable, offline_hub
 from core.secrets import secret
 from data.files import expand_files, file_stamps
+
+if TYPE_CHECKING:
+    import datasets
 
 # Directories of the standard library that hold tests or bundled third-party code, not the library itself.
 STDLIB_EXCLUDED_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
@@ -159,6 +161,7 @@ def json_files_corpus(d: Any) -> TextCorpus:
     def load() -> dict[str, datasets.Dataset]:
         from data.file_checks import check_filled, malformed_json
 
+        datasets = hf_datasets()
         datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # a malformed line is said once, below
         try:
             loaded = datasets.load_dataset("json", data_files=paths, cache_dir=str(Path(d.cache_dir) / "hf"))
@@ -178,7 +181,7 @@ def json_files_corpus(d: Any) -> TextCorpus:
 
 def _load_text_files(by_split: dict[str, list[str]], d: Any, sample_by: str) -> dict[str, datasets.Dataset]:
     """datasets' own `text` loader, one document per file, cached under dataset.cache_dir."""
-    loaded = datasets.load_dataset(
+    loaded = hf_datasets().load_dataset(
         "text",
         data_files=by_split,
         sample_by=sample_by,
@@ -235,7 +238,7 @@ def _hub_call(label: str, d: Any, load: Callable, connect: bool = True):
 
 def _hub_splits(d: Any, kwargs: dict) -> dict[str, datasets.Dataset]:
     splits = {"train": d.train_split, "val": d.val_split, "test": d.test_split}
-    corpus = {name: _text_column(datasets.load_dataset(split=hf_split, **kwargs), d)
+    corpus = {name: _text_column(hf_datasets().load_dataset(split=hf_split, **kwargs), d)
               for name, hf_split in splits.items() if hf_split is not None}
     if d.val_split is None:
         held_out = _hash_split(corpus.pop("train"), d)
@@ -250,7 +253,7 @@ class HubStream:
 
     def __init__(self, d: Any, kwargs: dict, label: str, state: dict | None) -> None:
         self.d, self.label = d, label
-        self._stream = _hub_call(label, d, lambda: datasets.load_dataset(split=d.train_split, streaming=True, **kwargs))
+        self._stream = _hub_call(label, d, lambda: hf_datasets().load_dataset(split=d.train_split, streaming=True, **kwargs))
         self.row = 0
         if state is not None:
             self._stream.load_state_dict(state["stream"])

@@ -9,14 +9,16 @@ Pretraining: the record's tokens, then `<EOS>`. A task turns a record into `<TAS
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-import datasets
 import numpy as np
 
 from data.notes import Notes, augment, notes_of_row, record_starts, split_at_pauses
 from data.notes_tokenizer import NotesTokenizer
 from data.task_names import CONTINUATION, DYNAMICS, LOWER_VOICES
+
+if TYPE_CHECKING:
+    import datasets
 
 Task = Callable[[Notes, NotesTokenizer], tuple[list[int], list[int]]]  # notes -> (prompt, target) ids
 
