@@ -4,8 +4,12 @@ suite: no test reaches the network or writes into the checkout, and every proces
 import os
 import socket
 
-# Before JAX starts: 8 host devices, so sharded and single-device runs can be compared in one process.
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+# Before JAX starts, here and in the processes tests start: 8 host devices, so sharded and single-device runs can be
+# compared in one process; and LLVM's cheapest code generation, since compiling, not running, is what a test's tiny
+# model costs (a gpt2-tiny train step: 8.7 s -> 4.7 s to compile, the same losses; the programs XLA builds, and so what
+# the tests check, are the same at any backend level).
+os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), "--xla_force_host_platform_device_count=8",
+                                    "--xla_backend_optimization_level=0"]).strip()
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Before datasets / huggingface_hub are imported: the Hub is never contacted (not even probed), here or in the

@@ -22,6 +22,13 @@ from training.sharding import put_batch
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def xla_flags_without_device_count() -> str:
+    """The suite's XLA_FLAGS (tests/conftest.py) for a process whose devices come from
+    system.cpu_devices_per_process."""
+    return " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
+                    if not f.startswith("--xla_force_host_platform_device_count"))
+
+
 def tiny_overrides(cache_dir: str, *extra: str) -> list[str]:
     """gpt2-tiny, bytes, a few dozen stdlib files per split, one device, no wandb, no plot: seconds per run."""
     return [

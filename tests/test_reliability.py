@@ -364,12 +364,13 @@ def _start_processes(n: int, args: list[str], port: int) -> list:
     import subprocess
     import sys
 
-    from helpers import ROOT, spawn
+    from helpers import ROOT, spawn, xla_flags_without_device_count
 
     # devices come from cpu_devices_per_process, not the suite's XLA_FLAGS
     return [spawn([sys.executable, str(ROOT / "train_jax.py"), *args, f"system.num_processes={n}",
                    f"system.process_id={i}", f"system.coordinator_address=127.0.0.1:{port}"],
-                  env={"XLA_FLAGS": None}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                  env={"XLA_FLAGS": xla_flags_without_device_count()}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                  text=True)
             for i in range(n)]
 
 

@@ -15,7 +15,8 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from helpers import ROOT, build, communicate, read_metrics, run_cli, spawn, tiny_overrides
+from helpers import (ROOT, build, communicate, read_metrics, run_cli, spawn, tiny_overrides,
+                     xla_flags_without_device_count)
 from training.checkpoint import Checkpointer
 from training.config import load_config
 from training.sharding import FSDP_MIN_SIZE, init_distributed, init_mesh, per_device_bytes, state_shardings
@@ -164,7 +165,7 @@ def launch(n: int, args: list[str], timeout: float = 240) -> list[subprocess.Com
     procs = [
         spawn([sys.executable, str(ROOT / "train_jax.py"), *args, "system.num_devices=null",
                "system.distributed_timeout_s=60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-              env={"XLA_FLAGS": None,  # devices come from cpu_devices_per_process
+              env={"XLA_FLAGS": xla_flags_without_device_count(),  # devices: cpu_devices_per_process
                    "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}", "JAX_NUM_PROCESSES": str(n),
                    "JAX_PROCESS_ID": str(i)})
         for i in range(n)
@@ -178,7 +179,8 @@ def launch_script(n: int, args: list[str], timeout: float = 240) -> subprocess.C
     here = str(Path(sys.executable).parent)
     proc = spawn(["bash", str(ROOT / "scripts" / "launch_multihost.sh"), str(n), *args, "system.num_devices=null",
                   "system.distributed_timeout_s=60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                 env={"XLA_FLAGS": None, "PYTHON": sys.executable, "PATH": f"{here}{os.pathsep}{os.environ['PATH']}"})
+                 env={"XLA_FLAGS": xla_flags_without_device_count(), "PYTHON": sys.executable,
+                      "PATH": f"{here}{os.pathsep}{os.environ['PATH']}"})
     return communicate(proc, timeout)
 
 

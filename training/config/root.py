@@ -9,6 +9,7 @@ from typing import Optional
 
 from data.corpus import NOTE_SOURCES
 from data.task_names import TASK_NAMES
+from models import resolve_attention
 from models.hf import HF_PREFIX
 from training.config.base import either, fail
 from training.config.dataset import DataConfig, DatasetConfig
@@ -117,6 +118,7 @@ def check_devices(cfg: Config, num_local_devices: int) -> None:
     if cfg.train.batch_size % data_devices:
         fail("train.batch_size", f"{cfg.train.batch_size} is not divisible by the {data_devices} local devices it is "
                                  "split over (train.batch_size counts sequences per process)")
+    resolve_attention(m.attention, sy.dtype)  # cudnn where it does not run: said before any data is read
 
 
 def evaluating(cfg: Config) -> bool:
