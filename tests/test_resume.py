@@ -61,8 +61,10 @@ def assert_same_losses_bitwise(run_dir, reference):
 
 
 def test_sigterm_checkpoints_exits_0_and_resumes_bitwise(straight, data_cache, tmp_path):
+    """The stopped run logs to wandb (offline) and TensorBoard; both continue after the resume: the same wandb run id,
+    and one TensorBoard curve."""
     run_dir = tmp_path / "run"
-    proc = start(config(data_cache, run_dir))
+    proc = start(config(data_cache, run_dir, "logging.wandb=offline"))
     wait_for_step(run_dir, 3, proc)
     proc.send_signal(signal.SIGTERM)
     signalled = time.time()
@@ -73,13 +75,13 @@ def test_sigterm_checkpoints_exits_0_and_resumes_bitwise(straight, data_cache, t
     assert "(SIGTERM); checkpoint saved to" in out and stopped < STEPS
     assert (run_dir / "checkpoints" / str(stopped)).is_dir()
 
-    result = ok(resume(data_cache, run_dir))
+    result = ok(resume(data_cache, run_dir, "logging.wandb=offline"))
     assert f"resuming {run_dir}/checkpoints at step {stopped}" in result.stdout
     assert_same_losses_bitwise(run_dir, straight)
-    offline = sorted((run_dir / "wandb").glob("offline-run-*")) if (run_dir / "wandb").exists() else []
     meta = json.loads((run_dir / "checkpoints" / str(STEPS) / "meta" / "metadata").read_text())
     assert meta["tokens_seen"] == STEPS * 8 * 64  # the counter continued across the restart
-    assert offline == []  # wandb is disabled in these runs; the wandb test below covers its resume
+    runs = sorted((run_dir / "wandb").glob("offline-run-*"))  # offline-run-<time>-<id>: one per process
+    assert len(runs) == 2 and len({r.name.rsplit("-", 1)[1] for r in runs}) == 1
     # TensorBoard: one curve across the restart (every step once, in order, the uninterrupted run's values).
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -146,29 +148,37 @@ def test_kill_9_then_the_same_command_with_load_auto_continues_bitwise(straight,
     assert_same_losses_bitwise(run_dir, straight)
 
 
+def stopped_at(run_dir, step, dest):
+    """A copy of a finished run as if it had stopped after saving `step`: later checkpoints and rows removed."""
+    subprocess.run(["cp", "-r", str(run_dir), str(dest)], check=True)
+    for checkpoint in (dest / "checkpoints").iterdir():
+        if checkpoint.name.isdigit() and int(checkpoint.name) > step:
+            subprocess.run(["rm", "-r", str(checkpoint)], check=True)
+    rows = [r for r in read_metrics(dest) if r["step"] <= step]
+    (dest / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return dest
+
+
 def test_resume_on_8_devices_is_bitwise_and_restores_onto_1_device(data_cache, tmp_path):
-    eight = ("system.num_devices=8", "optimizer.lr_config.max_steps=12")
+    eight = ("system.num_devices=8", "optimizer.lr_config.max_steps=12", "train.max_steps=12", "train.eval_interval=6")
     reference = tmp_path / "reference"
-    ok(run_cli(config(data_cache, reference, *eight, "train.max_steps=12", "train.eval_interval=6")))
-    first_half = tmp_path / "half"
-    ok(run_cli(config(data_cache, first_half, *eight, "train.max_steps=6", "train.eval_interval=6")))
-    copy = tmp_path / "copy"
-    subprocess.run(["cp", "-r", str(first_half), str(copy)], check=True)
+    ok(run_cli(config(data_cache, reference, *eight)))  # checkpoints at 6 and 12
+    want = losses(reference)
 
     # Same layout: the second half is bit-identical to the uninterrupted run.
-    ok(resume(data_cache, first_half, "checkpoint.overwrite_config=True", *eight, "train.max_steps=12",
-              "train.eval_interval=6", "optimizer.lr_config.lr=3e-3"))
-    want = losses(reference)
-    got = losses(first_half)
-    assert [got[s] for s in range(7, 13)] == [want[s] for s in range(7, 13)]
+    same = stopped_at(reference, 6, tmp_path / "same")
+    result = ok(resume(data_cache, same, "system.num_devices=8"))  # system.* is this machine's, not the saved run's
+    assert f"resuming {same}/checkpoints at step 6" in result.stdout and "8 x cpu" in result.stdout
+    got = losses(same)
+    assert sorted(got) == list(range(1, 13)) and [got[s] for s in range(7, 13)] == [want[s] for s in range(7, 13)]
 
     # Saved with 8 devices, continued on 1: the same curve up to float reduction order.
-    result = ok(resume(data_cache, copy, "checkpoint.overwrite_config=True", "system.num_devices=1",
-                       "optimizer.lr_config.max_steps=12", "train.max_steps=12", "train.eval_interval=6",
+    one = stopped_at(reference, 6, tmp_path / "one")
+    result = ok(resume(data_cache, one, "checkpoint.overwrite_config=True", *eight, "system.num_devices=1",
                        "optimizer.lr_config.lr=3e-3"))
-    assert "1 x cpu" in result.stdout
-    got = losses(copy)
-    assert max(abs(got[s] - want[s]) for s in range(7, 13)) < 1e-5
+    assert f"resuming {one}/checkpoints at step 6" in result.stdout and "1 x cpu" in result.stdout
+    got = losses(one)
+    assert sorted(got) == list(range(1, 13)) and max(abs(got[s] - want[s]) for s in range(7, 13)) < 1e-5
 
 
 def test_saved_config_wins_unless_overwrite_config(straight, data_cache, tmp_path):
@@ -231,16 +241,6 @@ def test_best_checkpoint_can_be_named(straight, data_cache, tmp_path):
     result = ok(run_cli([str(run_dir), "--which", "best", "--max-new-tokens", "5"], script="scripts/sample.py"))
     assert f"step {best_step}," in result.stdout
     assert open_source(str(run_dir), "best").step == best_step  # what checkpoint.load_file=best loads
-
-
-def test_wandb_resumes_the_same_run_id(data_cache, tmp_path):
-    run_dir = tmp_path / "run"
-    base = ("logging.wandb=offline", "train.eval_interval=4")
-    ok(run_cli(config(data_cache, run_dir, *base, "train.max_steps=4", "optimizer.lr_config.max_steps=8")))
-    ok(resume(data_cache, run_dir, "checkpoint.overwrite_config=True", *base, "train.max_steps=8",
-              "optimizer.lr_config.max_steps=8", "optimizer.lr_config.lr=3e-3", "logging.wandb=offline"))
-    runs = sorted((run_dir / "wandb").glob("offline-run-*"))
-    assert len(runs) == 2 and len({r.name.rsplit("-", 1)[1] for r in runs}) == 1
 
 
 BAD_INPUTS = [
