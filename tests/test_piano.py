@@ -20,7 +20,8 @@ from training import config as config_lib
 from training.checkpoint import Checkpointer
 from training.run import plan_run, restore_state
 
-pytestmark = pytest.mark.e2e
+# One worker runs the whole module (scripts/test.sh: --dist loadgroup), so that its module fixtures train once.
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("piano")]
 
 
 def piano_overrides(cache: str, run_dir, *extra: str) -> list[str]:
