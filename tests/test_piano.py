@@ -20,8 +20,7 @@ from training import config as config_lib
 from training.checkpoint import Checkpointer
 from training.run import plan_run, restore_state
 
-# One worker runs the whole module (scripts/test.sh: --dist loadgroup), so that its module fixtures train once.
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("piano")]
+pytestmark = pytest.mark.e2e
 
 
 def piano_overrides(cache: str, run_dir, *extra: str) -> list[str]:

@@ -23,8 +23,7 @@ from optimizers import continue_schedule_at
 from training.config import load_config
 from training.run import open_source, plan_run, restore_state
 
-# One worker runs the whole module (scripts/test.sh: --dist loadgroup), so that its module fixtures train once.
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("resume")]
+pytestmark = pytest.mark.e2e
 STEPS = 40
 
 

@@ -23,8 +23,6 @@ from training.sharding import FSDP_MIN_SIZE, init_distributed, init_mesh, per_de
 
 STEPS = 5
 GLOBAL_BATCH = 16
-# One worker runs the whole module (scripts/test.sh: --dist loadgroup), so that the reference curve is computed once.
-pytestmark = pytest.mark.xdist_group("scale_out")
 HEADS = "model.n_head=4"  # gpt2-tiny with 4 heads of 16, so that the `model` axis can split them 2 or 4 ways
 
 

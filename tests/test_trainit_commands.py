@@ -17,8 +17,7 @@ from helpers import ROOT, build, communicate, read_metrics, repo_copy, run_cli, 
 from training.config import load_config
 from training.run import open_source, plan_run, restore_state
 
-# One worker runs the whole module (scripts/test.sh: --dist loadgroup), so that its module fixtures train once.
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("trainit")]
+pytestmark = pytest.mark.e2e
 
 # trainit's README, "Training Checkpoints", as printed there.
 SAVE_COMMAND = """python train_jax.py \\
