@@ -89,7 +89,8 @@ def test_each_split_is_its_documents_each_followed_by_eos(tmp_path):
         docs = [t for t in ds["text"] if t]  # an empty file is not a document
         expected = [i for t in docs for i in tok.encode(t) + [tok.eos_id]]
         tokens = store.tokens(split)
-        assert isinstance(tokens, np.memmap) and tokens.dtype == np.uint16
+        # a memory map; a split the path hash left empty (it depends on tmp_path) cannot map 0 bytes
+        assert tokens.dtype == np.uint16 and (isinstance(tokens, np.memmap) or not expected)
         assert tokens.tolist() == expected
         assert store.document_ends(split).tolist() == np.cumsum([len(t.encode()) + 1 for t in docs]).tolist()
         assert store.text_bytes(split) == sum(len(t.encode()) for t in docs)
