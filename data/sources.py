@@ -253,7 +253,8 @@ class HubStream:
 
     def __init__(self, d: Any, kwargs: dict, label: str, state: dict | None) -> None:
         self.d, self.label = d, label
-        self._stream = _hub_call(label, d, lambda: hf_datasets().load_dataset(split=d.train_split, streaming=True, **kwargs))
+        self._stream = _hub_call(label, d, lambda: hf_datasets().load_dataset(split=d.train_split, streaming=True,
+                                                                               **kwargs))
         self.row = 0
         if state is not None:
             self._stream.load_state_dict(state["stream"])
