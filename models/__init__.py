@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 
@@ -15,7 +16,12 @@ from models.gpt import GPT, GPTConfig
 
 
 def build_gpt(cfg: Any, vocab_size: int, key: jax.Array) -> GPT:
-    return GPT.init(gpt_config(cfg.model, vocab_size, resolve_attention(cfg.model.attention, cfg.system.dtype)), key)
+    return init_gpt(gpt_config(cfg.model, vocab_size, resolve_attention(cfg.model.attention, cfg.system.dtype)), key)
+
+
+# One executable for the whole init instead of one per random array: 0.6 s of a small model's start-up becomes a
+# compilation-cache read, and a large model's init runs as fast on an accelerator as anything else.
+init_gpt = eqx.filter_jit(GPT.init)
 
 
 def gpt_config(model_cfg: Any, vocab_size: int, attention: str = "xla") -> GPTConfig:
