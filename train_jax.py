@@ -15,6 +15,7 @@ bad config); tracebacks are for bugs.
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 from dataclasses import dataclass
@@ -182,4 +183,7 @@ def run(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run(sys.argv[1:]))
+    code = run(sys.argv[1:])
+    # Everything is written and closed: spare the interpreter's exit its last sweep over every object (0.5 s).
+    gc.freeze()
+    sys.exit(code)
