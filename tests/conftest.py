@@ -72,6 +72,14 @@ def no_network(monkeypatch):
     assert not attempts, f"the test tried to reach the network: {attempts}"
 
 
+def pytest_collection_modifyitems(items):
+    """Modules with end-to-end tests (whole runs in subprocesses, the longest) first, each module's tests kept
+    together: the two workers then finish on short tests at about the same time, instead of one idling while the
+    other runs a last long test."""
+    long = {item.module for item in items if item.get_closest_marker("e2e")}
+    items.sort(key=lambda item: item.module not in long)
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item):
     """Whatever a test started is killed with its process group when the test ends, passed, failed or timed out

@@ -226,6 +226,7 @@ def write_tasks(folder, lm, tok) -> dict:
     return {"acc": 1.0, "bits_per_byte": -sum(rolling) / sum(len(c.encode()) for c in CODE) / math.log(2)}
 
 
+@pytest.mark.e2e
 def test_script_writes_lm_evals_results_beside_the_run_and_logs_them(lm_eval, trained, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -251,6 +252,7 @@ def test_script_writes_lm_evals_results_beside_the_run_and_logs_them(lm_eval, tr
     assert [(e.step, e.value) for e in logged] == [(4, 1.0)]
 
 
+@pytest.mark.e2e
 def test_script_without_lm_eval_says_how_to_install_it_and_exits_2(trained, tmp_path):
     shadow = tmp_path / "shadow" / "lm_eval"
     shadow.mkdir(parents=True)

@@ -80,6 +80,7 @@ def test_a_mixed_evaluation_set_takes_each_sources_share_of_windows():
     assert np.bincount(firsts, minlength=2).tolist() == [12, 4]
 
 
+@pytest.mark.e2e
 def test_a_mixture_run_evaluates_each_source_and_resumes_bitwise(data_cache, tmp_path):
     """Two sources (the standard library and this repository's text files). Resumed from its step-3 checkpoint,
     the run logs the same losses and tokens per source, bit for bit, as it did the first time."""

@@ -20,6 +20,7 @@ def outermost(events, name):
     return calls
 
 
+@pytest.mark.e2e
 def test_the_trace_holds_the_named_steps_and_nothing_else(data_cache, tmp_path):
     run_dir = tmp_path / "run"
     r = run_cli(tiny_overrides(data_cache, f"logging.run_dir={run_dir}", "train.max_steps=6", "train.eval_interval=100",

@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 import train_jax
@@ -73,6 +74,7 @@ def test_a_bad_value_fails_its_job_with_one_line_while_the_other_runs_and_the_sw
     assert "| 0 | failed |  | optimizer.lr_config.lr=-0.1 |" in (sweep / "sweep.md").read_text()
 
 
+@pytest.mark.e2e
 def test_submitit_local_runs_each_job_in_a_process_of_its_own(data_cache, tmp_path):
     """The jobs' processes start elsewhere (submitit's module, the test's scratch directory) and still import the
     project's modules: with no PYTHONPATH given, the one train_jax.py sets for them."""
@@ -207,6 +209,7 @@ def test_hydras_own_help_and_shell_completion_work(capsys, monkeypatch):
     assert "@hydra.main(" in (ROOT / "train_jax.py").read_text()
 
 
+@pytest.mark.e2e
 def test_a_single_run_writes_only_its_run_directory_in_the_working_directory(data_cache, tmp_path):
     cwd = tmp_path / "cwd"
     cwd.mkdir()

@@ -218,6 +218,7 @@ def test_num_proc_above_1_loads_the_same_store_without_forking(tmp_path, source)
     assert not [w for w in caught if "fork" in str(w.message)]
 
 
+@pytest.mark.e2e
 def test_a_run_forks_no_process(tmp_path):
     """Big enough splits and dataset.num_proc=2: data is still tokenised without forking the process that runs
     JAX, so Python prints no os.fork() warning."""
