@@ -19,8 +19,8 @@ def build_gpt(cfg: Any, vocab_size: int, key: jax.Array) -> GPT:
     return init_gpt(gpt_config(cfg.model, vocab_size, resolve_attention(cfg.model.attention, cfg.system.dtype)), key)
 
 
-# One executable for the whole init instead of one per random array: 0.6 s of a small model's start-up becomes a
-# compilation-cache read, and a large model's init runs as fast on an accelerator as anything else.
+# One executable for the whole init instead of one per random array (0.6 s of a small run's start-up, BENCHMARKS.md
+# "Start-up of a short run"): compiled once, then read from the compilation cache.
 init_gpt = eqx.filter_jit(GPT.init)
 
 
