@@ -109,6 +109,28 @@ def test_a_saved_config_reads_back_as_the_same_typed_config():
     assert to_config(as_dict(cfg)) != load_config([])
 
 
+@pytest.mark.parametrize("overrides", [
+    [], ["dataset=mixture", "dataset.tokenizer=byte", "system.dtype=bfloat16", "checkpoint.save_steps=[5,10]",
+         "model.remat=block", "logging.wandb=disabled", "system.profile_steps=[3,4]"],
+    ["dataset=music21", "stage=piano_task", "tasks=[dynamics]", "init_from=runs/x", "optimizer=muon"]])
+def test_the_config_as_data_is_omegaconfs_own_conversion(overrides):
+    """as_dict / to_yaml walk the dataclasses directly (each checkpoint's metadata carries the config); they give
+    what OmegaConf gives for the structured config, enums as names included."""
+    cfg = load_config(overrides)
+    node = OmegaConf.structured(cfg)
+    assert as_dict(cfg) == OmegaConf.to_container(node, resolve=True, enum_to_str=True)
+    assert {type(v) for v in leaves(as_dict(cfg))} <= {str, int, float, bool, type(None)}  # no enum, no tuple
+    assert to_yaml(cfg) == OmegaConf.to_yaml(node, resolve=True)
+
+
+def leaves(data):
+    if isinstance(data, dict):
+        return [leaf for v in data.values() for leaf in leaves(v)]
+    if isinstance(data, list):
+        return [leaf for v in data for leaf in leaves(v)]
+    return [data]
+
+
 def test_the_checks_that_need_the_device_count_wait_for_it():
     composed = compose_config(["system.num_devices=null", "train.batch_size=12"])
     assert finish(composed).train.batch_size == 12  # before JAX knows its devices: not checked yet

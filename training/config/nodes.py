@@ -3,7 +3,9 @@ as one line naming the key, and a config as plain data (YAML, a dict, flat hyper
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -76,12 +78,27 @@ def _unknown_key_or_option(e: BaseException, cause: BaseException, full_key: str
 
 
 def as_dict(cfg: Any) -> dict:
-    """The config as plain data (choices as their strings): for JSON metadata, wandb and comparisons."""
-    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True)  # type: ignore
+    """The config as plain data (choices as their names, as OmegaConf's `enum_to_str` writes them): for JSON
+    metadata, wandb and comparisons. A direct walk of the dataclasses: each checkpoint's metadata carries it, and
+    building a structured node for it cost ~0.1 s a call on 2 CPU cores (tests/test_config.py checks that it
+    equals OmegaConf's own conversion)."""
+    return _plain(cfg)
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Enum):
+        return value.name
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
 
 
 def to_yaml(cfg: Any) -> str:
-    return OmegaConf.to_yaml(OmegaConf.structured(cfg), resolve=True)
+    return OmegaConf.to_yaml(as_dict(cfg))
 
 
 def flat_hparams(cfg: Any) -> dict[str, Any]:
