@@ -87,6 +87,20 @@ def test_sample_and_export_take_the_checkpoint_named_by_which(trained, tmp_path,
 ENV_FILES = ("activate_env.sh", "requirements.txt", "requirements-test.txt", "requirements-eval.txt")
 
 
+# A package hidden from a Python: the first finder on its meta path refuses it (importlib.util.find_spec included).
+HIDE = """import sys
+
+
+class Hide:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "{hidden}":
+            raise ModuleNotFoundError(f"{{name}} is hidden")
+
+
+sys.meta_path.insert(0, Hide())
+"""
+
+
 def _activate(tmp_path, which: str, env: dict) -> subprocess.CompletedProcess:
     for name in ENV_FILES:
         shutil.copy(ROOT / name, tmp_path / name)
@@ -97,17 +111,17 @@ def _activate(tmp_path, which: str, env: dict) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("which,hidden", [("", "torch"), ("test", None)], ids=["training without torch", "test"])
 def test_activate_env_uses_a_python_that_already_has_everything(which, hidden, tmp_path):
-    """No .venv and a Python that imports every package of the set (a GPU image, say): activate_env.sh uses it as it
+    """No .venv and a Python that has every package of the set (a GPU image, say): activate_env.sh uses it as it
     is, installs nothing, creates nothing, and puts the checkout on PYTHONPATH. Training's set asks for neither torch
-    nor the test tools (here hidden from that Python)."""
+    nor the test tools (here hidden from that Python: neither found nor importable)."""
     env = {}
     if hidden:
-        (tmp_path / "hide" / hidden).mkdir(parents=True)
-        (tmp_path / "hide" / hidden / "__init__.py").write_text(f"raise ImportError('{hidden} is hidden')\n")
+        (tmp_path / "hide").mkdir()
+        (tmp_path / "hide" / "sitecustomize.py").write_text(HIDE.format(hidden=hidden))
         env["PYTHONPATH"] = str(tmp_path / "hide")
     result = _activate(tmp_path, which, env)
     assert result.returncode == 0, result.stderr
-    assert result.stderr.strip() == (f"activate_env: using {sys.executable} (its packages already import; nothing "
+    assert result.stderr.strip() == (f"activate_env: using {sys.executable} (it has every package of the set; nothing "
                                       "installed)")
     assert result.stdout.strip().split("=", 1)[1].split(":")[0] == str(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir() if p.name != "hide") == sorted(ENV_FILES)  # no .venv
