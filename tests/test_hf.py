@@ -12,9 +12,6 @@ from helpers import build, read_metrics, run_cli, tiny_overrides
 from training import config as config_lib
 from training.run import plan_run, restore_state
 
-import torch  # noqa: E402  pinned CPU wheels (requirements.txt): a missing one fails here, never skips
-import transformers  # noqa: E402
-
 pytestmark = pytest.mark.e2e
 
 
@@ -33,6 +30,11 @@ def exported(tmp_path_factory, data_cache):
 
 
 def test_transformers_loads_the_export_with_the_same_logits(exported):
+    # Imported here, not at the top: collecting the suite would load torch (2.5 s) in every worker. The pinned CPU
+    # wheels (requirements-test.txt): a missing one fails this test, never skips it.
+    import torch
+    import transformers
+
     from training.trained import load_trained
 
     trained = load_trained(str(exported / "run"))
@@ -47,6 +49,8 @@ def test_transformers_loads_the_export_with_the_same_logits(exported):
 
 
 def test_the_exported_tokenizer_encodes_as_ours(exported):
+    import transformers
+
     from training.trained import load_trained
 
     tok = load_trained(str(exported / "run")).tokenizer

@@ -314,7 +314,9 @@ def test_a_second_run_on_a_checkpoint_directory_in_use_is_refused_and_the_lock_d
                                                                                                    tmp_path):
     run_dir = copy_of(finished, tmp_path / "run")
     resume = tiny_overrides(data_cache, "checkpoint.load=True", f"checkpoint.load_path={run_dir}")
-    first = start(resume + ["checkpoint.overwrite_config=True", "train.max_steps=100000", "train.eval_interval=50000"])
+    # Longer runs on the finished run's lr schedule (8 steps, then its floor): the compiled steps come from the cache.
+    longer = ["checkpoint.overwrite_config=True", "optimizer.lr_config.max_steps=8"]
+    first = start(resume + [*longer, "train.max_steps=100000", "train.eval_interval=50000"])
     try:
         wait_for_step(run_dir, 9, first)
         first.send_signal(signal.SIGSTOP)  # alive, holding the lock, and leaving both cores to the second
@@ -328,7 +330,7 @@ def test_a_second_run_on_a_checkpoint_directory_in_use_is_refused_and_the_lock_d
     finally:
         first.kill()  # kill -9: no handler runs, the lock is not released by the holder
         first.communicate()
-    third = run_cli(resume + ["checkpoint.overwrite_config=True", "train.max_steps=10"], timeout=180)
+    third = run_cli(resume + [*longer, "train.max_steps=10"], timeout=180)
     assert third.returncode == 0, third.stderr[-3000:]
     assert f"resuming {run_dir}/checkpoints at step 8" in third.stdout
 
