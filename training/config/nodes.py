@@ -79,9 +79,9 @@ def _unknown_key_or_option(e: BaseException, cause: BaseException, full_key: str
 
 def as_dict(cfg: Any) -> dict:
     """The config as plain data (choices as their names, as OmegaConf's `enum_to_str` writes them): for JSON
-    metadata, wandb and comparisons. A direct walk of the dataclasses: each checkpoint's metadata carries it, and
-    building a structured node for it cost ~0.1 s a call on 2 CPU cores (tests/test_config.py checks that it
-    equals OmegaConf's own conversion)."""
+    metadata, wandb and comparisons. A direct walk of the dataclasses, 0.3 ms a call on 2 CPU cores against 0.07 s
+    for a structured OmegaConf node, which each checkpoint's metadata paid (tests/test_config.py checks that both
+    give the same)."""
     return _plain(cfg)
 
 
