@@ -119,6 +119,15 @@ def run_cli(args: list[str], timeout: float = 300, env: dict | None = None, cwd:
     return communicate(proc, timeout)
 
 
+def run_in_process(args: list[str], capsys: Any) -> subprocess.CompletedProcess:
+    """`train_jax.run(args)` in this process, with its exit code and what it printed, shaped like `run_cli`'s result:
+    for a command that fails before it trains, where a new interpreter would add only its 2-3 s of imports. Output
+    written below Python (XLA's, absl's) does not reach `capsys`: keep each family's first case in `run_cli`."""
+    code = train_jax.run(args)
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["train_jax.py", *args], code, out, err)
+
+
 def repo_copy(dest: Path) -> Path:
     """A copy of the checkout's files (tracked, and untracked ones git does not ignore) at `dest`: for tests that add
     files to the project as a user would, which must never write into the checkout."""
