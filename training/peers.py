@@ -13,6 +13,7 @@ JAX's own heartbeat (distributed_timeout_s + JAX_HEARTBEAT_MARGIN_S) stays as th
 
 from __future__ import annotations
 
+import atexit
 import os
 import socket
 import sys
@@ -30,6 +31,7 @@ _KEY = "gpt_jax/alive"
 _verdict = threading.Event()
 _said = threading.Lock()
 _watched: list = []  # the system config of a watched run
+_stopping = threading.Event()
 
 
 def watch_peers(system: Any) -> None:
@@ -37,8 +39,18 @@ def watch_peers(system: Any) -> None:
     if not jax.distributed.is_initialized() or jax.process_count() == 1:
         return
     _watched.append(system)
-    threading.Thread(target=_watch, args=(jax.process_index(), jax.process_count(), system.distributed_timeout_s,
-                                          system.coordinator_address), name="watch-peers", daemon=True).start()
+    thread = threading.Thread(target=_watch, args=(jax.process_index(), jax.process_count(),
+                                                   system.distributed_timeout_s, system.coordinator_address),
+                              name="watch-peers", daemon=True)
+    thread.start()
+    # At exit, before jax's own handler (registered earlier, so run later) shuts the distributed client down: a
+    # watch still calling that client while it shuts down ended a finished process with SIGABRT.
+    atexit.register(_stop_watching, thread)
+
+
+def _stop_watching(thread: threading.Thread) -> None:
+    _stopping.set()
+    thread.join(timeout=10 * HEARTBEAT_S)
 
 
 def _watch(me: int, count: int, timeout: float, coordinator: str | None) -> None:
@@ -47,7 +59,7 @@ def _watch(me: int, count: int, timeout: float, coordinator: str | None) -> None
     client = distributed.global_state.client
     seen = {p: (None, time.monotonic()) for p in range(count) if p != me}
     beat = 0
-    while True:
+    while not _stopping.is_set():
         beat += 1
         try:
             client.key_value_set(f"{_KEY}/{me}", str(beat), allow_overwrite=True)
@@ -65,7 +77,7 @@ def _watch(me: int, count: int, timeout: float, coordinator: str | None) -> None
         if stale:
             abandon(f"system: lost process {stale[0]} of {count}: no sign of life for {timeout:g} s "
                     f"(system.distributed_timeout_s); resume with all {count} processes and checkpoint.load=auto")
-        time.sleep(HEARTBEAT_S)
+        _stopping.wait(HEARTBEAT_S)
 
 
 def _try_get(client: Any, key: str) -> str | None:
