@@ -99,6 +99,18 @@ def data_cache(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
+def finished(tmp_path_factory, data_cache):
+    """The suite's default tiny run (helpers.tiny_overrides: 8 steps, evaluations and checkpoints at steps 4 and 8),
+    trained once per worker, in its process, for the tests that read a finished run or resume from it. Read-only:
+    a test that writes to a run copies it first."""
+    import train_jax
+
+    run_dir = tmp_path_factory.mktemp("finished") / "run"
+    assert train_jax.run(helpers.tiny_overrides(data_cache, f"logging.run_dir={run_dir}")) == 0
+    return run_dir
+
+
+@pytest.fixture(scope="session")
 def bach_chorale():
     """A real piece: a Bach chorale from the score corpus that ships with music21, as notes in seconds."""
     from music21 import corpus

@@ -40,15 +40,6 @@ def truncate(path) -> None:
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 3])
 
 
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory, data_cache):
-    """A run of 8 steps with checkpoints at steps 4 and 8."""
-    run_dir = tmp_path_factory.mktemp("finished") / "run"
-    result = run_cli(tiny_overrides(data_cache, f"logging.run_dir={run_dir}"), timeout=180)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return run_dir
-
-
 @pytest.fixture(autouse=True)
 def _token_store_built(finished):
     """The token store exists before any test runs: building it shows a progress bar on stderr (after 2 s)."""
@@ -91,17 +82,6 @@ def test_a_damaged_latest_checkpoint_names_the_newest_that_restores_and_auto_fal
     assert all(after[aside[0].relative_to(corrupt / "checkpoints") / p.relative_to("8")] == data
                for p, data in before.items() if p.parts[0] == "8")
     assert all(after[p] == data for p, data in before.items() if p.parts[0] == "4")
-
-
-def test_checkpoint_load_auto_starts_fresh_then_continues_where_a_run_stopped(data_cache, tmp_path):
-    run_dir = tmp_path / "run"
-    command = tiny_overrides(data_cache, f"logging.run_dir={run_dir}", "checkpoint.load=auto")
-    first = run_cli(command + ["train.max_steps=4"], timeout=180)
-    assert first.returncode == 0 and "resuming" not in first.stdout, first.stderr[-3000:]
-    again = run_cli(command + ["checkpoint.overwrite_config=True"], timeout=180)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert f"resuming {run_dir}/checkpoints at step 4" in again.stdout
-    assert [r["step"] for r in read_metrics(run_dir, "train")] == list(range(1, 9))
 
 
 # -- 1. paths a user gets wrong --------------------------------------------------------------------------------------

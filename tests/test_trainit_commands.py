@@ -103,21 +103,24 @@ def test_new_hyper_parameters_keep_the_optimizer_state(saved, data_cache):
     assert applied == pytest.approx(float(parts.schedule(100))) and 1e-5 <= applied < 2e-5  # the new cosine's tail
 
 
-def test_num_steps_trains_segments_that_add_up_to_the_uninterrupted_run(data_cache, tmp_path):
+def test_num_steps_trains_segments_that_add_up_to_the_uninterrupted_run(finished, data_cache, tmp_path):
     """checkpoint.num_steps: each invocation trains that many steps from where it starts, evaluates and checkpoints
-    at its end, and the next continues; the schedule spans train.max_steps, so the losses match a run never split."""
-    straight, split = tmp_path / "straight", tmp_path / "split"
-    ok(run_cli(tiny_overrides(data_cache, f"logging.run_dir={straight}")))
-    first = ok(run_cli(tiny_overrides(data_cache, f"logging.run_dir={split}", "checkpoint.num_steps=5")))
+    at its end, and the next continues; the schedule spans train.max_steps, so the losses match a run never split.
+    Both invocations are the same command with `checkpoint.load=auto`: the first finds no run and starts fresh, the
+    second continues where the first stopped (every step logged once)."""
+    split = tmp_path / "split"
+    command = tiny_overrides(data_cache, f"logging.run_dir={split}", "checkpoint.load=auto", "checkpoint.num_steps=5")
+    first = ok(run_cli(command))
+    assert "resuming" not in first.stdout
     assert "segment    checkpoint.num_steps=5: steps 1 to 5 of train.max_steps=8" in first.stdout
     assert "trained checkpoint.num_steps=5 steps, to step 5 of train.max_steps=8" in first.stdout
     assert json.loads((split / "summary.json").read_text())["stopped"] == "checkpoint.num_steps"
     assert max(train_losses(split)) == 5 and (split / "checkpoints" / "5").is_dir()
-    second = ok(run_cli(tiny_overrides(data_cache, f"logging.run_dir={split}", "checkpoint.load=auto",
-                                       "checkpoint.num_steps=5")))
-    assert "resuming" in second.stdout and "at step 5" in second.stdout
+    second = ok(run_cli(command))
+    assert f"resuming {split}/checkpoints at step 5" in second.stdout
     assert json.loads((split / "summary.json").read_text())["stopped"] == "max_steps"  # 5 more would pass step 8
-    want, got = train_losses(straight), train_losses(split)
+    assert [r["step"] for r in read_metrics(split, "train")] == list(range(1, 9))
+    want, got = train_losses(finished), train_losses(split)  # `finished`: the same run, never split
     assert [got[s] for s in range(1, 9)] == [want[s] for s in range(1, 9)]
 
 
