@@ -128,6 +128,24 @@ def run_in_process(args: list[str], capsys: Any) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(["train_jax.py", *args], code, out, err)
 
 
+def script_in_process(name: str, args: list[str], monkeypatch: Any, capsys: Any) -> subprocess.CompletedProcess:
+    """`python scripts/<name> args...` in this process (`__main__`, with its own sys.argv), shaped like `run_cli`'s
+    result: for the project's scripts, where a new interpreter would add its 2-3 s of imports (the same caveat as
+    `run_in_process` for output written below Python)."""
+    import runpy
+
+    monkeypatch.setattr(sys, "argv", [str(ROOT / "scripts" / name), *args])
+    code = 0
+    try:
+        runpy.run_path(str(ROOT / "scripts" / name), run_name="__main__")
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else int(e.code is not None)
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)  # as the interpreter does
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess([f"scripts/{name}", *args], code, out, err)
+
+
 def repo_copy(dest: Path) -> Path:
     """A copy of the checkout's files (tracked, and untracked ones git does not ignore) at `dest`: for tests that add
     files to the project as a user would, which must never write into the checkout."""

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from helpers import communicate, read_metrics, run_cli, spawn, tiny_overrides
+from helpers import communicate, read_metrics, run_cli, script_in_process, spawn, tiny_overrides
 
 pytestmark = pytest.mark.e2e
 
@@ -100,10 +100,10 @@ def test_run_saves_config_and_checkpoint(tiny_run):
     assert meta["step"] == 40 and meta["tokenizer"] == {"kind": "byte"} and meta["config"]["model"]["name"] == "gpt2-tiny"
 
 
-def test_sample_script_generates_from_the_run(tiny_run):
+def test_sample_script_generates_from_the_run(tiny_run, monkeypatch, capsys):
     run_dir, _ = tiny_run
-    result = run_cli([str(run_dir), "--prompt", "def ", "--max-new-tokens", "20", "--seed", "1"],
-                     script="scripts/sample.py", timeout=120)
+    result = script_in_process("sample.py", [str(run_dir), "--prompt", "def ", "--max-new-tokens", "20", "--seed", "1"],
+                               monkeypatch, capsys)
     assert result.returncode == 0, result.stderr[-2000:]
     body = result.stdout.split("-" * 60)[1]
     assert body.strip().startswith("def") and len(body.strip()) > len("def")
@@ -144,11 +144,11 @@ def test_a_finished_run_writes_summary_and_plots(tiny_run, tmp_path):
     assert set(k.split(": ")[-1] for k in curves if k.startswith("loss")) == {"train", "val", "email", "asyncio", "json"}
 
 
-def test_plot_runs_overlays_several_runs(tiny_run, tmp_path):
+def test_plot_runs_overlays_several_runs(tiny_run, tmp_path, monkeypatch, capsys):
     run_dir, _ = tiny_run
-    result = run_cli([str(run_dir), str(run_dir), "--labels", "a,b", "--out", str(tmp_path / "cmp.png")],
-                     script="scripts/plot_runs.py")
+    result = script_in_process("plot_runs.py", [str(run_dir), str(run_dir), "--labels", "a,b", "--out",
+                                                str(tmp_path / "cmp.png")], monkeypatch, capsys)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "cmp.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    bad = run_cli([str(tmp_path)], script="scripts/plot_runs.py")
+    bad = script_in_process("plot_runs.py", [str(tmp_path)], monkeypatch, capsys)
     assert bad.returncode == 1 and bad.stderr.startswith("error: no metrics.jsonl in")

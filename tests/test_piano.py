@@ -15,7 +15,7 @@ import pytest
 from core.errors import ConfigError
 from data.notes import Notes
 from data.corpus import load_corpus
-from helpers import build, read_metrics, run_cli, tiny_overrides
+from helpers import build, read_metrics, run_cli, run_in_process, script_in_process, tiny_overrides
 from training import config as config_lib
 from training.checkpoint import Checkpointer
 from training.run import plan_run, restore_state
@@ -70,11 +70,11 @@ def test_fine_tuning_a_task_beats_the_pretrained_weights_on_its_target_tokens(fi
         assert sorted(losses) == [0, 20, 40] and losses[40] < losses[0]
 
 
-def test_eval_only_scores_the_pretrained_weights_on_a_task(pretrained, finetuned, data_cache):
+def test_eval_only_scores_the_pretrained_weights_on_a_task(pretrained, finetuned, data_cache, capsys):
     run_dir, _ = finetuned
-    result = run_cli(piano_overrides(data_cache, pretrained, "eval_only=true", "checkpoint.load=True",
-                                     f"checkpoint.load_path={pretrained}", "checkpoint.overwrite_config=True",
-                                     "stage=piano_task", "tasks=[dynamics]", "loss_masking=finetuning"))
+    result = run_in_process(piano_overrides(data_cache, pretrained, "eval_only=true", "checkpoint.load=True",
+                                            f"checkpoint.load_path={pretrained}", "checkpoint.overwrite_config=True",
+                                            "stage=piano_task", "tasks=[dynamics]", "loss_masking=finetuning"), capsys)
     assert result.returncode == 0, result.stderr[-2000:]
     scores = json.loads((pretrained / "eval-step40.json").read_text())["results"]
     assert list(scores) == ["full", "bach", "mozart", "haydn", "test"]
@@ -82,10 +82,10 @@ def test_eval_only_scores_the_pretrained_weights_on_a_task(pretrained, finetuned
     assert scores["full"]["loss"] == pytest.approx(step0["full"], rel=1e-5)  # the fine-tune's starting point
 
 
-def test_a_fine_tuned_model_writes_a_playable_midi(finetuned, tmp_path):
+def test_a_fine_tuned_model_writes_a_playable_midi(finetuned, tmp_path, monkeypatch, capsys):
     run_dir, _ = finetuned
-    result = run_cli([str(run_dir), "--max-new-tokens", "30", "--out", str(tmp_path), "--prompt-notes", "12"],
-                     script="scripts/sample.py")
+    result = script_in_process("sample.py", [str(run_dir), "--max-new-tokens", "30", "--out", str(tmp_path),
+                                             "--prompt-notes", "12"], monkeypatch, capsys)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "dynamics" in result.stdout
     midi = mido.MidiFile(str(tmp_path / "sample-0.mid"))
@@ -93,12 +93,13 @@ def test_a_fine_tuned_model_writes_a_playable_midi(finetuned, tmp_path):
     assert len(ons) == 12 and midi.length > 0  # the prompt's 12 notes, with the velocities the model chose
 
 
-def test_a_pretrained_model_continues_a_midi_prompt(pretrained, tmp_path, bach_chorale):
+def test_a_pretrained_model_continues_a_midi_prompt(pretrained, tmp_path, bach_chorale, monkeypatch, capsys):
     from data.midi import write_midi
 
     prompt = write_midi(bach_chorale, tmp_path / "prompt-in.mid")
-    result = run_cli([str(pretrained), "--prompt-midi", str(prompt), "--prompt-notes", "10", "--max-new-tokens", "40",
-                      "--out", str(tmp_path / "out"), "--temperature", "1.0"], script="scripts/sample.py")
+    result = script_in_process("sample.py", [str(pretrained), "--prompt-midi", str(prompt), "--prompt-notes", "10",
+                                             "--max-new-tokens", "40", "--out", str(tmp_path / "out"), "--temperature",
+                                             "1.0"], monkeypatch, capsys)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "next-token continuation" in result.stdout
     assert mido.MidiFile(str(tmp_path / "out" / "sample-0.mid")).length > 0
@@ -122,9 +123,9 @@ def test_init_from_loads_the_weights_and_resets_optimizer_and_step(pretrained, d
     assert all(float(jnp.abs(x).max()) == 0.0 for x in mu if x.ndim > 1)  # Adam moments start at zero
 
 
-def test_init_from_with_another_notes_tokenizer_is_refused(pretrained, data_cache, tmp_path):
-    result = run_cli(piano_overrides(data_cache, tmp_path / "run", f"init_from={pretrained}",
-                                     "dataset.notes_tokenizer.velocity_bins=16"))
+def test_init_from_with_another_notes_tokenizer_is_refused(pretrained, data_cache, tmp_path, capsys):
+    result = run_in_process(piano_overrides(data_cache, tmp_path / "run", f"init_from={pretrained}",
+                                            "dataset.notes_tokenizer.velocity_bins=16"), capsys)
     assert result.returncode != 0
     lines = result.stderr.strip().splitlines()
     assert lines[-1].startswith("error: dataset.notes_tokenizer:") and "checkpoint" in lines[-1]
@@ -172,10 +173,11 @@ def test_the_maestro_layout_loads_from_a_local_folder_through_the_hub_code_path(
         np.testing.assert_array_equal(row[column], getattr(expected, column))
 
 
-def test_an_unreachable_hub_dataset_is_one_clear_line(tmp_path):
-    result = run_cli(["dataset=maestro", "dataset.base_dataset_name=epr-labs/no-such-piano-dataset",
-                      f"dataset.cache_dir={tmp_path}", "model=gpt2-tiny", "logging.wandb=disabled",
-                      f"logging.run_dir={tmp_path / 'run'}"], timeout=180)
+def test_an_unreachable_hub_dataset_is_one_clear_line(tmp_path, capsys):
+    # in this process: test_end_to_end.py's offline Hub dataset runs in one of its own
+    result = run_in_process(["dataset=maestro", "dataset.base_dataset_name=epr-labs/no-such-piano-dataset",
+                             f"dataset.cache_dir={tmp_path}", "model=gpt2-tiny", "logging.wandb=disabled",
+                             f"logging.run_dir={tmp_path / 'run'}"], capsys)
     assert result.returncode == 1
     line = result.stderr.strip().splitlines()[-1]
     assert line.startswith("error: dataset epr-labs/no-such-piano-dataset (validation): could not load it")
@@ -215,8 +217,8 @@ def test_incoherent_stage_settings_fail_at_the_door(override, message):
     assert str(e.value).startswith(message)
 
 
-def test_a_stage_error_is_one_line_and_exit_2():
-    result = run_cli(["model=gpt2-tiny", "stage=piano_task", "tasks=[dynamics]"], timeout=120)
+def test_a_stage_error_is_one_line_and_exit_2(capsys):
+    result = run_in_process(["model=gpt2-tiny", "stage=piano_task", "tasks=[dynamics]"], capsys)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "error: config: stage: piano_task needs a notes source (dataset=music21, maestro or midi_files), not pystdlib"]

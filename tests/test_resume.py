@@ -1,4 +1,5 @@
-"""Stopping and resuming through the command line, in real subprocesses.
+"""Stopping and resuming through the command line, in real subprocesses (commands that train nothing, fail before
+training or continue a few steps on one device run `train_jax.run` in the test's process).
 
 A run stopped at any step k (SIGTERM, kill -9, or a shorter max_steps) and resumed with `checkpoint.load=True`
 produces the same losses, step by step and bit for bit, as the run that was never stopped.
@@ -18,8 +19,9 @@ import jax.numpy as jnp
 import optax
 import pytest
 
-from helpers import (ROOT, build, communicate, read_metrics, run_cli, run_in_process, spawn, start, tiny_overrides,
-                     wait_for_step)
+from helpers import (ROOT, build, communicate, read_metrics, run_cli, run_in_process, script_in_process, spawn,
+                     start,
+                     tiny_overrides, wait_for_step)
 from optimizers import continue_schedule_at
 from training.config import load_config
 from training.run import open_source, plan_run, restore_state
@@ -50,8 +52,12 @@ def straight(tmp_path_factory, data_cache):
     return run_dir
 
 
+def resume_args(data_cache, run_dir, *extra):
+    return tiny_overrides(data_cache, "checkpoint.load=True", f"checkpoint.load_path={run_dir}", *extra)
+
+
 def resume(data_cache, run_dir, *extra):
-    return run_cli(tiny_overrides(data_cache, "checkpoint.load=True", f"checkpoint.load_path={run_dir}", *extra))
+    return run_cli(resume_args(data_cache, run_dir, *extra))
 
 
 def assert_same_losses_bitwise(run_dir, reference, last=STEPS):
@@ -164,7 +170,7 @@ def stopped_at(run_dir, step, dest):
     return dest
 
 
-def test_resume_on_8_devices_is_bitwise_and_restores_onto_1_device(data_cache, tmp_path):
+def test_resume_on_8_devices_is_bitwise_and_restores_onto_1_device(data_cache, tmp_path, capsys):
     eight = ("system.num_devices=8", "optimizer.lr_config.max_steps=12", "train.max_steps=12", "train.eval_interval=6")
     reference = tmp_path / "reference"
     ok(run_cli(config(data_cache, reference, *eight)))  # checkpoints at 6 and 12
@@ -179,16 +185,18 @@ def test_resume_on_8_devices_is_bitwise_and_restores_onto_1_device(data_cache, t
 
     # Saved with 8 devices, continued on 1: the same curve up to float reduction order.
     one = stopped_at(reference, 6, tmp_path / "one")
-    result = ok(resume(data_cache, one, "checkpoint.overwrite_config=True", *eight, "system.num_devices=1",
-                       "optimizer.lr_config.lr=3e-3"))
+    result = ok(run_in_process(resume_args(data_cache, one, "checkpoint.overwrite_config=True", *eight,
+                                           "system.num_devices=1", "optimizer.lr_config.lr=3e-3"), capsys))
     assert f"resuming {one}/checkpoints at step 6" in result.stdout and "1 x cpu" in result.stdout
     got = losses(one)
     assert sorted(got) == list(range(1, 13)) and max(abs(got[s] - want[s]) for s in range(7, 13)) < 1e-5
 
 
-def test_saved_config_wins_unless_overwrite_config(straight, data_cache, tmp_path):
+def test_saved_config_wins_unless_overwrite_config(straight, data_cache, tmp_path, capsys):
     subprocess.run(["cp", "-r", str(straight), str(tmp_path / "a")], check=True)
-    result = ok(resume(data_cache, tmp_path / "a", "optimizer.lr_config.lr=1.0", "train.max_steps=44"))
+    # nothing to train (the saved max_steps was reached): in this process
+    result = ok(run_in_process(resume_args(data_cache, tmp_path / "a", "optimizer.lr_config.lr=1.0",
+                                           "train.max_steps=44"), capsys))
     note = next(line for line in result.stdout.splitlines() if line.startswith("note       ignored"))
     assert "optimizer.lr_config.lr=1.0" in note and "train.max_steps=44" in note and "the saved config wins" in note
     assert f"run        {tmp_path / 'a'}" in result.stdout  # a copied run continues where it now lives
@@ -201,11 +209,11 @@ def test_saved_config_wins_unless_overwrite_config(straight, data_cache, tmp_pat
     assert max(rows) == 44 and rows[44]["lr"] == pytest.approx(1e-4)
 
 
-def test_overwrite_optimizer_starts_a_fresh_optimizer(straight, data_cache, tmp_path):
+def test_overwrite_optimizer_starts_a_fresh_optimizer(straight, data_cache, tmp_path, capsys):
     subprocess.run(["cp", "-r", str(straight), str(tmp_path / "a")], check=True)
     switch = ("checkpoint.overwrite_config=True", "optimizer=sgdm", "optimizer.lr_config.lr=0.05",
               "train.max_steps=44", "train.eval_interval=10")
-    result = resume(data_cache, tmp_path / "a", *switch)
+    result = run_in_process(resume_args(data_cache, tmp_path / "a", *switch), capsys)  # fails before it trains
     assert result.returncode == 1
     assert "its opt_state does not restore" in result.stderr and "checkpoint.overwrite_optimizer=True" in result.stderr
     ok(resume(data_cache, tmp_path / "a", *switch, "checkpoint.overwrite_optimizer=True"))
@@ -224,9 +232,8 @@ def test_overwrite_optimizer_starts_a_fresh_optimizer(straight, data_cache, tmp_
     assert max(float(jnp.abs(mu).max()) for mu in jax.tree.leaves(optax.tree.get(saved.opt_state, "mu"))) > 0
 
 
-def test_mode_eval_matches_the_training_time_evaluation(straight, data_cache):
-    result = ok(run_cli(tiny_overrides(data_cache, "mode=eval", "checkpoint.load=True",
-                                       f"checkpoint.load_path={straight}", "checkpoint.load_file=latest")))
+def test_mode_eval_matches_the_training_time_evaluation(straight, data_cache, capsys):
+    result = ok(run_in_process(resume_args(data_cache, straight, "mode=eval", "checkpoint.load_file=latest"), capsys))
     report = json.loads((straight / f"eval-step{STEPS}.json").read_text())
     trained = {r["split"]: r for r in read_metrics(straight) if r["step"] == STEPS and r["split"] != "train"}
     for split, row in trained.items():
@@ -234,7 +241,7 @@ def test_mode_eval_matches_the_training_time_evaluation(straight, data_cache):
     assert "test" in report["results"] and "test " in result.stdout
 
 
-def test_best_checkpoint_can_be_named(straight, data_cache, tmp_path):
+def test_best_checkpoint_can_be_named(straight, data_cache, tmp_path, monkeypatch, capsys):
     """A run whose last evaluation is not its best: `--which best` and checkpoint.load_file=best take the best."""
     run_dir = tmp_path / "a"
     subprocess.run(["cp", "-r", str(straight), str(run_dir)], check=True)
@@ -243,7 +250,8 @@ def test_best_checkpoint_can_be_named(straight, data_cache, tmp_path):
     vals = losses(run_dir, "val")
     best_step = min(vals, key=vals.get)
     assert max(vals) == 44 and best_step != 44  # the last evaluation, after steps at a far too high lr, is worse
-    result = ok(run_cli([str(run_dir), "--which", "best", "--max-new-tokens", "5"], script="scripts/sample.py"))
+    result = ok(script_in_process("sample.py", [str(run_dir), "--which", "best", "--max-new-tokens", "5"],
+                                  monkeypatch, capsys))
     assert f"step {best_step}," in result.stdout
     assert open_source(str(run_dir), "best").step == best_step  # what checkpoint.load_file=best loads
 

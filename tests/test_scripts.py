@@ -6,7 +6,6 @@ test_harness.py.)"""
 from __future__ import annotations
 
 import json
-import runpy
 import shutil
 import subprocess
 import sys
@@ -14,30 +13,18 @@ import sys
 import numpy as np
 import pytest
 
-import train_jax
-from helpers import ROOT, communicate, spawn, tiny_overrides
+from helpers import ROOT, communicate, script_in_process, spawn, tiny_overrides
 
 
 def run_script(name: str, args: list[str], monkeypatch, capsys) -> str:
-    """`python scripts/<name> args...` in this process; its exit status must be 0; returns what it printed."""
-    monkeypatch.setattr(sys, "argv", [str(ROOT / "scripts" / name), *args])
-    try:
-        runpy.run_path(str(ROOT / "scripts" / name), run_name="__main__")
-    except SystemExit as e:
-        assert e.code in (0, None), capsys.readouterr().err[-2000:]
-    return capsys.readouterr().out
+    """The script's output; its exit status must be 0."""
+    result = script_in_process(name, args, monkeypatch, capsys)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout
 
 
 def last_json(out: str) -> dict:
     return json.loads(out.strip().splitlines()[-1])
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory, data_cache):
-    """A tiny run with checkpoints at steps 4 and 8."""
-    run_dir = tmp_path_factory.mktemp("scripts") / "run"
-    assert train_jax.run(tiny_overrides(data_cache, f"logging.run_dir={run_dir}")) == 0
-    return run_dir
 
 
 def test_bench_times_the_step_the_loader_and_a_compile(data_cache, monkeypatch, capsys):
@@ -69,18 +56,18 @@ def test_state_memory_lists_every_layout(monkeypatch, capsys):
     assert all(row["fsdp_bytes_per_device"] <= row["dp_bytes_per_device"] for row in result["layouts"])
 
 
-def test_sample_and_export_take_the_checkpoint_named_by_which(trained, tmp_path, monkeypatch, capsys):
+def test_sample_and_export_take_the_checkpoint_named_by_which(finished, tmp_path, monkeypatch, capsys):
     from safetensors.numpy import load_file
 
     from training.trained import load_trained
 
-    out = run_script("sample.py", [str(trained), "--which", "4", "--prompt", "def ", "--max-new-tokens", "5"],
+    out = run_script("sample.py", [str(finished), "--which", "4", "--prompt", "def ", "--max-new-tokens", "5"],
                      monkeypatch, capsys)
     assert out.startswith("# gpt2-tiny, step 4,")
-    run_script("export_hf.py", [str(trained), str(tmp_path / "hf"), "--which", "4"], monkeypatch, capsys)
+    run_script("export_hf.py", [str(finished), str(tmp_path / "hf"), "--which", "4"], monkeypatch, capsys)
     exported = load_file(str(tmp_path / "hf" / "model.safetensors"))["transformer.wte.weight"]
     for step in (4, 8):  # step 4's weights, not the latest's
-        wte = np.asarray(load_trained(str(trained), str(step)).model.wte)[: exported.shape[0]]
+        wte = np.asarray(load_trained(str(finished), str(step)).model.wte)[: exported.shape[0]]
         assert np.array_equal(exported, wte) == (step == 4)
 
 
