@@ -128,6 +128,12 @@ def run_in_process(args: list[str], capsys: Any) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(["train_jax.py", *args], code, out, err)
 
 
+def run_command(args: list[str], capsys: Any, own_process: bool, **cli: Any) -> subprocess.CompletedProcess:
+    """`train_jax.py args` in a process of its own (`run_cli`, given `cli`) or in this one (`run_in_process`): the
+    cases of one kind of bad input share their assertions, and each kind keeps a case in a real process."""
+    return run_cli(args, **cli) if own_process else run_in_process(args, capsys)
+
+
 def script_in_process(name: str, args: list[str], monkeypatch: Any, capsys: Any) -> subprocess.CompletedProcess:
     """`python scripts/<name> args...` in this process (`__main__`, with its own sys.argv), shaped like `run_cli`'s
     result: for the project's scripts, where a new interpreter would add its 2-3 s of imports (the same caveat as

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from helpers import read_metrics, run_cli, run_in_process, start, tiny_overrides, wait_for_step
+from helpers import read_metrics, run_cli, run_command, start, tiny_overrides, wait_for_step
 
 pytestmark = pytest.mark.e2e
 
@@ -102,28 +102,27 @@ def _file_size_limit(limit: int):
     return apply
 
 
-PATH_CASES = [  # (override, key named, reason, how the child runs)
-    ("checkpoint.save_path={d}/a_file", "checkpoint.save_path", "{d}/a_file is a file, not a directory", None),
-    ("logging.run_dir={d}/a_file/run", "logging.run_dir", "{d}/a_file is a file, not a directory", None),
-    ("dataset.cache_dir={d}/a_file/cache", "dataset.cache_dir", "{d}/a_file is a file, not a directory", None),
+PATH_CASES = [  # (override, key named, reason, limits set in the child, in a process of its own)
+    ("checkpoint.save_path={d}/a_file", "checkpoint.save_path", "{d}/a_file is a file, not a directory", None, True),
+    ("logging.run_dir={d}/a_file/run", "logging.run_dir", "{d}/a_file is a file, not a directory", None, False),
+    ("dataset.cache_dir={d}/a_file/cache", "dataset.cache_dir", "{d}/a_file is a file, not a directory", None, False),
     ("logging.run_dir={d}/read_only/run", "logging.run_dir", "cannot write in {d}/read_only: Permission denied",
-     _without_root_override),
+     _without_root_override, True),
     ("logging.run_dir={d}/run", "logging.run_dir", "cannot write in {d}: File too large (disk full?)",
-     _file_size_limit(4096)),
+     _file_size_limit(4096), True),
 ]
 
 
-@pytest.mark.parametrize("override,key,reason,child", PATH_CASES, ids=["save_path a file", "run_dir under a file",
-                                                                     "cache_dir under a file", "read-only",
-                                                                     "full"])
+@pytest.mark.parametrize("override,key,reason,child,own_process", PATH_CASES,
+                         ids=["save_path a file", "run_dir under a file", "cache_dir under a file", "read-only",
+                              "full"])
 def test_a_path_that_cannot_be_written_is_one_line_naming_the_key_and_nothing_is_written(override, key, reason, child,
-                                                                                        data_cache, tmp_path, capsys):
+                                                                                        own_process, data_cache,
+                                                                                        tmp_path, capsys):
     (tmp_path / "a_file").write_text("mine\n")
     (tmp_path / "read_only").mkdir(mode=0o555)
     args = tiny_overrides(data_cache, f"logging.run_dir={tmp_path}/run", override.format(d=tmp_path))
-    # A process of its own where the child's limits matter, and for the first case; the other two in this one.
-    in_process = child is None and not override.startswith("checkpoint.")
-    result = run_in_process(args, capsys) if in_process else run_cli(args, timeout=60, preexec_fn=child)
+    result = run_command(args, capsys, own_process, timeout=60, preexec_fn=child)
     line = failed_in_one_line(result)
     assert line.startswith(f"error: {key}: ") and reason.format(d=tmp_path) in line, line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "read_only"]
@@ -132,10 +131,13 @@ def test_a_path_that_cannot_be_written_is_one_line_naming_the_key_and_nothing_is
 
 # -- 4. override syntax ------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("argument", ["train.batch_size=[1,", "dataset.files=[a b", 'logging.name="unterminated'])
-def test_an_argument_hydra_cannot_parse_is_named_with_how_to_quote_it(argument, tmp_path, capsys):
+ARGUMENTS = [("train.batch_size=[1,", True), ("dataset.files=[a b", False), ('logging.name="unterminated', False)]
+
+
+@pytest.mark.parametrize("argument,own_process", ARGUMENTS, ids=[a for a, _ in ARGUMENTS])
+def test_an_argument_hydra_cannot_parse_is_named_with_how_to_quote_it(argument, own_process, tmp_path, capsys):
     args = [argument, f"logging.run_dir={tmp_path}/run"]
-    result = run_cli(args, timeout=60) if argument.startswith("train.") else run_in_process(args, capsys)
+    result = run_command(args, capsys, own_process, timeout=60)
     assert result.returncode == 2
     line = one_line(result)
     assert line.startswith(f"error: config: cannot parse the argument {argument!r} (")
@@ -157,25 +159,25 @@ def _write_jsonl(path, rows, replace=None):
     return path
 
 
-JSON_CASES = [  # (how the file is broken, the columns asked for, what the line says)
-    ({18: '{"question": "broken'}, ("question", "answer"), "{f} line 18: not valid JSON (column 14: Unterminated"),
+JSON_CASES = [  # (how the file is broken, the columns asked for, what the line says, in a process of its own)
+    ({18: '{"question": "broken'}, ("question", "answer"), "{f} line 18: not valid JSON (column 14: Unterminated",
+     True),  # datasets' own output would show there
     ({6: '{"question": "no answer here"}'}, ("question", "answer"),
-     "dataset.completion_column: 'answer' is missing or null in {f} line 6"),
-    ({}, ("quest", "answer"), "dataset.prompt_column: 'quest' is not a column of {f}; it has question, answer"),
+     "dataset.completion_column: 'answer' is missing or null in {f} line 6", False),
+    ({}, ("quest", "answer"), "dataset.prompt_column: 'quest' is not a column of {f}; it has question, answer", False),
 ]
 
 
-@pytest.mark.parametrize("broken,columns,message", JSON_CASES, ids=["malformed line", "record without completion",
-                                                                   "no such column"])
-def test_a_bad_json_lines_file_is_one_line_naming_the_file_and_line(broken, columns, message, data_cache, tmp_path,
-                                                                    capsys):
+@pytest.mark.parametrize("broken,columns,message,own_process", JSON_CASES,
+                         ids=["malformed line", "record without completion", "no such column"])
+def test_a_bad_json_lines_file_is_one_line_naming_the_file_and_line(broken, columns, message, own_process, data_cache,
+                                                                    tmp_path, capsys):
     data = _write_jsonl(tmp_path / "qa.jsonl", _qa_rows(), broken)
     before = data.read_bytes()
     args = tiny_overrides(data_cache, f"logging.run_dir={tmp_path}/run", "dataset=json_files", f"dataset.files=[{data}]",
                           f"dataset.prompt_column={columns[0]}", f"dataset.completion_column={columns[1]}",
                           "loss_masking=finetuning", "dataset.tokenizer=byte")
-    # The malformed file in a process of its own (datasets' output included); the other two in this one.
-    result = run_cli(args, timeout=120) if 18 in broken else run_in_process(args, capsys)
+    result = run_command(args, capsys, own_process, timeout=120)
     line = failed_in_one_line(result)
     assert message.format(f=data) in line, line
     assert data.read_bytes() == before

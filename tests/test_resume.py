@@ -19,9 +19,8 @@ import jax.numpy as jnp
 import optax
 import pytest
 
-from helpers import (ROOT, build, communicate, read_metrics, run_cli, run_in_process, script_in_process, spawn,
-                     start,
-                     tiny_overrides, wait_for_step)
+from helpers import (ROOT, build, communicate, read_metrics, run_cli, run_command, run_in_process, script_in_process,
+                     spawn, start, tiny_overrides, wait_for_step)
 from optimizers import continue_schedule_at
 from training.config import load_config
 from training.run import open_source, plan_run, restore_state
@@ -256,16 +255,20 @@ def test_best_checkpoint_can_be_named(straight, data_cache, tmp_path, monkeypatc
     assert open_source(str(run_dir), "best").step == best_step  # what checkpoint.load_file=best loads
 
 
-BAD_INPUTS = [
-    ("missing path", lambda d: (["checkpoint.load=True", f"checkpoint.load_path={d}/nope"], "does not exist")),
-    ("empty dir", lambda d: (["checkpoint.load=True", f"checkpoint.load_path={d}/empty"], "holds no complete checkpoint")),
-    ("corrupt", lambda d: (["checkpoint.load=True", f"checkpoint.load_path={d}/corrupt"], "does not restore")),
-    ("other model", lambda d: (["checkpoint.load=True", f"checkpoint.load_path={d}/good", "checkpoint.overwrite_config=True",
-                                "model.n_layer=3"], "holds a different model: n_layer 2 (checkpoint) vs 3")),
+BAD_INPUTS = [  # (name, run dir -> (arguments, what the line says), in a process of its own)
+    ("missing path", lambda d: (["checkpoint.load=True", f"checkpoint.load_path={d}/nope"], "does not exist"), False),
+    ("empty dir", lambda d: (["checkpoint.load=True", f"checkpoint.load_path={d}/empty"],
+                             "holds no complete checkpoint"), False),
+    ("corrupt", lambda d: (["checkpoint.load=True", f"checkpoint.load_path={d}/corrupt"], "does not restore"),
+     True),  # Orbax's and XLA's own output would show there
+    ("other model", lambda d: (["checkpoint.load=True", f"checkpoint.load_path={d}/good",
+                                "checkpoint.overwrite_config=True", "model.n_layer=3"],
+                               "holds a different model: n_layer 2 (checkpoint) vs 3"), False),
     ("other tokenizer", lambda d: (["checkpoint.load=True", f"checkpoint.load_path={d}/good",
                                     "checkpoint.overwrite_config=True", "dataset.tokenizer=bpe"],
-                                   "dataset.tokenizer: bpe does not match the checkpoint's byte")),
-    ("save path in the way", lambda d: ([f"checkpoint.save_path={d}/good/checkpoints"], "already holds another run")),
+                                   "dataset.tokenizer: bpe does not match the checkpoint's byte"), False),
+    ("save path in the way", lambda d: ([f"checkpoint.save_path={d}/good/checkpoints"], "already holds another run"),
+     False),
 ]
 
 
@@ -281,14 +284,12 @@ def damaged(straight, tmp_path_factory):
     return root
 
 
-@pytest.mark.parametrize("name,case", BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
-def test_bad_checkpoint_input_fails_with_one_line_and_touches_nothing(name, case, damaged, data_cache, tmp_path,
-                                                                     capsys):
+@pytest.mark.parametrize("name,case,own_process", BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
+def test_bad_checkpoint_input_fails_with_one_line_and_touches_nothing(name, case, own_process, damaged, data_cache,
+                                                                     tmp_path, capsys):
     args, message = case(damaged)
     before = {p: p.stat().st_mtime_ns for p in damaged.rglob("*")}
-    # A damaged checkpoint in a process of its own (Orbax's and XLA's output included); the rest in this one.
-    run = run_cli if name == "corrupt" else lambda command: run_in_process(command, capsys)
-    result = run(tiny_overrides(data_cache, f"logging.run_dir={tmp_path}/new", *args))
+    result = run_command(tiny_overrides(data_cache, f"logging.run_dir={tmp_path}/new", *args), capsys, own_process)
     assert result.returncode != 0
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
