@@ -121,8 +121,9 @@ def run_cli(args: list[str], timeout: float = 300, env: dict | None = None, cwd:
 
 def run_in_process(args: list[str], capsys: Any) -> subprocess.CompletedProcess:
     """`train_jax.run(args)` in this process, with its exit code and what it printed, shaped like `run_cli`'s result:
-    for a command that fails before it trains, where a new interpreter would add only its 2-3 s of imports. Output
-    written below Python (XLA's, absl's) does not reach `capsys`: keep each family's first case in `run_cli`."""
+    for a command that fails before it trains, trains nothing or continues a few steps, where a new interpreter would
+    add its 2-3 s of imports. Output written below Python (XLA's, absl's) does not reach `capsys`: keep each
+    family's first case in `run_cli`."""
     code = train_jax.run(args)
     out, err = capsys.readouterr()
     return subprocess.CompletedProcess(["train_jax.py", *args], code, out, err)

@@ -71,6 +71,24 @@ def test_sample_and_export_take_the_checkpoint_named_by_which(finished, tmp_path
         assert np.array_equal(exported, wte) == (step == 4)
 
 
+def test_check_env_names_what_is_missing_in_one_line_and_exits_1(monkeypatch, capsys):
+    """A package whose module cannot be found (even with its distribution's metadata still there), and a missing
+    test extra: listed without --test, required with it."""
+    import check_env
+
+    monkeypatch.setitem(check_env.REQUIRED, "jax", "jax_is_gone")
+    monkeypatch.setitem(check_env.TEST_EXTRAS, "no-such-extra", "no_such_extra.sub")
+    assert check_env.main([]) == 1
+    out, err = capsys.readouterr()
+    assert "no-such-extra not installed (the test extra: source activate_env.sh test)" in out
+    assert err.splitlines() == ["error: missing packages: jax (ImportError: No module named 'jax_is_gone'). Run "
+                                "`source activate_env.sh`"]
+    assert check_env.main(["--test"]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "error: missing packages: jax (ImportError: No module named 'jax_is_gone'); no-such-extra "
+        "(ModuleNotFoundError: No module named 'no_such_extra'). Run `source activate_env.sh test`"]
+
+
 ENV_FILES = ("activate_env.sh", "requirements.txt", "requirements-test.txt", "requirements-eval.txt")
 
 
