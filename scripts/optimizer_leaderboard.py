@@ -55,6 +55,7 @@ TUNING = {  # the knob's value(s) other than the preset's (the lr grid has alrea
     "schedule_free_adamw": ("optimizer.sf_lr", 3e-3, "optimizer.beta1", (0.95,)),
     "schedule_free_sgd": ("optimizer.sf_lr", 0.3, "optimizer.momentum", (0.95,)),
     "sophia": ("optimizer.lr_config.lr", 3e-3, "optimizer.gamma", (0.01,)),
+    "kron": ("optimizer.lr_config.lr", 1e-3, "optimizer.precond_lr", (0.3,)),
     "prodigy": ("optimizer.d0", 1e-4, "optimizer.d_coef", (2.0,)),  # short runs: d0 sets how soon d is right
     "dadapt_adamw": ("optimizer.d0", 1e-4, None, ()),
     "cocob": ("optimizer.alpha", 100.0, None, ()),

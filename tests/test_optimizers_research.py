@@ -1,6 +1,6 @@
-"""The field's optimizers that no maintained JAX library has (mars, adam_mini, scion, soap): each one's steps against
-its paper's rule written out again here, in float64 numpy, on the real tiny GPT's parameters with fixed random
-gradients; Adam-mini's blocks; SOAP's first step as Adam in the eigenbases of G G^T and G^T G; each steps a
+"""The field's optimizers that no maintained JAX library has here (mars, adam_mini, scion, soap, kron): each one's
+steps against its paper's rule written out again here, in float64 numpy, on the real tiny GPT's parameters with fixed
+random gradients; Adam-mini's blocks; SOAP's first step as Adam in the eigenbases of G G^T and G^T G; each steps a
 parameter group's part of the model by the same rule; each preset composes."""
 
 import equinox as eqx
@@ -379,6 +379,7 @@ def test_soap_first_step_is_adam_rotated_into_the_eigenbases_of_the_first_gradie
 # ------------------------------------------------------------------------------------------------ all four: groups
 
 HYPER = {
+    "kron": dict(beta1=0.9, weight_decay=0.1, precond_lr=0.1, precond_update_probability=1.0, max_size_triangular=D),
     "mars": dict(gamma=0.025, beta1=0.95, beta2=0.99, eps=1e-8, weight_decay=0.1),
     "adam_mini": dict(beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1),
     "scion": dict(momentum=0.9, scale_hidden=3.0, scale_embed=40.0, scale_input=0.5, scale_vector=2.0,
@@ -387,7 +388,10 @@ HYPER = {
                  shampoo_beta=-1.0),
 }
 REFERENCE = {"mars": lambda g, **h: mars_reference(g, **h)[0], "adam_mini": adam_mini_reference,
-             "scion": scion_reference, "soap": soap_reference}
+             "scion": scion_reference, "soap": soap_reference,
+             # Kron's rule is checked on the whole model below; given a group, it must step the group's tensors as it
+             # steps them given the whole model (its draws go by each parameter's path)
+             "kron": lambda g, **h: directions("kron", g, **h)}
 
 
 @pytest.mark.parametrize("name", sorted(HYPER))
@@ -405,7 +409,7 @@ def test_a_parameter_group_steps_as_the_paper_says(name):
                        rtol=2e-4, atol=2e-5)
 
 
-@pytest.mark.parametrize("name", ["mars", "adam_mini", "scion", "soap"])
+@pytest.mark.parametrize("name", ["mars", "adam_mini", "scion", "soap", "kron"])
 def test_the_preset_composes_and_builds(name):
     cfg = load_config([f"optimizer={name}"], num_local_devices=1)
     assert cfg.optimizer.name == name
@@ -434,3 +438,107 @@ def test_soap_reports_its_preconditioners_condition_estimate():
             want = max(want, eigen.max() / on_range.min())
     got = float(optimizer_metrics(state)["optimizer/soap_condition"])
     assert want > 1 and got == pytest.approx(want, rel=1e-2), (got, want)
+
+
+# ------------------------------------------------------------------------------------------------------------- Kron
+
+def norm_lower_bound(a):
+    """psgd-jax's spectral-norm estimate of a symmetric matrix: one power step from its largest row."""
+    top = np.abs(a).max()
+    a = a / top
+    x = a[np.argmax(np.sum(a * a, axis=1))] @ a
+    return top * np.linalg.norm((x / np.linalg.norm(x)) @ a)
+
+
+def kron_reference(grads, step_draws, beta1, weight_decay, precond_lr, precond_update_probability,
+                   max_size_triangular, momentum_into_precond=True):
+    """PSGD Kron (Li, arXiv:1512.04202 and 2402.11858; psgd-jax's kron) per layer's matrix [in, out] (a vector as a
+    row [1, n]), in float64, the preconditioner's factors as full matrices (a diagonal factor as a diagonal matrix,
+    refit by its own rule). `step_draws`: each step's refit draw, probes V and noise Z by parameter name."""
+    x = flat(PARAMS)
+
+    def matrices(n, a):
+        layers = [a[layer] for layer in range(a.shape[0])] if n.startswith("blocks.") else [a]
+        return [w.reshape(w.shape[0], -1) if n in MATRICES else w.reshape(1, -1) for w in layers]
+
+    def kind(n, size):
+        return None if size == 1 else ("tri" if n in MATRICES and size <= max_size_triangular else "diag")
+
+    q = {n: [[np.eye(k) for k in mat.shape] for mat in matrices(n, x[n])] for n in x}
+    mu = {n: np.zeros_like(a) for n, a in x.items()}
+    out = []
+    for t, (g, (u, probes, noise)) in enumerate(zip(grads, step_draws), start=1):
+        d = {}
+        for n in x:
+            mu[n] = beta1 * mu[n] + (1 - beta1) * g[n]
+            fitted = matrices(n, mu[n] / (1 - beta1 ** t) if momentum_into_precond else g[n])
+            pieces = []
+            for b, (h, (ql, qr)) in enumerate(zip(fitted, q[n])):
+                kinds = (kind(n, h.shape[0]), kind(n, h.shape[1]))
+                if t == 1:  # P starts at (mean h^4)^(-1/4): Q's scale split over the sides present
+                    c = np.mean(h ** 4) ** (-1 / 8)
+                    c = c ** (1 / sum(k is not None for k in kinds))
+                    ql, qr = (ql * c if kinds[0] else ql), (qr * c if kinds[1] else qr)
+                if u < precond_update_probability:
+                    v, z = np.asarray(probes[n][b], np.float64), np.asarray(noise[n][b], np.float64)
+                    hd = h + np.sqrt(np.finfo(np.float32).eps) * np.mean(np.abs(h)) * z
+                    a = ql @ hd @ qr.T
+                    bb = np.linalg.inv(ql).T @ v @ np.linalg.inv(qr)
+                    new = []
+                    for side, (qs, k, t1, t2) in enumerate(((ql, kinds[0], a @ a.T, bb @ bb.T),
+                                                            (qr, kinds[1], a.T @ a, bb.T @ bb))):
+                        if k == "tri":
+                            qs = qs - precond_lr / norm_lower_bound(t1 + t2) * np.triu(t1 - t2) @ qs
+                        elif k == "diag":
+                            ta, tb = np.diag(t1), np.diag(t2)
+                            qs = np.diag(np.diag(qs) - precond_lr / np.abs(ta + tb).max() * (ta - tb) * np.diag(qs))
+                        new.append(qs)
+                    ql, qr = new
+                    if all(kinds):  # the sides rebalanced: equal largest entries
+                        nl, nr = np.abs(ql).max(), np.abs(qr).max()
+                        ql, qr = ql * np.sqrt(nl * nr) / nl, qr * np.sqrt(nl * nr) / nr
+                q[n][b] = [ql, qr]
+                m_hat = matrices(n, mu[n] / (1 - beta1 ** t))[b]
+                p = ql.T @ ql @ m_hat @ qr.T @ qr
+                pieces.append(p * min(1.0, 1.1 / (np.sqrt(np.mean(p ** 2)) + 1e-12)))
+            d[n] = -(np.stack(pieces).reshape(x[n].shape) + (weight_decay * x[n] if n in DECAYED else 0.0))
+            x[n] = x[n] + LR * d[n]
+        out.append(d)
+    return out
+
+
+@pytest.mark.parametrize("momentum_into_precond", [True, False])
+def test_kron_steps_follow_the_paper(momentum_into_precond):
+    """Five steps, refit with probability 1/2 (the draws land on both sides of it: steps that refit and steps that
+    keep the preconditioner); wte's vocabulary side and qkv's 3D side over max_size_triangular get diagonal factors,
+    the rest triangular, vectors a diagonal one. The draws are the rule's inputs, read from the optimizer's key.
+    The refit probability is reported as optimizer/kron_refit_probability."""
+    from optimizers.kron import as_matrices, draws
+    from optimizers.param_roles import roles_of
+    from optimizers.reporting import optimizer_metrics
+
+    hyper = dict(beta1=0.9, weight_decay=0.1, precond_lr=0.1, precond_update_probability=0.5,
+                 max_size_triangular=D, momentum_into_precond=momentum_into_precond)
+    opt = OPTIMIZERS["kron"](MODEL, **hyper)
+    update = jax.jit(opt.update)
+    roles = roles_of(MODEL)
+    shapes = {n: as_matrices(p, roles[n]).shape for n, p in zip(flat(PARAMS), jax.tree.leaves(PARAMS))}
+    grads = gradients(5)
+    params, state, got, step_draws = PARAMS, opt.init(PARAMS), [], []
+    for g in grads:
+        u, probes, noise = draws(jax.random.split(state.key)[1], shapes)
+        step_draws.append((float(u), probes, noise))
+        d, state = update(unflat(g), state, params)
+        params = optax.apply_updates(params, jax.tree.map(lambda x: LR * x, d))
+        got.append(flat(d))
+    assert float(optimizer_metrics(state)["optimizer/kron_refit_probability"]) == 0.5
+    refits = [u < 0.5 for u, _, _ in step_draws]
+    assert any(refits[1:]) and not all(refits), refits  # both branches after the first step
+    assert_steps_match(got, kron_reference(grads, step_draws, **hyper), rtol=2e-4, atol=2e-5)
+
+
+def test_kron_refits_with_psgds_decaying_probability():
+    from optimizers.kron import update_probability
+
+    p = [float(update_probability(jnp.asarray(t))) for t in (1, 500, 1500, 100_000)]
+    assert p == pytest.approx([1.0, 1.0, np.exp(-1.0), 0.03], rel=1e-6)
