@@ -32,7 +32,7 @@ from data.corpus import load_corpus
 from data.notes_tokenizer import notes_tokenizer
 from data.tokenizers import Tokenizer, build_tokenizer, tokenizer_from_json
 from models import MODEL_BUILDERS
-from optimizers import build_optimizer, build_schedule, lr_multipliers
+from optimizers import build_optimizer, build_schedule, geometry_groups, lr_multipliers
 from training import cli
 from training import config as config_lib
 from training.config import Config
@@ -117,7 +117,8 @@ def build(cfg: Config, source: Source | None = None) -> Pipeline:
 def init_state_and_steps(cfg: Config, model, optimizer: optax.GradientTransformation, key: jax.Array, mesh: Any
                          ) -> tuple[TrainState, Any, Callable, Callable]:
     """The train state on the mesh, its shardings, and the train and eval steps for the run's precision."""
-    dtype, knobs = compute_dtype(cfg.system.dtype), StatsKnobs.from_cfg(cfg.logging)
+    dtype = compute_dtype(cfg.system.dtype)
+    knobs = StatsKnobs.from_cfg(cfg.logging, geometry_groups(cfg.optimizer, model))
     fp8_history = cfg.system.fp8_amax_history if cfg.system.dtype == "fp8" else 0
     state, shardings = place_state(model, optimizer, key, mesh, cfg.system.sharding, dtype, knobs, fp8_history)
     train_step = make_train_step(optimizer, shardings, dtype, cfg.train.skip_nonfinite, knobs=knobs,

@@ -27,14 +27,13 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from optimizers.groups import build_grouped_direction, lr_multipliers
+from optimizers.groups import build_grouped_direction, geometry_groups, lr_multipliers
 from optimizers.registry import LR_USE, OPTIMIZERS, register
 from optimizers.schedules import build_schedule
 from optimizers.wrappers import cautious
 
-__all__ = ["build_optimizer", "build_schedule", "grad_norm_of", "applied_lr_of", "continue_schedule_at", "OPTIMIZERS",
-           "lr_multipliers", "eval_params",
-           "register"]
+__all__ = ["build_optimizer", "build_schedule", "geometry_groups", "grad_norm_of", "applied_lr_of",
+           "continue_schedule_at", "OPTIMIZERS", "lr_multipliers", "eval_params", "register"]
 
 
 class GradNormState(NamedTuple):

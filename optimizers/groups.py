@@ -119,15 +119,31 @@ def directed(optimizer_cfg: Any, model: Any) -> optax.GradientTransformation:
                            lambda wd: build_direction(dataclasses.replace(optimizer_cfg, weight_decay=wd), model))
 
 
+def assignment_of(optimizer_cfg: Any, model: Any) -> Any:
+    """Each parameter's group (REST for none), as a tree shaped like the model's parameter labels."""
+    labels = model.parameter_labels()
+    check_labels_present(optimizer_cfg, set(jax.tree.leaves(labels)))
+    membership = {label: name for name, group in (optimizer_cfg.groups or {}).items()
+                  for label in group_labels(name, group)}
+    return jax.tree.map(lambda label: membership.get(label, REST), labels)
+
+
+def geometry_groups(optimizer_cfg: Any, model: Any, whole: str = "model", rest: str = "rest"
+                    ) -> tuple[tuple[str, str], ...]:
+    """(parameter path, its group) for every parameter, as the update geometry reports them (training/geometry.py):
+    the optimizer's groups, `rest` for the parameters of none; every parameter `whole`'s when there are no groups."""
+    tree = assignment_of(optimizer_cfg, model)
+    paths = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return tuple((jax.tree_util.keystr(path, simple=True, separator="."),
+                  whole if not optimizer_cfg.groups else (name or rest)) for path, name in paths)
+
+
 def build_grouped_direction(optimizer_cfg: Any, model: Any) -> optax.GradientTransformation:
     """The step's direction for a unit learning rate: the section's optimizer, or one per group (optax.partition)."""
     groups = dict(optimizer_cfg.groups or {})
     if not groups:
         return directed(optimizer_cfg, model)
-    labels = model.parameter_labels()
-    check_labels_present(optimizer_cfg, set(jax.tree.leaves(labels)))
-    membership = {label: name for name, group in groups.items() for label in group_labels(name, group)}
-    assignment = jax.tree.map(lambda label: membership.get(label, REST), labels)
+    assignment = assignment_of(optimizer_cfg, model)
     transforms = {}
     for name, group in {**groups, REST: {}}.items():
         cfg = group_config(optimizer_cfg, group) if group else optimizer_cfg

@@ -13,6 +13,8 @@ micro-batches, before clipping), Δ_t = x_{t+1} − x_t the update that was appl
   compute_last_grads   ‖g_t − ∇f(x_{t−1}; b_t)‖ and its ratio to ‖x_t − x_{t−1}‖ (a local smoothness estimate).
                        Needs store_last_params; costs one forward+backward pass per micro-batch.
   running_stats_window W > 0: the mean of each scalar statistic over the last W steps. Buffer: W x statistics.
+  update_geometry      per parameter group, inner products, cosines and norms of g, x and Δ with running sums
+                       (training/geometry.py). Buffer: the last update.
 
 A statistic that needs a previous step is NaN at a run's first step. Skipped (non-finite) steps leave the buffers
 as they were. The buffers live in `TrainState.stats`, so they checkpoint and resume with the rest of the state.
@@ -27,6 +29,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from training.geometry import init_geometry, step_geometry
+
 
 @dataclass(frozen=True)
 class StatsKnobs:
@@ -37,17 +41,21 @@ class StatsKnobs:
     compute_last_loss: bool = False
     compute_last_grads: bool = False
     window: int = 0
+    # update geometry (training/geometry.py): each parameter's path and its group; empty = off
+    geometry_groups: tuple[tuple[str, str], ...] = ()
 
     @staticmethod
-    def from_cfg(logging_cfg: Any) -> StatsKnobs:
+    def from_cfg(logging_cfg: Any, geometry_groups: tuple[tuple[str, str], ...] = ()) -> StatsKnobs:
+        """`geometry_groups`: the parameter groups (optimizers.geometry_groups), used with logging.update_geometry."""
         c = logging_cfg
         return StatsKnobs(c.log_callback_data, c.store_last_grads, c.store_past_grads, c.store_last_params,
-                          c.compute_last_loss, c.compute_last_grads, c.running_stats_window)
+                          c.compute_last_loss, c.compute_last_grads, c.running_stats_window,
+                          geometry_groups if c.update_geometry else ())
 
     @property
     def any(self) -> bool:
         return any((self.log_callback_data, self.store_last_grads, self.store_past_grads, self.store_last_params,
-                    self.compute_last_loss, self.compute_last_grads))
+                    self.compute_last_loss, self.compute_last_grads, bool(self.geometry_groups)))
 
     def scalar_names(self) -> list[str]:
         """The scalar statistics these knobs produce, in a fixed order (the running window's columns)."""
@@ -78,6 +86,8 @@ def init_stats(knobs: StatsKnobs, params: Any) -> dict | None:
         stats["past_grads_sum"] = zeros()
     if knobs.store_last_params:
         stats["last_params"] = jax.tree.map(jnp.copy, params)
+    if knobs.geometry_groups:
+        stats["geometry"] = init_geometry(params, knobs.geometry_groups)
     if knobs.window > 0:
         stats["window"] = jnp.full((knobs.window, len(knobs.scalar_names())), jnp.nan, jnp.float32)
     return stats
@@ -141,6 +151,10 @@ def update_stats(knobs: StatsKnobs, stats: dict, params: Any, new_params: Any, g
                 out["grad_diff_norm"] = nan_if_first(diff)
                 out["smoothness"] = nan_if_first(diff / jnp.maximum(step_norm, 1e-30))
         new["last_params"] = params
+    if knobs.geometry_groups:
+        new["geometry"], geometry = step_geometry(stats["geometry"], params, new_params, grads, loss, first,
+                                                  knobs.geometry_groups)
+        out.update(geometry)
     if knobs.window > 0:
         row = jnp.stack([out[name].astype(jnp.float32) for name in knobs.scalar_names()])
         new["window"] = jnp.roll(stats["window"], 1, axis=0).at[0].set(row)

@@ -71,6 +71,9 @@ class LoggingConfig:
     compute_last_loss: bool = False  # f(x_t) - f(x_{t-1}) on the same batch (needs store_last_params)
     compute_last_grads: bool = False  # |g_t - grad f(x_{t-1})| on the same batch (needs store_last_params)
     running_stats_window: int = 0  # > 0: also each statistic's mean over this many steps
+    # every step, per parameter group: <g, last update>, <g, update> and their running sums (kept in the state),
+    # cosines of successive updates and parameters, l2/l1/linf norms (training/geometry.py), as geometry/<group>/...
+    update_geometry: bool = False
 
     def check(self) -> None:
         for key in ("compute_last_loss", "compute_last_grads"):
