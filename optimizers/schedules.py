@@ -6,7 +6,8 @@ reaches the peak. The decay then runs from step w to `max_steps`:
   linear            lr -> min_lr in a straight line
   cosine            lr -> min_lr along half a cosine
   trapezoid         lr until the last decay_fraction of the steps, then linearly to min_lr (warmup-stable-decay)
-  piecewise_linear  straight lines through (boundaries[i], boundary_lrs[i]), counted from the end of the warmup
+  piecewise_linear  straight lines through (boundaries[i], boundary_lrs[i]), counted from the end of the warmup; a
+                    boundary given twice is a jump (scripts/schedule_search.py writes piecewise-constant schedules so)
 Past `max_steps` every schedule holds its final value.
 """
 

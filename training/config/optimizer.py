@@ -42,7 +42,7 @@ class LrConfig:
     min_lr: float = 0.0  # floor reached at the end of the decay
     max_steps: Optional[int] = None  # schedule length; null = train.max_steps
     decay_fraction: float = 0.2  # trapezoid: share of the steps spent in the final linear decay
-    boundaries: list[int] = field(default_factory=list)  # piecewise_linear: steps after warmup ...
+    boundaries: list[int] = field(default_factory=list)  # piecewise_linear: steps after warmup (repeated: a jump) ...
     boundary_lrs: list[float] = field(default_factory=list)  # ... and the lr reached at each of them
 
     def check(self) -> None:
@@ -58,8 +58,9 @@ class LrConfig:
         if self.name == Schedule.piecewise_linear:
             if not self.boundaries or len(self.boundaries) != len(self.boundary_lrs):
                 fail(f"{at}.boundaries", "piecewise_linear needs boundaries and boundary_lrs of equal, non-zero length")
-            if list(self.boundaries) != sorted(set(self.boundaries)) or self.boundaries[0] <= 0:
-                fail(f"{at}.boundaries", f"must be strictly increasing positive steps; got {list(self.boundaries)}")
+            if list(self.boundaries) != sorted(self.boundaries) or self.boundaries[0] <= 0:
+                fail(f"{at}.boundaries", f"must be non-decreasing positive steps (a repeated one is a jump); got "
+                                         f"{list(self.boundaries)}")
             if any(v < 0 for v in self.boundary_lrs):
                 fail(f"{at}.boundary_lrs", f"must all be >= 0; got {list(self.boundary_lrs)}")
 

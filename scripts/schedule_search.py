@@ -1,0 +1,170 @@
+"""Greedy learning-rate schedule search, segment by segment (as trainit searches schedules).
+
+    python scripts/schedule_search.py --segments 4 --segment-steps 50 --lrs 1e-3,3e-3,1e-2 --factors 0.5,1 \
+        --out runs/schedule_search -- model=gpt2-micro optimizer=adamw
+
+The first segment trains from scratch at each of `--lrs` (one Hydra multirun); the best by smoothed train loss (the
+mean of the segment's last `--smooth` steps) wins. Each later segment branches from the winner's checkpoint into
+the candidates `--factors` x the winner's lr (a multirun of `checkpoint.load=true`, each job continuing the same
+optimizer state with its own lr), keeps the best, and continues from it. The lr is constant within a segment.
+
+Written to `<out>/schedule.json` and printed: the found schedule as a `piecewise_linear` lr_config (a repeated boundary
+is a jump: `boundaries=[S,S,2S,2S,...]`), the overrides that run it from scratch, and each segment's candidates with
+their smoothed losses. With `--verify`, that run from scratch is made too and its train losses are compared with the
+search's (the winners' segments, joined): they are the same, step for step, because every search job ran the same
+schedule function on the steps it trained and a batch is a function of (seed, step).
+
+Arguments after `--` are Hydra overrides for every run (model, optimizer, data, ...); `optimizer.lr_config` and the
+checkpoint and logging keys the search needs are set here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def fail(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
+def numbers(text: str, what: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise SystemExit(fail(f"{what}: comma-separated numbers, e.g. 1e-3,3e-3; got {text!r}")) from None
+    if not values or any(v <= 0 for v in values):
+        raise SystemExit(fail(f"{what}: positive numbers; got {text!r}"))
+    return values
+
+
+def schedule_overrides(lrs: list[float], segment_steps: int, warmup: int) -> list[str]:
+    """`piecewise_linear` constant at lrs[i] on segment i (absolute steps [i S, (i+1) S)), boundaries counted after
+    the warmup (which ramps to lrs[0])."""
+    boundaries, values = [], []
+    for i, lr in enumerate(lrs):
+        if i > 0:  # the jump into segment i
+            boundaries.append((i * segment_steps) - warmup)
+            values.append(lr)
+        boundaries.append((i + 1) * segment_steps - warmup)
+        values.append(lr)
+    return ["optimizer/lr_config=piecewise_linear", f"optimizer.lr_config.lr={lrs[0]!r}",
+            f"optimizer.lr_config.warmup={warmup}", f"optimizer.lr_config.boundaries=[{','.join(map(str, boundaries))}]",
+            f"optimizer.lr_config.boundary_lrs=[{','.join(repr(v) for v in values)}]"]
+
+
+def train_losses(run_dir: Path) -> dict[int, float]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in rows if r.get("split") == "train" and "loss" in r}
+
+
+def multirun(sweep_dir: Path, overrides: list[str]) -> list[dict]:
+    """One Hydra multirun; its jobs' records (training/sweep.py's sweep.json)."""
+    if not (sweep_dir / "sweep.json").exists():
+        command = [sys.executable, str(ROOT / "train_jax.py"), "-m", *overrides, f"hydra.sweep.dir={sweep_dir}"]
+        print("$", " ".join(command[1:]), flush=True)
+        subprocess.run(command, cwd=ROOT, check=False)
+    if not (sweep_dir / "sweep.json").exists():
+        raise SystemExit(fail(f"the multirun in {sweep_dir} wrote no sweep.json (see its output above)"))
+    return json.loads((sweep_dir / "sweep.json").read_text())["jobs"]
+
+
+def main(argv: list[str]) -> int:
+    argv, extra = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--segments", type=int, default=4, help="segments of the schedule")
+    parser.add_argument("--segment-steps", type=int, default=50, help="optimizer steps per segment")
+    parser.add_argument("--lrs", default="1e-3,3e-3,1e-2", help="the first segment's candidate lrs")
+    parser.add_argument("--factors", default="0.5,1", help="later segments' candidates: these x the last winner's lr")
+    parser.add_argument("--smooth", type=int, default=0, help="steps of the segment's end whose mean train loss "
+                                                              "ranks the candidates (default: a quarter segment)")
+    parser.add_argument("--warmup", type=int, default=0, help="warmup steps of the first segment, ramping to its lr")
+    parser.add_argument("--out", default="runs/schedule_search", help="directory of the search's runs and results")
+    parser.add_argument("--verify", action="store_true", help="also run the found schedule from scratch and compare")
+    args = parser.parse_args(argv)
+    if args.segments < 1 or args.segment_steps < 1:
+        return fail("--segments and --segment-steps: at least 1")
+    if not 0 <= args.warmup < args.segment_steps:
+        return fail(f"--warmup: in [0, --segment-steps={args.segment_steps}); got {args.warmup}")
+    first, factors = numbers(args.lrs, "--lrs"), numbers(args.factors, "--factors")
+    smooth = args.smooth or max(args.segment_steps // 4, 1)
+    if smooth > args.segment_steps:
+        return fail(f"--smooth: at most --segment-steps={args.segment_steps}; got {smooth}")
+    out = Path(args.out).absolute()
+    out.mkdir(parents=True, exist_ok=True)
+    S = args.segment_steps
+    common = [*extra, "train.log_interval=1", f"train.eval_interval={args.segments * S}", "checkpoint.save=true",
+              "checkpoint.save_steps=null"]
+
+    found: list[float] = []
+    segments, parent = [], None
+    for i in range(args.segments):
+        candidates = first if i == 0 else sorted({found[-1] * f for f in factors})
+        schedules = [schedule_overrides([*found, lr], S, args.warmup) for lr in candidates]
+        # one multirun over the candidates: every schedule key is the same but the last lr list (and, first, the lr)
+        # (first, the lr, which the one boundary lr then names: a multirun over two keys would cross them)
+        varying = 1 if i == 0 else 4
+        overrides = list(schedules[0])
+        key = overrides[varying].split("=", 1)[0]
+        overrides[varying] = f"{key}=" + ",".join(s[varying].split("=", 1)[1] for s in schedules)
+        if i == 0:
+            overrides[4] = "optimizer.lr_config.boundary_lrs=[${optimizer.lr_config.lr}]"
+        # each job continues the winner's checkpoint at the segment's start into its own run directory
+        resume = [] if parent is None else ["checkpoint.load=true", f"checkpoint.load_path='{parent}'",
+                                            f"checkpoint.load_file={i * S}", "checkpoint.overwrite_config=true",
+                                            "checkpoint.save_path=${logging.run_dir}/checkpoints"]
+        jobs = multirun(out / f"segment{i}", [*common, *overrides, f"train.max_steps={(i + 1) * S}", *resume])
+        ranked = []
+        for lr, job in zip(candidates, sorted(jobs, key=lambda j: j["job"])):
+            losses = train_losses(Path(job["run_dir"]))
+            tail = [losses[s] for s in range((i + 1) * S - smooth + 1, (i + 1) * S + 1) if s in losses]
+            ok = job["status"] == "completed" and len(tail) == smooth and all(v == v for v in tail)
+            ranked.append({"lr": lr, "smoothed_loss": sum(tail) / len(tail) if ok else None, "run_dir": job["run_dir"]})
+        finished = [r for r in ranked if r["smoothed_loss"] is not None]
+        if not finished:
+            return fail(f"segment {i}: no candidate finished (see {out / f'segment{i}'})")
+        best = min(finished, key=lambda r: r["smoothed_loss"])
+        found.append(best["lr"])
+        parent = best["run_dir"]
+        segments.append({"segment": i, "steps": [i * S + 1, (i + 1) * S], "candidates": ranked, "best": best})
+        print(f"segment {i} (steps {i * S + 1}-{(i + 1) * S}): " + ", ".join(
+            f"lr {r['lr']:.3g} -> {r['smoothed_loss']:.4f}" if r["smoothed_loss"] is not None else
+            f"lr {r['lr']:.3g} -> failed" for r in ranked) + f"; best {best['lr']:.3g}", flush=True)
+
+    schedule = schedule_overrides(found, S, args.warmup)
+    search_losses: dict[int, float] = {}
+    for seg in segments:
+        losses = train_losses(Path(seg["best"]["run_dir"]))
+        search_losses |= {s: losses[s] for s in range(seg["steps"][0], seg["steps"][1] + 1) if s in losses}
+    result = {"lrs": found, "segment_steps": S, "overrides": [*schedule, f"train.max_steps={args.segments * S}"],
+              "segments": segments, "train_losses": search_losses}
+    if args.verify:
+        run_dir = out / "from_scratch"
+        command = [sys.executable, str(ROOT / "train_jax.py"), *common, *result["overrides"], f"logging.run_dir={run_dir}",
+                   "checkpoint.save=false"]
+        print("$", " ".join(command[1:]), flush=True)
+        if subprocess.run(command, cwd=ROOT).returncode != 0:
+            return fail("the run from scratch failed (see its output above)")
+        scratch = train_losses(run_dir)
+        result["from_scratch"] = {"run_dir": str(run_dir), "same_losses": scratch == search_losses,
+                                  "differing_steps": sorted(s for s in search_losses if scratch.get(s) != search_losses[s])}
+    (out / "schedule.json").write_text(json.dumps(result, indent=1))
+    print("found: lrs " + ", ".join(f"{lr:.3g}" for lr in found) + f" over segments of {S} steps")
+    print("run it from scratch: python train_jax.py " + " ".join(extra + result["overrides"]))
+    if args.verify:
+        same = result["from_scratch"]["same_losses"]
+        print(f"from scratch: {'the same train losses at every step' if same else 'DIFFERENT losses at steps '}"
+              f"{'' if same else result['from_scratch']['differing_steps'][:10]}")
+        return 0 if same else 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

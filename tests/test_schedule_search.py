@@ -1,0 +1,35 @@
+"""scripts/schedule_search.py: the greedy search branches from its checkpoints into candidate lrs, and the schedule
+it finds, run from scratch, reproduces its losses step for step."""
+
+import json
+
+import pytest
+
+from helpers import read_metrics, run_cli, tiny_overrides
+
+pytestmark = pytest.mark.e2e
+
+
+def test_the_found_schedule_reproduces_the_search_from_scratch(data_cache, tmp_path):
+    out = tmp_path / "search"
+    overrides = [o for o in tiny_overrides(data_cache) if not o.startswith(("train.max_steps", "train.eval_interval",
+                                                                            "optimizer.lr_config.warmup"))]
+    result = run_cli(["--segments", "2", "--segment-steps", "3", "--lrs", "3e-3", "--factors", "0.2,0.5",
+                      "--out", str(out), "--verify", "--", *overrides], script="scripts/schedule_search.py")
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = json.loads((out / "schedule.json").read_text())
+    first, second = found["segments"]
+    assert [c["lr"] for c in second["candidates"]] == pytest.approx([6e-4, 1.5e-3])  # the winner's lr x factors
+    winner = min(second["candidates"], key=lambda c: c["smoothed_loss"])
+    assert found["lrs"] == pytest.approx([3e-3, winner["lr"]])
+    # the later segment continued the first's winner: its steps 4-6 ran from that checkpoint, each candidate apart
+    for candidate in second["candidates"]:
+        rows = [r for r in read_metrics(tmp_path / candidate["run_dir"], "train")]
+        assert [r["step"] for r in rows] == [4, 5, 6]
+        assert all(r["lr"] == pytest.approx(candidate["lr"]) for r in rows)
+    # from scratch: the schedule jumps where the search switched, and every loss is the search's, exactly
+    scratch = {r["step"]: r for r in read_metrics(out / "from_scratch", "train")}
+    assert [scratch[s]["lr"] for s in range(1, 7)] == pytest.approx([3e-3] * 3 + [winner["lr"]] * 3)
+    assert found["from_scratch"]["same_losses"] is True
+    assert {s: r["loss"] for s, r in scratch.items()} == {int(s): v for s, v in found["train_losses"].items()}
+    assert "the same train losses at every step" in result.stdout
