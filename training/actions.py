@@ -6,6 +6,8 @@ run's start and end. training/loop.py says when actions fire; this module says w
                   non-finite loss, write a line and the metrics
   evaluate        every train.eval_interval and at the end: every validation split, then a checkpoint
   save            at checkpoint.save_steps
+  sharpness       every logging.hessian_every steps (when > 0): the top Hessian eigenvalue of the eval loss on a fixed
+                  validation batch (training/curvature.py), compiled at its first measurement; nothing when off
   agree to stop   signals and the time limit: every step in a single process (a host-only check), every log
                   interval across processes (a collective, so that all stop at the same step)
 """
@@ -22,6 +24,7 @@ from core.errors import PipelineError
 from training import config as config_lib
 from training.checkpoint import Checkpointer, checkpoint_meta
 from training.clock import RunClock
+from training.curvature import SEED, fixed_batch, sharpness_fn
 from training.evaluate import evaluate
 from training.flops import MFU_CONVENTION, MFU_FORMULA, flops_per_token, mfu, peak_flops
 from training.logs import RunLogger, describe_run, eval_table
@@ -29,7 +32,7 @@ from training.loop import Action, LoopState
 from training.report import finish_run
 from training.run import RunPlan, carried_over
 from training.run_lock import lock_save_path
-from training.sharding import max_over_processes
+from training.sharding import max_over_processes, put_batch
 from training.profile import StepProfiler
 from training.signals import StopRequest
 from training.state import eval_model
@@ -67,6 +70,7 @@ class TrainingRun:
         self.peak = peak_flops(jax.devices()[0].device_kind, cfg.system.dtype, cfg.system.peak_flops)
         self.trained_before = carried_over(self.resumed, "time_trained_s", 0.0)
         self.profiler = StepProfiler(plan.run_dir, list(cfg.system.profile_steps), self.is_main)
+        self.sharpness = None  # the compiled measurement and its batch, made at the first one (logging.hessian_every)
         self.loop_started = time.time()
 
     def loop_state(self, state: Any) -> LoopState:
@@ -86,6 +90,8 @@ class TrainingRun:
             Action(self.evaluate_and_save, every=t.eval_interval, at_end=True),
             Action(self.save, every=save_steps if isinstance(save_steps, int) else None,
                    steps=frozenset(config_lib.listed_save_steps(self.cfg))),
+            *([Action(self.measure_sharpness, every=self.cfg.logging.hessian_every)]
+              if self.cfg.logging.hessian_every else []),
             Action(self.agree_to_stop, every=1 if single else t.log_interval, syncs=not single),
             Action(lambda loop: self.profiler.after_step(loop.step, loop.state),
                    steps=self.profiler.boundaries(first_step)),
@@ -138,6 +144,21 @@ class TrainingRun:
             if not self.checkpointer.save(loop.state, meta, val_loss):
                 self.log.info(f"step {loop.step}: parameters are not finite; no checkpoint written")
         self.clock.mark(loop.step)  # evaluating and saving are not training throughput
+
+    def measure_sharpness(self, loop: LoopState) -> None:
+        """The top (largest-magnitude) Hessian eigenvalue of the eval loss at the training parameters (not
+        schedule-free's averaged weights), on the fixed validation batch."""
+        if self.sharpness is None:
+            self.sharpness = (sharpness_fn(self.cfg.logging.hessian_iters),
+                              put_batch(fixed_batch(self.p.data), self.p.mesh))
+        measure, batch = self.sharpness
+        eigen = measure(loop.state.model, batch, jax.random.PRNGKey(SEED))
+        value, iterations, converged = (x.item() for x in jax.device_get((eigen.value, eigen.iterations,
+                                                                           eigen.converged)))
+        self.log.scalars(loop.step, "curvature", {"sharpness": value, "sharpness_iterations": iterations},
+                         f"curv {loop.step:>6} | sharpness {value:.4g} (top Hessian eigenvalue, {iterations} "
+                         f"Hessian-vector products{'' if converged else ', not converged'})")
+        self.clock.mark(loop.step)  # measuring is not training throughput
 
     def agree_to_stop(self, loop: LoopState) -> None:
         loop.stop = agreed_stop(self.signals.signal_name or ("time limit" if self.clock.out_of_time() else None))

@@ -118,6 +118,13 @@ class RunLogger:
             self._record(step, split, r)
         self.info(f"eval {step:>6} | {eval_summary(results)}")
 
+    def scalars(self, step: int, split: str, values: dict[str, float], line: str) -> None:
+        """Measurements of their own kind under `split` (curvature's `sharpness`, ...), and their console line."""
+        if not self.active:
+            return
+        self._record(step, split, values)
+        self.info(line)
+
     def _record(self, step: int, split: str, values: dict[str, float]) -> None:
         row = {"step": step, "split": split, "time": time.time(), **{k: _plain(v) for k, v in values.items()}}
         self.metrics_file.write(json.dumps(row) + "\n")

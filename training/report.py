@@ -87,7 +87,7 @@ def plot_runs(run_dirs: list[Path], out: Path, labels: list[str] | None = None) 
         train = [r for r in rows if r["split"] == TRAIN]
         loss_ax.plot([r["step"] for r in train], [r["loss"] for r in train], color=colour, alpha=0.5, lw=1,
                      label=f"{label}: train")
-        evals = sorted({r["split"] for r in rows if r["split"] != TRAIN})
+        evals = sorted({r["split"] for r in rows if r["split"] != TRAIN and "loss" in r})  # not e.g. `curvature`
         for j, split in enumerate(evals):
             points = [r for r in rows if r["split"] == split]
             loss_ax.plot([r["step"] for r in points], [r["loss"] for r in points], color=colour,

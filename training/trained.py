@@ -4,15 +4,19 @@ scripts start from."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 import equinox as eqx
 import jax
 
+from data import Data, make_data
+from data.corpus import load_corpus
 from data.tokenizers import Tokenizer, tokenizer_from_json
 from models import MODEL_BUILDERS
 from training.checkpoint import Checkpointer, find_checkpoint_dir
+from training import config as config_lib
 from training.config import Config, to_config
 
 
@@ -42,3 +46,13 @@ def load_trained(path: str, which: str = "latest") -> Trained:
     sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), abstract)
     return Trained(reader.restore_model(step, like), tokenizer, cfg, step, meta)
+
+
+def run_data(trained: Trained) -> Data:
+    """The run's own data, rebuilt from its config and tokenizer in this one process: each validation split's fixed
+    batches are the global ones the run evaluated (`train.batch_size` rows from each of its processes)."""
+    cfg = trained.cfg
+    processes = cfg.system.num_processes or 1
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, batch_size=cfg.train.batch_size * processes))
+    corpus = load_corpus(cfg.dataset, config_lib.mixture_sources(cfg.dataset))
+    return make_data(cfg, corpus, trained.tokenizer, config_lib.context_size(cfg), 0, 1)

@@ -63,6 +63,11 @@ class LoggingConfig:
     tensorboard: bool = True  # also write TensorBoard event files in the run directory
     progress: Progress = Progress.auto  # how progress is shown on the console
     plot: bool = True  # plots.png at the end: loss, lr and tokens/s per step (scripts/plot_runs.py draws it later, too)
+    # > 0: every this many steps, the top (largest-magnitude) Hessian eigenvalue of the eval loss on the first
+    # validation batch, by power iteration (training/curvature.py), logged as `sharpness` (split `curvature`);
+    # scripts/hessian.py plots it against 2/lr; 0 = off
+    hessian_every: int = 0
+    hessian_iters: int = 20  # hessian_every: most Hessian-vector products per measurement (each ~ 2-3 backward passes)
     # Training statistics (training/stats.py says what each computes and what it costs); all off by default.
     log_callback_data: bool = False  # gradient / parameter / update norms (global, per layer), <g_t, update_t>
     store_last_grads: bool = False  # keep g_{t-1}: cos(g_t, g_{t-1})
@@ -79,7 +84,8 @@ class LoggingConfig:
         for key in ("compute_last_loss", "compute_last_grads"):
             if getattr(self, key) and not self.store_last_params:
                 fail(f"logging.{key}", "needs the previous parameters: add logging.store_last_params=true")
-        require_non_negative(self, "logging", "running_stats_window")
+        require_non_negative(self, "logging", "running_stats_window", "hessian_every")
+        require_positive(self, "logging", "hessian_iters")
         knobs = ("log_callback_data", "store_last_grads", "store_past_grads", "store_last_params")
         if self.running_stats_window > 0 and not any(getattr(self, k) for k in knobs):
             fail("logging.running_stats_window", "averages statistics, but no statistics knob is on (e.g. "

@@ -1,0 +1,129 @@
+"""Sharpness: the top Hessian eigenvalue of a checkpoint's evaluation loss, and a run's sharpness against 2/lr.
+
+    python scripts/hessian.py RUN [--step latest|best|N] [--iters N] [--tol 1e-3] [--seed 0]
+    python scripts/hessian.py RUN --plot sharpness.png                 # what logging.hessian_every logged, and 2/lr
+    python scripts/hessian.py RUN --step 400 --plot sharpness.png      # ... with this checkpoint's measurement added
+
+RUN is a run directory (runs/<name>) or its checkpoint directory. The eigenvalue is the one of largest magnitude, by
+power iteration on Hessian-vector products (training/curvature.py), of the masked mean token loss in float32 on the
+run's fixed curvature batch: the first evaluation batch of its main validation split, the batch the loop action
+measures, from the same starting vector and with as many products at most (logging.hessian_iters), so `--step N`
+repeats the `sharpness` the run logged at step N.
+For schedule-free runs the checkpoint's weights are its averaged ones (what sampling reads), not the iterate.
+
+The plot shows `sharpness` from the run's metrics.jsonl (split `curvature`) and 2/lr from its `lr` (split `train`):
+gradient descent is stable on a quadratic only while the sharpness stays below 2/lr (the edge of stability, Cohen et
+al. 2021); with momentum beta the bound is (2 + 2 beta)/lr, and Adam's applies to the preconditioned Hessian.
+
+Exit status 2: the run, the step or the curve is not there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from core.errors import CheckpointError, PipelineError  # noqa: E402
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("run", help="run directory or checkpoint directory")
+    parser.add_argument("--step", default=None, help="latest, best or a step number (default: latest; with --plot "
+                                                     "alone, none is measured)")
+    parser.add_argument("--iters", type=int, default=None, help="most Hessian-vector products (default: the run's "
+                                                                "logging.hessian_iters)")
+    parser.add_argument("--tol", type=float, default=None, help="relative change at which the estimate has settled "
+                                                                "(default: the loop's)")
+    parser.add_argument("--seed", type=int, default=None, help="the starting vector's seed (default: the loop's)")
+    parser.add_argument("--plot", default=None, metavar="FILE.png", help="draw the run's sharpness and 2/lr")
+    args = parser.parse_args(argv)
+    try:
+        measured = None
+        if args.step is not None or args.plot is None:
+            measured = measure(args)
+        if args.plot:
+            plot_sharpness(args.run, Path(args.plot), measured)
+    except CheckpointError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except PipelineError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    return 0
+
+
+def measure(args: argparse.Namespace) -> tuple[int, float]:
+    """Print and return (step, eigenvalue) of the checkpoint at `args.step`."""
+    import jax
+    import jax.numpy as jnp
+
+    from training import curvature
+    from training.trained import load_trained, run_data
+
+    trained = load_trained(args.run, args.step or "latest")
+    data = run_data(trained)
+    batch = jax.tree.map(jnp.asarray, curvature.fixed_batch(data))
+    iters = args.iters or trained.cfg.logging.hessian_iters
+    tol = curvature.TOL if args.tol is None else args.tol
+    seed = curvature.SEED if args.seed is None else args.seed
+    eigen = curvature.sharpness_fn(iters, tol)(trained.model, batch, jax.random.PRNGKey(seed))
+    value, products, converged = (x.item() for x in jax.device_get((eigen.value, eigen.iterations, eigen.converged)))
+    settled = f"settled to {tol:g}" if converged else f"not settled to {tol:g}"
+    print(f"step {trained.step}: sharpness {value:.6g} (top Hessian eigenvalue of the {data.main_split} loss on its "
+          f"first batch, {int(batch['loss_mask'].sum())} target tokens; power iteration, {products} Hessian-vector "
+          f"products, {settled})")
+    return trained.step, value
+
+
+def plot_sharpness(run: str, out: Path, measured: tuple[int, float] | None = None) -> dict[str, tuple[list, list]]:
+    """sharpness (logged, and `measured` at a checkpoint) and 2/lr against step, log-scaled (a negative eigenvalue at
+    its magnitude, marked); returns the curves."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; no display needed
+    import matplotlib.pyplot as plt
+
+    from training.report import latest_per_step, read_metrics
+
+    run_dir = next((d for d in (Path(run), Path(run).parent) if (d / "metrics.jsonl").exists()), None)
+    if run_dir is None:
+        raise CheckpointError(f"--plot: no metrics.jsonl in {run} or its parent; pass the run directory")
+    rows = latest_per_step(read_metrics(run_dir))
+    logged = [r for r in rows if r["split"] == "curvature" and isinstance(r.get("sharpness"), (int, float))]
+    if not logged and measured is None:
+        raise CheckpointError(f"--plot: {run_dir}/metrics.jsonl has no sharpness; train with "
+                              "logging.hessian_every=N, or add --step to measure a checkpoint")
+    lrs = [(r["step"], r["lr"]) for r in rows if r["split"] == "train" and isinstance(r.get("lr"), (int, float))
+           and r["lr"] > 0]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    if logged:
+        ax.plot([r["step"] for r in logged], [abs(r["sharpness"]) for r in logged], "o-", ms=3, color="C0",
+                label="sharpness (top Hessian eigenvalue, logged)")
+        negative = [r for r in logged if r["sharpness"] < 0]
+        if negative:  # the eigenvalue of largest magnitude was negative: drawn at its magnitude, marked
+            ax.plot([r["step"] for r in negative], [-r["sharpness"] for r in negative], "x", ms=7, color="C2",
+                    label="negative: |eigenvalue| shown")
+    if measured is not None:
+        ax.plot([measured[0]], [abs(measured[1])], "*", ms=12, color="C3",
+                label=f"{'|sharpness|' if measured[1] < 0 else 'sharpness'} at step {measured[0]} (scripts/hessian.py)")
+    if lrs:
+        ax.plot([s for s, _ in lrs], [2.0 / lr for _, lr in lrs], "--", color="C1", label="2 / lr (edge of stability)")
+    ax.set_yscale("log")
+    ax.set(xlabel="step", ylabel="sharpness", title=f"sharpness and 2/lr: {run_dir.name}")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    curves = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in ax.get_lines()}
+    plt.close(fig)
+    print(f"{out}: {len(logged)} logged sharpness point(s), 2/lr over {len(lrs)} logged step(s)")
+    return curves
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,127 @@
+"""Curvature and loss landscapes: the power iteration against a dense Hessian, the loop's `sharpness`, and the two
+scripts on one tiny run (4 steps; sharpness, evaluation and a checkpoint at steps 2 and 4)."""
+
+from __future__ import annotations
+
+import re
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import train_jax
+from helpers import read_metrics, script_in_process, tiny_overrides
+from models import init_gpt
+from models.gpt import GPTConfig
+from training import curvature
+from training import landscape as L
+
+
+def tiny_gpt_problem():
+    """A GPT with 300 parameters (n_embd 4) and a batch whose first row is partly masked, through the pipeline's
+    eval loss."""
+    cfg = GPTConfig(vocab_size=8, n_layer=1, n_head=2, n_embd=4, context_size=4, vocab_multiple=8)
+    params, static = eqx.partition(init_gpt(cfg, jax.random.PRNGKey(0)), eqx.is_array)
+    tokens = np.random.default_rng(0).integers(0, 8, (4, 5))
+    mask = np.ones((4, 4), np.float32)
+    mask[0, :2] = 0
+    batch = {"inputs": jnp.asarray(tokens[:, :-1]), "targets": jnp.asarray(tokens[:, 1:]),
+             "loss_mask": jnp.asarray(mask)}
+    return curvature.model_loss(static), params, batch
+
+
+def test_power_iteration_finds_the_largest_magnitude_eigenvalue_of_the_dense_hessian():
+    from jax.flatten_util import ravel_pytree
+
+    loss, params, batch = tiny_gpt_problem()
+    flat, unravel = ravel_pytree(params)
+    dense = np.asarray(jax.jit(jax.hessian(lambda f: loss(unravel(f), batch)))(flat), np.float64)
+    eigenvalues = np.linalg.eigvalsh((dense + dense.T) / 2)
+    top = eigenvalues[np.argmax(np.abs(eigenvalues))]
+    eigen = jax.jit(lambda p, b: curvature.top_eigenvalue(loss, p, b, 200, jax.random.PRNGKey(1), 1e-7))(params, batch)
+    assert bool(eigen.converged) and int(eigen.iterations) < 200
+    assert abs(float(eigen.value) - top) <= 1e-3 * abs(top), (float(eigen.value), top, eigenvalues[[0, -1]])
+    u = np.asarray(ravel_pytree(eigen.vector)[0], np.float64)
+    assert np.linalg.norm(dense @ u - top * u) <= 1e-2 * abs(top)  # and it is that eigenvalue's eigenvector
+
+
+def test_filter_normalised_directions_have_each_filters_norm_and_projections_recover_coordinates():
+    cfg = GPTConfig(vocab_size=16, n_layer=2, n_head=2, n_embd=8, context_size=8, vocab_multiple=8)
+    model = init_gpt(cfg, jax.random.PRNGKey(0))
+    d = L.filter_normalised(model, jax.random.PRNGKey(1))
+    norms = lambda x, axes: np.sqrt(np.sum(np.square(np.asarray(x)), axis=axes))  # noqa: E731
+    # a linear layer's filter is one output unit: the weights into it (axis 1 of a [layer, in, *out] stack)
+    np.testing.assert_allclose(norms(d.blocks.qkv.weight, 1), norms(model.blocks.qkv.weight, 1), rtol=1e-5)
+    np.testing.assert_allclose(norms(d.blocks.mlp_proj.weight, 1), norms(model.blocks.mlp_proj.weight, 1), rtol=1e-5)
+    np.testing.assert_allclose(norms(d.wte, 1), norms(model.wte, 1), rtol=1e-5)  # an embedding's filter is a row
+    assert not np.any(np.asarray(d.blocks.fc.bias)) and not np.any(np.asarray(d.ln_f.weight))  # vectors stay put
+
+    e = L.filter_normalised(model, jax.random.PRNGKey(2))
+    offset = L.combine([0.3, -2.0], [d, e])
+    coords, residual = L.project(offset, [d, e])
+    np.testing.assert_allclose(coords, [0.3, -2.0], rtol=1e-5)
+    assert residual < 1e-3
+    principal = L.principal_directions([offset, L.combine([1.0], [d])], 2)
+    assert L.project(offset, principal)[1] < 1e-3 and abs(L.dot(principal[0], principal[0]) - 1) < 1e-5
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, data_cache):
+    """A tiny run measuring sharpness every 2 steps, with checkpoints at steps 2 and 4."""
+    run_dir = tmp_path_factory.mktemp("curvature") / "run"
+    assert train_jax.run(tiny_overrides(data_cache, f"logging.run_dir={run_dir}", "train.max_steps=4",
+                                        "train.eval_interval=2", "logging.hessian_every=2",
+                                        "logging.hessian_iters=4")) == 0
+    return run_dir
+
+
+def test_hessian_every_logs_sharpness_into_metrics_jsonl(run_dir, tmp_path):
+    from training.report import plot_runs
+
+    rows = read_metrics(run_dir, "curvature")
+    assert [r["step"] for r in rows] == [2, 4]
+    assert all(np.isfinite(r["sharpness"]) and r["sharpness"] != 0 for r in rows)
+    assert all(1 <= r["sharpness_iterations"] <= 4 for r in rows)
+    curves = plot_runs([run_dir], tmp_path / "plots.png")  # a split without a loss is no loss curve
+    assert not any("curvature" in name for name in curves)
+
+
+def test_hessian_script_prints_the_eigenvalue_the_loop_and_the_function_measure(run_dir, tmp_path, monkeypatch,
+                                                                                capsys):
+    from training.trained import load_trained, run_data
+
+    png = tmp_path / "sharpness.png"
+    result = script_in_process("hessian.py", [str(run_dir), "--step", "4", "--plot", str(png)], monkeypatch, capsys)
+    assert result.returncode == 0, result.stderr
+    printed = float(re.search(r"step 4: sharpness (\S+) ", result.stdout).group(1))
+    trained = load_trained(str(run_dir), "4")
+    batch = jax.tree.map(jnp.asarray, curvature.fixed_batch(run_data(trained)))
+    expected = float(curvature.sharpness_fn(4)(trained.model, batch, jax.random.PRNGKey(curvature.SEED)).value)
+    assert printed == pytest.approx(expected, rel=1e-5)
+    logged = read_metrics(run_dir, "curvature")[-1]["sharpness"]
+    assert printed == pytest.approx(logged, rel=1e-4)  # the loop's measurement at step 4, repeated
+    assert png.stat().st_size > 10_000
+
+    for args, why in (([str(tmp_path / "nothing")], "does not exist"), ([str(run_dir), "--step", "3"], "step 3")):
+        result = script_in_process("hessian.py", args, monkeypatch, capsys)
+        assert result.returncode == 2 and why in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_landscape_script_draws_a_contour_with_the_trajectory_and_a_line(run_dir, tmp_path, monkeypatch, capsys):
+    contour = tmp_path / "plane.png"
+    result = script_in_process("landscape.py", [str(run_dir), "--out", str(contour), "--grid", "5"], monkeypatch,
+                               capsys)
+    assert result.returncode == 0, result.stderr
+    assert "25 points around step 4" in result.stdout and "step 2: at (" in result.stdout
+    assert contour.stat().st_size > 10_000
+
+    line = tmp_path / "line.png"
+    result = script_in_process("landscape.py", [str(run_dir), "--out", str(line), "--dims", "1", "--last-update",
+                                                "--grid", "5"], monkeypatch, capsys)
+    assert result.returncode == 0, result.stderr
+    assert "step 2: at (-1), 0% of its offset off the line" in result.stdout  # the previous checkpoint, exactly
+    assert line.stat().st_size > 10_000
+    result = script_in_process("landscape.py", [str(run_dir), "--to-step", "3"], monkeypatch, capsys)
+    assert result.returncode == 2 and "step 3" in result.stderr
