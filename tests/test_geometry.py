@@ -1,5 +1,6 @@
 """Update geometry (training/geometry.py): every quantity against a hand computation with two parameter groups; the
-running sums are the same whatever the log interval and across a kill and resume; off, nothing changes."""
+running sums are the same whatever the log interval and across a kill and resume (and scripts/plot_geometry.py draws
+them); off, nothing changes."""
 
 from __future__ import annotations
 
@@ -122,3 +123,7 @@ def test_running_sums_are_the_same_whatever_the_log_interval_and_across_a_kill_a
     want, got = sums(every), sums(killed)
     assert len(want[20]) == 3 * 2 + 1  # vector, rest, model x two sums, and the loss difference's
     assert got[10] == want[10] and got[20] == want[20]  # exactly
+    # and the picture of them
+    drawn = run_cli([str(every), "--out", str(tmp_path / "geometry.png")], script="scripts/plot_geometry.py")
+    assert drawn.returncode == 0, drawn.stderr[-2000:]
+    assert "update geometry of model" in drawn.stdout and (tmp_path / "geometry.png").stat().st_size > 20_000
