@@ -8,7 +8,7 @@ mean of the segment's last `--smooth` steps) wins. Each later segment branches f
 the candidates `--factors` x the winner's lr (a multirun of `checkpoint.load=true`, each job continuing the same
 optimizer state with its own lr), keeps the best, and continues from it. The lr is constant within a segment.
 
-Written to `<out>/schedule.json` and printed: the found schedule as a `piecewise_linear` lr_config (a repeated boundary
+Written to `<out>/schedule.json` (and with `--plot`, `<out>/schedule.png`) and printed: the found schedule as a `piecewise_linear` lr_config (a repeated boundary
 is a jump: `boundaries=[S,S,2S,2S,...]`), the overrides that run it from scratch, and each segment's candidates with
 their smoothed losses. With `--verify`, that run from scratch is made too and its train losses are compared with the
 search's (the winners' segments, joined): they are the same, step for step, because every search job ran the same
@@ -75,6 +75,43 @@ def multirun(sweep_dir: Path, overrides: list[str]) -> list[dict]:
     return json.loads((sweep_dir / "sweep.json").read_text())["jobs"]
 
 
+def plot_search(result: dict, out: Path) -> None:
+    """Every candidate's train loss over its segment (the winners bold and joined), and the found lr per step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (loss_ax, lr_ax) = plt.subplots(2, 1, figsize=(9, 6.5), sharex=True, height_ratios=[3, 1.3])
+    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colour: dict[str, str] = {}  # one colour per lr, labelled once
+    for seg in result["segments"]:
+        for candidate in seg["candidates"]:
+            losses = train_losses(Path(candidate["run_dir"]))
+            steps = [s for s in range(seg["steps"][0], seg["steps"][1] + 1) if s in losses]
+            won = candidate["run_dir"] == seg["best"]["run_dir"]
+            name = f"lr {candidate['lr']:.3g}"
+            new = name not in colour
+            colour.setdefault(name, palette[len(colour) % len(palette)])
+            loss_ax.plot(steps, [losses[s] for s in steps], color=colour[name], lw=2.2 if won else 0.8,
+                         alpha=1.0 if won else 0.6, label=name if new else None)
+        loss_ax.axvline(seg["steps"][1] + 0.5, color="grey", lw=0.5, ls=":")
+    steps = sorted(int(s) for s in result["train_losses"])
+    lrs = [result["lrs"][min((s - 1) // result["segment_steps"], len(result["lrs"]) - 1)] for s in steps]
+    lr_ax.step(steps, lrs, where="post", color="black")
+    lr_ax.set_yscale("log")
+    lr_ax.set_ylabel("found lr")
+    lr_ax.set_xlabel("step")
+    loss_ax.set_ylabel("train loss")
+    loss_ax.set_title("greedy schedule search: each segment's candidates (bold: the one continued)")
+    for ax in (loss_ax, lr_ax):
+        ax.grid(alpha=0.3)
+    loss_ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+
+
 def main(argv: list[str]) -> int:
     argv, extra = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
@@ -88,6 +125,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--warmup", type=int, default=0, help="warmup steps of the first segment, ramping to its lr")
     parser.add_argument("--out", default="runs/schedule_search", help="directory of the search's runs and results")
     parser.add_argument("--verify", action="store_true", help="also run the found schedule from scratch and compare")
+    parser.add_argument("--plot", action="store_true", help="also draw <out>/schedule.png: the candidates' losses "
+                                                            "and the found lr")
     args = parser.parse_args(argv)
     if args.segments < 1 or args.segment_steps < 1:
         return fail("--segments and --segment-steps: at least 1")
@@ -156,6 +195,8 @@ def main(argv: list[str]) -> int:
         result["from_scratch"] = {"run_dir": str(run_dir), "same_losses": scratch == search_losses,
                                   "differing_steps": sorted(s for s in search_losses if scratch.get(s) != search_losses[s])}
     (out / "schedule.json").write_text(json.dumps(result, indent=1))
+    if args.plot:
+        plot_search(result, out / "schedule.png")
     print("found: lrs " + ", ".join(f"{lr:.3g}" for lr in found) + f" over segments of {S} steps")
     print("run it from scratch: python train_jax.py " + " ".join(extra + result["overrides"]))
     if args.verify:

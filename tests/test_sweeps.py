@@ -220,3 +220,18 @@ def test_a_single_run_writes_only_its_run_directory_in_the_working_directory(dat
     assert run_dir.name.startswith("gpt2-tiny-pystdlib-")
     assert {"metrics.jsonl", "config.yaml", "summary.json", "checkpoints"} <= {p.name for p in run_dir.iterdir()}
     assert not [p for p in cwd.rglob("*") if p.name in (".hydra", "job.json") or p.suffix == ".log"]
+
+
+def test_a_list_valued_override_names_its_job_directory_without_brackets(tmp_path):
+    """TensorStore reads a path holding `[...]` as a pattern: Orbax saves there and then restores nothing. A sweep
+    over a list (scripts/schedule_search.py sweeps boundary_lrs) names its jobs with parentheses, and a checkpoint
+    path with brackets is one config line."""
+    from core.errors import ConfigError
+    from training.storage import check_writable
+    from training.sweep import job_dirname
+
+    assert job_dirname(1, "optimizer.lr_config.boundary_lrs=[0.003,0.001]") == \
+        "1-optimizer.lr_config.boundary_lrs=(0.003,0.001)"
+    check_writable("checkpoint.save_path", tmp_path / "1-x=(0.003,0.001)" / "checkpoints")
+    with pytest.raises(ConfigError, match=r"^checkpoint.save_path: .* holds a bracketed name \(\[\.\.\.\]\)"):
+        check_writable("checkpoint.save_path", tmp_path / "1-x=[0.003,0.001]" / "checkpoints")

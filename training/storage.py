@@ -9,6 +9,7 @@ naming the key and the path, and nothing written. What fills up later (a disk th
 from __future__ import annotations
 
 import errno
+import re
 import tempfile
 from pathlib import Path
 
@@ -21,6 +22,9 @@ PROBE_BYTES = 1 << 16  # what the check writes (to a nameless temporary file) to
 def check_writable(key: str, path: str | Path, probe: bool = True) -> None:
     """`path` is a directory this run can create (if missing) and (`probe`) write to; else ConfigError naming `key`."""
     path = Path(path).expanduser().absolute()
+    if re.search(r"\[[^\]]+\]", str(path)):  # measured: Orbax saves there, and TensorStore then finds nothing
+        raise ConfigError(f"{key}: {path} holds a bracketed name ([...]), which TensorStore reads as a pattern: its "
+                          "checkpoints would not restore; choose a path without brackets")
     existing = path
     while not (existing.exists() or existing.is_symlink()):
         existing = existing.parent

@@ -52,9 +52,11 @@ class SweepSummary(Callback):
 def job_dirname(num: Any, overrides: str | None) -> str:
     """`<num>-<overrides>` (Hydra's override_dirname: `optimizer.lr_config.lr=0.001,optimizer=lion`) as one directory
     name: a `/` (of `optimizer/lr_config=linear` or a path) or a space becomes `_`, and a long one is cut; the number
-    keeps it unique."""
+    keeps it unique; a list's brackets become parentheses."""
     name = f"{num}-{overrides}" if overrides else str(num)
-    return re.sub(r"[/\\\s]", "_", name)[:DIRNAME_MAX]
+    # a list value's brackets become parentheses: TensorStore reads a path holding `[...]` as a pattern, so a job's
+    # checkpoints there would save but never restore (training/storage.py)
+    return re.sub(r"[/\\\s]", "_", name).replace("[", "(").replace("]", ")")[:DIRNAME_MAX]
 
 
 OmegaConf.register_new_resolver("job_dirname", job_dirname, replace=True)
