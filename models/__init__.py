@@ -1,6 +1,7 @@
-"""Models: the Equinox GPT-2 (gpt.py, attention.py), generation (sampling.py, decode.py with a KV cache) and
-transformers interop (hf.py). This module is the registry: `model.arch` names a builder `(run config, vocab_size,
-key) -> model`. Models import only core/; the tokenizer's vocabulary size is all they know of the data."""
+"""Models: the Equinox GPT-2 and its modern-decoder options (gpt.py, attention.py, rope.py, norms.py, mlp.py,
+lm_head.py), generation (sampling.py, decode.py with a KV cache: kv_cache.py) and transformers interop (hf.py: GPT-2,
+hf_llama.py: Llama). This module is the registry: `model.arch` names a builder `(run config, vocab_size, key) ->
+model`. Models import only core/; the tokenizer's vocabulary size is all they know of the data."""
 
 from __future__ import annotations
 
@@ -30,7 +31,10 @@ def gpt_config(model_cfg: Any, vocab_size: int, attention: str = "xla") -> GPTCo
     return GPTConfig(vocab_size=vocab_size, n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd,
                      context_size=m.context_size, dropout=m.dropout, bias=m.bias, vocab_multiple=m.vocab_multiple,
                      attention=attention, remat=m.remat, scan_layers=m.scan_layers,
-                     head_loss=m.head_loss, head_loss_chunk=m.head_loss_chunk)
+                     head_loss=m.head_loss, head_loss_chunk=m.head_loss_chunk,
+                     position=m.position, rope_theta=float(m.rope_theta), norm=m.norm,
+                     norm_weight=m.norm_weight, mlp=m.mlp, mlp_hidden=m.mlp_hidden, n_kv_head=m.n_kv_head,
+                     qk_norm=m.qk_norm, tie_embeddings=m.tie_embeddings, logit_softcap=float(m.logit_softcap))
 
 
 def parameter_labels(model_cfg: Any) -> set[str]:

@@ -5,7 +5,10 @@
   blocked  the same maths in plain JAX, by query blocks: block i only scores keys [0, (i+1) * block), so about
            half of the masked work is never done and each block's scores fit in cache. Faster on CPU.
 
-All take and return [B, T, N, H] arrays and agree to float rounding. With `segment_ids_BT` (document masking), a
+All take queries [B, T, N, H] and keys and values [B, T, K, H] and return [B, T, N, H]; they agree to float
+rounding. K < N is grouped-query attention: query head n attends with key/value head n // (N / K), the pairing of
+jax.nn.dot_product_attention (which takes such shapes itself) and of transformers' `repeat_kv`; `blocked` repeats
+the keys and values to N heads first. With `segment_ids_BT` (document masking), a
 query also sees only keys of its own segment: a [B, T, T] mask for jax.nn.dot_product_attention (XLA's and cuDNN's
 paths), and the same test inside each block of `blocked`. Decoding with a KV cache
 (`cached_attention`: new tokens at each row's own position, over the cached keys) uses the configured backend where it
@@ -30,6 +33,9 @@ def causal_attention(q_BTNH: jax.Array, k_BTNH: jax.Array, v_BTNH: jax.Array, im
     if implementation == "cudnn" and dtype == jnp.float32:
         implementation = "xla"  # cuDNN's kernel takes 16-bit inputs: a float32 copy (sampling) runs XLA's
     if implementation == "blocked":
+        groups = q_BTNH.shape[2] // k_BTNH.shape[2]
+        if groups > 1:  # grouped-query: each key/value head serves `groups` consecutive query heads
+            k_BTNH, v_BTNH = jnp.repeat(k_BTNH, groups, axis=2), jnp.repeat(v_BTNH, groups, axis=2)
         y_BTNH = blocked_causal_attention(q_BTNH, k_BTNH, v_BTNH, ATTENTION_BLOCK, segment_ids_BT)
     else:
         same_B1TT = None if segment_ids_BT is None else same_segment(segment_ids_BT, segment_ids_BT)[:, None]

@@ -1,26 +1,38 @@
-"""GPT-2 in Equinox.
+"""GPT-2 in Equinox, and the modern decoders as options of the same model.
 
-Token + learned position embeddings, pre-LayerNorm blocks (causal self-attention, 4x GELU MLP), a final LayerNorm
-and an LM head tied to the token embedding. The blocks are stored *stacked*: every leaf of `GPT.blocks` has a leading
-`n_layer` axis, so the layers can run under `lax.scan` (compile time independent of depth) or in a Python loop.
-Decoding passes a `KVCache` through the same blocks (`GPT.hidden(tokens, cache=...)`), so sampling always runs the
-model that was trained. `GPT.TENSOR_PARALLEL_AXES` is the model's Megatron layout for the mesh's `model` axis.
+GPT-2: token + learned position embeddings, pre-LayerNorm blocks (causal self-attention, 4x GELU MLP), a final
+LayerNorm and an LM head tied to the token embedding. The options (GPTConfig; `model.*` keys) change one piece each:
+rotary positions instead of the learned embedding (models/rope.py), RMSNorm (models/norms.py), SwiGLU or ReLU^2
+MLPs (models/mlp.py), grouped-query attention (`n_kv_head` key/value heads, each shared by n_head / n_kv_head query
+heads), QK-norm, an untied head and a logit soft-cap (models/lm_head.py). With every option at its default the
+parameters, their names and shapes and every number computed are GPT-2's.
 
-Shape suffixes name array axes: B batch, T time, D model width, N heads, H head size, V (padded) vocab, L layers.
+The blocks are stored *stacked*: every leaf of `GPT.blocks` has a leading `n_layer` axis, so the layers can run
+under `lax.scan` (compile time independent of depth) or in a Python loop. Decoding passes a `KVCache` through the
+same blocks (`GPT.hidden(tokens, cache=...)`), so sampling always runs the model that was trained.
+`GPT.TENSOR_PARALLEL_AXES` is the model's Megatron layout for the mesh's `model` axis.
+
+Shape suffixes name array axes: B batch, T time, D model width, N heads, K key/value heads, G = N / K query heads per
+key/value head, H head size, F MLP width, V (padded) vocab, L layers.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any, Callable
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from models.attention import cached_attention, causal_attention
+from models.attention import causal_attention
 from models.fp8 import MATMULS, fp8_dot
+from models.kv_cache import KVCache, LayerCache
 from models.lm_head import chunked_log_z_and_target_logit, log_z_and_target_logit, masked_logits
+from models.mlp import mlp_activation, mlp_hidden_width, mlp_in_shape
+from models.norms import LayerNorm, RMSNorm, init_norm
+from models.rope import apply_rotary, rotary_angles
 
 INIT_STD = 0.02  # GPT-2's init for every weight matrix and both embeddings.
 REMAT_POLICIES = {
@@ -48,11 +60,34 @@ class GPTConfig:
     scan_layers: bool = True
     head_loss: str = "dense"  # dense | chunked (models/lm_head.py)
     head_loss_chunk: int = 8192  # tokens per chunk of the chunked head and loss
+    # The modern decoders' options (training/config/model.py says what each means); the defaults are GPT-2.
+    position: str = "learned"  # learned | rope
+    rope_theta: float = 10000.0
+    norm: str = "layernorm"  # layernorm | rmsnorm
+    norm_weight: bool = True
+    mlp: str = "gelu"  # gelu | swiglu | relu2
+    mlp_hidden: int | None = None  # None: the MLP's default width (models/mlp.py)
+    n_kv_head: int | None = None  # None: n_head
+    qk_norm: bool = False
+    tie_embeddings: bool = True
+    logit_softcap: float = 0.0  # 0: off
 
     @property
     def padded_vocab_size(self) -> int:
         """Vocab rounded up so the head's matmul has friendly shapes; padded ids are never predicted."""
         return math.ceil(self.vocab_size / self.vocab_multiple) * self.vocab_multiple
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_head or self.n_head
+
+    @property
+    def mlp_width(self) -> int:
+        return mlp_hidden_width(self.mlp, self.n_embd, self.mlp_hidden)
 
 
 class Linear(eqx.Module):
@@ -81,27 +116,6 @@ class Linear(eqx.Module):
         return y if self.bias is None else y + self.bias
 
 
-class LayerNorm(eqx.Module):
-    """LayerNorm over the last axis, computed in float32 whatever the input dtype."""
-
-    weight: jax.Array
-    bias: jax.Array | None
-    eps: float = eqx.field(static=True, default=1e-5)
-
-    @staticmethod
-    def init(d: int, bias: bool) -> LayerNorm:
-        return LayerNorm(jnp.ones((d,), jnp.float32), jnp.zeros((d,), jnp.float32) if bias else None)
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        x32 = x.astype(jnp.float32)
-        mean = x32.mean(-1, keepdims=True)
-        var = jnp.square(x32 - mean).mean(-1, keepdims=True)
-        y = (x32 - mean) * jax.lax.rsqrt(var + self.eps) * self.weight.astype(jnp.float32)
-        if self.bias is not None:
-            y = y + self.bias.astype(jnp.float32)
-        return y.astype(x.dtype)
-
-
 def segment_positions(segment_ids_BT: jax.Array) -> jax.Array:
     """[B, T] position of each token within its segment: 0 where a segment starts (segments are contiguous)."""
     T = segment_ids_BT.shape[1]
@@ -112,86 +126,76 @@ def segment_positions(segment_ids_BT: jax.Array) -> jax.Array:
 
 
 class Block(eqx.Module):
-    """Pre-LN transformer block: x + attn(ln1(x)), then x + mlp(ln2(x))."""
+    """Pre-norm transformer block: x + attn(norm1(x)), then x + mlp(norm2(x))."""
 
-    ln1: LayerNorm
-    qkv: Linear  # weight [D, 3, D]: queries, keys, values, each D = N heads x H wide
+    ln1: LayerNorm | RMSNorm
+    qkv: Linear  # weight [D, G + 2, K x H]: G rows of queries, then keys, then values (module docstring)
     attn_proj: Linear
-    ln2: LayerNorm
-    fc: Linear
+    ln2: LayerNorm | RMSNorm
+    fc: Linear  # weight [D, F], or SwiGLU's [D, F, 2] (gate, up: models/mlp.py)
     mlp_proj: Linear
+    q_norm: LayerNorm | RMSNorm | None  # QK-norm: queries and keys normalised per head ([H]); None without
+    k_norm: LayerNorm | RMSNorm | None
 
     @staticmethod
     def init(key: jax.Array, cfg: GPTConfig) -> Block:
-        d = cfg.n_embd
+        d, F = cfg.n_embd, cfg.mlp_width
         residual_std = INIT_STD / math.sqrt(2 * cfg.n_layer)  # GPT-2: keep the residual stream's variance flat.
         k1, k2, k3, k4 = jax.random.split(key, 4)
+        norm = lambda width: init_norm(cfg.norm, width, cfg.bias, cfg.norm_weight)  # noqa: E731
         return Block(
-            ln1=LayerNorm.init(d, cfg.bias),
-            qkv=Linear.init(k1, d, (3, d), cfg.bias),
+            ln1=norm(d),
+            qkv=Linear.init(k1, d, qkv_shape(cfg), cfg.bias),
             attn_proj=Linear.init(k2, d, d, cfg.bias, std=residual_std),
-            ln2=LayerNorm.init(d, cfg.bias),
-            fc=Linear.init(k3, d, 4 * d, cfg.bias),
-            mlp_proj=Linear.init(k4, 4 * d, d, cfg.bias, std=residual_std),
+            ln2=norm(d),
+            fc=Linear.init(k3, d, mlp_in_shape(cfg.mlp, F), cfg.bias),
+            mlp_proj=Linear.init(k4, F, d, cfg.bias, std=residual_std),
+            q_norm=norm(cfg.head_dim) if cfg.qk_norm else None,
+            k_norm=norm(cfg.head_dim) if cfg.qk_norm else None,
         )
 
     def __call__(self, x_BTD: jax.Array, cfg: GPTConfig, key: jax.Array | None,
                  cache: LayerCache | None = None, segment_ids_BT: jax.Array | None = None,
-                 fp8_scales: jax.Array | None = None) -> tuple[jax.Array, LayerCache | None]:
+                 fp8_scales: jax.Array | None = None, rotary: tuple[jax.Array, jax.Array] | None = None
+                 ) -> tuple[jax.Array, LayerCache | None]:
         """The block's output, and (decoding) the cache with this call's keys and values written in.
-        `fp8_scales` ([4, 3], models/fp8.py MATMULS order): the four matmuls in FP8."""
+        `fp8_scales` ([4, 3], models/fp8.py MATMULS order): the four matmuls in FP8. `rotary`: the cos and sin of
+        the tokens' rotary angles (models/rope.py), None with learned positions."""
         B, T, D = x_BTD.shape
-        N = cfg.n_head
         keys = (None, None) if key is None else tuple(jax.random.split(key, 2))
         scales = dict.fromkeys(MATMULS) if fp8_scales is None else dict(zip(MATMULS, fp8_scales))
-        qkv_BT3D = self.qkv(self.ln1(x_BTD), scales["qkv"])
-        q_BTNH, k_BTNH, v_BTNH = (qkv_BT3D[:, :, i].reshape(B, T, N, D // N) for i in range(3))
+        q_BTNH, k_BTKH, v_BTKH = split_heads(self.qkv(self.ln1(x_BTD), scales["qkv"]), cfg)
+        if self.q_norm is not None:
+            q_BTNH, k_BTKH = self.q_norm(q_BTNH), self.k_norm(k_BTKH)
+        if rotary is not None:
+            q_BTNH, k_BTKH = apply_rotary(q_BTNH, *rotary), apply_rotary(k_BTKH, *rotary)
         with jax.named_scope("attention"):  # the score/softmax/value kernels, for scripts/profile_summary.py
             if cache is None:
-                y_BTNH = causal_attention(q_BTNH, k_BTNH, v_BTNH, cfg.attention, segment_ids_BT)
+                y_BTNH = causal_attention(q_BTNH, k_BTKH, v_BTKH, cfg.attention, segment_ids_BT)
             else:
-                y_BTNH, cache = cache.attend(q_BTNH, k_BTNH, v_BTNH, cfg.attention)
+                y_BTNH, cache = cache.attend(q_BTNH, k_BTKH, v_BTKH, cfg.attention)
         x_BTD = x_BTD + _dropout(self.attn_proj(y_BTNH.reshape(B, T, D), scales["attn_proj"]), cfg.dropout, keys[0])
-        h_BTF = jax.nn.gelu(self.fc(self.ln2(x_BTD), scales["fc"]), approximate=True)  # GPT-2's tanh GELU
+        h_BTF = mlp_activation(cfg.mlp, self.fc(self.ln2(x_BTD), scales["fc"]))
         return x_BTD + _dropout(self.mlp_proj(h_BTF, scales["mlp_proj"]), cfg.dropout, keys[1]), cache
 
 
-class LayerCache(eqx.Module):
-    """One layer's keys and values [B, C, N, H] for the C positions of the context, and where this call's new
-    tokens go in each row (`start`, [B]). `empty` (static): nothing is cached yet and the new tokens start at
-    position 0 (the prompts), so they attend among themselves exactly as in training."""
-
-    k: jax.Array
-    v: jax.Array
-    start: jax.Array
-    empty: bool = eqx.field(static=True)
-
-    def attend(self, q_BTNH: jax.Array, k_BTNH: jax.Array, v_BTNH: jax.Array, implementation: str
-               ) -> tuple[jax.Array, LayerCache]:
-        """Write the new keys and values at their rows' positions, then attend from each new token to every
-        position up to its own."""
-        write = jax.vmap(lambda cache, new, s: jax.lax.dynamic_update_slice_in_dim(cache, new.astype(cache.dtype), s, 0))
-        k_BCNH, v_BCNH = write(self.k, k_BTNH, self.start), write(self.v, v_BTNH, self.start)
-        if self.empty:
-            y_BTNH = causal_attention(q_BTNH, k_BTNH, v_BTNH, implementation)
-        else:
-            y_BTNH = cached_attention(q_BTNH, k_BCNH, v_BCNH, self.start, implementation)
-        return y_BTNH, LayerCache(k_BCNH, v_BCNH, self.start, empty=False)
+def qkv_shape(cfg: GPTConfig) -> tuple[int, int]:
+    """The QKV weight's output shape [G + 2, K x H]: GPT-2's [3, D] when every query head has its own key/value head.
+    Query head n = k G + g sits at row g, columns of head k: splitting the last axis over the mesh's `model` axis
+    hands each device whole key/value heads together with the query heads they serve (Megatron's GQA layout)."""
+    return cfg.n_head // cfg.kv_heads + 2, cfg.kv_heads * cfg.head_dim
 
 
-class KVCache(eqx.Module):
-    """Every layer's keys and values for decoding ([L, B, C, N, H], C = the context) and how many positions each
-    row holds (`lengths`, [B]: where its next token goes). Made by `GPT.init_cache`, filled and advanced by
-    `GPT.hidden(tokens, cache=...)`: the same blocks as training, so decoding cannot drift from the model."""
-
-    k: jax.Array
-    v: jax.Array
-    lengths: jax.Array
-    empty: bool = eqx.field(static=True, default=False)
-
-    def with_lengths(self, lengths_B: jax.Array) -> KVCache:
-        """The cache with each row's length set, e.g. to its prompt's length after a right-padded prefill."""
-        return KVCache(self.k, self.v, lengths_B.astype(jnp.int32), self.empty)
+def split_heads(qkv_BTRE: jax.Array, cfg: GPTConfig) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """[B, T, G + 2, K x H] -> queries [B, T, N, H] (head n = k G + g: it shares key/value head n // G, as
+    jax.nn.dot_product_attention and transformers pair them), keys and values [B, T, K, H]."""
+    B, T = qkv_BTRE.shape[:2]
+    N, K, H = cfg.n_head, cfg.kv_heads, cfg.head_dim
+    G = N // K
+    if G == 1:  # multi-head attention: GPT-2's [3, D] rows
+        return tuple(qkv_BTRE[:, :, i].reshape(B, T, N, H) for i in range(3))
+    q_BTNH = jnp.swapaxes(qkv_BTRE[:, :, :G].reshape(B, T, G, K, H), 2, 3).reshape(B, T, N, H)
+    return q_BTNH, qkv_BTRE[:, :, G].reshape(B, T, K, H), qkv_BTRE[:, :, G + 1].reshape(B, T, K, H)
 
 
 def _dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
@@ -203,20 +207,22 @@ def _dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
 
 
 class GPT(eqx.Module):
-    wte: jax.Array  # [V, D] token embedding, also the LM head (one parameter, used twice)
-    wpe: jax.Array  # [C, D] learned position embedding
+    wte: jax.Array  # [V, D] token embedding, also the LM head when tied (one parameter, used twice)
+    wpe: jax.Array | None  # [C, D] learned position embedding; None with rotary positions
     blocks: Block  # every leaf stacked along a leading n_layer axis
-    ln_f: LayerNorm
+    ln_f: LayerNorm | RMSNorm
+    lm_head: jax.Array | None  # [V, D] an untied LM head (model.tie_embeddings=false); None when tied
     cfg: GPTConfig = eqx.field(static=True)
 
     # Megatron's tensor-parallel layout: the axis of each array split over the mesh's `model` axis (blocks' arrays
     # are stacked, so their axis 0 is the layer). QKV and the first MLP matrix are split by output columns, so each
-    # device holds whole heads and a slice of the hidden units; the attention output and second MLP matrices by
-    # input rows (XLA adds one all-reduce after each); the token embedding = LM head by vocabulary rows. Every other
-    # array is replicated over `model`. training/sharding.py applies this to the parameters and to every optimizer
-    # and statistics buffer shaped like them.
+    # device holds whole heads (whole key/value heads with their query heads, under GQA: `qkv_shape`) and a slice of
+    # the hidden units (SwiGLU's gate and up columns of a unit together: models/mlp.py); the attention output and
+    # second MLP matrices by input rows (XLA adds one all-reduce after each); the token embedding and an untied head
+    # by vocabulary rows. Every other array is replicated over `model`. training/sharding.py applies this to the
+    # parameters and to every optimizer and statistics buffer shaped like them.
     TENSOR_PARALLEL_AXES = {
-        ("wte",): 0,
+        ("wte",): 0, ("lm_head",): 0,
         ("blocks", "qkv", "weight"): 3, ("blocks", "qkv", "bias"): 2,
         ("blocks", "fc", "weight"): 2, ("blocks", "fc", "bias"): 1,
         ("blocks", "attn_proj", "weight"): 1, ("blocks", "mlp_proj", "weight"): 1,
@@ -226,11 +232,16 @@ class GPT(eqx.Module):
     def init(cfg: GPTConfig, key: jax.Array) -> GPT:
         k_wte, k_wpe, k_blocks = jax.random.split(key, 3)
         blocks = eqx.filter_vmap(lambda k: Block.init(k, cfg))(jax.random.split(k_blocks, cfg.n_layer))
+        vocab_shape = (cfg.padded_vocab_size, cfg.n_embd)
+        embedding = lambda k: INIT_STD * jax.random.normal(k, vocab_shape, jnp.float32)  # noqa: E731
         return GPT(
-            wte=INIT_STD * jax.random.normal(k_wte, (cfg.padded_vocab_size, cfg.n_embd), jnp.float32),
-            wpe=INIT_STD * jax.random.normal(k_wpe, (cfg.context_size, cfg.n_embd), jnp.float32),
+            wte=embedding(k_wte),
+            wpe=(INIT_STD * jax.random.normal(k_wpe, (cfg.context_size, cfg.n_embd), jnp.float32)
+                 if cfg.position == "learned" else None),
             blocks=blocks,
-            ln_f=LayerNorm.init(cfg.n_embd, cfg.bias),
+            ln_f=init_norm(cfg.norm, cfg.n_embd, cfg.bias, cfg.norm_weight),
+            # a key of its own that leaves GPT-2's three (and so its init) as they were
+            lm_head=None if cfg.tie_embeddings else embedding(jax.random.fold_in(key, 3)),
             cfg=cfg,
         )
 
@@ -244,16 +255,16 @@ class GPT(eqx.Module):
         return self.logits(self.hidden(tokens_BT, key=key, segment_ids_BT=segment_ids_BT)[0])
 
     def init_cache(self, batch: int) -> KVCache:
-        """An empty KV cache for `batch` rows, in the parameters' dtype."""
+        """An empty KV cache for `batch` rows, in the parameters' dtype: K key/value heads per layer."""
         cfg = self.cfg
-        shape = (cfg.n_layer, batch, cfg.context_size, cfg.n_head, cfg.n_embd // cfg.n_head)
+        shape = (cfg.n_layer, batch, cfg.context_size, cfg.kv_heads, cfg.head_dim)
         zeros = jnp.zeros(shape, self.wte.dtype)
         return KVCache(zeros, zeros, jnp.zeros((batch,), jnp.int32), empty=True)
 
     def hidden(self, tokens_BT: jax.Array, *, key: jax.Array | None = None, cache: KVCache | None = None,
                segment_ids_BT: jax.Array | None = None, fp8_scales: jax.Array | None = None
                ) -> tuple[jax.Array, KVCache | None]:
-        """The final LayerNorm's output [B, T, D], in the dtype of the parameters. With a `cache`, the tokens sit at
+        """The final norm's output [B, T, D], in the dtype of the parameters. With a `cache`, the tokens sit at
         positions `cache.lengths` onwards, attend to what the cache holds, and the cache comes back with their keys
         and values added and every row `T` positions longer. `fp8_scales` ([L, 4, 3], models/fp8.py): the blocks'
         matmuls in FP8 (training only)."""
@@ -264,11 +275,17 @@ class GPT(eqx.Module):
             positions = segment_positions(segment_ids_BT)
         else:
             positions = jnp.arange(T) if cache is None else cache.lengths[:, None] + jnp.arange(T)
-        x_BTD = _dropout(self.wte[tokens_BT] + self.wpe[positions], cfg.dropout, keys[0])
+        x_BTD = self.wte[tokens_BT]
+        rotary = None
+        if self.wpe is not None:
+            x_BTD = x_BTD + self.wpe[positions]
+        else:  # rotary: the same positions (restarting per document) turn the queries and keys in every block
+            rotary = rotary_angles(positions, cfg.head_dim, cfg.rope_theta)
+        x_BTD = _dropout(x_BTD, cfg.dropout, keys[0])
 
         def block_fn(block, x, k, kv, scales):
             layer_cache = None if cache is None else LayerCache(kv[0], kv[1], cache.lengths, cache.empty)
-            x, layer_cache = block(x, cfg, k, layer_cache, segment_ids_BT, scales)
+            x, layer_cache = block(x, cfg, k, layer_cache, segment_ids_BT, scales, rotary)
             return x, None if layer_cache is None else (layer_cache.k, layer_cache.v)
 
         if cfg.remat != "none" and cache is None:
@@ -294,8 +311,13 @@ class GPT(eqx.Module):
             cache = KVCache(kv_L[0], kv_L[1], cache.lengths + T)
         return self.ln_f(x_BTD), cache
 
+    @property
+    def head(self) -> jax.Array:
+        """The LM head's [V, D] weight: the token embedding when tied."""
+        return self.wte if self.lm_head is None else self.lm_head
+
     def logits(self, h_BTD: jax.Array) -> jax.Array:
-        return masked_logits(h_BTD, self.wte.astype(h_BTD.dtype), self.cfg.vocab_size)
+        return masked_logits(h_BTD, self.head.astype(h_BTD.dtype), self.cfg.vocab_size, self.cfg.logit_softcap)
 
     def loss_terms(self, tokens_BT: jax.Array, targets_BT: jax.Array, *, key: jax.Array | None = None,
                    segment_ids_BT: jax.Array | None = None, fp8_scales: jax.Array | None = None
@@ -305,51 +327,66 @@ class GPT(eqx.Module):
         h_BTD = self.hidden(tokens_BT, key=key, segment_ids_BT=segment_ids_BT, fp8_scales=fp8_scales)[0]
         with jax.named_scope("lm_head_loss"):
             if self.cfg.head_loss == "chunked":
-                return chunked_log_z_and_target_logit(h_BTD, self.wte.astype(h_BTD.dtype), targets_BT,
-                                                      self.cfg.vocab_size, self.cfg.head_loss_chunk)
+                return chunked_log_z_and_target_logit(h_BTD, self.head.astype(h_BTD.dtype), targets_BT,
+                                                      self.cfg.vocab_size, self.cfg.head_loss_chunk,
+                                                      self.cfg.logit_softcap)
             return log_z_and_target_logit(self.logits(h_BTD), targets_BT)
 
+    def _select(self, *names: str) -> Callable[[GPT], tuple[jax.Array, ...]]:
+        """A `tree_at` selector of the parameters with these dotted names ("blocks.fc.weight") that this model has
+        (an option's absent parameter, e.g. wpe under rotary positions, is skipped)."""
+        def get(m: GPT, name: str) -> Any:
+            for part in name.split("."):
+                m = None if m is None else getattr(m, part)
+            return m
+
+        present = [n for n in names if get(self, n) is not None]
+        return lambda m: tuple(get(m, n) for n in present)
+
+    def _mark(self, default: Any, where: dict[Any, tuple[str, ...]]) -> GPT:
+        """A tree shaped like the model: each key of `where` at the parameters it names, `default` elsewhere."""
+        tree = jax.tree.map(lambda _: default, self)
+        for mark, names in where.items():
+            select = self._select(*names)
+            if select(self):
+                tree = eqx.tree_at(select, tree, replace=(mark,) * len(select(self)))
+        return tree
+
     def weight_decay_mask(self) -> GPT:
-        """True for the matrices that multiply activations (linear weights, token embedding = head); False for
-        biases, LayerNorm and the position embedding."""
-        mask = jax.tree.map(lambda _: False, self)
-        b = lambda m: m.blocks  # noqa: E731
-        return eqx.tree_at(
-            lambda m: (m.wte, b(m).qkv.weight, b(m).attn_proj.weight, b(m).fc.weight, b(m).mlp_proj.weight),
-            mask,
-            replace=(True,) * 5,
-        )
+        """True for the matrices that multiply activations (linear weights, token embedding, an untied head);
+        False for biases, norms and the position embedding."""
+        return self._mark(False, {True: ("wte", "lm_head") + BLOCK_MATRICES})
 
     def parameter_labels(self) -> GPT:
         """Each parameter's label for the optimizer's groups (optimizers/groups.py): token_embedding (also the LM
-        head: tied), position, attn_qkv, attn_out, mlp_in, mlp_out, norm (LayerNorm scales), bias (every bias)."""
-        labels = jax.tree.map(lambda _: "", self)
-        b = lambda m: m.blocks  # noqa: E731
-        where = {
-            "token_embedding": lambda m: (m.wte,), "position": lambda m: (m.wpe,),
-            "attn_qkv": lambda m: (b(m).qkv.weight,), "attn_out": lambda m: (b(m).attn_proj.weight,),
-            "mlp_in": lambda m: (b(m).fc.weight,), "mlp_out": lambda m: (b(m).mlp_proj.weight,),
-            "norm": lambda m: (b(m).ln1.weight, b(m).ln2.weight, m.ln_f.weight),
-            "bias": lambda m: tuple(x for x in (b(m).qkv.bias, b(m).attn_proj.bias, b(m).fc.bias, b(m).mlp_proj.bias,
-                                                b(m).ln1.bias, b(m).ln2.bias, m.ln_f.bias) if x is not None),
-        }
-        for label, select in where.items():
-            if select(self):
-                labels = eqx.tree_at(select, labels, replace=(label,) * len(select(self)))
-        return labels
+        head when tied), head (an untied LM head), position, attn_qkv, attn_out, mlp_in (SwiGLU's gate and up),
+        mlp_out, norm (norm weights, QK-norm's too), bias (every bias)."""
+        norms = ("blocks.ln1", "blocks.ln2", "blocks.q_norm", "blocks.k_norm", "ln_f")
+        return self._mark("", {
+            "token_embedding": ("wte",), "head": ("lm_head",), "position": ("wpe",),
+            "attn_qkv": ("blocks.qkv.weight",), "attn_out": ("blocks.attn_proj.weight",),
+            "mlp_in": ("blocks.fc.weight",), "mlp_out": ("blocks.mlp_proj.weight",),
+            "norm": tuple(f"{n}.weight" for n in norms),
+            "bias": tuple(f"blocks.{f}.bias" for f in ("qkv", "attn_proj", "fc", "mlp_proj"))
+            + tuple(f"{n}.bias" for n in norms),
+        })
 
     def block_matrices_mask(self) -> GPT:
         """True for the blocks' linear weights only (Muon's matrices; embeddings and the rest go to AdamW)."""
-        mask = jax.tree.map(lambda _: False, self)
-        b = lambda m: m.blocks  # noqa: E731
-        return eqx.tree_at(
-            lambda m: (b(m).qkv.weight, b(m).attn_proj.weight, b(m).fc.weight, b(m).mlp_proj.weight),
-            mask,
-            replace=(True,) * 4,
-        )
+        return self._mark(False, {True: BLOCK_MATRICES})
+
+
+BLOCK_MATRICES = ("blocks.qkv.weight", "blocks.attn_proj.weight", "blocks.fc.weight", "blocks.mlp_proj.weight")
 
 
 def count_params(model: GPT, *, exclude_position_embedding: bool = False) -> int:
     """Number of parameters (the tied head counted once). Works on abstract models from `eqx.filter_eval_shape`."""
     total = sum(math.prod(x.shape) for x in jax.tree.leaves(model))
-    return total - (math.prod(model.wpe.shape) if exclude_position_embedding else 0)
+    return total - (math.prod(model.wpe.shape) if exclude_position_embedding and model.wpe is not None else 0)
+
+
+def matmul_params(model: GPT) -> int:
+    """The parameters each token multiplies (training/flops.py's N): all but the lookup tables, i.e. the position
+    embedding and, when the head is untied, the token embedding (tied, it is the head's matmul)."""
+    lookups = 0 if model.lm_head is None else math.prod(model.wte.shape)
+    return count_params(model, exclude_position_embedding=True) - lookups

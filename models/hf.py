@@ -1,9 +1,12 @@
-"""Hugging Face GPT-2 interop: our GPT <-> a `transformers.GPT2LMHeadModel` folder (config.json + model.safetensors).
+"""Hugging Face interop: our GPT <-> a transformers folder (config.json + model.safetensors): a GPT-2 model as a
+`GPT2LMHeadModel` (here), a Llama-style one (rotary, RMSNorm, SwiGLU) as a `LlamaForCausalLM` (models/hf_llama.py).
+Export picks the architecture that expresses the model (GPT-2 first: GPT-2 runs export as they always have); import
+goes by the folder's model_type and checks the run's `model` section against it.
 
-The layouts agree closely: GPT-2's Conv1D stores weights as [in, out], as our `Linear` does, and its LM head is the
-token embedding, as ours is. Export writes the real (unpadded) vocabulary rows; import pads them back to the model's
-multiple of `vocab_multiple`, and gives ids the checkpoint lacks (our `<PAD>` and `<GENAI>` after GPT-2's 50,257)
-fresh GPT-2-initialised rows. Only safetensors and JSON are read: no pickle.
+GPT-2's layouts agree closely with ours: its Conv1D stores weights as [in, out], as our `Linear` does, and its LM head
+is the token embedding, as ours is. Export writes the real (unpadded) vocabulary rows; import pads them back to the
+model's multiple of `vocab_multiple`, and gives ids the checkpoint lacks (our `<PAD>` and `<GENAI>` after GPT-2's
+50,257) fresh GPT-2-initialised rows. Only safetensors and JSON are read: no pickle.
 """
 
 from __future__ import annotations
@@ -19,11 +22,43 @@ import numpy as np
 
 from core.errors import ConfigError, DataError, first_line
 from core.hub import hub_reachable
+from models import gpt_config
 from models.gpt import GPT, INIT_STD, Block, GPTConfig, LayerNorm, Linear
+from models.hf_llama import check_llama_config, from_llama_tensors, llama_config, llama_problem, to_llama_tensors
 
 HF_PREFIX = "hf:"
 HF_FILES = ("config.json", "model.safetensors")
 LAYER_NORM_EPS = 1e-5  # ours and GPT-2's
+ARCHITECTURES = ("auto", "gpt2", "llama")  # what export_hf writes: auto = gpt2 where it can, else llama
+
+
+def gpt2_problem(cfg: GPTConfig) -> str | None:
+    """Why `transformers.GPT2LMHeadModel` cannot express this model (its first option that says so), or None."""
+    problems = (
+        (cfg.position != "learned", f"model.position={cfg.position}: GPT-2 has learned positions only"),
+        (cfg.norm != "layernorm", f"model.norm={cfg.norm}: GPT-2 normalises with LayerNorm only"),
+        (cfg.mlp != "gelu", f"model.mlp={cfg.mlp}: GPT-2's MLP is GELU only"),
+        (cfg.kv_heads != cfg.n_head, f"model.n_kv_head={cfg.kv_heads}: GPT-2 has a key/value head per query head"),
+        (not cfg.norm_weight, "model.norm_weight=false: GPT-2's LayerNorm has a learned weight"),
+        (cfg.qk_norm, "model.qk_norm=true: GPT-2 has no QK-norm"),
+        (not cfg.tie_embeddings, "model.tie_embeddings=false: GPT-2's head is its token embedding"),
+        (cfg.logit_softcap > 0, f"model.logit_softcap={cfg.logit_softcap}: GPT-2 has no logit soft-cap"),
+    )
+    return next((why for bad, why in problems if bad), None)
+
+
+def export_architecture(cfg: GPTConfig, requested: str = "auto") -> str:
+    """`gpt2` or `llama`: the transformers architecture an export writes; a model it cannot express -> one line."""
+    problems = {"gpt2": gpt2_problem(cfg), "llama": llama_problem(cfg)}
+    if requested != "auto":
+        if problems[requested] is not None:
+            raise ConfigError(f"export as {requested}: {problems[requested]}")
+        return requested
+    fits = [name for name, problem in problems.items() if problem is None]
+    if not fits:
+        raise ConfigError(f"neither transformers' GPT-2 nor its Llama expresses this model: {problems['gpt2']}; "
+                          f"{problems['llama']}")
+    return fits[0]
 
 
 def _block_names(i: int) -> dict[str, tuple[str, str]]:
@@ -67,25 +102,30 @@ def hf_config(cfg: GPTConfig, eos_id: int) -> dict[str, Any]:
     return {
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": cfg.vocab_size,
         "n_positions": cfg.context_size, "n_ctx": cfg.context_size, "n_embd": cfg.n_embd, "n_layer": cfg.n_layer,
-        "n_head": cfg.n_head, "n_inner": None, "activation_function": "gelu_new", "resid_pdrop": cfg.dropout,
+        "n_head": cfg.n_head, "n_inner": None if cfg.mlp_width == 4 * cfg.n_embd else cfg.mlp_width,
+        "activation_function": "gelu_new", "resid_pdrop": cfg.dropout,
         "embd_pdrop": cfg.dropout, "attn_pdrop": cfg.dropout, "layer_norm_epsilon": LAYER_NORM_EPS,
         "initializer_range": INIT_STD, "scale_attn_weights": True, "tie_word_embeddings": True,
         "bos_token_id": eos_id, "eos_token_id": eos_id, "torch_dtype": "float32",
     }
 
 
-def export_hf(model: GPT, tokenizer: Any, out_dir: str | Path) -> list[str]:
-    """Write the folder; returns the files written. Refuses a non-empty folder rather than mixing two models."""
+def export_hf(model: GPT, tokenizer: Any, out_dir: str | Path, architecture: str = "auto") -> list[str]:
+    """Write the folder as `architecture` (ARCHITECTURES); returns the files written. Refuses a non-empty folder
+    rather than mixing two models, and a model the architecture cannot express."""
     from safetensors.numpy import save_file
 
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
         raise DataError(f"{out} is not empty; choose a new folder for the export")
     if not isinstance(model, GPT):
-        raise ConfigError(f"model.arch: only gpt2 models have a GPT-2 equivalent; got {type(model).__name__}")
+        raise ConfigError(f"model.arch: only gpt2 models have a transformers equivalent; got {type(model).__name__}")
+    llama = export_architecture(model.cfg, architecture) == "llama"
+    tensors, config = ((to_llama_tensors(model), llama_config(model.cfg, tokenizer.eos_id)) if llama
+                       else (to_hf_tensors(model), hf_config(model.cfg, tokenizer.eos_id)))
     out.mkdir(parents=True, exist_ok=True)
-    save_file(to_hf_tensors(model), str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(hf_config(model.cfg, tokenizer.eos_id), indent=2))
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=2))
     written = list(HF_FILES)
     if tokenizer.kind == "bpe":  # a HF `tokenizers` BPE already: transformers loads it as a fast tokenizer
         (out / "tokenizer.json").write_text(tokenizer.to_json()["hf_tokenizer"])
@@ -103,8 +143,8 @@ def resolve_hf(name: str, cache_dir: str) -> Path:
     if local.is_dir():
         missing = [f for f in HF_FILES if not (local / f).exists()]
         if missing:
-            raise DataError(f"init_from=hf:{name}: the folder lacks {', '.join(missing)} (a transformers GPT-2 "
-                            "folder has config.json and model.safetensors)")
+            raise DataError(f"init_from=hf:{name}: the folder lacks {', '.join(missing)} (a transformers GPT-2 or "
+                            "Llama folder has config.json and model.safetensors)")
         return local
     from huggingface_hub import snapshot_download
 
@@ -121,12 +161,21 @@ def resolve_hf(name: str, cache_dir: str) -> Path:
 def check_hf_config(folder: Path, model_cfg: Any) -> dict[str, Any]:
     """The folder's config, checked against the run's `model` section: one line naming what differs."""
     config = json.loads((folder / "config.json").read_text())
+    cfg = gpt_config(model_cfg, 1)
+    if config.get("model_type") == "llama":
+        check_llama_config(folder, config, cfg)
+        return config
     if config.get("model_type") != "gpt2":
-        raise ConfigError(f"init_from=hf:{folder}: model_type {config.get('model_type')!r} is not gpt2")
+        raise ConfigError(f"init_from=hf:{folder}: model_type {config.get('model_type')!r} is neither gpt2 nor llama")
+    if (problem := gpt2_problem(cfg)) is not None:
+        raise ConfigError(f"init_from=hf:{folder}: a GPT-2 checkpoint, but the run's {problem}; choose a gpt2 preset "
+                          "(e.g. model=gpt2)")
     if config.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
         raise ConfigError(f"init_from=hf:{folder}: activation {config['activation_function']} is not GPT-2's tanh GELU")
     wanted = {"n_layer": model_cfg.n_layer, "n_head": model_cfg.n_head, "n_embd": model_cfg.n_embd}
     wrong = [f"{k}={config[k]} (run has {v})" for k, v in wanted.items() if config.get(k) != v]
+    if not wrong and (config.get("n_inner") or 4 * cfg.n_embd) != cfg.mlp_width:
+        wrong.append(f"n_inner={config.get('n_inner')} (run has model.mlp_hidden={cfg.mlp_width})")
     if not model_cfg.bias:
         wrong.append("biases (run has model.bias=false)")
     if config.get("n_positions", 0) < model_cfg.context_size:
@@ -158,13 +207,17 @@ def from_hf_tensors(tensors: dict[str, np.ndarray], like: GPT, key: jax.Array) -
     linear = lambda f: Linear(stacked(f, "weight"), stacked(f, "bias"))  # noqa: E731
     norm = lambda f: LayerNorm(stacked(f, "weight"), stacked(f, "bias"))  # noqa: E731
     blocks = Block(ln1=norm("ln1"), qkv=linear("qkv"), attn_proj=linear("attn_proj"), ln2=norm("ln2"),
-                   fc=linear("fc"), mlp_proj=linear("mlp_proj"))
+                   fc=linear("fc"), mlp_proj=linear("mlp_proj"), q_norm=None, k_norm=None)
     ln_f = LayerNorm(jnp.asarray(tensors["transformer.ln_f.weight"]),
                      None if like.ln_f.bias is None else jnp.asarray(tensors["transformer.ln_f.bias"]))
-    return GPT(wte=jnp.asarray(wte), wpe=jnp.asarray(wpe), blocks=blocks, ln_f=ln_f, cfg=cfg)
+    return GPT(wte=jnp.asarray(wte), wpe=jnp.asarray(wpe), blocks=blocks, ln_f=ln_f, lm_head=None, cfg=cfg)
 
 
 def load_hf_model(folder: Path, like: GPT, key: jax.Array) -> GPT:
+    """The folder's weights in `like`'s structure (check_hf_config has matched the two)."""
     from safetensors.numpy import load_file
 
-    return from_hf_tensors(load_file(str(folder / "model.safetensors")), like, key)
+    tensors = load_file(str(folder / "model.safetensors"))
+    if "model.embed_tokens.weight" in tensors:  # Llama's names
+        return from_llama_tensors(tensors, like, key)
+    return from_hf_tensors(tensors, like, key)

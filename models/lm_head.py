@@ -9,6 +9,10 @@ target's logit. The cross-entropy is log Z - target logit; z-loss is (log Z)^2. 
            head's gradient. No [B, T, V] array exists in either pass: memory is one chunk's [b, t, V] float32.
            Costs one more head matmul (the recomputation) per step.
 
+With a soft-cap c > 0 (`model.logit_softcap`; Gemma 2, the modded-nanogpt speedrun) every logit is c tanh(logit / c)
+before anything reads it, in both heads; the chunked backward pass multiplies the logits' gradient by the cap's
+derivative 1 - (capped / c)^2.
+
 Padded vocabulary rows (ids >= vocab_size, GPTConfig.padded_vocab_size) get a logit of -1e9 inside the same fused
 computation that reads the logits, so they never receive probability and no extra pass over [B, T, V] is made.
 Chunks split the time axis only, so a batch sharded over the mesh's `data` axis stays sharded in every chunk.
@@ -26,10 +30,13 @@ from models.attention import cpu_float16_to_float32
 PADDED_LOGIT = -1e9  # the logit of a padded vocabulary row: exp(PADDED_LOGIT - log Z) is 0 in float32
 
 
-def masked_logits(h_BTD: jax.Array, w_VD: jax.Array, vocab_size: int) -> jax.Array:
-    """Float32 logits [B, T, V] of the padded vocabulary, padded rows at PADDED_LOGIT."""
+def masked_logits(h_BTD: jax.Array, w_VD: jax.Array, vocab_size: int, softcap: float = 0.0) -> jax.Array:
+    """Float32 logits [B, T, V] of the padded vocabulary (soft-capped when `softcap` > 0), padded rows at
+    PADDED_LOGIT."""
     h_BTD, w_VD = cpu_float16_to_float32(h_BTD, w_VD)
     logits_BTV = jnp.einsum("btd,vd->btv", h_BTD, w_VD, preferred_element_type=jnp.float32)
+    if softcap:
+        logits_BTV = softcap * jnp.tanh(logits_BTV / softcap)
     is_real = jnp.arange(w_VD.shape[0]) < vocab_size
     return jnp.where(is_real, logits_BTV, PADDED_LOGIT)
 
@@ -49,11 +56,11 @@ def chunk_length(batch: int, time: int, chunk_tokens: int) -> int:
 
 
 def chunked_log_z_and_target_logit(h_BTD: jax.Array, w_VD: jax.Array, targets_BT: jax.Array, vocab_size: int,
-                                   chunk_tokens: int) -> tuple[jax.Array, jax.Array]:
+                                   chunk_tokens: int, softcap: float = 0.0) -> tuple[jax.Array, jax.Array]:
     """log Z and the target's logit ([B, T] float32 each) without the [B, T, V] logits; equal to
     `log_z_and_target_logit(masked_logits(...), targets)` up to float rounding, and so are their gradients."""
     B, T = targets_BT.shape
-    return _chunked(h_BTD, w_VD, targets_BT, vocab_size, chunk_length(B, T, chunk_tokens))
+    return _chunked(h_BTD, w_VD, targets_BT, vocab_size, chunk_length(B, T, chunk_tokens), float(softcap))
 
 
 def _to_chunks(x: jax.Array, t: int) -> jax.Array:
@@ -67,26 +74,26 @@ def _from_chunks(x: jax.Array) -> jax.Array:
     return jnp.moveaxis(x, 0, 1).reshape(B, n * t, *x.shape[3:])
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _chunked(h_BTD, w_VD, targets_BT, vocab_size, t):
-    return _forward(h_BTD, w_VD, targets_BT, vocab_size, t)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _chunked(h_BTD, w_VD, targets_BT, vocab_size, t, softcap):
+    return _forward(h_BTD, w_VD, targets_BT, vocab_size, t, softcap)
 
 
-def _forward(h_BTD, w_VD, targets_BT, vocab_size, t):
+def _forward(h_BTD, w_VD, targets_BT, vocab_size, t, softcap):
     def chunk(_, xs):
         h_BtD, targets_Bt = xs
-        return None, log_z_and_target_logit(masked_logits(h_BtD, w_VD, vocab_size), targets_Bt)
+        return None, log_z_and_target_logit(masked_logits(h_BtD, w_VD, vocab_size, softcap), targets_Bt)
 
     _, (log_z, target_logit) = jax.lax.scan(chunk, None, (_to_chunks(h_BTD, t), _to_chunks(targets_BT, t)))
     return _from_chunks(log_z), _from_chunks(target_logit)
 
 
-def _chunked_fwd(h_BTD, w_VD, targets_BT, vocab_size, t):
-    log_z_BT, target_logit_BT = _forward(h_BTD, w_VD, targets_BT, vocab_size, t)
+def _chunked_fwd(h_BTD, w_VD, targets_BT, vocab_size, t, softcap):
+    log_z_BT, target_logit_BT = _forward(h_BTD, w_VD, targets_BT, vocab_size, t, softcap)
     return (log_z_BT, target_logit_BT), (h_BTD, w_VD, targets_BT, log_z_BT)
 
 
-def _chunked_bwd(vocab_size, t, residuals, cotangents):
+def _chunked_bwd(vocab_size, t, softcap, residuals, cotangents):
     h_BTD, w_VD, targets_BT, log_z_BT = residuals
     d_log_z_BT, d_target_BT = cotangents
     V = w_VD.shape[0]
@@ -94,10 +101,13 @@ def _chunked_bwd(vocab_size, t, residuals, cotangents):
 
     def chunk(dw_VD, xs):
         h_BtD, targets_Bt, log_z_Bt, d_log_z_Bt, d_target_Bt = xs
-        probs_BtV = jnp.exp(masked_logits(h_BtD, w_VD, vocab_size) - log_z_Bt[..., None])
+        logits_BtV = masked_logits(h_BtD, w_VD, vocab_size, softcap)
+        probs_BtV = jnp.exp(logits_BtV - log_z_Bt[..., None])
         is_target_BtV = jnp.arange(V) == targets_Bt[..., None]
-        d_logits_BtV = (d_log_z_Bt[..., None] * probs_BtV
-                        + jnp.where(is_target_BtV, d_target_Bt[..., None], 0.0)).astype(w_op.dtype)
+        d_logits_BtV = d_log_z_Bt[..., None] * probs_BtV + jnp.where(is_target_BtV, d_target_Bt[..., None], 0.0)
+        if softcap:  # through c tanh(x / c): its derivative 1 - tanh^2 (padded rows' gradient is 0 already)
+            d_logits_BtV = d_logits_BtV * (1.0 - jnp.square(logits_BtV / softcap))
+        d_logits_BtV = d_logits_BtV.astype(w_op.dtype)
         dh_BtD = jnp.einsum("btv,vd->btd", d_logits_BtV, w_op, preferred_element_type=jnp.float32)
         dw_VD = dw_VD + jnp.einsum("btv,btd->vd", d_logits_BtV, h_BtD.astype(w_op.dtype),
                                    preferred_element_type=jnp.float32)

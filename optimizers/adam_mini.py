@@ -56,32 +56,33 @@ class Reduce:
 
 
 class QkvHeads:
-    """qkv.weight [L, D, 3, N*H]: queries and keys one block per (layer, head) -> v [L, 2, N]; values one block per
-    (layer, output neuron) -> v [L, N*H]."""
+    """qkv.weight [L, D, R, E] (R = 3, E = N*H; under grouped-query attention R = G + 2 rows of K*H: models/gpt.py
+    `qkv_shape`): queries and keys one block per (layer, head) -> v [L, R - 1, E / H]; values one block per (layer,
+    output neuron) -> v [L, E]."""
 
-    def __init__(self, n_head: int):
-        self.n_head = n_head
+    def __init__(self, head_dim: int):
+        self.head_dim = head_dim
 
     def mean_square(self, g: jax.Array) -> tuple[jax.Array, jax.Array]:
-        L, D, three, E = g.shape
-        g2 = jnp.square(g).reshape(L, D, three, self.n_head, E // self.n_head)
-        return jnp.mean(g2[:, :, :2], axis=(1, 4)), jnp.mean(g2[:, :, 2], axis=1).reshape(L, E)
+        L, D, rows, E = g.shape
+        g2 = jnp.square(g).reshape(L, D, rows, E // self.head_dim, self.head_dim)
+        return jnp.mean(g2[:, :, :-1], axis=(1, 4)), jnp.mean(g2[:, :, -1], axis=1).reshape(L, E)
 
     def per_entry(self, v: Any, shape: tuple[int, ...]) -> jax.Array:
-        L, _, _, E = shape
+        L, _, rows, E = shape
         v_qk, v_v = v
-        qk = jnp.broadcast_to(v_qk[:, :, :, None], (L, 2, self.n_head, E // self.n_head)).reshape(L, 2, E)
-        return jnp.concatenate([qk, v_v[:, None, :]], axis=1)[:, None]  # [L, 1, 3, E], broadcast over inputs
+        qk = jnp.broadcast_to(v_qk[..., None], (L, rows - 1, E // self.head_dim, self.head_dim)).reshape(L, rows - 1, E)
+        return jnp.concatenate([qk, v_v[:, None, :]], axis=1)[:, None]  # [L, 1, R, E], broadcast over inputs
 
 
-def block_rule(role: Role, shape: tuple[int, ...], n_head: int, vocab: int) -> Any:
+def block_rule(role: Role, shape: tuple[int, ...], head_dim: int, vocab: int) -> Any:
     """A tensor's partition into blocks, from its role."""
     if role.label == "bias":
         return Entries()
     if role.label in ("token_embedding", "head"):  # one block per token: all axes but the vocabulary's
         return Reduce(tuple(a for a in range(len(shape)) if a != shape.index(vocab)))
     if role.label == "attn_qkv":
-        return QkvHeads(n_head)
+        return QkvHeads(head_dim)
     if role.label in ("attn_out", "mlp_in", "mlp_out"):  # one block per output neuron: its inputs
         return Reduce((role.in_axis,))
     return Reduce(tuple(range(1, len(shape))) if role.stacked else None)  # per tensor (per layer when stacked)
@@ -93,10 +94,10 @@ class ScaleByAdamMiniState(NamedTuple):
     nu: Any  # second moment, one per block (shapes from each tensor's rule)
 
 
-def scale_by_adam_mini(roles: dict[str, Role], n_head: int, vocab: int, beta1: float, beta2: float,
+def scale_by_adam_mini(roles: dict[str, Role], head_dim: int, vocab: int, beta1: float, beta2: float,
                        eps: float) -> optax.GradientTransformation:
     def rule(role, x):
-        return block_rule(role, x.shape, n_head, vocab)
+        return block_rule(role, x.shape, head_dim, vocab)
 
     def init(params):
         def zeros(role, p):
@@ -128,7 +129,8 @@ def scale_by_adam_mini(roles: dict[str, Role], n_head: int, vocab: int, beta1: f
 @register("adam_mini")
 def adam_mini(model, *, beta1: float, beta2: float, eps: float, weight_decay: float) -> optax.GradientTransformation:
     return optax.chain(
-        scale_by_adam_mini(roles_of(model), model.cfg.n_head, model.cfg.padded_vocab_size, beta1, beta2, eps),
+        scale_by_adam_mini(roles_of(model), model.cfg.n_embd // model.cfg.n_head, model.cfg.padded_vocab_size,
+                           beta1, beta2, eps),
         optax.add_decayed_weights(weight_decay, fixed(model.weight_decay_mask())),
         optax.scale(-1.0),
     )

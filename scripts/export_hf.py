@@ -1,9 +1,13 @@
-"""Export a checkpoint as a Hugging Face GPT-2 folder that `transformers.GPT2LMHeadModel.from_pretrained` loads.
+"""Export a checkpoint as a Hugging Face folder that transformers loads: a GPT-2 model as `GPT2LMHeadModel`, a
+Llama-style one (model=llama-*: rotary, RMSNorm, SwiGLU) as `LlamaForCausalLM`.
 
-    python scripts/export_hf.py RUN_OR_CHECKPOINT_DIR OUT_DIR [--which latest|best|STEP]
+    python scripts/export_hf.py RUN_OR_CHECKPOINT_DIR OUT_DIR [--which latest|best|STEP] [--architecture ARCH]
 
-Writes config.json and model.safetensors (float32), tokenizer.json for a BPE tokenizer (a `bpe` run's tokenizer is a
-HF `tokenizers` BPE), and gpt_jax_tokenizer.json so that `init_from=hf:OUT_DIR` gets this exact tokenizer back.
+`--architecture auto` (the default) writes GPT-2 where GPT-2 expresses the model, else Llama (`gpt2`, `llama`: that
+one or an error); a model neither expresses (e.g. model=modern-gpt: ReLU^2, QK-norm, a logit soft-cap) is refused in
+one line (exit 2). Writes config.json and model.safetensors (float32), tokenizer.json for a BPE tokenizer (a `bpe`
+run's tokenizer is a HF `tokenizers` BPE), and gpt_jax_tokenizer.json so that `init_from=hf:OUT_DIR` gets this exact
+tokenizer back.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from core.errors import PipelineError  # noqa: E402
-from models.hf import export_hf  # noqa: E402
+from models.hf import ARCHITECTURES, export_hf  # noqa: E402
 from training.trained import add_checkpoint_arguments, load_trained  # noqa: E402
 
 
@@ -23,10 +27,12 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_checkpoint_arguments(parser, "checkpoint")
     parser.add_argument("out_dir", help="the transformers folder to write")
+    parser.add_argument("--architecture", choices=ARCHITECTURES, default="auto",
+                        help="the transformers class to write: auto = gpt2 where it expresses the model, else llama")
     args = parser.parse_args(argv)
     try:
         trained = load_trained(args.checkpoint, args.which)
-        written = export_hf(trained.model, trained.tokenizer, args.out_dir)
+        written = export_hf(trained.model, trained.tokenizer, args.out_dir, args.architecture)
     except PipelineError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code

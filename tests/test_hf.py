@@ -114,3 +114,129 @@ def test_export_refuses_a_folder_in_use(exported, tmp_path):
     result = run_cli([str(exported / "run"), str(tmp_path / "busy")], script="scripts/export_hf.py")
     assert result.returncode == 1 and result.stderr.strip() == f"error: {tmp_path / 'busy'} is not empty; choose a new folder for the export"
     assert (tmp_path / "busy" / "keep.txt").read_text() == "mine"
+
+
+# Llama: in this process, on tiny models (no run needed): our Llama-style GPT <-> transformers' LlamaForCausalLM.
+LLAMA_TINY = ["model=llama-tiny", "model.context_size=32"]  # 4 heads of 16 over 2 key/value heads, untied, no biases
+
+
+def llama_model(overrides: list[str], seed: int = 0):
+    """A random model of the run config's `model` section (byte vocabulary), every weight non-trivial (norms too)."""
+    import equinox as eqx
+    import jax
+
+    from models import gpt_config
+    from models.gpt import GPT
+
+    def noisy(cfg, key):
+        leaves, treedef = jax.tree.flatten(GPT.init(cfg, key))
+        keys = jax.random.split(jax.random.fold_in(key, 1), len(leaves))
+        return jax.tree.unflatten(treedef, [x + 0.1 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
+
+    cfg = config_lib.load_config(overrides).model
+    return cfg, eqx.filter_jit(noisy)(gpt_config(cfg, 259), jax.random.PRNGKey(seed))
+
+
+def torch_logits(hf, tokens: np.ndarray) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        return hf(torch.from_numpy(tokens.astype(np.int64))).logits.numpy()
+
+
+def test_a_llama_run_exports_as_transformers_llama_with_the_same_logits_and_imports_back(tmp_path):
+    import equinox as eqx
+    import jax
+    import transformers
+
+    from data.tokenizers import ByteTokenizer
+    from models.hf import check_hf_config, export_hf, load_hf_model
+
+    cfg, model = llama_model(LLAMA_TINY + ["model.rope_theta=2500"])
+    assert export_hf(model, ByteTokenizer(), tmp_path / "llama")[:2] == ["config.json", "model.safetensors"]
+    hf = transformers.LlamaForCausalLM.from_pretrained(str(tmp_path / "llama")).eval()
+    assert (hf.config.num_key_value_heads, hf.config.intermediate_size, hf.config.tie_word_embeddings) == (
+        2, 192, False)
+    tokens = np.random.default_rng(0).integers(0, 259, (2, 32)).astype(np.int32)
+    forward = eqx.filter_jit(lambda m, x: m(x))
+    ours = np.asarray(forward(model, tokens))[:, :, :259]
+    assert np.abs(ours - torch_logits(hf, tokens)).max() <= 1e-4
+    check_hf_config(tmp_path / "llama", cfg)  # and back: init_from=hf: of the export is the model exported
+    back = load_hf_model(tmp_path / "llama", model, jax.random.PRNGKey(2))
+    np.testing.assert_array_equal(np.asarray(forward(back, tokens))[:, :, :259], ours)
+
+
+def test_a_transformers_llama_imports_with_the_same_logits_and_exports_back_bit_exact(tmp_path):
+    import equinox as eqx
+    import jax
+    import torch
+    import transformers
+    from safetensors.numpy import load_file
+
+    from data.tokenizers import ByteTokenizer
+    from models import gpt_config
+    from models.gpt import GPT
+    from models.hf import check_hf_config, export_hf, load_hf_model
+
+    config = transformers.LlamaConfig(  # tied, with biases: what the export test's model is not
+        vocab_size=259, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, rms_norm_eps=1e-5, rope_theta=500.0, max_position_embeddings=32,
+        tie_word_embeddings=True, attention_bias=True, mlp_bias=True)
+    torch.manual_seed(0)
+    hf = transformers.LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.add_(0.1 * torch.randn_like(p))  # norms and biases too
+    hf.save_pretrained(str(tmp_path / "theirs"))
+    (tmp_path / "theirs" / "gpt_jax_tokenizer.json").write_text(json.dumps(ByteTokenizer().to_json()))
+    overrides = LLAMA_TINY + ["model.mlp_hidden=96", "model.rope_theta=500", "model.tie_embeddings=true",
+                              "model.bias=true"]
+    cfg = config_lib.load_config(overrides).model
+    check_hf_config(tmp_path / "theirs", cfg)
+    like = eqx.filter_jit(GPT.init)(gpt_config(cfg, 259), jax.random.PRNGKey(0))
+    ours = load_hf_model(tmp_path / "theirs", like, jax.random.PRNGKey(1))
+    assert jax.tree.structure(ours) == jax.tree.structure(like)
+    tokens = np.random.default_rng(1).integers(0, 259, (2, 32)).astype(np.int32)
+    assert np.abs(np.asarray(eqx.filter_jit(lambda m, x: m(x))(ours, tokens))[:, :, :259]
+                  - torch_logits(hf, tokens)).max() <= 1e-4
+    export_hf(ours, ByteTokenizer(), tmp_path / "again")
+    theirs, again = load_file(str(tmp_path / "theirs" / "model.safetensors")), load_file(
+        str(tmp_path / "again" / "model.safetensors"))
+    assert sorted(theirs) == sorted(again)
+    for name in theirs:
+        assert np.array_equal(theirs[name], again[name]), name
+    with pytest.raises(ConfigError, match=r"its num_key_value_heads=2 \(run has model.n_kv_head=1\), "
+                                          r"intermediate_size=96 \(run has model.mlp_hidden=192\)"):
+        check_hf_config(tmp_path / "theirs", config_lib.load_config(LLAMA_TINY + [
+            "model.n_kv_head=1", "model.bias=true", "model.rope_theta=500", "model.tie_embeddings=true"]).model)
+
+
+def test_a_model_transformers_cannot_express_is_refused_in_one_line(tmp_path):
+    import equinox as eqx
+    import jax
+
+    from data.tokenizers import ByteTokenizer
+    from models import gpt_config
+    from models.gpt import GPT
+    from models.hf import check_hf_config, export_hf
+
+    def model(*overrides):
+        return eqx.filter_eval_shape(GPT.init, gpt_config(config_lib.load_config(list(overrides)).model, 259),
+                                     jax.random.PRNGKey(0))
+
+    with pytest.raises(ConfigError, match=r"^export as llama: model.position=learned: Llama has rotary positions only"):
+        export_hf(model("model=gpt2-tiny"), ByteTokenizer(), tmp_path / "a", "llama")
+    with pytest.raises(ConfigError, match=r"^neither transformers' GPT-2 nor its Llama expresses this model: "
+                                          r"model.position=rope: .*; model.mlp=relu2: Llama's MLP is SwiGLU only"):
+        export_hf(model("model=modern-gpt"), ByteTokenizer(), tmp_path / "b")
+    with pytest.raises(ConfigError, match=r"^export as gpt2: model.position=rope"):
+        export_hf(model(*LLAMA_TINY), ByteTokenizer(), tmp_path / "c", "gpt2")
+    assert not any((tmp_path / d).exists() for d in "abc") and ConfigError.exit_code == 2
+    (tmp_path / "llama").mkdir()
+    (tmp_path / "llama" / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (tmp_path / "llama" / "gpt_jax_tokenizer.json").write_text("{}")
+    with pytest.raises(ConfigError, match=r"a Llama checkpoint, but the run's model.position=learned"):
+        check_hf_config(tmp_path / "llama", config_lib.load_config(["model=gpt2-tiny"]).model)
+    (tmp_path / "llama" / "gpt_jax_tokenizer.json").unlink()
+    with pytest.raises(ConfigError, match=r"a Llama folder not exported by this pipeline"):
+        check_hf_config(tmp_path / "llama", config_lib.load_config(LLAMA_TINY).model)

@@ -200,7 +200,14 @@ class Checkpointer:
     def _restore_part(self, step: int, part: str, arrays: Any) -> Any:
         target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), arrays)
         try:
-            return self._manager.restore(step, args=ocp.args.Composite(**{part: ocp.args.StandardRestore(target)}))[part]
+            try:
+                return self._manager.restore(step, args=ocp.args.Composite(**{part: ocp.args.StandardRestore(target)})
+                                             )[part]
+            except Exception:
+                older = _restore_from_before_new_fields(self.directory / str(step) / part, target)
+                if older is None:
+                    raise
+                return older
         except Exception as e:  # TensorStore/Orbax raise many types for missing, damaged or mismatched files
             if not (self.directory / str(step) / part).is_dir():
                 raise CheckpointError(f"checkpoint {self.directory}/{step}: its {part} is missing (an incomplete or "
@@ -211,6 +218,27 @@ class Checkpointer:
                     "progress": "corrupt or truncated?", STATS: "other statistics knobs"}[part]
             raise CheckpointError(f"checkpoint {self.directory}/{step}: its {part} does not restore ({hint}): {reason}"
                                   ) from None
+
+
+def _restore_from_before_new_fields(path: Path, target: Any) -> Any | None:
+    """A checkpoint saved before the model gained its optional parameters (models/gpt.py: an untied head, QK-norm;
+    None-valued fields in a GPT-2 model) holds the same arrays under the same names but no entry for those Nones,
+    which Orbax's strict restore refuses: restore it partially, when its arrays are exactly the target's (names and
+    shapes; Orbax checks dtypes). None when they are not."""
+    from etils import epath
+
+    try:
+        def named_shapes(tree: Any) -> dict[str, tuple[int, ...]]:
+            return {jax.tree_util.keystr(p, simple=True, separator="."): tuple(x.shape)
+                    for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+        if named_shapes(ocp.StandardCheckpointHandler().metadata(epath.Path(path))) != named_shapes(target):
+            return None
+        args = ocp.args.PyTreeRestore(target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+                                      partial_restore=True)
+        return ocp.PyTreeCheckpointer().restore(epath.Path(path), args=args)
+    except Exception:  # whatever else differs: the strict restore's error is the one to report
+        return None
 
 
 def _drop_abandoned_io() -> None:

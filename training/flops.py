@@ -1,8 +1,11 @@
 """Model FLOPs and MFU (model FLOPs utilisation): the one definition the log, summary.json and bench.py use.
 
-FLOPs per token = 6 N + a L C T, with N the parameters excluding the position embedding (a lookup, no matmul) but
-including the token embedding (it is the LM head's matmul), 6 per parameter (forward 2, backward 4); L layers, C
-width, T context; the second term is attention's score and value matmuls, which have no parameters:
+FLOPs per token = 6 N + a L C T, with N the parameters each token multiplies (models/gpt.py `matmul_params`): all but
+the lookup tables, i.e. without the position embedding, and without the token embedding when the LM head is a matrix
+of its own (tied, the embedding is the head's matmul); 6 per parameter (forward 2, backward 4). SwiGLU's three
+matrices and grouped-query attention's narrower keys and values are counted by their parameters. L layers, C width,
+T context; the second term is attention's score and value matmuls, which have no parameters (each of the n_head query
+heads scores T keys of H = C / n_head dimensions, however many key/value heads they share):
   palm  a = 12: every query scores every key, as PaLM (appendix B) and nanoGPT count. The pipeline's MFU.
   llmc  a = 6: causal attention only needs the lower triangle, as llm.c counts.
 MFU = tokens/s x FLOPs per token / (devices x the device's peak FLOP/s). Recomputation (remat) is not counted: MFU
@@ -13,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from models.gpt import count_params
+from models.gpt import matmul_params
 
 ATTENTION_FLOPS = {"palm": 12, "llmc": 6}  # a in 6 N + a L C T, per convention
 MFU_CONVENTION = "palm"
@@ -35,7 +38,7 @@ PEAK_FLOPS = {
 
 def flops_per_token(model: Any, context: int, convention: str = MFU_CONVENTION) -> int:
     cfg = model.cfg
-    n = count_params(model, exclude_position_embedding=True)
+    n = matmul_params(model)
     return 6 * n + ATTENTION_FLOPS[convention] * cfg.n_layer * cfg.n_embd * context
 
 

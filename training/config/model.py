@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Optional
 
 from models import MODEL_BUILDERS
 from training.config.base import fail, require_positive
@@ -33,6 +34,28 @@ class Remat(StrEnum):
     full = "full"  # keep each block's input, recompute the whole block
 
 
+class Position(StrEnum):
+    """How the model knows where a token is (models/gpt.py, models/rope.py)."""
+
+    learned = "learned"  # GPT-2: a learned embedding per position, added to the token's
+    rope = "rope"  # rotary: every block turns queries and keys by their position (RoFormer, Llama); no parameters
+
+
+class Norm(StrEnum):
+    """The normalisation before attention, the MLP and the head (models/norms.py)."""
+
+    layernorm = "layernorm"  # GPT-2: subtract the mean, divide by the standard deviation; a bias with model.bias
+    rmsnorm = "rmsnorm"  # Llama: divide by the root mean square; no bias
+
+
+class Mlp(StrEnum):
+    """The MLP's nonlinearity (models/mlp.py)."""
+
+    gelu = "gelu"  # GPT-2: GELU (tanh approximation); default width 4 x n_embd
+    swiglu = "swiglu"  # Llama: SiLU(x W_gate) * (x W_up); default width 8/3 x n_embd (the parameters of 4x)
+    relu2 = "relu2"  # ReLU(x W)^2 (Primer; the modded-nanogpt speedrun); default width 4 x n_embd
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     name: str = "gpt2-mini"  # label used in run names (model=<preset> sets it)
@@ -40,15 +63,31 @@ class ModelConfig:
     n_layer: int = 6  # transformer blocks
     n_head: int = 6  # attention heads per block; divides n_embd
     n_embd: int = 384  # width of the residual stream
-    context_size: int = 256  # positions with an embedding: the longest window the model reads
+    context_size: int = 256  # the longest window the model reads (learned positions: those with an embedding)
     dropout: float = 0.0  # dropout on embeddings, attention and MLP outputs; 0 = off
-    bias: bool = True  # biases in the linear layers and LayerNorms
+    bias: bool = True  # biases in the linear layers and LayerNorms (RMSNorm has none)
     vocab_multiple: int = 64  # the embedding's rows are padded to a multiple of this (faster matmuls, sharding)
     attention: Attention = Attention.auto  # attention kernel
     remat: Remat = Remat.none  # rematerialisation: memory for compute in the backward pass
     scan_layers: bool = True  # run the blocks with lax.scan (one block compiled) rather than unrolled
     head_loss: HeadLoss = HeadLoss.dense  # LM head + cross-entropy: all logits at once, or chunk by chunk
     head_loss_chunk: int = 8192  # head_loss=chunked: tokens (batch rows x positions) whose logits exist at once
+    # The modern decoders' options (models/gpt.py); each default is GPT-2's. conf/model/llama-*.yaml and
+    # modern-gpt.yaml set them together.
+
+    position: Position = Position.learned  # position information: a learned embedding (GPT-2) or rotary (rope)
+    rope_theta: float = 10000.0  # position=rope: base of the rotary frequencies (Llama 2: 10000; Llama 3: 500000)
+    norm: Norm = Norm.layernorm  # the norm before attention, MLP and head
+    norm_weight: bool = True  # a learned per-channel scale in every norm; false: none (the speedrun's RMSNorm)
+    mlp: Mlp = Mlp.gelu  # the MLP's nonlinearity
+    # the MLP's hidden width; null = 4 x n_embd (gelu, relu2), 8/3 x n_embd rounded up to a multiple of 64 (swiglu)
+    mlp_hidden: Optional[int] = None
+    # key/value heads: null = n_head (multi-head attention); fewer, dividing n_head, = grouped-query attention
+    # (each serves n_head / n_kv_head query heads; a smaller KV cache); 1 = multi-query attention
+    n_kv_head: Optional[int] = None
+    qk_norm: bool = False  # normalise queries and keys per head (with model.norm) before attention: QK-norm
+    tie_embeddings: bool = True  # the LM head is the token embedding (GPT-2); false: a head matrix of its own
+    logit_softcap: float = 0.0  # logits -> c tanh(logits / c), c this value (Gemma 2; the speedrun's 30); 0 = off
 
     def check(self) -> None:
         if self.arch not in MODEL_BUILDERS:
@@ -57,5 +96,18 @@ class ModelConfig:
                          "head_loss_chunk")
         if self.n_embd % self.n_head:
             fail("model.n_embd", f"{self.n_embd} is not divisible by model.n_head={self.n_head}")
+        if self.n_kv_head is not None and (self.n_kv_head < 1 or self.n_head % self.n_kv_head):
+            fail("model.n_kv_head", f"{self.n_kv_head} must divide model.n_head={self.n_head}: each key/value head "
+                                    "serves n_head / n_kv_head query heads")
+        head_dim = self.n_embd // self.n_head
+        if self.position == Position.rope and head_dim % 2:
+            fail("model.position", f"rope turns pairs of a head's dimensions: the head size n_embd / n_head = "
+                                   f"{self.n_embd} / {self.n_head} = {head_dim} must be even")
+        if self.rope_theta <= 0:
+            fail("model.rope_theta", f"must be > 0; got {self.rope_theta}")
+        if self.mlp_hidden is not None and self.mlp_hidden < 1:
+            fail("model.mlp_hidden", f"must be >= 1 or null (the MLP's default width); got {self.mlp_hidden}")
+        if self.logit_softcap < 0:
+            fail("model.logit_softcap", f"must be >= 0 (0 = off); got {self.logit_softcap}")
         if not 0.0 <= self.dropout < 1.0:
             fail("model.dropout", f"must be in [0, 1); got {self.dropout}")

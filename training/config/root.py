@@ -120,7 +120,8 @@ def check_devices(cfg: Config, num_local_devices: int) -> None:
     n_dev = sy.num_devices or num_local_devices
     if sy.mesh_model < 1 or n_dev % sy.mesh_model:
         fail("system.mesh_model", f"{sy.mesh_model} must be >= 1 and divide the {n_dev} local devices")
-    for key, size in (("model.n_head", m.n_head), ("model.vocab_multiple", m.vocab_multiple)):
+    for key, size in (("model.n_head", m.n_head), ("model.n_kv_head", m.n_kv_head or m.n_head),
+                      ("model.vocab_multiple", m.vocab_multiple)):
         if size % sy.mesh_model:
             fail("system.mesh_model", f"{sy.mesh_model} must divide {key}={size}: tensor parallelism splits the heads "
                                       "and the vocabulary over the `model` axis")
