@@ -34,7 +34,8 @@ def gpt_config(model_cfg: Any, vocab_size: int, attention: str = "xla") -> GPTCo
                      head_loss=m.head_loss, head_loss_chunk=m.head_loss_chunk,
                      position=m.position, rope_theta=float(m.rope_theta), norm=m.norm,
                      norm_weight=m.norm_weight, mlp=m.mlp, mlp_hidden=m.mlp_hidden, n_kv_head=m.n_kv_head,
-                     qk_norm=m.qk_norm, tie_embeddings=m.tie_embeddings, logit_softcap=float(m.logit_softcap))
+                     qk_norm=m.qk_norm, tie_embeddings=m.tie_embeddings, logit_softcap=float(m.logit_softcap),
+                     parametrization=str(m.parametrization), mup_base_width=m.mup_base_width)
 
 
 def parameter_labels(model_cfg: Any) -> set[str]:

@@ -32,6 +32,7 @@ from models.kv_cache import KVCache, LayerCache
 from models.lm_head import chunked_log_z_and_target_logit, log_z_and_target_logit, masked_logits
 from models.mlp import mlp_activation, mlp_hidden_width, mlp_in_shape
 from models.norms import LayerNorm, RMSNorm, init_norm
+from models.mup import attention_multiplier, hidden_init_std, output_multiplier
 from models.rope import apply_rotary, rotary_angles
 
 INIT_STD = 0.02  # GPT-2's init for every weight matrix and both embeddings.
@@ -71,6 +72,13 @@ class GPTConfig:
     qk_norm: bool = False
     tie_embeddings: bool = True
     logit_softcap: float = 0.0  # 0: off
+    parametrization: str = "standard"  # standard | mup (models/mup.py)
+    mup_base_width: int = 256  # mup: the width whose init, attention scale and lrs standard parametrization has
+
+    @property
+    def width_multiplier(self) -> float:
+        """μP's m = n_embd / mup_base_width (models/mup.py); 1 under standard parametrization."""
+        return self.n_embd / self.mup_base_width if self.parametrization == "mup" else 1.0
 
     @property
     def padded_vocab_size(self) -> int:
@@ -140,15 +148,16 @@ class Block(eqx.Module):
     @staticmethod
     def init(key: jax.Array, cfg: GPTConfig) -> Block:
         d, F = cfg.n_embd, cfg.mlp_width
-        residual_std = INIT_STD / math.sqrt(2 * cfg.n_layer)  # GPT-2: keep the residual stream's variance flat.
+        std = hidden_init_std(cfg, INIT_STD)  # GPT-2's 0.02; under μP scaled for fan-in relative to the base width
+        residual_std = std / math.sqrt(2 * cfg.n_layer)  # GPT-2: keep the residual stream's variance flat.
         k1, k2, k3, k4 = jax.random.split(key, 4)
         norm = lambda width: init_norm(cfg.norm, width, cfg.bias, cfg.norm_weight)  # noqa: E731
         return Block(
             ln1=norm(d),
-            qkv=Linear.init(k1, d, qkv_shape(cfg), cfg.bias),
+            qkv=Linear.init(k1, d, qkv_shape(cfg), cfg.bias, std=std),
             attn_proj=Linear.init(k2, d, d, cfg.bias, std=residual_std),
             ln2=norm(d),
-            fc=Linear.init(k3, d, mlp_in_shape(cfg.mlp, F), cfg.bias),
+            fc=Linear.init(k3, d, mlp_in_shape(cfg.mlp, F), cfg.bias, std=std),
             mlp_proj=Linear.init(k4, F, d, cfg.bias, std=residual_std),
             q_norm=norm(cfg.head_dim) if cfg.qk_norm else None,
             k_norm=norm(cfg.head_dim) if cfg.qk_norm else None,
@@ -169,6 +178,8 @@ class Block(eqx.Module):
             q_BTNH, k_BTKH = self.q_norm(q_BTNH), self.k_norm(k_BTKH)
         if rotary is not None:
             q_BTNH, k_BTKH = apply_rotary(q_BTNH, *rotary), apply_rotary(k_BTKH, *rotary)
+        if cfg.parametrization == "mup":  # scores scaled by 1/head_dim instead of 1/sqrt(head_dim) (models/mup.py)
+            q_BTNH = q_BTNH * jnp.asarray(attention_multiplier(cfg), q_BTNH.dtype)
         with jax.named_scope("attention"):  # the score/softmax/value kernels, for scripts/profile_summary.py
             if cache is None:
                 y_BTNH = causal_attention(q_BTNH, k_BTKH, v_BTKH, cfg.attention, segment_ids_BT)
@@ -264,7 +275,7 @@ class GPT(eqx.Module):
     def hidden(self, tokens_BT: jax.Array, *, key: jax.Array | None = None, cache: KVCache | None = None,
                segment_ids_BT: jax.Array | None = None, fp8_scales: jax.Array | None = None
                ) -> tuple[jax.Array, KVCache | None]:
-        """The final norm's output [B, T, D], in the dtype of the parameters. With a `cache`, the tokens sit at
+        """The final norm's output [B, T, D] (under μP times the readout multiplier), in the dtype of the parameters. With a `cache`, the tokens sit at
         positions `cache.lengths` onwards, attend to what the cache holds, and the cache comes back with their keys
         and values added and every row `T` positions longer. `fp8_scales` ([L, 4, 3], models/fp8.py): the blocks'
         matmuls in FP8 (training only)."""
@@ -309,7 +320,10 @@ class GPT(eqx.Module):
                                     None if fp8_scales is None else fp8_scales[i])
         if cache is not None:
             cache = KVCache(kv_L[0], kv_L[1], cache.lengths + T)
-        return self.ln_f(x_BTD), cache
+        h_BTD = self.ln_f(x_BTD)
+        if cfg.parametrization == "mup":  # the readout's 1/m (models/mup.py): every head and loss reads h
+            h_BTD = h_BTD * jnp.asarray(output_multiplier(cfg), h_BTD.dtype)
+        return h_BTD, cache
 
     @property
     def head(self) -> jax.Array:

@@ -43,6 +43,8 @@ def gpt2_problem(cfg: GPTConfig) -> str | None:
         (cfg.qk_norm, "model.qk_norm=true: GPT-2 has no QK-norm"),
         (not cfg.tie_embeddings, "model.tie_embeddings=false: GPT-2's head is its token embedding"),
         (cfg.logit_softcap > 0, f"model.logit_softcap={cfg.logit_softcap}: GPT-2 has no logit soft-cap"),
+        (cfg.width_multiplier != 1, "model.parametrization=mup away from its base width: GPT-2 has no readout or "
+                                    "attention multipliers"),
     )
     return next((why for bad, why in problems if bad), None)
 

@@ -32,6 +32,8 @@ def llama_problem(cfg: GPTConfig) -> str | None:
         (not cfg.norm_weight, "model.norm_weight=false: Llama's RMSNorm has a learned weight"),
         (cfg.qk_norm, "model.qk_norm=true: Llama has no QK-norm"),
         (cfg.logit_softcap > 0, f"model.logit_softcap={cfg.logit_softcap}: Llama has no logit soft-cap"),
+        (cfg.width_multiplier != 1, "model.parametrization=mup away from its base width: Llama has no readout or "
+                                    "attention multipliers"),
     )
     return next((why for bad, why in problems if bad), None)
 

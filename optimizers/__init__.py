@@ -27,7 +27,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from optimizers.decay import fixed
 from optimizers.groups import build_grouped_direction, geometry_groups, lr_multipliers
+from optimizers.param_roles import BLOCK_MATRICES
 from optimizers.registry import LR_USE, OPTIMIZERS, register
 from optimizers.schedules import build_schedule
 from optimizers.wrappers import cautious
@@ -111,6 +113,16 @@ def lr_schedule_of(cfg: Any, schedule: optax.Schedule) -> optax.Schedule:
     return schedule
 
 
+def mup_lr_scale(model: Any) -> list[optax.GradientTransformation]:
+    """μP (models/mup.py): the hidden matrices' steps (the blocks' four) times 1/m, m the model's width multiplier;
+    nothing (not even a state) under standard parametrization, or at the base width."""
+    m = getattr(getattr(model, "cfg", None), "width_multiplier", 1.0)
+    if m == 1.0:
+        return []
+    hidden = jax.tree.map(lambda label: label in BLOCK_MATRICES, model.parameter_labels())
+    return [optax.masked(optax.scale(1.0 / m), fixed(hidden))]
+
+
 def build_optimizer(cfg: Any, schedule: optax.Schedule, model: Any,
                     grad_accum_steps: int) -> optax.GradientTransformation:
     """`cfg`: the `optimizer` config section; `model`: gives the weight-decay masks and the parameters' labels."""
@@ -118,7 +130,7 @@ def build_optimizer(cfg: Any, schedule: optax.Schedule, model: Any,
     schedule = lr_schedule_of(cfg, schedule)
     if cfg.cautious:
         direction = cautious(direction)
-    step = optax.chain(direction, scale_by_lr(schedule))
+    step = optax.chain(direction, *mup_lr_scale(model), scale_by_lr(schedule))
     if cfg.mechanic:  # Mechanic learns a scale s for the whole step and moves from x0 by s x its steps: it goes last
         step = optax.contrib.mechanize(step)
     inner = optax.chain(

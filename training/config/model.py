@@ -34,6 +34,13 @@ class Remat(StrEnum):
     full = "full"  # keep each block's input, recompute the whole block
 
 
+class Parametrization(StrEnum):
+    """How init, attention scale, readout and learning rates depend on width (models/mup.py)."""
+
+    standard = "standard"  # GPT-2's: the same init std, 1/sqrt(head_dim) scores and lr at every width
+    mup = "mup"  # μP: a lr tuned at model.mup_base_width stays the best at other widths (Adam-style optimizers)
+
+
 class Position(StrEnum):
     """How the model knows where a token is (models/gpt.py, models/rope.py)."""
 
@@ -88,6 +95,9 @@ class ModelConfig:
     qk_norm: bool = False  # normalise queries and keys per head (with model.norm) before attention: QK-norm
     tie_embeddings: bool = True  # the LM head is the token embedding (GPT-2); false: a head matrix of its own
     logit_softcap: float = 0.0  # logits -> c tanh(logits / c), c this value (Gemma 2; the speedrun's 30); 0 = off
+    # mup: hidden init std and Adam lr / m, scores / head_dim, readout / m, m = n_embd / mup_base_width (models/mup.py)
+    parametrization: Parametrization = Parametrization.standard
+    mup_base_width: int = 256  # parametrization=mup: the width that trains exactly as standard (gpt2-micro's)
 
     def check(self) -> None:
         if self.arch not in MODEL_BUILDERS:
@@ -107,6 +117,7 @@ class ModelConfig:
             fail("model.rope_theta", f"must be > 0; got {self.rope_theta}")
         if self.mlp_hidden is not None and self.mlp_hidden < 1:
             fail("model.mlp_hidden", f"must be >= 1 or null (the MLP's default width); got {self.mlp_hidden}")
+        require_positive(self, "model", "mup_base_width")
         if self.logit_softcap < 0:
             fail("model.logit_softcap", f"must be >= 0 (0 = off); got {self.logit_softcap}")
         if not 0.0 <= self.dropout < 1.0:
