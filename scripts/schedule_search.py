@@ -75,8 +75,14 @@ def multirun(sweep_dir: Path, overrides: list[str]) -> list[dict]:
     return json.loads((sweep_dir / "sweep.json").read_text())["jobs"]
 
 
-def plot_search(result: dict, out: Path) -> None:
-    """Every candidate's train loss over its segment (the winners bold and joined), and the found lr per step."""
+def moving_average(values: list[float], window: int) -> list[float]:
+    """The mean of each value and the up to window - 1 before it."""
+    return [sum(values[max(0, i - window + 1):i + 1]) / (i + 1 - max(0, i - window + 1)) for i in range(len(values))]
+
+
+def plot_search(result: dict, out: Path, window: int = 1) -> None:
+    """Every candidate's train loss over its segment, averaged over `window` steps (the winners bold), and the found
+    lr per step."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -93,7 +99,7 @@ def plot_search(result: dict, out: Path) -> None:
             name = f"lr {candidate['lr']:.3g}"
             new = name not in colour
             colour.setdefault(name, palette[len(colour) % len(palette)])
-            loss_ax.plot(steps, [losses[s] for s in steps], color=colour[name], lw=2.2 if won else 0.8,
+            loss_ax.plot(steps, moving_average([losses[s] for s in steps], window), color=colour[name], lw=2.2 if won else 0.8,
                          alpha=1.0 if won else 0.6, label=name if new else None)
         loss_ax.axvline(seg["steps"][1] + 0.5, color="grey", lw=0.5, ls=":")
     steps = sorted(int(s) for s in result["train_losses"])
@@ -102,7 +108,7 @@ def plot_search(result: dict, out: Path) -> None:
     lr_ax.set_yscale("log")
     lr_ax.set_ylabel("found lr")
     lr_ax.set_xlabel("step")
-    loss_ax.set_ylabel("train loss")
+    loss_ax.set_ylabel("train loss" + (f" ({window}-step mean)" if window > 1 else ""))
     loss_ax.set_title("greedy schedule search: each segment's candidates (bold: the one continued)")
     for ax in (loss_ax, lr_ax):
         ax.grid(alpha=0.3)
@@ -182,7 +188,7 @@ def main(argv: list[str]) -> int:
     for seg in segments:
         losses = train_losses(Path(seg["best"]["run_dir"]))
         search_losses |= {s: losses[s] for s in range(seg["steps"][0], seg["steps"][1] + 1) if s in losses}
-    result = {"lrs": found, "segment_steps": S, "overrides": [*schedule, f"train.max_steps={args.segments * S}"],
+    result = {"lrs": found, "segment_steps": S, "smooth": smooth, "overrides": [*schedule, f"train.max_steps={args.segments * S}"],
               "segments": segments, "train_losses": search_losses}
     if args.verify:
         run_dir = out / "from_scratch"
@@ -196,7 +202,7 @@ def main(argv: list[str]) -> int:
                                   "differing_steps": sorted(s for s in search_losses if scratch.get(s) != search_losses[s])}
     (out / "schedule.json").write_text(json.dumps(result, indent=1))
     if args.plot:
-        plot_search(result, out / "schedule.png")
+        plot_search(result, out / "schedule.png", smooth)
     print("found: lrs " + ", ".join(f"{lr:.3g}" for lr in found) + f" over segments of {S} steps")
     print("run it from scratch: python train_jax.py " + " ".join(extra + result["overrides"]))
     if args.verify:
