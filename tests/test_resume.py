@@ -208,6 +208,20 @@ def test_saved_config_wins_unless_overwrite_config(straight, data_cache, tmp_pat
     assert max(rows) == 44 and rows[44]["lr"] == pytest.approx(1e-4)
 
 
+def test_a_saved_config_that_no_longer_passes_its_checks_is_one_line(straight, data_cache, tmp_path, capsys):
+    """Resuming runs the saved config.yaml: a value there that fails the checks (edited by hand, or written by a
+    version with other rules) exits 2 with one line naming the key and the file, and touches nothing."""
+    subprocess.run(["cp", "-r", str(straight), str(tmp_path / "a")], check=True)
+    saved = tmp_path / "a" / "checkpoints" / "config.yaml"
+    saved.write_text(saved.read_text().replace("  batch_size: 8\n", "  batch_size: -8\n", 1))
+    before = sorted(p.name for p in (tmp_path / "a" / "checkpoints").iterdir())
+    result = run_in_process(resume_args(data_cache, tmp_path / "a"), capsys)
+    assert result.returncode == 2, result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert "train.batch_size" in line and f"in the saved {saved}" in line
+    assert sorted(p.name for p in (tmp_path / "a" / "checkpoints").iterdir()) == before
+
+
 def test_overwrite_optimizer_starts_a_fresh_optimizer(straight, data_cache, tmp_path, capsys):
     subprocess.run(["cp", "-r", str(straight), str(tmp_path / "a")], check=True)
     switch = ("checkpoint.overwrite_config=True", "optimizer=sgdm", "optimizer.lr_config.lr=0.05",

@@ -23,7 +23,7 @@ import jax
 import numpy as np
 from omegaconf import OmegaConf
 
-from core.errors import CheckpointError, warn
+from core.errors import CheckpointError, ConfigError, warn
 from models.hf import HF_PREFIX, check_hf_config, load_hf_model, resolve_hf
 from optimizers import continue_schedule_at
 from training.checkpoint import PARTS, Checkpointer, find_checkpoint_dir, holds_checkpoints
