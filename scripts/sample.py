@@ -8,7 +8,9 @@
 RUN_DIR is a run directory (runs/<name>) or its checkpoint directory. A note model continues the first
 `--prompt-notes` notes of a MIDI file, or of the first record of a validation split of its own dataset; `--task`
 poses a piano task to a fine-tuned model instead (default: the task it was fine-tuned on, if any). Each sample is
-written as <out>/sample-<i>.mid with the prompt's notes and the generated ones, next to prompt.mid.
+written as <out>/sample-<i>.mid with the prompt's notes and the generated ones, next to prompt.mid, each with its piano
+roll as a .png (data/piano_roll.py: the prompt's notes blue, the model's orange, shaded by velocity; for the dynamics
+task also the chosen velocities against the prompt's).
 """
 
 from __future__ import annotations
@@ -66,6 +68,8 @@ def sample_text(trained: Trained, args: argparse.Namespace) -> int:
 
 def sample_notes(trained: Trained, args: argparse.Namespace) -> int:
     from data.midi import read_midi, write_midi
+    from data.piano_roll import draw_piano_roll
+    from data.task_names import DYNAMICS
     from data.tasks import TASKS, note_prompt, notes_from_generation
 
     tok, cfg = trained.tokenizer, trained.cfg
@@ -85,13 +89,18 @@ def sample_notes(trained: Trained, args: argparse.Namespace) -> int:
                                   temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                                   eos_id=tok.eos_id)
     out = Path(args.out or Path(trained.meta.get("run_dir") or Path(args.path)) / "samples")
-    write_midi(tok.quantise(given), out / "prompt.mid")
+    quantised = tok.quantise(given)
+    draw_piano_roll(quantised, quantised, write_midi(quantised, out / "prompt.mid").with_suffix(".png"),
+                    f"prompt: {len(given)} notes of {source}")
     print(f"# {cfg.model.name}, step {trained.step}, {task or 'next-token continuation'}, prompt: {len(given)} notes "
           f"of {source}, temperature {args.temperature}")
     for i, ids in enumerate(generated):
         piece = notes_from_generation(task, given, ids, tok)
         path = write_midi(piece, out / f"sample-{i}.mid")
-        print(f"{path}: {len(piece)} notes, {piece.end.max():.1f} s ({len(ids)} tokens generated)")
+        draw_piano_roll(piece, quantised, path.with_suffix(".png"), f"sample {i}: {task or 'continuation'}, "
+                        f"step {trained.step}", dynamics=task == DYNAMICS)
+        print(f"{path} (+ .png, its piano roll): {len(piece)} notes, {piece.end.max():.1f} s ({len(ids)} tokens "
+              "generated)")
     return 0
 
 

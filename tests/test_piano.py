@@ -91,6 +91,8 @@ def test_a_fine_tuned_model_writes_a_playable_midi(finetuned, tmp_path, monkeypa
     midi = mido.MidiFile(str(tmp_path / "sample-0.mid"))
     ons = [m for m in midi if m.type == "note_on" and m.velocity > 0]
     assert len(ons) == 12 and midi.length > 0  # the prompt's 12 notes, with the velocities the model chose
+    blue, orange = roll_colours(tmp_path / "sample-0.png")  # the model's velocities, and the prompt's diagonal
+    assert blue > 0 and orange > 0
 
 
 def test_a_pretrained_model_continues_a_midi_prompt(pretrained, tmp_path, bach_chorale, monkeypatch, capsys):
@@ -104,6 +106,34 @@ def test_a_pretrained_model_continues_a_midi_prompt(pretrained, tmp_path, bach_c
     assert "next-token continuation" in result.stdout
     assert mido.MidiFile(str(tmp_path / "out" / "sample-0.mid")).length > 0
     assert len([m for m in mido.MidiFile(str(tmp_path / "out" / "prompt.mid")) if m.type == "note_on"]) == 10
+    notes = len([m for m in mido.MidiFile(str(tmp_path / "out" / "sample-0.mid")) if m.type == "note_on"
+                 and m.velocity > 0])
+    blue, orange = roll_colours(tmp_path / "out" / "sample-0.png")
+    assert blue > 0 and (orange > 0) == (notes > 10)  # the prompt's notes blue, the model's orange
+    assert roll_colours(tmp_path / "out" / "prompt.png")[1] == 0
+
+
+def roll_colours(png) -> tuple[int, int]:
+    """Pixels of a piano roll in the prompt's blue and in the model's orange (each blended with white by its shade)."""
+    from matplotlib.image import imread
+
+    rgb = imread(str(png))[..., :3].astype(float)
+    assert rgb.shape[0] > 200 and rgb.shape[1] > 400  # a readable picture
+    r, b = rgb[..., 0], rgb[..., 2]
+    return int(np.sum(b - r > 0.12)), int(np.sum(r - b > 0.2))
+
+
+def test_a_piano_roll_draws_the_prompt_and_the_model_in_two_colours(tmp_path):
+    from data.notes import Notes
+    from data.piano_roll import draw_piano_roll, from_prompt
+
+    prompt = Notes.from_lists([60, 64, 67], [40, 80, 120], [0.0, 0.5, 1.0], [0.5, 1.0, 1.5])
+    piece = Notes.from_lists([60, 64, 67, 72, 71], [40, 80, 120, 100, 60], [0.0, 0.5, 1.0, 1.5, 2.0],
+                             [0.5, 1.0, 1.5, 2.0, 2.5])
+    assert from_prompt(piece, prompt).tolist() == [True, True, True, False, False]
+    blue, orange = roll_colours(draw_piano_roll(piece, prompt, tmp_path / "roll.png"))
+    assert blue > 500 and orange > 300
+    assert roll_colours(draw_piano_roll(prompt, prompt, tmp_path / "prompt.png"))[1] == 0  # the prompt alone: blue
 
 
 def test_init_from_loads_the_weights_and_resets_optimizer_and_step(pretrained, data_cache):
