@@ -1,5 +1,5 @@
-"""Layers look down only (DESIGN.md principle 11): scripts -> train_jax.py -> training/ -> data/, models/, optimizers/
--> core/, and no module imports one that imports it back, directly or through others.
+"""Layers look down only (the project's design rule, README "Layout"): scripts -> train_jax.py -> training/ ->
+data/, models/, optimizers/ -> core/, and no module imports one that imports it back, directly or through others.
 
 The graph is read from the source with `ast`: every import statement counts, at the top of a file or inside a
 function (a lazy import still makes the two modules depend on each other), and only the project's own modules are

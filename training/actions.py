@@ -10,6 +10,7 @@ run's start and end. training/loop.py says when actions fire; this module says w
                   validation batch (training/curvature.py), compiled at its first measurement; nothing when off
   agree to stop   signals and the time limit: every step in a single process (a host-only check), every log
                   interval across processes (a collective, so that all stop at the same step)
+  profile         around system.profile_steps: start and stop JAX's profiler trace (training/profile.py)
 """
 
 from __future__ import annotations

@@ -6,8 +6,10 @@
     <save_path>/<step>/progress/     step, PRNG key, loss scale, skipped-step count and (fp8) the amax histories
     <save_path>/<step>/meta/         JSON: step, tokens seen, losses, config, tokenizer, wandb id, versions, ...
     <save_path>/<step>/eval_model/   schedule-free only: the averaged weights x, what sampling and export read
+    <save_path>/<step>/stats/        the training statistics' buffers (and the update geometry's running sums), only
+                                     when the run's knobs made them (training/stats.py)
 
-The three array items together are the whole TrainState; they are separate so that a run can take the weights alone
+The three array items (and stats/ when present) together are the whole TrainState; they are separate so that a run can take the weights alone
 (`init_from`, `checkpoint.overwrite_optimizer=True`) even when its optimizer state has another structure.
 
 Saves are asynchronous: `save` returns once the arrays are copied off the devices and Orbax commits in the background.
