@@ -33,6 +33,7 @@ import math
 import zlib
 from typing import Any, NamedTuple
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import optax
@@ -70,9 +71,10 @@ def side_kind(size: int, max_size_triangular: int, is_matrix: bool) -> str | Non
     return "tri" if is_matrix and size <= max_size_triangular else "diag"
 
 
-class Side(NamedTuple):
-    """One side's factor Q: `tri` [B, s, s] upper triangular, `diag` [B, s], or none (q is None)."""
-    kind: str | None
+class Side(eqx.Module):
+    """One side's factor Q: `tri` [B, s, s] upper triangular, `diag` [B, s], or none (q is None). The kind is static,
+    so a list of sides passes through lax.cond as it is."""
+    kind: str | None = eqx.field(static=True)
     q: Any
 
     # Q X (left) / X Q^T (right), and Q^T X / X Q, for X [B, m, n]
@@ -193,16 +195,16 @@ def kron_direction(roles: dict[str, Role], beta1: float, weight_decay: float, pr
         mu_hat = optax.tree.bias_correction(mu, beta1, count)
         fitted = mu_hat if momentum_into_precond else jax.tree.map(lambda g: g.astype(jnp.float32), updates)
 
-        paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(updates)[0]]
-        names = [jax.tree_util.keystr(p, simple=True, separator=".") for p in paths]
+        names = [jax.tree_util.keystr(p, simple=True, separator=".")
+                 for p, _ in jax.tree_util.tree_flatten_with_path(updates)[0]]
         leaves_g = jax.tree.leaves(fitted)
         key, step_key = jax.random.split(state.key)
         u, probes, noise = draws(step_key, {n: as_matrices(g, roles[n]).shape for g, n in zip(leaves_g, names)})
         treedef = jax.tree.structure(updates)
         lefts = treedef.flatten_up_to(state.q_left)
         rights = treedef.flatten_up_to(state.q_right)
-        sides = [(Side(kinds(roles[n], g)[0], ql), Side(kinds(roles[n], g)[1], qr))
-                 for n, g, ql, qr in zip(names, leaves_g, lefts, rights)]
+        sides = [(Side(kl, ql), Side(kr, qr)) for (kl, kr), ql, qr in
+                 zip((kinds(roles[n], g) for n, g in zip(names, leaves_g)), lefts, rights)]
 
         def start_scale(h: jax.Array) -> jax.Array:
             """[B]: the start scale of P's factors for matrices h [B, m, n]."""
@@ -236,14 +238,11 @@ def kron_direction(roles: dict[str, Role], beta1: float, weight_decay: float, pr
                 out.append((new_left, new_right))
             return out
 
-        qs = [(l.q, r.q) for l, r in sides]
-        rebuild = lambda qs_: [(Side(l.kind, ql), Side(r.kind, qr)) for (l, r), (ql, qr) in zip(sides, qs_)]  # noqa
-        as_arrays = lambda s_: [(l.q, r.q) for l, r in s_]  # noqa: E731
-        qs = jax.lax.cond(state.count == 0, lambda q: as_arrays(first(rebuild(q))), lambda q: q, qs)
+        keep = lambda sides_now: sides_now  # noqa: E731
+        sides = jax.lax.cond(state.count == 0, first, keep, sides)
         probability = update_probability(count) if precond_update_probability < 0 else \
             jnp.asarray(precond_update_probability, jnp.float32)
-        qs = jax.lax.cond(u < probability, lambda q: as_arrays(refit(rebuild(q))), lambda q: q, qs)
-        sides = rebuild(qs)
+        sides = jax.lax.cond(u < probability, refit, keep, sides)
 
         directions = []
         decayed = [roles[n].decayed for n in names]
@@ -259,8 +258,8 @@ def kron_direction(roles: dict[str, Role], beta1: float, weight_decay: float, pr
                 x = x + weight_decay * p.astype(jnp.float32)
             directions.append((-x).astype(g.dtype))
 
-        q_left = treedef.unflatten([q for q, _ in qs])
-        q_right = treedef.unflatten([q for _, q in qs])
+        q_left = treedef.unflatten([left.q for left, _ in sides])
+        q_right = treedef.unflatten([right.q for _, right in sides])
         return treedef.unflatten(directions), KronState(count, key, mu, q_left, q_right, probability)
 
     return optax.GradientTransformation(init, update)
