@@ -9,7 +9,7 @@
     python train_jax.py --help                             # config groups, launchers, sweepers, every key
 
 A Hydra application: config lives in conf/, its typed schema and checks in training/config/, the command line's
-errors, exit codes and sweep jobs in training/cli.py. Expected failures print one line and exit non-zero (2 for a
+errors, exit codes and sweep jobs in training/cli/app.py. Expected failures print one line and exit non-zero (2 for a
 bad config); tracebacks are for bugs.
 """
 
@@ -33,21 +33,21 @@ from data.notes_tokenizer import notes_tokenizer
 from data.tokenizers import Tokenizer, build_tokenizer, tokenizer_from_json
 from models import MODEL_BUILDERS
 from optimizers import build_optimizer, build_schedule, geometry_groups, lr_multipliers
-from training import cli
+from training.cli import app as cli
 from training import config as config_lib
 from training.config import Config
-from training.actions import TrainingRun
-from training.compilation import CompileClock, init_compilation_cache, init_xla_flags
+from training.loop.session import TrainingRun
+from training.loop.compilation import CompileClock, init_compilation_cache, init_xla_flags
 from core.errors import DataError
-from training.evaluate import evaluate
-from training.logs import eval_table
-from training.loop import run_loop
-from training.peers import abandon, lost_peer, watch_peers
-from training.run import RunPlan, Source, plan_run, restore_state, shared_timestamp
-from training.sharding import init_distributed, init_mesh, put_batch
-from training.state import TrainState, eval_model, place_state
-from training.stats import StatsKnobs
-from training.step import compute_dtype, make_eval_step, make_train_step
+from training.evaluation.splits import evaluate
+from training.reporting.logs import eval_table
+from training.loop.steps import run_loop
+from training.distributed.peers import abandon, lost_peer, watch_peers
+from training.checkpoints.resume import RunPlan, Source, plan_run, restore_state, shared_timestamp
+from training.distributed.sharding import init_distributed, init_mesh, put_batch
+from training.step.state import TrainState, eval_model, place_state
+from training.step.stats import StatsKnobs
+from training.step.train_step import compute_dtype, make_eval_step, make_train_step
 
 
 def init_tokenizer(cfg: Config, corpus: dict, source: Source | None) -> Tokenizer:
@@ -159,9 +159,9 @@ def evaluate_checkpoint(plan: RunPlan, p: Pipeline, state: TrainState) -> float:
 
 def train(cfg: Config, plan: RunPlan, p: Pipeline, state: TrainState, started: float,
           compile_clock: CompileClock) -> float | None:
-    """The loop: step; at their intervals log, evaluate, checkpoint and agree to stop (training/actions.py). Ends at
-    train.max_steps (or after checkpoint.num_steps), at the time limit or on SIGTERM/SIGINT, with an evaluation and a
-    checkpoint as due; returns the last `val` loss (None when no evaluation ran)."""
+    """The loop: step; at their intervals log, evaluate, checkpoint and agree to stop (training/loop/session.py). Ends
+    at train.max_steps (or after checkpoint.num_steps), at the time limit or on SIGTERM/SIGINT, with an evaluation and
+    a checkpoint as due; returns the last `val` loss (None when no evaluation ran)."""
     run = TrainingRun(cfg, plan, p, state, started, compile_clock)
     loop = run.loop_state(state)
     batches = Prefetcher(lambda s: put_batch(p.data.train.batch(s), p.mesh), loop.step, run.end)

@@ -230,8 +230,8 @@ class GPT(eqx.Module):
     # device holds whole heads (whole key/value heads with their query heads, under GQA: `qkv_shape`) and a slice of
     # the hidden units (SwiGLU's gate and up columns of a unit together: models/mlp.py); the attention output and
     # second MLP matrices by input rows (XLA adds one all-reduce after each); the token embedding and an untied head
-    # by vocabulary rows. Every other array is replicated over `model`. training/sharding.py applies this to the
-    # parameters and to every optimizer and statistics buffer shaped like them.
+    # by vocabulary rows. Every other array is replicated over `model`. training/distributed/sharding.py applies this
+    # to the parameters and to every optimizer and statistics buffer shaped like them.
     TENSOR_PARALLEL_AXES = {
         ("wte",): 0, ("lm_head",): 0,
         ("blocks", "qkv", "weight"): 3, ("blocks", "qkv", "bias"): 2,
@@ -400,7 +400,7 @@ def count_params(model: GPT, *, exclude_position_embedding: bool = False) -> int
 
 
 def matmul_params(model: GPT) -> int:
-    """The parameters each token multiplies (training/flops.py's N): all but the lookup tables, i.e. the position
-    embedding and, when the head is untied, the token embedding (tied, it is the head's matmul)."""
+    """The parameters each token multiplies (training/reporting/flops.py's N): all but the lookup tables, i.e. the
+    position embedding and, when the head is untied, the token embedding (tied, it is the head's matmul)."""
     lookups = 0 if model.lm_head is None else math.prod(model.wte.shape)
     return count_params(model, exclude_position_embedding=True) - lookups

@@ -140,7 +140,7 @@ def build_optimizer(cfg: Any, schedule: optax.Schedule, model: Any,
     )
     # MultiSteps keeps a gradient accumulator as large as the parameters: only worth it when accumulating. It sums
     # (use_grad_mean=False): each micro-batch's gradient is already its share of the step's mean over target tokens
-    # (training/step.py), so the sum is the step's gradient whatever the micro-batches' token counts.
+    # (training/step/train_step.py), so the sum is the step's gradient whatever the micro-batches' token counts.
     if grad_accum_steps == 1:
         return inner
     return optax.MultiSteps(inner, every_k_schedule=grad_accum_steps, use_grad_mean=False).gradient_transformation()

@@ -130,8 +130,9 @@ def assignment_of(optimizer_cfg: Any, model: Any) -> Any:
 
 def geometry_groups(optimizer_cfg: Any, model: Any, whole: str = "model", rest: str = "rest"
                     ) -> tuple[tuple[str, str], ...]:
-    """(parameter path, its group) for every parameter, as the update geometry reports them (training/geometry.py):
-    the optimizer's groups, `rest` for the parameters of none; every parameter `whole`'s when there are no groups."""
+    """(parameter path, its group) for every parameter, as the update geometry reports them
+    (training/step/geometry.py): the optimizer's groups, `rest` for the parameters of none; every parameter `whole`'s
+    when there are no groups."""
     tree = assignment_of(optimizer_cfg, model)
     paths = jax.tree_util.tree_flatten_with_path(tree)[0]
     return tuple((jax.tree_util.keystr(path, simple=True, separator="."),

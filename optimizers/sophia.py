@@ -4,8 +4,8 @@ diagonal, clipped elementwise to [-1, 1]; the diagonal is Hutchinson's estimate 
 every `update_interval` steps (Sophia-H). Decoupled weight decay on the matrices.
 
 The Hessian-vector product needs the loss: the train step hands every optimizer `obj_fn`, the micro-batch's mean
-loss as a function of the parameters (training/step.py); the others ignore it. The pipeline's lr is Sophia's step
-size (the paper's peak lr, with the run's schedule).
+loss as a function of the parameters (training/step/train_step.py); the others ignore it. The pipeline's lr is
+Sophia's step size (the paper's peak lr, with the run's schedule).
 """
 
 from __future__ import annotations

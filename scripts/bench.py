@@ -9,8 +9,8 @@
 Each timed step is synchronised (block_until_ready), so ms/step is the device time of one step plus dispatch; the
 median is reported. Batches come from the real data pipeline, prepared before timing. Reported: tokens/s, ms/step
 (median, min, max), compile seconds, MFU where the device's peak is known under both conventions of
-training/flops.py (`mfu`: 6N + 12·L·C·T as PaLM and nanoGPT count, the pipeline's; `mfu_llmc`: 6N + 6·L·C·T, causal
-attention halved, as llm.c counts), peak memory where the backend reports it, device kind and a config summary.
+training/reporting/flops.py (`mfu`: 6N + 12·L·C·T as PaLM and nanoGPT count, the pipeline's; `mfu_llmc`: 6N + 6·L·C·T,
+causal attention halved, as llm.c counts), peak memory where the backend reports it, device kind and a config summary.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from core.errors import PipelineError  # noqa: E402
 import train_jax  # noqa: E402
 from models.gpt import count_params  # noqa: E402
 from training import config as config_lib  # noqa: E402
-from training.flops import MFU_FORMULA, flops_per_token, mfu, peak_flops  # noqa: E402
-from training.sharding import put_batch  # noqa: E402
+from training.reporting.flops import MFU_FORMULA, flops_per_token, mfu, peak_flops  # noqa: E402
+from training.distributed.sharding import put_batch  # noqa: E402
 
 
 def bench(overrides: list[str], steps: int, warmup: int) -> dict:
@@ -115,9 +115,9 @@ def bench_compile(overrides: list[str], vocab: int) -> dict:
     """Compile the train step from abstract shapes only (nothing allocated): for models too big for this machine."""
     import equinox as eqx
 
-    from training.sharding import init_mesh, state_shardings
-    from training.state import TrainState
-    from training.step import compute_dtype, make_train_step
+    from training.distributed.sharding import init_mesh, state_shardings
+    from training.step.state import TrainState
+    from training.step.train_step import compute_dtype, make_train_step
 
     cfg = config_lib.load_config(overrides)
     dtype = compute_dtype(cfg.system.dtype)

@@ -27,9 +27,9 @@ import jax.numpy as jnp  # noqa: E402
 import train_jax  # noqa: E402
 from models.gpt import count_params  # noqa: E402
 from training import config as config_lib  # noqa: E402
-from training.checkpoint import Checkpointer  # noqa: E402
-from training.sharding import init_mesh  # noqa: E402
-from training.state import place_state  # noqa: E402
+from training.checkpoints.checkpointer import Checkpointer  # noqa: E402
+from training.distributed.sharding import init_mesh  # noqa: E402
+from training.step.state import place_state  # noqa: E402
 
 
 def main(argv: list[str]) -> int:

@@ -13,15 +13,15 @@ random batch once, compiles, warms up, then answers `run N` with the times of N 
 (block_until_ready / torch.cuda.synchronize). Rounds alternate which side runs first (ours, nanoGPT, nanoGPT, ours,
 ...), so both see the same clocks and temperature. No data loading is timed on either side.
 
-Ours: the pipeline's step (training/step.py) on `--model`, system.dtype=bfloat16, model.attention=auto (cuDNN),
-AdamW, vocab 50,257 padded to 50,304. nanoGPT: its train.py's inner loop on `GPT(GPTConfig)` of our model's shape
-(vocab 50,304, our bias and dropout): bf16 autocast, TF32 matmuls, `torch.compile`, flash SDPA, `configure_optimizers`
-(fused AdamW; our weight decay and betas), clipping at our grad_clip. JAX preallocates 75% of a GPU: our worker gets
-XLA_PYTHON_CLIENT_MEM_FRACTION=--jax-mem-fraction (0.45), torch the rest; raise it for larger batches.
-Printed, one JSON object: per side tokens/s (the median step over all rounds), ms/step median/min/max and per round,
-compile and warm-up seconds, peak memory, MFU (training/flops.py's PaLM convention, 6N + 12·L·C·T, each side's own
-N); the config; `ratio` = our tokens/s / nanoGPT's. `--device cpu` (float32, no torch.compile) tests the plumbing
-only: its times mean nothing.
+Ours: the pipeline's step (training/step/train_step.py) on `--model`, system.dtype=bfloat16, model.attention=auto
+(cuDNN), AdamW, vocab 50,257 padded to 50,304. nanoGPT: its train.py's inner loop on `GPT(GPTConfig)` of our model's
+shape (vocab 50,304, our bias and dropout): bf16 autocast, TF32 matmuls, `torch.compile`, flash SDPA,
+`configure_optimizers` (fused AdamW; our weight decay and betas), clipping at our grad_clip. JAX preallocates 75% of a
+GPU: our worker gets XLA_PYTHON_CLIENT_MEM_FRACTION=--jax-mem-fraction (0.45), torch the rest; raise it for larger
+batches. Printed, one JSON object: per side tokens/s (the median step over all rounds), ms/step median/min/max and per
+round, compile and warm-up seconds, peak memory, MFU (training/reporting/flops.py's PaLM convention, 6N + 12·L·C·T,
+each side's own N); the config; `ratio` = our tokens/s / nanoGPT's. `--device cpu` (float32, no torch.compile) tests
+the plumbing only: its times mean nothing.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from typing import Any, Callable, NoReturn, TextIO
 
 ROOT = Path(__file__).resolve().parent.parent
 VOCAB = 50257  # GPT-2's tokens; both models pad their embedding to 50,304 rows
-PALM_ATTENTION_FLOPS = 12  # training/flops.py's palm `a` in 6N + a·L·C·T (that module imports JAX; here none)
+PALM_ATTENTION_FLOPS = 12  # training/reporting/flops.py's palm `a` in 6N + a·L·C·T (that module imports JAX; here none)
 SIDES = ("ours", "nanogpt")
 
 sys.path.insert(0, str(ROOT))
@@ -140,8 +140,8 @@ def ours(args: argparse.Namespace, commands: TextIO, replies: TextIO) -> None:
     import train_jax
     from models.gpt import count_params
     from training import config as config_lib
-    from training.flops import flops_per_token, peak_flops
-    from training.sharding import init_mesh, put_batch
+    from training.reporting.flops import flops_per_token, peak_flops
+    from training.distributed.sharding import init_mesh, put_batch
 
     if args.device == "gpu" and jax.default_backend() != "gpu":
         raise BenchError(f"JAX runs on {jax.default_backend()}, not the GPU: install jax[cuda12]")
@@ -360,7 +360,7 @@ def summary(args: argparse.Namespace, shape: dict, ready: dict, times: dict, las
                    "device_kind": ready["ours"]["device_kind"], "steps_per_round": args.steps,
                    "rounds": args.rounds, "warmup": args.warmup, "ours_overrides": args.ours,
                    "jax_mem_fraction": args.jax_mem_fraction, "nanogpt": str(args.nanogpt)},
-        "mfu_formula": "6N + 12*L*C*T (PaLM, nanoGPT; training/flops.py)",
+        "mfu_formula": "6N + 12*L*C*T (PaLM, nanoGPT; training/reporting/flops.py)",
         "peak_flops": peak,
     }
 

@@ -22,7 +22,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from training.report import TRAIN, latest_per_step, read_metrics  # noqa: E402
+from training.reporting.summary import TRAIN, latest_per_step, read_metrics  # noqa: E402
 
 SPLIT = "val"
 

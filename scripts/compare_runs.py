@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from training.compare import find_runs, write_comparison  # noqa: E402
+from training.reporting.compare import find_runs, write_comparison  # noqa: E402
 
 
 def main(argv: list[str]) -> int:

@@ -1,4 +1,4 @@
-"""μP's coordinate check (training/coord_check.py): activation scale per width over the first steps, standard
+"""μP's coordinate check (training/analysis/coord_check.py): activation scale per width over the first steps, standard
 parametrization beside μP.
 
     python scripts/coord_check.py [--widths 64,128,256,512] [--steps 4] [--lr 1e-2] [--out docs/coord_check.png]
@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from training.coord_check import coord_check, growth, write_json  # noqa: E402
+from training.analysis.coord_check import coord_check, growth, write_json  # noqa: E402
 
 
 def plot(results: list[dict], out: Path) -> None:

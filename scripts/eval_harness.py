@@ -24,12 +24,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from core.errors import ConfigError, PipelineError  # noqa: E402
-from training.checkpoint import find_checkpoint_dir  # noqa: E402
-from training.harness import evaluate_tasks, harness_lm, import_lm_eval  # noqa: E402
-from training.precision import cast_floating  # noqa: E402
-from training.step import COMPUTE_DTYPES  # noqa: E402
-from training.storage import check_writable  # noqa: E402
-from training.trained import Trained, add_checkpoint_arguments, load_trained  # noqa: E402
+from training.checkpoints.checkpointer import find_checkpoint_dir  # noqa: E402
+from training.evaluation.harness import evaluate_tasks, harness_lm, import_lm_eval  # noqa: E402
+from training.step.precision import cast_floating  # noqa: E402
+from training.step.train_step import COMPUTE_DTYPES  # noqa: E402
+from training.checkpoints.storage import check_writable  # noqa: E402
+from training.checkpoints.trained import Trained, add_checkpoint_arguments, load_trained  # noqa: E402
 
 
 def main(argv: list[str]) -> int:

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from core.errors import PipelineError  # noqa: E402
 from models.hf import ARCHITECTURES, export_hf  # noqa: E402
-from training.trained import add_checkpoint_arguments, load_trained  # noqa: E402
+from training.checkpoints.trained import add_checkpoint_arguments, load_trained  # noqa: E402
 
 
 def main(argv: list[str]) -> int:

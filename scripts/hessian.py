@@ -5,8 +5,8 @@
     python scripts/hessian.py RUN --step 400 --plot sharpness.png      # ... with this checkpoint's measurement added
 
 RUN is a run directory (runs/<name>) or its checkpoint directory. The eigenvalue is the one of largest magnitude, by
-power iteration on Hessian-vector products (training/curvature.py), of the masked mean token loss in float32 on the
-run's fixed curvature batch: the first evaluation batch of its main validation split, the batch the loop action
+power iteration on Hessian-vector products (training/analysis/curvature.py), of the masked mean token loss in float32
+on the run's fixed curvature batch: the first evaluation batch of its main validation split, the batch the loop action
 measures, from the same starting vector and with as many products at most (logging.hessian_iters), so `--step N`
 repeats the `sharpness` the run logged at step N.
 For schedule-free runs the checkpoint's weights are its averaged ones (what sampling reads), not the iterate.
@@ -61,8 +61,8 @@ def measure(args: argparse.Namespace) -> tuple[int, float]:
     import jax
     import jax.numpy as jnp
 
-    from training import curvature
-    from training.trained import load_trained, run_data
+    from training.analysis import curvature
+    from training.checkpoints.trained import load_trained, run_data
 
     trained = load_trained(args.run, args.step or "latest")
     data = run_data(trained)
@@ -87,7 +87,7 @@ def plot_sharpness(run: str, out: Path, measured: tuple[int, float] | None = Non
     matplotlib.use("Agg")  # files only; no display needed
     import matplotlib.pyplot as plt
 
-    from training.report import latest_per_step, read_metrics
+    from training.reporting.summary import latest_per_step, read_metrics
 
     run_dir = next((d for d in (Path(run), Path(run).parent) if (d / "metrics.jsonl").exists()), None)
     if run_dir is None:

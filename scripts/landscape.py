@@ -4,7 +4,7 @@ run's saved checkpoints projected onto it.
     python scripts/landscape.py RUN [--step latest|best|N] [--out FILE.png] [--dims 1|2]
         [--to-step M | --last-update | --pca] [--grid 21] [--span LO HI] [--batches 1] [--seed 0] [--include-vectors]
 
-Directions (training/landscape.py):
+Directions (training/analysis/landscape.py):
   default         random, filter-normalised (Li et al. 2018): each filter of the direction has the norm of the same
                   filter of the weights; biases and LayerNorm get 0 (--include-vectors: their own norm instead)
   --to-step M     toward the checkpoint at step M: theta_M - theta_N (M sits at 1)
@@ -68,9 +68,9 @@ def landscape(args: argparse.Namespace) -> dict:
 
     import numpy as np
 
-    from training import landscape as L
-    from training.checkpoint import Checkpointer, find_checkpoint_dir
-    from training.trained import load_trained, run_data
+    from training.analysis import landscape as L
+    from training.checkpoints.checkpointer import Checkpointer, find_checkpoint_dir
+    from training.checkpoints.trained import load_trained, run_data
 
     centre = load_trained(args.run, args.step)
     checkpoints = find_checkpoint_dir(args.run)
@@ -110,7 +110,7 @@ def choose_directions(args: argparse.Namespace, centre, params: dict, offsets: d
     import jax
     import numpy as np
 
-    from training import landscape as L
+    from training.analysis import landscape as L
 
     key = jax.random.PRNGKey(args.seed)
     toward = args.to_step is not None or args.last_update

@@ -64,7 +64,7 @@ TUNING = {  # the knob's value(s) other than the preset's (the lr grid has alrea
 
 def sweep(out: Path, name: str, overrides: list[str]) -> dict:
     """One Hydra multirun (jobs one after another in one process: the data and compiled steps are shared); its
-    sweep.json (training/sweep.py)."""
+    sweep.json (training/cli/sweep.py)."""
     sweep_dir = out / name
     if not (sweep_dir / "sweep.json").exists():
         command = [sys.executable, str(ROOT / "train_jax.py"), "-m", *overrides, f"hydra.sweep.dir={sweep_dir}"]

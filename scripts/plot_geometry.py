@@ -1,4 +1,4 @@
-"""Draw a run's update geometry (`logging.update_geometry=true`, training/geometry.py) from its metrics.jsonl.
+"""Draw a run's update geometry (`logging.update_geometry=true`, training/step/geometry.py) from its metrics.jsonl.
 
     python scripts/plot_geometry.py RUN_DIR [--out geometry.png]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from training.report import plot_runs  # noqa: E402
+from training.reporting.summary import plot_runs  # noqa: E402
 
 
 def main(argv: list[str]) -> int:

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from core.errors import DataError, PipelineError  # noqa: E402
 from models.decode import generate  # noqa: E402
-from training.trained import Trained, add_checkpoint_arguments, load_trained  # noqa: E402
+from training.checkpoints.trained import Trained, add_checkpoint_arguments, load_trained  # noqa: E402
 
 
 def main(argv: list[str]) -> int:

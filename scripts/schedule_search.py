@@ -8,11 +8,12 @@ mean of the segment's last `--smooth` steps) wins. Each later segment branches f
 the candidates `--factors` x the winner's lr (a multirun of `checkpoint.load=true`, each job continuing the same
 optimizer state with its own lr), keeps the best, and continues from it. The lr is constant within a segment.
 
-Written to `<out>/schedule.json` (and with `--plot`, `<out>/schedule.png`) and printed: the found schedule as a `piecewise_linear` lr_config (a repeated boundary
-is a jump: `boundaries=[S,S,2S,2S,...]`), the overrides that run it from scratch, and each segment's candidates with
-their smoothed losses. With `--verify`, that run from scratch is made too and its train losses are compared with the
-search's (the winners' segments, joined): they are the same, step for step, because every search job ran the same
-schedule function on the steps it trained and a batch is a function of (seed, step).
+Written to `<out>/schedule.json` (and with `--plot`, `<out>/schedule.png`) and printed: the found schedule as a
+`piecewise_linear` lr_config (a repeated boundary is a jump: `boundaries=[S,S,2S,2S,...]`), the overrides that run it
+from scratch, and each segment's candidates with their smoothed losses. With `--verify`, that run from scratch is
+made too and its train losses are compared with the search's (the winners' segments, joined): they are the same,
+step for step, because every search job ran the same schedule function on the steps it trained and a batch is a
+function of (seed, step).
 
 Arguments after `--` are Hydra overrides for every run (model, optimizer, data, ...); `optimizer.lr_config` and the
 checkpoint and logging keys the search needs are set here.
@@ -65,7 +66,7 @@ def train_losses(run_dir: Path) -> dict[int, float]:
 
 
 def multirun(sweep_dir: Path, overrides: list[str]) -> list[dict]:
-    """One Hydra multirun; its jobs' records (training/sweep.py's sweep.json)."""
+    """One Hydra multirun; its jobs' records (training/cli/sweep.py's sweep.json)."""
     if not (sweep_dir / "sweep.json").exists():
         command = [sys.executable, str(ROOT / "train_jax.py"), "-m", *overrides, f"hydra.sweep.dir={sweep_dir}"]
         print("$", " ".join(command[1:]), flush=True)

@@ -30,8 +30,8 @@ import jax  # noqa: E402
 import train_jax  # noqa: E402
 from models.gpt import count_params  # noqa: E402
 from training import config as config_lib  # noqa: E402
-from training.sharding import init_mesh, per_device_bytes, state_shardings  # noqa: E402
-from training.state import TrainState  # noqa: E402
+from training.distributed.sharding import init_mesh, per_device_bytes, state_shardings  # noqa: E402
+from training.step.state import TrainState  # noqa: E402
 
 
 def main() -> int:

@@ -91,7 +91,7 @@ def pytest_runtest_teardown(item):
 def data_cache(tmp_path_factory) -> str:
     """Tokenised datasets, trained tokenizers and compiled executables, shared by every test and its subprocesses
     (each xdist worker has its own)."""
-    from training.compilation import init_compilation_cache
+    from training.loop.compilation import init_compilation_cache
 
     cache = tmp_path_factory.mktemp("data-cache")
     init_compilation_cache(str(cache / "jax"))

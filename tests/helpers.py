@@ -16,8 +16,8 @@ import jax
 
 import train_jax
 from training import config as config_lib
-from training.run import Source
-from training.sharding import put_batch
+from training.checkpoints.resume import Source
+from training.distributed.sharding import put_batch
 
 ROOT = Path(__file__).resolve().parent.parent
 

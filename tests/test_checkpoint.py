@@ -10,9 +10,9 @@ import pytest
 
 from core.errors import CheckpointError
 from models.gpt import GPT, GPTConfig
-from training.checkpoint import Checkpointer
-from training.precision import LossScale
-from training.state import TrainState
+from training.checkpoints.checkpointer import Checkpointer
+from training.step.precision import LossScale
+from training.step.state import TrainState
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import json
 import yaml
 
 from helpers import run_cli
-from training.compare import find_runs, plot_sweep, run_record, table
+from training.reporting.compare import find_runs, plot_sweep, run_record, table
 
 
 def fake_run(root, name, optimizer, lr, val_losses, finished=True):
@@ -23,7 +23,7 @@ def fake_run(root, name, optimizer, lr, val_losses, finished=True):
         rows += [{"step": 2 * i, "split": "val", "loss": loss}, {"step": 2 * i, "split": "json", "loss": loss + 1}]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     if finished:
-        from training.report import write_summary
+        from training.reporting.summary import write_summary
 
         write_summary(run, {"stopped": "max_steps", "wall_time_s": 12.5})
     return run

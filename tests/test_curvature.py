@@ -15,8 +15,8 @@ import train_jax
 from helpers import read_metrics, script_in_process, tiny_overrides
 from models import init_gpt
 from models.gpt import GPTConfig
-from training import curvature
-from training import landscape as L
+from training.analysis import curvature
+from training.analysis import landscape as L
 
 
 def tiny_gpt_problem():
@@ -78,7 +78,7 @@ def run_dir(tmp_path_factory, data_cache):
 
 
 def test_hessian_every_logs_sharpness_into_metrics_jsonl(run_dir, tmp_path):
-    from training.report import plot_runs
+    from training.reporting.summary import plot_runs
 
     rows = read_metrics(run_dir, "curvature")
     assert [r["step"] for r in rows] == [2, 4]
@@ -90,7 +90,7 @@ def test_hessian_every_logs_sharpness_into_metrics_jsonl(run_dir, tmp_path):
 
 def test_hessian_script_prints_the_eigenvalue_the_loop_and_the_function_measure(run_dir, tmp_path, monkeypatch,
                                                                                 capsys):
-    from training.trained import load_trained, run_data
+    from training.checkpoints.trained import load_trained, run_data
 
     png = tmp_path / "sharpness.png"
     result = script_in_process("hessian.py", [str(run_dir), "--step", "4", "--plot", str(png)], monkeypatch, capsys)

@@ -73,7 +73,7 @@ def test_tensorboard_is_written_without_importing_torch_which_stays_importable(t
     nothing, since the run logs plain numbers."""
     script = (
         "import sys\n"
-        "from training.logs import summary_writer\n"
+        "from training.reporting.logs import summary_writer\n"
         f"writer = summary_writer()(logdir={str(tmp_path / 'tb')!r})\n"
         "writer.add_scalar('train/loss', 1.5, 3)\n"
         "writer.close()\n"
@@ -123,7 +123,7 @@ def test_hub_dataset_offline_fails_with_one_line(tmp_path):
 def test_a_finished_run_writes_summary_and_plots(tiny_run, tmp_path):
     from PIL import Image
 
-    from training.report import plot_runs
+    from training.reporting.summary import plot_runs
 
     run_dir, _ = tiny_run
     summary = json.loads((run_dir / "summary.json").read_text())

@@ -15,7 +15,7 @@ from core.errors import ConfigError
 from helpers import build, read_metrics, run_in_process, tiny_overrides
 from models.fp8 import E4M3, E5M2, Fp8State, fp8_dot, quantize_dequantize, scales_from_history
 from training.config import check_devices, load_config
-from training.sharding import put_batch
+from training.distributed.sharding import put_batch
 
 STEPS = 20
 

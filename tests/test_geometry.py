@@ -1,6 +1,6 @@
-"""Update geometry (training/geometry.py): every quantity against a hand computation with two parameter groups; the
-running sums are the same whatever the log interval and across a kill and resume (and scripts/plot_geometry.py draws
-them); off, nothing changes."""
+"""Update geometry (training/step/geometry.py): every quantity against a hand computation with two parameter groups;
+the running sums are the same whatever the log interval and across a kill and resume (and scripts/plot_geometry.py
+draws them); off, nothing changes."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from helpers import build, read_metrics, run_cli, start, tiny_overrides, wait_for_step
-from training.sharding import put_batch
-from training.stats import statistics_of
-from training.step import mean_loss
+from training.distributed.sharding import put_batch
+from training.step.stats import statistics_of
+from training.step.train_step import mean_loss
 
 GEOMETRY = ("logging.update_geometry=true", "optimizer.groups={vector: {lr_multiplier: 0.5}}")
 VECTOR_LABELS = ("norm", "bias")

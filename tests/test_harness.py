@@ -1,7 +1,7 @@
-"""Downstream evaluation with lm-eval (training/harness.py, models/scoring.py, scripts/eval_harness.py), offline: the
-adapter's answers are the model's own losses and greedy tokens, with each text tokenizer; the script scores local
-task files the tests write (datasets' `json` builder) on a tiny trained run and says in one line when lm-eval is
-missing."""
+"""Downstream evaluation with lm-eval (training/evaluation/harness.py, models/scoring.py, scripts/eval_harness.py),
+offline: the adapter's answers are the model's own losses and greedy tokens, with each text tokenizer; the script
+scores local task files the tests write (datasets' `json` builder) on a tiny trained run and says in one line when
+lm-eval is missing."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from helpers import ROOT, run_cli, tiny_overrides
 from models.decode import generate
 from models.gpt import GPT, GPTConfig
 from models.sampling import generate_no_cache
-from training.step import token_losses
-from training.trained import load_trained
+from training.step.train_step import token_losses
+from training.checkpoints.trained import load_trained
 
 CONTEXT = 64
 CODE = ["def main(argv):\n    return 0\n", "import os\nimport sys\n", "class Point:\n    x: int = 0\n",
@@ -99,7 +99,7 @@ def own_loss(model: GPT, context: list[int], continuation: list[int]) -> tuple[f
 
 
 def test_loglikelihood_is_the_models_own_loss_and_greedy_is_its_argmax(lm_eval, tokenizer):
-    from training.harness import harness_lm
+    from training.evaluation.harness import harness_lm
 
     model = tiny_model()
     lm = harness_lm(model, tokenizer)
@@ -117,7 +117,7 @@ def test_loglikelihood_is_the_models_own_loss_and_greedy_is_its_argmax(lm_eval, 
 
 
 def test_batching_does_not_change_the_answers(lm_eval, tokenizer):
-    from training.harness import harness_lm
+    from training.evaluation.harness import harness_lm
 
     model = tiny_model()
     requests = instances("loglikelihood", PAIRS * 3)
@@ -130,7 +130,7 @@ def test_batching_does_not_change_the_answers(lm_eval, tokenizer):
 def test_rolling_loglikelihood_predicts_every_token_once_in_full_windows(lm_eval, tokenizer):
     """lm-eval's perplexity protocol: <EOS> then the first tokens; past the context, each window has the model's
     whole context and scores only the tokens not scored yet."""
-    from training.harness import harness_lm
+    from training.evaluation.harness import harness_lm
 
     model = tiny_model()
     texts = ["".join(CODE) * 6, CODE[0], ""]
@@ -150,7 +150,7 @@ def test_rolling_loglikelihood_predicts_every_token_once_in_full_windows(lm_eval
 
 def test_a_task_whose_data_cannot_be_had_offline_is_one_line(lm_eval, tmp_path, monkeypatch):
     from core.errors import DataError
-    from training.harness import evaluate_tasks, harness_lm
+    from training.evaluation.harness import evaluate_tasks, harness_lm
 
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-datasets"))  # nothing cached: the Hub would be asked
     (tmp_path / "hub_task.yaml").write_text("task: hub_task\ndataset_path: someone/not-cached\n"
@@ -171,7 +171,7 @@ def trained(tmp_path_factory, data_cache):
 
 
 def test_generation_is_greedy_decoding_cut_at_the_first_stop_string(lm_eval):
-    from training.harness import harness_lm
+    from training.evaluation.harness import harness_lm
 
     tok = ByteTokenizer()
     model = GPT.init(GPTConfig(vocab_size=tok.vocab_size, n_layer=2, n_head=2, n_embd=64, context_size=CONTEXT),
@@ -230,7 +230,7 @@ def write_tasks(folder, lm, tok) -> dict:
 def test_script_writes_lm_evals_results_beside_the_run_and_logs_them(lm_eval, trained, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from training.harness import harness_lm
+    from training.evaluation.harness import harness_lm
 
     run = load_trained(str(trained))
     expected = write_tasks(tmp_path / "tasks", harness_lm(run.model, run.tokenizer), run.tokenizer)

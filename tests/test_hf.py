@@ -11,7 +11,7 @@ import pytest
 from core.errors import ConfigError
 from helpers import ROOT, build, read_metrics, run_cli, tiny_overrides
 from training import config as config_lib
-from training.run import plan_run, restore_state
+from training.checkpoints.resume import plan_run, restore_state
 
 pytestmark = pytest.mark.e2e
 
@@ -36,7 +36,7 @@ def test_transformers_loads_the_export_with_the_same_logits(exported):
     import torch
     import transformers
 
-    from training.trained import load_trained
+    from training.checkpoints.trained import load_trained
 
     trained = load_trained(str(exported / "run"))
     hf = transformers.GPT2LMHeadModel.from_pretrained(str(exported / "export")).eval()
@@ -52,7 +52,7 @@ def test_transformers_loads_the_export_with_the_same_logits(exported):
 def test_the_exported_tokenizer_encodes_as_ours(exported):
     import transformers
 
-    from training.trained import load_trained
+    from training.checkpoints.trained import load_trained
 
     tok = load_trained(str(exported / "run")).tokenizer
     hf_tok = transformers.PreTrainedTokenizerFast.from_pretrained(str(exported / "export"))

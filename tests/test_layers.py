@@ -1,5 +1,7 @@
 """Layers look down only (the project's design rule, README "Layout"): scripts -> train_jax.py -> training/ ->
 data/, models/, optimizers/ -> core/, and no module imports one that imports it back, directly or through others.
+Inside training/ the same holds between its sub-packages (SUBPACKAGE_RANKS), and training/ itself holds no module but
+its face (__init__.py).
 
 The graph is read from the source with `ast`: every import statement counts, at the top of a file or inside a
 function (a lazy import still makes the two modules depend on each other), and only the project's own modules are
@@ -17,6 +19,11 @@ PACKAGES = ("core", "data", "models", "optimizers", "training")
 # Lower ranks are imported by higher ones, never the reverse; equal ranks in different packages do not import each
 # other either (data/, models/ and optimizers/ are independent of one another).
 RANKS = {"core": 0, "data": 1, "models": 1, "optimizers": 1, "training": 2, "train_jax": 3, "scripts": 4}
+# training/'s sub-packages, by the same rule: a module imports its own sub-package and those of lower rank only. The
+# package face (training/__init__.py: the pipeline's init_* functions and build) stands above them all.
+SUBPACKAGE_RANKS = {"training.config": 0, "training.distributed": 0, "training.step": 1, "training.evaluation": 1,
+                    "training.analysis": 2, "training.checkpoints": 2, "training.reporting": 3, "training.loop": 4,
+                    "training.cli": 4, "training": 5}
 # Known cycles still to be removed, each as the set of its modules; an entry that is no longer a cycle fails the
 # test until it is deleted.
 KNOWN_CYCLES: list[set[str]] = []
@@ -74,6 +81,12 @@ def import_graph() -> dict[str, dict[str, int]]:
 
 def layer(module: str) -> str:
     return module.split(".")[0]
+
+
+def subpackage(module: str) -> str:
+    """training/'s sub-package a module belongs to (`training` for the face); the module itself elsewhere."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "training" and len(parts) > 1 else module
 
 
 def cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
@@ -161,3 +174,19 @@ def test_no_module_imports_one_that_imports_it_back(graph):
     assert not unknown, "import cycles:\n" + "\n".join(describe(graph, path) for path in unknown)
     gone = [known for known in KNOWN_CYCLES if known not in [set(path) for path in found]]
     assert not gone, f"no longer cycles, delete them from KNOWN_CYCLES: {gone}"
+
+
+def test_training_holds_sub_packages_and_its_face_only():
+    loose = sorted(p.name for p in (ROOT / "training").glob("*.py") if p.name != "__init__.py")
+    assert not loose, f"modules at training/'s top level, move them into a sub-package: {loose}"
+    packages = {f"training.{p.name}" for p in (ROOT / "training").iterdir() if (p / "__init__.py").is_file()}
+    assert packages | {"training"} == set(SUBPACKAGE_RANKS), "every sub-package has a rank, every rank a package"
+
+
+def test_no_training_module_imports_a_higher_or_sibling_sub_package(graph):
+    wrong = [f"{a} imports {b} ({module_files()[a].relative_to(ROOT)}:{line}): {subpackage(a)} may import only "
+             f"{', '.join(sorted(p for p, r in SUBPACKAGE_RANKS.items() if r < SUBPACKAGE_RANKS[subpackage(a)]))}"
+             for a, edges in sorted(graph.items()) if layer(a) == "training"
+             for b, line in sorted(edges.items()) if layer(b) == "training"
+             and subpackage(a) != subpackage(b) and SUBPACKAGE_RANKS[subpackage(b)] >= SUBPACKAGE_RANKS[subpackage(a)]]
+    assert not wrong, "\n".join(wrong)

@@ -15,8 +15,8 @@ import pytest
 from helpers import build, tiny_overrides
 from models.gpt import GPT, GPTConfig
 from models.lm_head import chunk_length, chunked_log_z_and_target_logit
-from training.precision import cast_floating
-from training.sharding import put_batch
+from training.step.precision import cast_floating
+from training.distributed.sharding import put_batch
 
 # 259 real ids padded to 320 rows: 61 rows that must never receive probability.
 CFG = GPTConfig(vocab_size=259, n_layer=2, n_head=2, n_embd=32, context_size=16, vocab_multiple=64)

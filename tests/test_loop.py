@@ -12,8 +12,8 @@ from jax.experimental import multihost_utils
 
 import train_jax
 from helpers import read_metrics, tiny_overrides
-from training.loop import Action, LoopState, run_loop
-from training.transfer_guard import HostTransferError
+from training.loop.steps import Action, LoopState, run_loop
+from training.loop.transfer_guard import HostTransferError
 
 
 def counting_step(state, batch):

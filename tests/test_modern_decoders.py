@@ -22,8 +22,8 @@ from models.mlp import mlp_activation
 from models.norms import RMSNorm
 from models.rope import apply_rotary, rotary_angles
 from training.config import load_config
-from training.flops import flops_per_token
-from training.sharding import MODEL_AXIS
+from training.reporting.flops import flops_per_token
+from training.distributed.sharding import MODEL_AXIS
 
 LLAMA = GPTConfig(vocab_size=259, n_layer=2, n_head=4, n_embd=64, context_size=64, position="rope", norm="rmsnorm",
                   mlp="swiglu", n_kv_head=2, tie_embeddings=False, bias=False)
@@ -248,12 +248,12 @@ def test_tensor_parallel_layouts_reproduce_the_1_device_curve_for_a_llama_preset
 
 def test_a_gpt2_checkpoint_from_before_the_options_restores(tmp_path):
     """Checkpoints written before the model had optional parameters hold GPT-2's arrays under the same names but no
-    entry for the fields a GPT-2 model leaves None (lm_head, q_norm, k_norm): they restore (training/checkpoint.py),
-    and a checkpoint of another model still does not."""
+    entry for the fields a GPT-2 model leaves None (lm_head, q_norm, k_norm): they restore
+    (training/checkpoints/checkpointer.py), and a checkpoint of another model still does not."""
     import orbax.checkpoint as ocp
 
     from core.errors import CheckpointError
-    from training.checkpoint import Checkpointer
+    from training.checkpoints.checkpointer import Checkpointer
 
     model = init(gpt_config(load_config(["model=gpt2-tiny"]).model, 259), jax.random.PRNGKey(0))
     params = dict(jax.tree_util.tree_flatten_with_path(model)[0])

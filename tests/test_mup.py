@@ -11,7 +11,7 @@ from models.gpt import GPT, GPTConfig
 from models.hf import gpt2_problem
 from optimizers import build_optimizer, build_schedule
 from training.config import load_config
-from training.coord_check import coord_check, growth
+from training.analysis.coord_check import coord_check, growth
 
 WIDTHS = [16, 32, 64, 128]  # 8x from the narrowest (μP's base) to the widest
 

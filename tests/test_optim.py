@@ -10,7 +10,7 @@ import pytest
 from models.gpt import GPT, GPTConfig
 from optimizers import OPTIMIZERS, applied_lr_of, build_optimizer, build_schedule, grad_norm_of
 from training.config import load_config
-from training.step import mean_loss
+from training.step.train_step import mean_loss
 
 PEAK, FLOOR, WARMUP, STEPS = 1e-3, 1e-4, 10, 100
 
@@ -227,8 +227,8 @@ def test_gradient_clipping_scales_a_large_gradient_down_to_the_threshold():
 def test_every_optimizer_resumes_bitwise_from_a_checkpoint_of_its_whole_state(name, tmp_path):
     """2 steps, an Orbax checkpoint of the train state (the optimizer's whole state in it), a fresh state restored
     from it, 2 more steps: the same parameters and optimizer state, bit for bit, as 4 steps never interrupted."""
-    from training.checkpoint import Checkpointer
-    from training.state import TrainState
+    from training.checkpoints.checkpointer import Checkpointer
+    from training.step.state import TrainState
 
     model = tiny_model()
     cfg = load_config([f"optimizer={name}", "train.max_steps=4", "optimizer.lr_config.warmup=1"])

@@ -94,7 +94,7 @@ def test_each_groups_lr_is_logged_as_what_it_applied(data_cache):
 
 def _loss(parts, ln_f_bias):
     """The step's loss as a function of the final LayerNorm's bias (the first batch, float32)."""
-    from training.step import mean_loss
+    from training.step.train_step import mean_loss
 
     batch = jax.tree.map(lambda x: jnp.asarray(x[0]), parts.data.train.batch(0))
     model = eqx.tree_at(lambda m: m.ln_f.bias, parts.state.model, ln_f_bias)
@@ -185,10 +185,10 @@ def test_schedule_free_evaluates_and_exports_its_averaged_weights(data_cache, tm
     """The logged validation loss is the loss of x (schedule-free's average), not of the weights y the train state
     holds; the checkpoint's export weights (what sampling and export_hf read) are x too."""
     from optimizers import eval_params
-    from training.checkpoint import Checkpointer
-    from training.evaluate import evaluate
-    from training.state import eval_model
-    from training.trained import load_trained
+    from training.checkpoints.checkpointer import Checkpointer
+    from training.evaluation.splits import evaluate
+    from training.step.state import eval_model
+    from training.checkpoints.trained import load_trained
 
     run_dir = tmp_path / "run"
     args = tiny_overrides(data_cache, f"logging.run_dir={run_dir}", "optimizer=schedule_free_adamw",

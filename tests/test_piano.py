@@ -17,8 +17,8 @@ from data.notes import Notes
 from data.corpus import load_corpus
 from helpers import build, read_metrics, run_cli, run_in_process, script_in_process, tiny_overrides
 from training import config as config_lib
-from training.checkpoint import Checkpointer
-from training.run import plan_run, restore_state
+from training.checkpoints.checkpointer import Checkpointer
+from training.checkpoints.resume import plan_run, restore_state
 
 pytestmark = pytest.mark.e2e
 

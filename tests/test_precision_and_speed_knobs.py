@@ -17,10 +17,10 @@ from helpers import build, run_cli, tiny_overrides
 from models import gpt_config
 from models.gpt import GPT, GPTConfig
 from training.config import load_config
-from training.flops import flops_per_token, mfu, peak_flops
-from training.precision import SCALE_PERIOD, LossScale
-from training.sharding import put_batch
-from training.step import mean_loss
+from training.reporting.flops import flops_per_token, mfu, peak_flops
+from training.step.precision import SCALE_PERIOD, LossScale
+from training.distributed.sharding import put_batch
+from training.step.train_step import mean_loss
 
 STEPS = 20
 # Stated tolerances: mean absolute difference from the float32 curve over 20 steps of the tiny model.

@@ -23,7 +23,7 @@ from helpers import (ROOT, build, communicate, read_metrics, run_cli, run_comman
                      spawn, start, tiny_overrides, wait_for_step)
 from optimizers import continue_schedule_at
 from training.config import load_config
-from training.run import open_source, plan_run, restore_state
+from training.checkpoints.resume import open_source, plan_run, restore_state
 
 pytestmark = pytest.mark.e2e
 STEPS = 40
@@ -115,7 +115,7 @@ def test_sigint_stops_like_sigterm(data_cache, tmp_path):
 HANGING_SAVE = """
 import sys, time
 sys.path.insert(0, {root!r})
-from training.signals import StopRequest
+from training.loop.signals import StopRequest
 stop = StopRequest()
 print("training", flush=True)
 while not stop:

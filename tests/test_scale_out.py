@@ -17,9 +17,9 @@ from jax.sharding import PartitionSpec as P
 
 from helpers import (ROOT, build, communicate, read_metrics, run_cli, spawn, tiny_overrides,
                      xla_flags_without_device_count)
-from training.checkpoint import Checkpointer
+from training.checkpoints.checkpointer import Checkpointer
 from training.config import load_config
-from training.sharding import FSDP_MIN_SIZE, init_distributed, init_mesh, per_device_bytes, state_shardings
+from training.distributed.sharding import FSDP_MIN_SIZE, init_distributed, init_mesh, per_device_bytes, state_shardings
 
 STEPS = 5
 GLOBAL_BATCH = 16
@@ -138,7 +138,7 @@ def test_fsdp_shards_big_arrays_on_their_largest_divisible_dimension():
 
     from models import gpt_config
     from models.gpt import GPT
-    from training.state import TrainState
+    from training.step.state import TrainState
 
     mesh = init_mesh(8)
     model = eqx.filter_eval_shape(GPT.init, gpt_config(cfg.model, 50257), jax.random.PRNGKey(0))

@@ -59,7 +59,7 @@ def test_state_memory_lists_every_layout(monkeypatch, capsys):
 def test_sample_and_export_take_the_checkpoint_named_by_which(finished, tmp_path, monkeypatch, capsys):
     from safetensors.numpy import load_file
 
-    from training.trained import load_trained
+    from training.checkpoints.trained import load_trained
 
     out = run_script("sample.py", [str(finished), "--which", "4", "--prompt", "def ", "--max-new-tokens", "5"],
                      monkeypatch, capsys)

@@ -11,9 +11,9 @@ import pytest
 from core.errors import ConfigError
 from helpers import build, tiny_overrides
 from training import config as config_lib
-from training.sharding import put_batch
-from training.stats import statistics_of
-from training.step import mean_loss
+from training.distributed.sharding import put_batch
+from training.step.stats import statistics_of
+from training.step.train_step import mean_loss
 
 ALL_KNOBS = ("logging.log_callback_data=true", "logging.store_last_grads=true", "logging.store_past_grads=true",
              "logging.store_last_params=true", "logging.compute_last_loss=true", "logging.compute_last_grads=true",
@@ -108,7 +108,7 @@ def test_knobs_that_need_the_last_params_say_so():
 
 
 def test_statistics_checkpoint_and_resume_with_the_state(data_cache, tmp_path):
-    from training.checkpoint import Checkpointer
+    from training.checkpoints.checkpointer import Checkpointer
 
     overrides = tiny_overrides(data_cache, *ALL_KNOBS)
     straight = build(overrides)
@@ -128,7 +128,7 @@ def test_statistics_checkpoint_and_resume_with_the_state(data_cache, tmp_path):
 
 
 def test_statistics_buffers_start_fresh_when_the_checkpoint_has_other_knobs(data_cache, tmp_path):
-    from training.checkpoint import Checkpointer
+    from training.checkpoints.checkpointer import Checkpointer
 
     plain = build(tiny_overrides(data_cache))
     plain.step(0)

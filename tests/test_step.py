@@ -12,11 +12,11 @@ import optax
 import pytest
 
 from helpers import build, tiny_overrides
-from training.actions import _token_weighted
-from training.checkpoint import Checkpointer
-from training.run import RunPlan, Source, restore_state
-from training.sharding import put_batch
-from training.step import mean_loss, token_losses
+from training.loop.session import _token_weighted
+from training.checkpoints.checkpointer import Checkpointer
+from training.checkpoints.resume import RunPlan, Source, restore_state
+from training.distributed.sharding import put_batch
+from training.step.train_step import mean_loss, token_losses
 
 
 def run_steps(overrides, steps=3):

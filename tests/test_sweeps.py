@@ -13,7 +13,7 @@ import yaml
 import train_jax
 from helpers import ROOT, run_cli, tiny_overrides
 from training.config import as_dict, load_config
-from training.config_help import field_meanings
+from training.config.help import field_meanings
 
 SHORT = ["train.max_steps=2", "train.eval_interval=2", "train.eval_iters=1", "optimizer.lr_config.warmup=1"]
 
@@ -49,7 +49,8 @@ def test_a_2x2_sweep_runs_four_jobs_each_in_its_own_run_directory_and_writes_a_s
         assert config["logging"]["run_dir"] == str(run_dir)
         assert job["status"] == "completed" and job["val_loss"] == final_val_loss(run_dir)  # what the job returned
     assert summary["best"]["job"] == min(summary["jobs"], key=lambda j: j["val_loss"])["job"]
-    # the summary's comparison is training/compare.py's, run on the sweep directory: the swept keys are its columns
+    # the summary's comparison is training/reporting/compare.py's, run on the sweep directory: the swept keys are its
+    # columns
     text = (sweep / "sweep.md").read_text()
     assert "| run | optimizer.lr_config.lr | train.seed | val final |" in text
     assert {"comparison.md", "comparison.csv", "comparison.png"} <= {p.name for p in sweep.iterdir()}
@@ -228,8 +229,8 @@ def test_a_list_valued_override_names_its_job_directory_without_brackets(tmp_pat
     over a list (scripts/schedule_search.py sweeps boundary_lrs) names its jobs with parentheses, and a checkpoint
     path with brackets is one config line."""
     from core.errors import ConfigError
-    from training.storage import check_writable
-    from training.sweep import job_dirname
+    from training.checkpoints.storage import check_writable
+    from training.cli.sweep import job_dirname
 
     assert job_dirname(1, "optimizer.lr_config.boundary_lrs=[0.003,0.001]") == \
         "1-optimizer.lr_config.boundary_lrs=(0.003,0.001)"

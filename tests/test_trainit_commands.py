@@ -15,7 +15,7 @@ import pytest
 
 from helpers import ROOT, build, communicate, read_metrics, repo_copy, run_cli, spawn, tiny_overrides
 from training.config import load_config
-from training.run import open_source, plan_run, restore_state
+from training.checkpoints.resume import open_source, plan_run, restore_state
 
 pytestmark = pytest.mark.e2e
 

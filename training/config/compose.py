@@ -1,7 +1,7 @@
 """From conf/ and the command line to the typed, checked `Config`.
 
 Hydra composes conf/config.yaml with its override grammar (`model=gpt2 optimizer/lr_config=cosine
-train.batch_size=8`) onto the schema: train_jax.py is a Hydra application (training/cli.py), and
+train.batch_size=8`) onto the schema: train_jax.py is a Hydra application (training/cli/app.py), and
 `load_config(overrides)` does the same through Hydra's compose API for scripts and tests. Either way `finish` turns
 the composed node into the typed `Config` (unknown keys and wrong types fail there) and runs every check on its
 values. Every failure is a `ConfigError` whose one-line message names the key.
@@ -41,7 +41,7 @@ def compose_config(overrides: list[str]) -> DictConfig:
 
 def composition_error(e: BaseException, overrides: list[str]) -> ConfigError:
     """A failure to compose the config (an override that does not parse, an unknown key or option, a wrong type) as
-    one line naming the argument or key: for `compose_config`, and for Hydra's own app (training/cli.py)."""
+    one line naming the argument or key: for `compose_config`, and for Hydra's own app (training/cli/app.py)."""
     return ConfigError(_unparsable_override(overrides) or one_line(e))
 
 

@@ -64,11 +64,11 @@ class LoggingConfig:
     progress: Progress = Progress.auto  # how progress is shown on the console
     plot: bool = True  # plots.png at the end: loss, lr and tokens/s per step (scripts/plot_runs.py draws it later, too)
     # > 0: every this many steps, the top (largest-magnitude) Hessian eigenvalue of the eval loss on the first
-    # validation batch, by power iteration (training/curvature.py), logged as `sharpness` (split `curvature`);
+    # validation batch, by power iteration (training/analysis/curvature.py), logged as `sharpness` (split `curvature`);
     # scripts/hessian.py plots it against 2/lr; 0 = off
     hessian_every: int = 0
     hessian_iters: int = 20  # hessian_every: most Hessian-vector products per measurement (each ~ 2-3 backward passes)
-    # Training statistics (training/stats.py says what each computes and what it costs); all off by default.
+    # Training statistics (training/step/stats.py says what each computes and what it costs); all off by default.
     log_callback_data: bool = False  # gradient / parameter / update norms (global, per layer), <g_t, update_t>
     store_last_grads: bool = False  # keep g_{t-1}: cos(g_t, g_{t-1})
     store_past_grads: bool = False  # keep the sum of past gradients: cos(g_t, their mean)
@@ -77,7 +77,8 @@ class LoggingConfig:
     compute_last_grads: bool = False  # |g_t - grad f(x_{t-1})| on the same batch (needs store_last_params)
     running_stats_window: int = 0  # > 0: also each statistic's mean over this many steps
     # every step, per parameter group: <g, last update>, <g, update> and their running sums (kept in the state),
-    # cosines of successive updates and parameters, l2/l1/linf norms (training/geometry.py), as geometry/<group>/...
+    # cosines of successive updates and parameters, l2/l1/linf norms (training/step/geometry.py), as
+    # geometry/<group>/...
     update_geometry: bool = False
 
     def check(self) -> None:

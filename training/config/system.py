@@ -11,7 +11,7 @@ from training.config.base import fail
 
 
 class Dtype(StrEnum):
-    """The compute dtype; parameters, optimizer state, softmax and loss stay float32 (training/precision.py)."""
+    """The compute dtype; parameters, optimizer state, softmax and loss stay float32 (training/step/precision.py)."""
 
     float32 = "float32"
     bfloat16 = "bfloat16"

@@ -2,9 +2,9 @@
 online-to-nonconvex analysis (Cutkosky, Mehta, Orabona 2023) that trainit logs.
 
 At step n, with x_n the parameters before the update, g_n = ∇f(x_n; b_n) the step's gradient (averaged over the
-micro-batches, before clipping), Δ_{n+1} = x_{n+1} − x_n the update this step applies and Δ_n = x_n − x_{n−1} the
-one before it, for each parameter group (the optimizer's groups, `rest` for the parameters of none, and `model`, all
-of them), logged as `geometry/<group>/<name>`:
+micro-batches, before clipping), Δ_{n+1} = x_{n+1} − x_n the update this step applies and Δ_n = x_n − x_{n−1} the one
+before it, for each parameter group (the optimizer's groups, `rest` for the parameters of none, and `model`, all of
+them), logged as `geometry/<group>/<name>`:
 
   grad_dot_last_update   ⟨g_n, Δ_n⟩           and grad_dot_last_update_sum, its sum over every step so far
   grad_dot_update        ⟨g_n, Δ_{n+1}⟩       and grad_dot_update_sum

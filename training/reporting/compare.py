@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from training.report import TRAIN, latest_per_step, read_metrics, summarize
+from training.reporting.summary import TRAIN, latest_per_step, read_metrics, summarize
 
 # Keys that name where a run writes, not what it is: never a column of their own.
 RUN_IDENTITY_KEYS = ("logging.run_dir", "logging.name", "checkpoint.save_path", "checkpoint.load_path")

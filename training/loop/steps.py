@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from training.transfer_guard import no_device_to_host
+from training.loop.transfer_guard import no_device_to_host
 
 
 @dataclass

@@ -26,9 +26,9 @@ from omegaconf import OmegaConf
 from core.errors import CheckpointError, ConfigError, warn
 from models.hf import HF_PREFIX, check_hf_config, load_hf_model, resolve_hf
 from optimizers import continue_schedule_at
-from training.checkpoint import PARTS, Checkpointer, find_checkpoint_dir, holds_checkpoints
+from training.checkpoints.checkpointer import PARTS, Checkpointer, find_checkpoint_dir, holds_checkpoints
 from training.config import Config, LoadMode, as_dict, evaluating, finish, init_from_dir, load_mode
-from training.storage import check_writable
+from training.checkpoints.storage import check_writable
 
 # Keys that describe this invocation (hardware, time budget, what to load, how to print): a resumed run takes them
 # from the command line even when the saved config wins.

@@ -14,7 +14,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from training.sharding import put_batch
+from training.distributed.sharding import put_batch
 
 
 def evaluate(eval_step: Callable, model: Any, splits: dict[str, Any], mesh: Mesh, token_bytes: np.ndarray

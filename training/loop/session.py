@@ -1,5 +1,5 @@
 """What a training run does around its steps: the loop's actions (log, evaluate, checkpoint, agree to stop) and the
-run's start and end. training/loop.py says when actions fire; this module says what each one does.
+run's start and end. training/loop/steps.py says when actions fire; this module says what each one does.
 
   first step      wait for it once, and say how long compilation took
   log             every train.log_interval: fetch the interval's metrics (the one transfer per interval), stop on a
@@ -7,10 +7,10 @@ run's start and end. training/loop.py says when actions fire; this module says w
   evaluate        every train.eval_interval and at the end: every validation split, then a checkpoint
   save            at checkpoint.save_steps
   sharpness       every logging.hessian_every steps (when > 0): the top Hessian eigenvalue of the eval loss on a fixed
-                  validation batch (training/curvature.py), compiled at its first measurement; nothing when off
+                  validation batch (training/analysis/curvature.py), compiled at its first measurement; nothing when off
   agree to stop   signals and the time limit: every step in a single process (a host-only check), every log
                   interval across processes (a collective, so that all stop at the same step)
-  profile         around system.profile_steps: start and stop JAX's profiler trace (training/profile.py)
+  profile         around system.profile_steps: start and stop JAX's profiler trace (training/loop/profile.py)
 """
 
 from __future__ import annotations
@@ -23,21 +23,21 @@ import jax
 
 from core.errors import PipelineError
 from training import config as config_lib
-from training.checkpoint import Checkpointer, checkpoint_meta
-from training.clock import RunClock
-from training.curvature import SEED, fixed_batch, sharpness_fn
-from training.evaluate import evaluate
-from training.flops import MFU_CONVENTION, MFU_FORMULA, flops_per_token, mfu, peak_flops
-from training.logs import RunLogger, describe_run, eval_table
-from training.loop import Action, LoopState
-from training.report import finish_run
-from training.run import RunPlan, carried_over
-from training.run_lock import lock_save_path
-from training.sharding import max_over_processes, put_batch
-from training.profile import StepProfiler
-from training.signals import StopRequest
-from training.state import eval_model
-from training.stats import statistics_of
+from training.checkpoints.checkpointer import Checkpointer, checkpoint_meta
+from training.loop.clock import RunClock
+from training.analysis.curvature import SEED, fixed_batch, sharpness_fn
+from training.evaluation.splits import evaluate
+from training.reporting.flops import MFU_CONVENTION, MFU_FORMULA, flops_per_token, mfu, peak_flops
+from training.reporting.logs import RunLogger, describe_run, eval_table
+from training.loop.steps import Action, LoopState
+from training.reporting.summary import finish_run
+from training.checkpoints.resume import RunPlan, carried_over
+from training.checkpoints.lock import lock_save_path
+from training.distributed.sharding import max_over_processes, put_batch
+from training.loop.profile import StepProfiler
+from training.loop.signals import StopRequest
+from training.step.state import eval_model
+from training.step.stats import statistics_of
 
 
 class TrainingRun:

@@ -3,7 +3,7 @@
   run(app, argv)       argv through Hydra (one run, a `-m` sweep, --help, --cfg, -sc), and its exit code. What Hydra
                        cannot compose (an override that does not parse, an unknown key or option, a wrong type) is one
                        line and exit 2, before anything runs, also for every job of a sweep. A sweep ends with its
-                       summary (training/sweep.py) and exits 1 when any job failed.
+                       summary (training/cli/sweep.py) and exits 1 when any job failed.
   job(composed, main)  inside Hydra, once per job: the composed config, finished (training/config/), goes to
                        `main`, whose final `val` loss is the job's return value (what sweepers minimise). In a single
                        run an expected failure is one line and its exit code; in a sweep it is one line naming the
@@ -27,14 +27,14 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from core.errors import PipelineError, first_line
-from training import config_help  # noqa: F401  (registers the resolver that --help's template uses)
+from training.config import help as config_help  # noqa: F401  (registers the resolver that --help's template uses)
 from training import config as config_lib
-from training import sweep
-from training.overrides import as_overrides
-from training.peers import abandon, lost_peer
-from training.storage import storage_error
+from training.cli import sweep
+from training.cli.overrides import as_overrides
+from training.distributed.peers import abandon, lost_peer
+from training.checkpoints.storage import storage_error
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CFG_CHOICES = ("job", "hydra", "all")
 EXCLUDE_KEYS = "hydra.job.config.override_dirname.exclude_keys"
 Main = Callable[[DictConfig, list, float], Any]

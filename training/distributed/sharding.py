@@ -25,7 +25,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from core.errors import ConfigError, first_line
-from training.peers import JAX_HEARTBEAT_MARGIN_S
+from training.distributed.peers import JAX_HEARTBEAT_MARGIN_S
 
 DATA_AXIS, MODEL_AXIS = "data", "model"
 FSDP_MIN_SIZE = 2**14  # arrays smaller than this stay replicated: sharding them saves nothing worth a collective
@@ -60,7 +60,8 @@ def init_distributed(system: Any) -> None:
             num_processes=num_processes,
             process_id=process_id,
             initialization_timeout=system.distributed_timeout_s,
-            # training/peers.py notices a lost process after distributed_timeout_s; this is JAX's own backstop
+            # training/distributed/peers.py notices a lost process after distributed_timeout_s; this is JAX's own
+            # backstop
             heartbeat_timeout_seconds=system.distributed_timeout_s + JAX_HEARTBEAT_MARGIN_S,
         )
     except (RuntimeError, ValueError) as e:

@@ -26,13 +26,13 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from training.compare import markdown, write_comparison
+from training.reporting.compare import markdown, write_comparison
 
 JOB_RECORD = "job.json"
 DIRNAME_MAX = 160  # characters of a job directory's name (file systems allow 255 bytes per name)
 COMPLETED, FAILED, RUNNING, STOPPED = "completed", "failed", "running", "stopped"
 
-# Sweep directories this process started (noted by SweepSummary), for training/cli.py to summarise at the end.
+# Sweep directories this process started (noted by SweepSummary), for training/cli/app.py to summarise at the end.
 started: list[Path] = []
 
 
@@ -55,7 +55,7 @@ def job_dirname(num: Any, overrides: str | None) -> str:
     keeps it unique; a list's brackets become parentheses."""
     name = f"{num}-{overrides}" if overrides else str(num)
     # a list value's brackets become parentheses: TensorStore reads a path holding `[...]` as a pattern, so a job's
-    # checkpoints there would save but never restore (training/storage.py)
+    # checkpoints there would save but never restore (training/checkpoints/storage.py)
     return re.sub(r"[/\\\s]", "_", name).replace("[", "(").replace("]", ")")[:DIRNAME_MAX]
 
 

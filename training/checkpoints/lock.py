@@ -19,7 +19,7 @@ from pathlib import Path
 import jax
 
 from core.errors import CheckpointError
-from training.sharding import max_over_processes
+from training.distributed.sharding import max_over_processes
 
 LOCK_FILE = ".lock"
 

@@ -12,9 +12,9 @@ with 3 target tokens weighs 1/100 of one with 300, exactly as in one big batch.
 With `z_loss` > 0 the objective adds PaLM's auxiliary term z_loss * log(Z)^2 per target token (Z the softmax's
 normaliser), which keeps the logits from drifting; it is reported beside the cross-entropy, which stays the `loss`.
 
-With float16 compute the loss is scaled (training/precision.py); with float16 or `train.skip_nonfinite`, a step whose
-gradients are not finite keeps the old state whole and is counted as skipped. `eval_step(model, batch)` returns the
-summed loss and the number of target tokens (and bytes), so splits of any size average exactly.
+With float16 compute the loss is scaled (training/step/precision.py); with float16 or `train.skip_nonfinite`, a step
+whose gradients are not finite keeps the old state whole and is counted as skipped. `eval_step(model, batch)` returns
+the summed loss and the number of target tokens (and bytes), so splits of any size average exactly.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ import jax.numpy as jnp
 
 from optimizers import applied_lr_of, grad_norm_of
 from optimizers.reporting import optimizer_metrics
-from training.precision import all_finite, cast_floating
-from training.state import TrainState
-from training.stats import StatsKnobs, update_stats
+from training.step.precision import all_finite, cast_floating
+from training.step.state import TrainState
+from training.step.stats import StatsKnobs, update_stats
 
 Batch = dict[str, jax.Array]
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -76,7 +76,7 @@ def make_train_step(optimizer: Any, state_shardings: Any, dtype: jnp.dtype, skip
                     lr_multipliers: dict[str, float] | None = None
                     ) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
     """The compiled step (`jit=False`: the plain function, for ahead-of-time lowering from abstract shapes).
-    `knobs`: which training statistics (training/stats.py) the step computes; none by default. `lr_multipliers`:
+    `knobs`: which training statistics (training/step/stats.py) the step computes; none by default. `lr_multipliers`:
     the optimizer's parameter groups' (optimizers/groups.py), each reported as `lr/<group>`."""
     dynamic_scale = jnp.dtype(dtype) == jnp.float16
     guard = dynamic_scale or skip_nonfinite

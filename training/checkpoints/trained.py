@@ -15,7 +15,7 @@ from data import Data, make_data
 from data.corpus import load_corpus
 from data.tokenizers import Tokenizer, tokenizer_from_json
 from models import MODEL_BUILDERS
-from training.checkpoint import Checkpointer, find_checkpoint_dir
+from training.checkpoints.checkpointer import Checkpointer, find_checkpoint_dir
 from training import config as config_lib
 from training.config import Config, to_config
 

@@ -7,10 +7,11 @@
     <save_path>/<step>/meta/         JSON: step, tokens seen, losses, config, tokenizer, wandb id, versions, ...
     <save_path>/<step>/eval_model/   schedule-free only: the averaged weights x, what sampling and export read
     <save_path>/<step>/stats/        the training statistics' buffers (and the update geometry's running sums), only
-                                     when the run's knobs made them (training/stats.py)
+                                     when the run's knobs made them (training/step/stats.py)
 
-The three array items (and stats/ when present) together are the whole TrainState; they are separate so that a run can take the weights alone
-(`init_from`, `checkpoint.overwrite_optimizer=True`) even when its optimizer state has another structure.
+The three array items (and stats/ when present) together are the whole TrainState; they are separate so that a run can
+take the weights alone (`init_from`, `checkpoint.overwrite_optimizer=True`) even when its optimizer state has another
+structure.
 
 Saves are asynchronous: `save` returns once the arrays are copied off the devices and Orbax commits in the background.
 A step directory only appears under its final name once complete, so a save interrupted by `kill -9` is never listed.
@@ -40,8 +41,8 @@ from orbax.checkpoint import checkpoint_managers as policies
 
 from core.errors import CheckpointError, first_line
 from training.config import load_file_step
-from training.state import eval_model
-from training.storage import DISK_FULL_ERRNOS
+from training.step.state import eval_model
+from training.checkpoints.storage import DISK_FULL_ERRNOS
 
 # Orbax reports routine events (read-only opens, ...) as warnings, and a failed background save as errors with the
 # threads' tracebacks before the failure reaches the caller: the caller says it once, as a CheckpointError.
@@ -49,7 +50,7 @@ absl.logging.set_verbosity(absl.logging.FATAL)
 
 PARTS = ("model", "opt_state", "progress")  # the TrainState, split by what a restore may want
 META = "meta"
-STATS = "stats"  # training-statistics buffers: saved only by runs whose knobs made them (training/stats.py)
+STATS = "stats"  # training-statistics buffers: saved only by runs whose knobs made them (training/step/stats.py)
 EVAL_MODEL = "eval_model"  # the weights to evaluate and export where they are not the parameters (schedule-free's x)
 
 
@@ -280,7 +281,7 @@ def _all_finite(tree: Any) -> jax.Array:
 
 
 def _eval_weights(state: Any) -> Any:
-    """The evaluated weights (training/state.py eval_model) when they are not the parameters; else None."""
+    """The evaluated weights (training/step/state.py eval_model) when they are not the parameters; else None."""
     evaluated = eval_model(state)
     return None if evaluated is state.model else eqx.filter(evaluated, eqx.is_array)
 

@@ -5,12 +5,12 @@
                                                  eigenvector, and how many Hessian-vector products it took
     sharpness_fn(...)                            the compiled measurement of a model on a batch, with the eval loss
 
-The loss is the evaluation's masked mean token cross-entropy (training/step.py `mean_loss`: every target token
-counts once, padding and fine-tuning prompts not at all) on the model's float32 parameters in float32, whatever the
-run's compute dtype: a 16-bit Hessian-vector product is too noisy for power iteration to settle. With gradient descent
-at learning rate lr the loss can only decrease stably while the sharpness stays below 2/lr, the "edge of stability"
-(Cohen et al. 2021); with momentum beta the bound is (2 + 2 beta)/lr, and for Adam it bounds the preconditioned
-Hessian's sharpness instead (Cohen et al. 2022), so 2/lr is a reference line, not a law, for those.
+The loss is the evaluation's masked mean token cross-entropy (training/step/train_step.py `mean_loss`: every target
+token counts once, padding and fine-tuning prompts not at all) on the model's float32 parameters in float32, whatever
+the run's compute dtype: a 16-bit Hessian-vector product is too noisy for power iteration to settle. With gradient
+descent at learning rate lr the loss can only decrease stably while the sharpness stays below 2/lr, the "edge of
+stability" (Cohen et al. 2021); with momentum beta the bound is (2 + 2 beta)/lr, and for Adam it bounds the
+preconditioned Hessian's sharpness instead (Cohen et al. 2022), so 2/lr is a reference line, not a law, for those.
 
 Power iteration finds the eigenvalue of largest magnitude, which is the sharpness (the largest eigenvalue) whenever it
 is positive, as it is through most of a run. It can be negative, from curvature on a very small scale (measured: -437
@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from training.step import mean_loss
+from training.step.train_step import mean_loss
 
 ITERS = 20  # most Hessian-vector products per measurement, unless told (the loop: logging.hessian_iters)
 TOL = 1e-3  # convergence tolerance: the estimate's relative change between two products

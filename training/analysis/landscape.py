@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from models.gpt import Linear
-from training.step import token_losses
+from training.step.train_step import token_losses
 
 Params = Any  # a pytree of the model's arrays (eqx.filter(model, eqx.is_array))
 

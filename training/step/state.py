@@ -12,9 +12,9 @@ from jax.sharding import Mesh
 
 from models.fp8 import Fp8State
 from optimizers import eval_params
-from training.precision import LossScale
-from training.sharding import state_shardings
-from training.stats import StatsKnobs, init_stats
+from training.step.precision import LossScale
+from training.distributed.sharding import state_shardings
+from training.step.stats import StatsKnobs, init_stats
 
 
 class TrainState(eqx.Module):
@@ -23,7 +23,7 @@ class TrainState(eqx.Module):
     opt_state: optax.OptState  # incl. MultiSteps' accumulator when accumulating
     key: jax.Array  # base PRNG key (uint32[2]); step keys are folded in from it, so it never changes
     loss_scale: LossScale  # float16's dynamic loss scale and the count of skipped (non-finite) steps
-    stats: dict | None = None  # training-statistics buffers (training/stats.py); None when no knob is on
+    stats: dict | None = None  # training-statistics buffers (training/step/stats.py); None when no knob is on
     fp8: Fp8State | None = None  # system.dtype=fp8: the FP8 matmuls' amax histories (models/fp8.py); else None
 
     @staticmethod

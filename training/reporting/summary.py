@@ -115,7 +115,7 @@ def plot_runs(run_dirs: list[Path], out: Path, labels: list[str] | None = None) 
 def finish_run(run_dir: Path, checkpointer: Any, stopped: str | None, wall_s: float, parameters: int,
                mfu_formula: str, plot: bool = True) -> None:
     """summary.json, and plots.png unless `plot` is false, at the end of a run (process 0)."""
-    from training.checkpoint import package_versions
+    from training.checkpoints.checkpointer import package_versions
 
     checkpoints = None
     if checkpointer is not None:

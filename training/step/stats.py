@@ -14,7 +14,7 @@ micro-batches, before clipping), Δ_t = x_{t+1} − x_t the update that was appl
                        Needs store_last_params; costs one forward+backward pass per micro-batch.
   running_stats_window W > 0: the mean of each scalar statistic over the last W steps. Buffer: W x statistics.
   update_geometry      per parameter group, inner products, cosines and norms of g, x and Δ with running sums
-                       (training/geometry.py). Buffer: the last update.
+                       (training/step/geometry.py). Buffer: the last update.
 
 A statistic that needs a previous step is NaN at a run's first step. Skipped (non-finite) steps leave the buffers
 as they were. The buffers live in `TrainState.stats`, so they checkpoint and resume with the rest of the state.
@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from training.geometry import init_geometry, step_geometry
+from training.step.geometry import init_geometry, step_geometry
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class StatsKnobs:
     compute_last_loss: bool = False
     compute_last_grads: bool = False
     window: int = 0
-    # update geometry (training/geometry.py): each parameter's path and its group; empty = off
+    # update geometry (training/step/geometry.py): each parameter's path and its group; empty = off
     geometry_groups: tuple[tuple[str, str], ...] = ()
 
     @staticmethod
