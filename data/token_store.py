@@ -22,14 +22,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from core.errors import DataError
+from core.files import wait_for, write_atomic
 
 STORE_VERSION = "token-store-v1"
 COPY_BLOCK = 64 << 20  # bytes per read when shards are joined: constant memory whatever the corpus size
@@ -139,15 +138,6 @@ class BuildContext:
             return None
 
 
-def _write_atomic(path: Path, data: bytes | np.ndarray) -> None:
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data if isinstance(data, bytes) else np.ascontiguousarray(data).tobytes())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def build_chunk(ctx: BuildContext, chunk: Chunk, extra: Callable[[dict], dict] | None = None) -> dict:
     """Tokenise one chunk into a shard per split, appending batch by batch (memory bounded by a batch, not a
     chunk), then write its marker: the counts per split and `extra(counts)`. Returns the marker."""
@@ -179,7 +169,7 @@ def build_chunk(ctx: BuildContext, chunk: Chunk, extra: Callable[[dict], dict] |
         for tmp, name in zip(tmps, names):
             os.replace(tmp, name)
     marker = {"splits": counts, "process": ctx.process_index, **(extra(counts) if extra else {})}
-    _write_atomic(ctx.root / f"chunk-{chunk.index:05d}.json", json.dumps(marker).encode())
+    write_atomic(ctx.root / f"chunk-{chunk.index:05d}.json", json.dumps(marker).encode())
     if ctx.progress:
         ctx.progress(sum(c["documents"] for c in counts.values()), sum(c["tokens"] for c in counts.values()))
     return marker
@@ -208,7 +198,7 @@ def finish_store(ctx: BuildContext, num_chunks: int) -> TokenStore:
         _join(ctx, split, markers)
         meta["splits"][split] = {key: sum(m["splits"][split][key] for m in markers)
                                  for key in ("tokens", "documents", "bytes")}
-    _write_atomic(ctx.root / "store.json", json.dumps(meta, indent=1).encode())
+    write_atomic(ctx.root / "store.json", json.dumps(meta, indent=1).encode())
     for path in [*ctx.root.glob("*.shard-*"), *ctx.root.glob("chunk-*.json")]:
         path.unlink(missing_ok=True)
     store = open_store(ctx.root, ctx.inputs)
@@ -241,13 +231,3 @@ def _wait_for(get: Callable, ctx: BuildContext, what: str):
     return wait_for(get, ctx.wait_s, f"dataset: waited {ctx.wait_s:.0f} s for {what}; raise "
                                      f"dataset.build_timeout_s or delete {ctx.root} to build it again")
 
-
-def wait_for(get: Callable, wait_s: float, timeout_line: str):
-    """Poll `get()` on the shared filesystem until it returns something other than None; after `wait_s`, fail with
-    `timeout_line`. How the processes of a run wait for each other's part of the data, before JAX is involved."""
-    deadline = time.monotonic() + wait_s
-    while (value := get()) is None:
-        if time.monotonic() > deadline:
-            raise DataError(timeout_line)
-        time.sleep(0.5)
-    return value

@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
 from core.errors import DataError
+from core.files import wait_for, write_atomic
 from data.notes_tokenizer import NotesTokenizer
-from data.token_store import wait_for
 from data.tokenizer_base import SPECIAL_TOKENS, Tokenizer
 
 
@@ -204,7 +203,5 @@ def build_tokenizer(kind: str, *, bpe_vocab_size: int, train_texts: Callable[[],
         return tokenizer_from_json(json.loads(path.read_text()))
     tokenizer = BpeTokenizer.train(iter(train_texts()), bpe_vocab_size)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(tokenizer.to_json()))
-    os.replace(tmp, path)  # atomic: a concurrent reader sees the whole file or none
+    write_atomic(path, json.dumps(tokenizer.to_json()))  # a concurrent reader sees the whole file or none
     return tokenizer

@@ -35,13 +35,15 @@ from typing import Any
 import absl.logging
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as policies
 
 from core.errors import CheckpointError, first_line
-from training.config import load_file_step
-from training.step.state import eval_model
+from data.tokenizers import Tokenizer
+from models.gpt import GPT
+from training.config import Config, load_file_step
+from training.step.precision import all_finite
+from training.step.state import TrainState, eval_model
 from training.checkpoints.storage import DISK_FULL_ERRNOS
 
 # Orbax reports routine events (read-only opens, ...) as warnings, and a failed background save as errors with the
@@ -52,6 +54,7 @@ PARTS = ("model", "opt_state", "progress")  # the TrainState, split by what a re
 META = "meta"
 STATS = "stats"  # training-statistics buffers: saved only by runs whose knobs made them (training/step/stats.py)
 EVAL_MODEL = "eval_model"  # the weights to evaluate and export where they are not the parameters (schedule-free's x)
+_finite_params = jax.jit(all_finite)  # a save checks the parameters first: it writes no NaN weights
 
 
 def _val_loss(metrics: dict) -> float:
@@ -82,9 +85,9 @@ class Checkpointer:
         _drop_abandoned_io()  # a failed background save echoes from Orbax's threads before anyone is told
 
     # -- writing ---------------------------------------------------------------------------------------------------
-    def save(self, state: Any, meta: dict, val_loss: float | None = None) -> bool:
+    def save(self, state: TrainState, meta: dict, val_loss: float | None = None) -> bool:
         """Start an async save of `state` at its step. Refuses (returns False) when a parameter is not finite."""
-        if not bool(_all_finite(eqx.filter(state.model, eqx.is_array))):
+        if not bool(_finite_params(eqx.filter(state.model, eqx.is_array))):
             return False
         step = int(state.step)
         if step in self._manager.all_steps():
@@ -171,7 +174,7 @@ class Checkpointer:
                 f"checkpoint {self.directory}/{step}: metadata unreadable ({type(e).__name__}); corrupt or truncated?"
             ) from None
 
-    def restore(self, step: int, like: Any, parts: tuple[str, ...] = PARTS) -> Any:
+    def restore(self, step: int, like: TrainState, parts: tuple[str, ...] = PARTS) -> TrainState:
         """`like` (a TrainState on the target devices) with `parts` replaced by the checkpoint's at `step`.
 
         Arrays come back in the shardings of `like`'s, whatever device layout the checkpoint was written with.
@@ -192,7 +195,7 @@ class Checkpointer:
         return type(like)(step=progress["step"], model=model, opt_state=opt_state, key=progress["key"],
                           loss_scale=progress["loss_scale"], stats=stats, fp8=progress.get("fp8"))
 
-    def restore_model(self, step: int, like: Any) -> Any:
+    def restore_model(self, step: int, like: GPT) -> GPT:
         """Only the parameters, into the structure and shardings of the model `like` (sampling, export); `like` may
         be abstract (ShapeDtypeStruct leaves with shardings), so the full model is never built twice."""
         is_leaf = lambda x: isinstance(x, (jax.Array, jax.ShapeDtypeStruct))  # noqa: E731
@@ -274,19 +277,13 @@ def _from_orbax(unraisable: Any) -> bool:
     return "orbax" in repr(unraisable.object) or any("orbax" in f for f in files)
 
 
-@jax.jit
-def _all_finite(tree: Any) -> jax.Array:
-    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]
-    return jnp.all(jnp.stack(leaves))
-
-
-def _eval_weights(state: Any) -> Any:
+def _eval_weights(state: TrainState) -> Any:
     """The evaluated weights (training/step/state.py eval_model) when they are not the parameters; else None."""
     evaluated = eval_model(state)
     return None if evaluated is state.model else eqx.filter(evaluated, eqx.is_array)
 
 
-def _parts(state: Any) -> dict[str, Any]:
+def _parts(state: TrainState) -> dict[str, Any]:
     return {
         "model": eqx.filter(state.model, eqx.is_array),
         "opt_state": state.opt_state,
@@ -314,7 +311,7 @@ def holds_checkpoints(path: Path) -> bool:
     return path.is_dir() and any(c.name.isdigit() for c in path.iterdir())
 
 
-def checkpoint_meta(cfg: Any, plan: Any, tokenizer: Any, step: int, tokens_seen: int, train_loss: float,
+def checkpoint_meta(cfg: Config, plan: Any, tokenizer: Tokenizer, step: int, tokens_seen: int, train_loss: float,
                     val_loss: float | None, best_val_loss: float, wandb_id: str | None, time_trained_s: float) -> dict:
     """The JSON item saved beside the arrays: enough to resume, evaluate, sample or audit without the run's logs."""
     from training.config import as_dict

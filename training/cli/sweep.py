@@ -17,8 +17,6 @@ Layout (conf/hydra/output/runs.yaml):
 from __future__ import annotations
 
 import json
-import math
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -26,7 +24,9 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from core.files import write_atomic
 from training.reporting.compare import markdown, write_comparison
+from training.reporting.summary import finite_number
 
 JOB_RECORD = "job.json"
 DIRNAME_MAX = 160  # characters of a job directory's name (file systems allow 255 bytes per name)
@@ -65,9 +65,7 @@ OmegaConf.register_new_resolver("job_dirname", job_dirname, replace=True)
 def write_record(job_dir: Path, record: dict[str, Any]) -> None:
     """job.json, replaced whole (a reader never sees half of it)."""
     job_dir.mkdir(parents=True, exist_ok=True)
-    tmp = job_dir / f".{JOB_RECORD}.{os.getpid()}"
-    tmp.write_text(json.dumps(record, indent=2))
-    tmp.replace(job_dir / JOB_RECORD)
+    write_atomic(job_dir / JOB_RECORD, json.dumps(record, indent=2))
 
 
 def stop_reason(run_dir: Path) -> str | None:
@@ -81,18 +79,14 @@ def read_records(sweep_dir: Path) -> list[dict[str, Any]]:
     return sorted(records, key=lambda r: r["job"])
 
 
-def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value)
-
-
-def summarize(sweep_dir: Path) -> dict[str, Any]:
+def summarize_sweep(sweep_dir: Path) -> dict[str, Any]:
     """sweep.json and sweep.md from the jobs' records, and the comparison of their runs; returns what sweep.json
     holds (`jobs`, `completed`, `failed`: jobs that did not complete, `best`)."""
     jobs = read_records(sweep_dir)
     common = set.intersection(*(set(j["overrides"]) for j in jobs)) if jobs else set()
     for j in jobs:
         j["differs"] = [o for o in j["overrides"] if o not in common]
-    done = [j for j in jobs if j["status"] == COMPLETED and _finite(j.get("val_loss"))]
+    done = [j for j in jobs if j["status"] == COMPLETED and finite_number(j.get("val_loss"))]
     best = min(done, key=lambda j: j["val_loss"]) if done else None
     failed = [j for j in jobs if j["status"] != COMPLETED]
     summary = {"sweep_dir": str(sweep_dir), "completed": len(jobs) - len(failed), "failed": len(failed),

@@ -23,7 +23,7 @@ from training.config.model import Attention, ModelConfig, Remat
 from training.config.nodes import CONF_DIR, as_dict, flat_hparams, schema_node, to_yaml
 from training.config.optimizer import LrConfig, OptimizerConfig, Schedule
 from training.config.root import (Config, LossMasking, Mode, Stage, check_devices, context_size, evaluating,
-                                  init_from_dir, is_save_step, listed_save_steps, load_mode, schedule_steps)
+                                  init_from_dir, listed_save_steps, load_mode, schedule_steps)
 from training.config.system import Dtype, Sharding, SystemConfig
 
 __all__ = [
@@ -32,6 +32,6 @@ __all__ = [
     "Progress", "TrainConfig", "WandbFallback", "WandbMode", "load_file_step", "mixture_sources", "Attention",
     "ModelConfig", "Remat", "CONF_DIR", "as_dict", "flat_hparams", "schema_node", "to_yaml", "LrConfig",
     "OptimizerConfig", "Schedule", "Config", "LossMasking", "Mode", "Stage", "check_devices", "context_size",
-    "evaluating", "init_from_dir", "is_save_step", "listed_save_steps", "load_mode", "schedule_steps", "Dtype",
+    "evaluating", "init_from_dir", "listed_save_steps", "load_mode", "schedule_steps", "Dtype",
     "Sharding", "SystemConfig",
 ]

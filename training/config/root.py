@@ -169,9 +169,3 @@ def listed_save_steps(cfg: Config) -> list[int]:
     steps = cfg.checkpoint.save_steps
     return list(steps) if isinstance(steps, list) else []
 
-
-def is_save_step(cfg: Config, step: int) -> bool:
-    steps = cfg.checkpoint.save_steps
-    if steps is None:
-        return False
-    return step in steps if isinstance(steps, list) else step % steps == 0

@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from training.reporting.summary import TRAIN, latest_per_step, read_metrics, summarize
+from training.reporting.summary import TRAIN, latest_per_step, read_metrics, summarize_metrics
 
 # Keys that name where a run writes, not what it is: never a column of their own.
 RUN_IDENTITY_KEYS = ("logging.run_dir", "logging.name", "checkpoint.save_path", "checkpoint.load_path")
@@ -50,7 +50,7 @@ def run_record(run_dir: Path) -> dict[str, Any]:
     config = _flat(yaml.safe_load(config_path.read_text())) if config_path.exists() else {}
     summary_path = run_dir / "summary.json"
     summary = (json.loads(summary_path.read_text()) if summary_path.exists()
-               else summarize(read_metrics(run_dir), {"stopped": "unfinished"}))
+               else summarize_metrics(read_metrics(run_dir), {"stopped": "unfinished"}))
     return {"run": str(run_dir), "config": config, "summary": summary}
 
 

@@ -10,7 +10,10 @@ import json
 import math
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from training.checkpoints.checkpointer import Checkpointer
 
 TRAIN = "train"
 
@@ -30,7 +33,7 @@ def latest_per_step(rows: list[dict]) -> list[dict]:
     return sorted(out.values(), key=lambda r: (r["step"], r["split"]))
 
 
-def summarize(rows: list[dict], extra: dict[str, Any]) -> dict[str, Any]:
+def summarize_metrics(rows: list[dict], extra: dict[str, Any]) -> dict[str, Any]:
     """Final and best loss of every split, tokens seen, throughput (median over log intervals), MFU where known."""
     rows = latest_per_step(rows)
     train = [r for r in rows if r["split"] == TRAIN]
@@ -42,12 +45,12 @@ def summarize(rows: list[dict], extra: dict[str, Any]) -> dict[str, Any]:
         s.update(final_loss=r["loss"], final_step=r["step"], final_perplexity=r.get("perplexity"))
         if r["loss"] < s["best_loss"]:
             s.update(best_loss=r["loss"], best_step=r["step"])
-    rates = [r["tokens_per_s"] for r in train if _number(r.get("tokens_per_s"))]
-    mfus = [r["mfu"] for r in train if _number(r.get("mfu"))]
+    rates = [r["tokens_per_s"] for r in train if finite_number(r.get("tokens_per_s"))]
+    mfus = [r["mfu"] for r in train if finite_number(r.get("mfu"))]
     return {
         "steps": train[-1]["step"] if train else 0,
         "train": {"final_loss": train[-1]["loss"] if train else None,
-                  "best_loss": min((r["loss"] for r in train if _number(r.get("loss"))), default=None)},
+                  "best_loss": min((r["loss"] for r in train if finite_number(r.get("loss"))), default=None)},
         "splits": splits,
         "tokens_seen": train[-1].get("tokens_seen") if train else 0,
         **({"tokens_seen_per_source": by_source} if (by_source := {
@@ -59,13 +62,14 @@ def summarize(rows: list[dict], extra: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _number(x: Any) -> bool:
+def finite_number(x: Any) -> bool:
+    """A finite int or float; None, a string or NaN is not."""
     return isinstance(x, (int, float)) and math.isfinite(x)
 
 
 def write_summary(run_dir: Path, extra: dict[str, Any]) -> Path:
     path = Path(run_dir) / "summary.json"
-    path.write_text(json.dumps(summarize(read_metrics(run_dir), extra), indent=2))
+    path.write_text(json.dumps(summarize_metrics(read_metrics(run_dir), extra), indent=2))
     return path
 
 
@@ -93,7 +97,7 @@ def plot_runs(run_dirs: list[Path], out: Path, labels: list[str] | None = None) 
             loss_ax.plot([r["step"] for r in points], [r["loss"] for r in points], color=colour,
                          ls=styles[j % len(styles)], marker="o", ms=3, label=f"{label}: {split}")
         lr_ax.plot([r["step"] for r in train], [r.get("lr") for r in train], color=colour, label=label)
-        timed = [r for r in train if _number(r.get("tokens_per_s"))]
+        timed = [r for r in train if finite_number(r.get("tokens_per_s"))]
         speed_ax.plot([r["step"] for r in timed], [r["tokens_per_s"] for r in timed], color=colour, label=label)
     for ax, title in ((loss_ax, "loss per token"), (lr_ax, "learning rate"), (speed_ax, "tokens / s")):
         ax.set_title(title)
@@ -112,7 +116,7 @@ def plot_runs(run_dirs: list[Path], out: Path, labels: list[str] | None = None) 
     return curves
 
 
-def finish_run(run_dir: Path, checkpointer: Any, stopped: str | None, wall_s: float, parameters: int,
+def finish_run(run_dir: Path, checkpointer: Checkpointer | None, stopped: str | None, wall_s: float, parameters: int,
                mfu_formula: str, plot: bool = True) -> None:
     """summary.json, and plots.png unless `plot` is false, at the end of a run (process 0)."""
     from training.checkpoints.checkpointer import package_versions
