@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import jax  # noqa: E402
 
 from core.errors import PipelineError  # noqa: E402
-import train_jax  # noqa: E402
+from training.pipeline.build import build, init_model, init_optimizer, init_scheduler  # noqa: E402
 from models.gpt import count_params  # noqa: E402
 from training import config as config_lib  # noqa: E402
 from training.reporting.flops import MFU_FORMULA, flops_per_token, mfu, peak_flops  # noqa: E402
@@ -36,7 +36,7 @@ from training.distributed.sharding import put_batch  # noqa: E402
 
 def bench(overrides: list[str], steps: int, warmup: int) -> dict:
     cfg = config_lib.load_config(overrides, jax.local_device_count())
-    p = train_jax.build(cfg)
+    p = build(cfg)
     mesh, data, state, train_step = p.mesh, p.data, p.state, p.train_step
     batches = [put_batch(data.train.batch(s), mesh) for s in range(warmup + steps)]
 
@@ -100,7 +100,7 @@ def _round(x: float | None) -> float | None:
 def bench_loader(overrides: list[str], steps: int) -> dict:
     """The data path alone, no model: read the windows, build the batch, put it on the devices."""
     cfg = config_lib.load_config(overrides, jax.local_device_count())
-    p = train_jax.build(cfg)
+    p = build(cfg)
     jax.block_until_ready(put_batch(p.data.train.batch(0), p.mesh))
     t0 = time.perf_counter()
     for s in range(1, steps + 1):
@@ -117,14 +117,15 @@ def bench_compile(overrides: list[str], vocab: int) -> dict:
 
     from training.distributed.sharding import init_mesh, state_shardings
     from training.step.state import TrainState
-    from training.step.train_step import compute_dtype, make_train_step
+    from training.step.precision import compute_dtype
+    from training.step.train_step import make_train_step
 
     cfg = config_lib.load_config(overrides)
     dtype = compute_dtype(cfg.system.dtype)
     fp8_history = cfg.system.fp8_amax_history if cfg.system.dtype == "fp8" else 0
     mesh = init_mesh(cfg.system.num_devices, cfg.system.mesh_model)
-    model = eqx.filter_eval_shape(train_jax.init_model, cfg, vocab, jax.random.PRNGKey(0))
-    optimizer = train_jax.init_optimizer(cfg, train_jax.init_scheduler(cfg), model)
+    model = eqx.filter_eval_shape(init_model, cfg, vocab, jax.random.PRNGKey(0))
+    optimizer = init_optimizer(cfg, init_scheduler(cfg), model)
     state = eqx.filter_eval_shape(TrainState.create, model, optimizer, jax.random.PRNGKey(0), dtype,
                                   fp8_history=fp8_history)
     shardings = state_shardings(state, mesh, cfg.system.sharding)

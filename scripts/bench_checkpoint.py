@@ -24,7 +24,7 @@ import equinox as eqx  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-import train_jax  # noqa: E402
+from training.pipeline.build import init_model, init_optimizer, init_scheduler  # noqa: E402
 from models.gpt import count_params  # noqa: E402
 from training import config as config_lib  # noqa: E402
 from training.checkpoints.checkpointer import Checkpointer  # noqa: E402
@@ -39,8 +39,8 @@ def main(argv: list[str]) -> int:
     args, overrides = parser.parse_known_args(argv)
     cfg = config_lib.load_config(overrides)
     mesh = init_mesh(cfg.system.num_devices)
-    model = train_jax.init_model(cfg, args.vocab, jax.random.PRNGKey(0))
-    optimizer = train_jax.init_optimizer(cfg, train_jax.init_scheduler(cfg), model)
+    model = init_model(cfg, args.vocab, jax.random.PRNGKey(0))
+    optimizer = init_optimizer(cfg, init_scheduler(cfg), model)
     state, _ = place_state(model, optimizer, jax.random.PRNGKey(1), mesh, cfg.system.sharding)
     state_bytes = sum(x.nbytes for x in jax.tree.leaves(eqx.filter(state, eqx.is_array)))
     directory = Path(tempfile.mkdtemp(prefix="bench-ckpt-"))

@@ -133,11 +133,11 @@ def _reply(replies: TextIO, message: dict) -> None:
 
 
 def ours(args: argparse.Namespace, commands: TextIO, replies: TextIO) -> None:
-    """The pipeline's step as train_jax.build makes it, on random tokens (no tokenizer, no corpus)."""
+    """The pipeline's step as training/pipeline/build.py makes it, on random tokens (no tokenizer, no corpus)."""
     import jax
     import numpy as np
 
-    import train_jax
+    from training.pipeline.build import init_model, init_optimizer, init_scheduler, init_state_and_steps
     from models.gpt import count_params
     from training import config as config_lib
     from training.reporting.flops import flops_per_token, peak_flops
@@ -153,9 +153,9 @@ def ours(args: argparse.Namespace, commands: TextIO, replies: TextIO) -> None:
     config_lib.check_devices(cfg, jax.local_device_count())
     mesh = init_mesh(cfg.system.num_devices, cfg.system.mesh_model)
     model_key, train_key = jax.random.split(jax.random.PRNGKey(cfg.train.seed))
-    model = train_jax.init_model(cfg, VOCAB, model_key)
-    optimizer = train_jax.init_optimizer(cfg, train_jax.init_scheduler(cfg), model)
-    state, _, train_step, _ = train_jax.init_state_and_steps(cfg, model, optimizer, train_key, mesh)
+    model = init_model(cfg, VOCAB, model_key)
+    optimizer = init_optimizer(cfg, init_scheduler(cfg), model)
+    state, _, train_step, _ = init_state_and_steps(cfg, model, optimizer, train_key, mesh)
     context, accum = config_lib.context_size(cfg), cfg.train.grad_accum_steps
     tokens = np.random.default_rng(0).integers(0, VOCAB, (accum, cfg.train.batch_size, context + 1), np.int32)
     inputs, targets = tokens[..., :-1], tokens[..., 1:]

@@ -27,7 +27,7 @@ from core.errors import ConfigError, PipelineError  # noqa: E402
 from training.checkpoints.checkpointer import find_checkpoint_dir  # noqa: E402
 from training.evaluation.harness import evaluate_tasks, harness_lm, import_lm_eval  # noqa: E402
 from training.step.precision import cast_floating  # noqa: E402
-from training.step.train_step import COMPUTE_DTYPES  # noqa: E402
+from training.step.precision import COMPUTE_DTYPES  # noqa: E402
 from training.checkpoints.storage import check_writable  # noqa: E402
 from training.checkpoints.trained import Trained, add_checkpoint_arguments, load_trained  # noqa: E402
 

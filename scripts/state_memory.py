@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import equinox as eqx  # noqa: E402
 import jax  # noqa: E402
 
-import train_jax  # noqa: E402
+from training.pipeline.build import init_model, init_optimizer, init_scheduler  # noqa: E402
 from models.gpt import count_params  # noqa: E402
 from training import config as config_lib  # noqa: E402
 from training.distributed.sharding import init_mesh, per_device_bytes, state_shardings  # noqa: E402
@@ -36,8 +36,8 @@ from training.step.state import TrainState  # noqa: E402
 
 def main() -> int:
     cfg = config_lib.load_config(overrides)
-    model = eqx.filter_eval_shape(train_jax.init_model, cfg, args.vocab, jax.random.PRNGKey(0))
-    optimizer = train_jax.init_optimizer(cfg, train_jax.init_scheduler(cfg), model)
+    model = eqx.filter_eval_shape(init_model, cfg, args.vocab, jax.random.PRNGKey(0))
+    optimizer = init_optimizer(cfg, init_scheduler(cfg), model)
     state = eqx.filter_eval_shape(TrainState.create, model, optimizer, jax.random.PRNGKey(0))
     report = {"model": cfg.model.name, "params": count_params(model), "optimizer": cfg.optimizer.name,
               "grad_accum_steps": cfg.train.grad_accum_steps, "devices": args.devices, "layouts": []}

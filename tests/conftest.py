@@ -106,7 +106,7 @@ def finished(tmp_path_factory, data_cache):
     import train_jax
 
     run_dir = tmp_path_factory.mktemp("finished") / "run"
-    assert train_jax.run(helpers.tiny_overrides(data_cache, f"logging.run_dir={run_dir}")) == 0
+    assert train_jax.command_line(helpers.tiny_overrides(data_cache, f"logging.run_dir={run_dir}")) == 0
     return run_dir
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import jax
 
 import train_jax
+from training.pipeline import build as pipeline_build
 from training import config as config_lib
 from training.checkpoints.resume import Source
 from training.distributed.sharding import put_batch
@@ -53,9 +54,9 @@ def tiny_overrides(cache_dir: str, *extra: str) -> list[str]:
 
 
 class Parts:
-    """train_jax.build's pipeline, with a step helper that feeds the batch of a given step."""
+    """training/pipeline/build.py's pipeline, with a step helper that feeds the batch of a given step."""
 
-    def __init__(self, cfg: Any, pipeline: train_jax.Pipeline) -> None:
+    def __init__(self, cfg: Any, pipeline: pipeline_build.Pipeline) -> None:
         self.cfg = cfg
         self.__dict__.update(vars(pipeline))
 
@@ -66,7 +67,7 @@ class Parts:
 
 def build(overrides: list[str], source: Source | None = None) -> Parts:
     cfg = config_lib.load_config(overrides, jax.local_device_count())
-    return Parts(cfg, train_jax.build(cfg, source))
+    return Parts(cfg, pipeline_build.build(cfg, source))
 
 
 # Where a test's subprocesses run unless it says otherwise (set per session by conftest.py): relative defaults such as
@@ -120,11 +121,11 @@ def run_cli(args: list[str], timeout: float = 300, env: dict | None = None, cwd:
 
 
 def run_in_process(args: list[str], capsys: Any) -> subprocess.CompletedProcess:
-    """`train_jax.run(args)` in this process, with its exit code and what it printed, shaped like `run_cli`'s result:
-    for a command that fails before it trains, trains nothing or continues a few steps, where a new interpreter would
-    add its 2-3 s of imports. Output written below Python (XLA's, absl's) does not reach `capsys`: keep each
-    family's first case in `run_cli`."""
-    code = train_jax.run(args)
+    """`train_jax.command_line(args)` in this process, with its exit code and what it printed, shaped like `run_cli`'s
+    result: for a command that fails before it trains, trains nothing or continues a few steps, where a new
+    interpreter would add its 2-3 s of imports. Output written below Python (XLA's, absl's) does not reach `capsys`:
+    keep each family's first case in `run_cli`."""
+    code = train_jax.command_line(args)
     out, err = capsys.readouterr()
     return subprocess.CompletedProcess(["train_jax.py", *args], code, out, err)
 

@@ -40,7 +40,7 @@ BAD_CONFIGS = [
 @pytest.mark.parametrize("overrides,message", BAD_CONFIGS, ids=[o[0][-1] for o in BAD_CONFIGS])
 def test_bad_config_exits_2_with_one_line_naming_the_key(overrides, message, tmp_path, capsys, data_cache):
     run_dir = tmp_path / "run"
-    code = train_jax.run(tiny_overrides(data_cache, f"logging.run_dir={run_dir}", *overrides))
+    code = train_jax.command_line(tiny_overrides(data_cache, f"logging.run_dir={run_dir}", *overrides))
     err = capsys.readouterr().err.strip()
     assert code == 2
     assert len(err.splitlines()) == 1, err
@@ -73,7 +73,7 @@ def test_config_is_read_only_once_loaded():
 
 def test_cfg_prints_every_key_of_the_composed_config_and_runs_nothing(tmp_path, capsys):
     overrides = ["model=gpt2-tiny", "optimizer=sgdm", "train.max_steps=7", f"logging.run_dir={tmp_path}/run"]
-    assert train_jax.run(["--cfg", *overrides]) == 0
+    assert train_jax.command_line(["--cfg", *overrides]) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed == as_dict(to_config(compose_config(overrides)))
     assert printed["model"]["name"] == "gpt2-tiny" and printed["optimizer"]["momentum"] == 0.9

@@ -71,9 +71,9 @@ def test_filter_normalised_directions_have_each_filters_norm_and_projections_rec
 def run_dir(tmp_path_factory, data_cache):
     """A tiny run measuring sharpness every 2 steps, with checkpoints at steps 2 and 4."""
     run_dir = tmp_path_factory.mktemp("curvature") / "run"
-    assert train_jax.run(tiny_overrides(data_cache, f"logging.run_dir={run_dir}", "train.max_steps=4",
-                                        "train.eval_interval=2", "logging.hessian_every=2",
-                                        "logging.hessian_iters=4")) == 0
+    assert train_jax.command_line(tiny_overrides(data_cache, f"logging.run_dir={run_dir}", "train.max_steps=4",
+                                                 "train.eval_interval=2", "logging.hessian_every=2",
+                                                 "logging.hessian_iters=4")) == 0
     return run_dir
 
 

@@ -15,7 +15,7 @@ import pytest
 from helpers import build, read_metrics, run_cli, start, tiny_overrides, wait_for_step
 from training.distributed.sharding import put_batch
 from training.step.stats import statistics_of
-from training.step.train_step import mean_loss
+from training.step.losses import mean_loss
 
 GEOMETRY = ("logging.update_geometry=true", "optimizer.groups={vector: {lr_multiplier: 0.5}}")
 VECTOR_LABELS = ("norm", "bias")

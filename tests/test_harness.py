@@ -22,7 +22,7 @@ from helpers import ROOT, run_cli, tiny_overrides
 from models.decode import generate
 from models.gpt import GPT, GPTConfig
 from models.sampling import generate_no_cache
-from training.step.train_step import token_losses
+from training.step.losses import token_losses
 from training.checkpoints.trained import load_trained
 
 CONTEXT = 64
@@ -166,7 +166,7 @@ def test_a_task_whose_data_cannot_be_had_offline_is_one_line(lm_eval, tmp_path, 
 def trained(tmp_path_factory, data_cache):
     """A tiny run (bytes, gpt2-tiny) trained for 4 steps, with a checkpoint at step 4."""
     run_dir = tmp_path_factory.mktemp("harness") / "run"
-    assert train_jax.run(tiny_overrides(data_cache, f"logging.run_dir={run_dir}", "train.max_steps=4")) == 0
+    assert train_jax.command_line(tiny_overrides(data_cache, f"logging.run_dir={run_dir}", "train.max_steps=4")) == 0
     return run_dir
 
 

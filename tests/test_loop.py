@@ -72,8 +72,8 @@ def test_the_time_limit_stops_the_run_with_an_evaluation_and_a_checkpoint(data_c
     """train.max_training_hours, counted from the start (set-up and compiling included): here already spent when the
     first step ends, which is not an evaluation step."""
     run_dir = tmp_path / "run"
-    code = train_jax.run(tiny_overrides(data_cache, f"logging.run_dir={run_dir}", "train.max_steps=40",
-                                        "train.eval_interval=10", "train.max_training_hours=1e-9"))
+    code = train_jax.command_line(tiny_overrides(data_cache, f"logging.run_dir={run_dir}", "train.max_steps=40",
+                                                 "train.eval_interval=10", "train.max_training_hours=1e-9"))
     out = capsys.readouterr().out
     assert code == 0
     stopped = int(re.search(r"stopped at step (\d+) \(time limit\); checkpoint saved to", out).group(1))

@@ -12,7 +12,7 @@ import pytest
 from models import gpt_config
 from models.gpt import GPT, GPTConfig, count_params
 from training.config import load_config
-from training.step.train_step import mean_loss
+from training.step.losses import mean_loss
 
 TINY = GPTConfig(vocab_size=259, n_layer=2, n_head=2, n_embd=64, context_size=64)
 

@@ -287,6 +287,6 @@ def test_a_gpt2_checkpoint_from_before_the_options_restores(tmp_path):
      "system.mesh_model: 2 must divide model.n_kv_head=1"),
 ])
 def test_a_bad_combination_is_one_config_line_and_exit_2(overrides, message, tmp_path, capsys, data_cache):
-    code = train_jax.run(tiny_overrides(data_cache, f"logging.run_dir={tmp_path / 'run'}", *overrides))
+    code = train_jax.command_line(tiny_overrides(data_cache, f"logging.run_dir={tmp_path / 'run'}", *overrides))
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.splitlines() == [err] and err.startswith(f"error: config: {message}"), err

@@ -10,7 +10,7 @@ import pytest
 from models.gpt import GPT, GPTConfig
 from optimizers import OPTIMIZERS, applied_lr_of, build_optimizer, build_schedule, grad_norm_of
 from training.config import load_config
-from training.step.train_step import mean_loss
+from training.step.losses import mean_loss
 
 PEAK, FLOOR, WARMUP, STEPS = 1e-3, 1e-4, 10, 100
 

@@ -94,7 +94,7 @@ def test_each_groups_lr_is_logged_as_what_it_applied(data_cache):
 
 def _loss(parts, ln_f_bias):
     """The step's loss as a function of the final LayerNorm's bias (the first batch, float32)."""
-    from training.step.train_step import mean_loss
+    from training.step.losses import mean_loss
 
     batch = jax.tree.map(lambda x: jnp.asarray(x[0]), parts.data.train.batch(0))
     model = eqx.tree_at(lambda m: m.ln_f.bias, parts.state.model, ln_f_bias)

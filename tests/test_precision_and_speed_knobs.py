@@ -20,7 +20,7 @@ from training.config import load_config
 from training.reporting.flops import flops_per_token, mfu, peak_flops
 from training.step.precision import SCALE_PERIOD, LossScale
 from training.distributed.sharding import put_batch
-from training.step.train_step import mean_loss
+from training.step.losses import mean_loss
 
 STEPS = 20
 # Stated tolerances: mean absolute difference from the float32 curve over 20 steps of the tiny model.
@@ -169,7 +169,8 @@ def test_mfu_formula_matches_a_hand_count_for_gpt2_124m_under_both_conventions()
 
 
 def test_cudnn_attention_on_cpu_is_one_clear_line(tmp_path, capsys, data_cache):
-    code = train_jax.run(tiny_overrides(data_cache, "model.attention=cudnn", f"logging.run_dir={tmp_path}/run"))
+    code = train_jax.command_line(tiny_overrides(data_cache, "model.attention=cudnn",
+                                                 f"logging.run_dir={tmp_path}/run"))
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1
     assert err[0] == ("error: config: model.attention: cudnn is not available (the backend is cpu); "
@@ -238,8 +239,8 @@ def test_xla_flags_reach_xla_before_its_backend_starts(data_cache, tmp_path):
 
 def test_xla_flags_in_a_process_whose_backend_runs_are_one_line(data_cache, tmp_path, capsys):
     jax.devices()  # this test process's backend is running
-    code = train_jax.run(tiny_overrides(data_cache, f"logging.run_dir={tmp_path}/run",
-                                        "system.xla_flags=['--xla_gpu_autotune_level=0']"))
+    code = train_jax.command_line(tiny_overrides(data_cache, f"logging.run_dir={tmp_path}/run",
+                                                 "system.xla_flags=['--xla_gpu_autotune_level=0']"))
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and not (tmp_path / "run").exists()
     assert err[0] == ("error: config: system.xla_flags: the XLA backend of this process has started already, so XLA "

@@ -21,9 +21,9 @@ _spec.loader.exec_module(profile_summary)
 def profiled_run(tmp_path_factory, data_cache):
     """The module's one traced run: steps 3..5 of the tiny config, in this process (no interpreter start-up)."""
     run_dir = tmp_path_factory.mktemp("profiled") / "run"
-    assert train_jax.run(tiny_overrides(data_cache, f"logging.run_dir={run_dir}", f"train.max_steps={LAST}",
-                                        "train.eval_interval=100", f"system.profile_steps=[{FIRST},{LAST}]",
-                                        "checkpoint.save=false", "logging.tensorboard=false")) == 0
+    assert train_jax.command_line(tiny_overrides(data_cache, f"logging.run_dir={run_dir}", f"train.max_steps={LAST}",
+                                                 "train.eval_interval=100", f"system.profile_steps=[{FIRST},{LAST}]",
+                                                 "checkpoint.save=false", "logging.tensorboard=false")) == 0
     return run_dir
 
 

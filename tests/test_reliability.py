@@ -1,5 +1,5 @@
 """Reliability under faults and bad input, through the command line in real processes (and, for the other cases of
-a kind of bad input, `train_jax.run` in the test's process).
+a kind of bad input, `train_jax.command_line` in the test's process).
 
 Every expected failure ends with exactly one line on stderr (no traceback, no library output), a non-zero exit, the
 key or file named, and whatever existed before left byte for byte as it was.

@@ -1,5 +1,5 @@
 """Stopping and resuming through the command line, in real subprocesses (commands that train nothing, fail before
-training or continue a few steps on one device run `train_jax.run` in the test's process).
+training or continue a few steps on one device run `train_jax.command_line` in the test's process).
 
 A run stopped at any step k (SIGTERM, kill -9, or a shorter max_steps) and resumed with `checkpoint.load=True`
 produces the same losses, step by step and bit for bit, as the run that was never stopped.

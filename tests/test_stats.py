@@ -13,7 +13,7 @@ from helpers import build, tiny_overrides
 from training import config as config_lib
 from training.distributed.sharding import put_batch
 from training.step.stats import statistics_of
-from training.step.train_step import mean_loss
+from training.step.losses import mean_loss
 
 ALL_KNOBS = ("logging.log_callback_data=true", "logging.store_last_grads=true", "logging.store_past_grads=true",
              "logging.store_last_params=true", "logging.compute_last_loss=true", "logging.compute_last_grads=true",

@@ -16,7 +16,7 @@ from training.loop.session import _token_weighted
 from training.checkpoints.checkpointer import Checkpointer
 from training.checkpoints.resume import RunPlan, Source, restore_state
 from training.distributed.sharding import put_batch
-from training.step.train_step import mean_loss, token_losses
+from training.step.losses import mean_loss, token_losses
 
 
 def run_steps(overrides, steps=3):

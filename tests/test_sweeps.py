@@ -32,7 +32,8 @@ def job_dirs(sweep_dir: Path) -> list[str]:
 
 def test_a_2x2_sweep_runs_four_jobs_each_in_its_own_run_directory_and_writes_a_summary(data_cache, tmp_path, capsys):
     sweep = tmp_path / "sweep"
-    assert train_jax.run(sweep_command(data_cache, sweep, "train.seed=0,1", "optimizer.lr_config.lr=1e-3,3e-3")) == 0
+    assert train_jax.command_line(sweep_command(data_cache, sweep, "train.seed=0,1",
+                                                "optimizer.lr_config.lr=1e-3,3e-3")) == 0
     # named by what each job varies (the overrides every job shares are left out), numbered in Hydra's order
     assert job_dirs(sweep) == [f"{i}-optimizer.lr_config.lr={lr},train.seed={seed}"
                                for i, (seed, lr) in enumerate([(0, 0.001), (0, 0.003), (1, 0.001), (1, 0.003)])]
@@ -60,7 +61,7 @@ def test_a_2x2_sweep_runs_four_jobs_each_in_its_own_run_directory_and_writes_a_s
 def test_a_bad_value_fails_its_job_with_one_line_while_the_other_runs_and_the_sweep_exits_1(data_cache, tmp_path,
                                                                                                capsys):
     sweep = tmp_path / "sweep"
-    code = train_jax.run(sweep_command(data_cache, sweep, "optimizer.lr_config.lr=-0.1,1e-3"))
+    code = train_jax.command_line(sweep_command(data_cache, sweep, "optimizer.lr_config.lr=-0.1,1e-3"))
     err = capsys.readouterr().err
     assert code == 1
     assert "Traceback" not in err, err
@@ -141,7 +142,8 @@ def test_the_slurm_preset_starts_one_process_per_gpu(tmp_path):
 
 def test_an_optuna_study_of_3_trials_reports_the_lr_of_the_run_that_returned_the_lowest_loss(data_cache, tmp_path):
     sweep = tmp_path / "sweep"
-    assert train_jax.run(sweep_command(data_cache, sweep, "hydra/sweeper=lr_search", "hydra.sweeper.n_trials=3")) == 0
+    assert train_jax.command_line(sweep_command(data_cache, sweep, "hydra/sweeper=lr_search",
+                                                "hydra.sweeper.n_trials=3")) == 0
     jobs = json.loads((sweep / "sweep.json").read_text())["jobs"]
     assert [j["status"] for j in jobs] == ["completed"] * 3
     lrs = [yaml.safe_load((Path(j["run_dir"]) / "config.yaml").read_text())["optimizer"]["lr_config"]["lr"]
@@ -155,7 +157,7 @@ def test_an_optuna_study_of_3_trials_reports_the_lr_of_the_run_that_returned_the
 
 
 def test_help_lists_the_groups_launchers_sweepers_and_every_key_with_its_type_default_and_meaning(capsys):
-    assert train_jax.run(["--help", "model=gpt2-tiny"]) == 0
+    assert train_jax.command_line(["--help", "model=gpt2-tiny"]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
     for line in ["model: gpt2, gpt2-large, gpt2-medium, gpt2-micro, gpt2-mini, gpt2-tiny, gpt2-xl, llama-1.5b, "
@@ -199,12 +201,12 @@ def test_a_fields_meaning_is_its_comment_lines_above_and_its_trailing_comment(tm
 def test_hydras_own_help_and_shell_completion_work(capsys, monkeypatch):
     result = run_cli(["--hydra-help"], timeout=60)  # it sets up Hydra's logging on stdout: a process of its own
     assert result.returncode == 0 and "== Flags ==" in result.stdout, result.stderr[-2000:]
-    assert train_jax.run(["-sc", "install=bash"]) == 0
+    assert train_jax.command_line(["-sc", "install=bash"]) == 0
     assert "hydra_bash_completion" in capsys.readouterr().out
     line = "python train_jax.py optimizer/lr_config="
     monkeypatch.setenv("COMP_LINE", line)
     monkeypatch.setenv("COMP_POINT", str(len(line)))
-    assert train_jax.run(["-sc", "query=bash"]) == 0
+    assert train_jax.command_line(["-sc", "query=bash"]) == 0
     assert capsys.readouterr().out.split() == [f"optimizer/lr_config={name}" for name in
                                                ["constant", "cosine", "linear", "piecewise_linear", "trapezoid"]]
     # bash's completion script only offers it for scripts whose source says @hydra.main

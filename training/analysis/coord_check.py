@@ -24,7 +24,7 @@ import numpy as np
 from models.gpt import GPT, GPTConfig
 from optimizers import build_optimizer, build_schedule
 from training.config import load_config
-from training.step.train_step import mean_loss
+from training.step.losses import mean_loss
 
 TEXT = Path(sysconfig.get_paths()["stdlib"]) / "json" / "decoder.py"  # real text that every Python ships
 

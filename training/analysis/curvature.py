@@ -5,12 +5,12 @@
                                                  eigenvector, and how many Hessian-vector products it took
     sharpness_fn(...)                            the compiled measurement of a model on a batch, with the eval loss
 
-The loss is the evaluation's masked mean token cross-entropy (training/step/train_step.py `mean_loss`: every target
-token counts once, padding and fine-tuning prompts not at all) on the model's float32 parameters in float32, whatever
-the run's compute dtype: a 16-bit Hessian-vector product is too noisy for power iteration to settle. With gradient
-descent at learning rate lr the loss can only decrease stably while the sharpness stays below 2/lr, the "edge of
-stability" (Cohen et al. 2021); with momentum beta the bound is (2 + 2 beta)/lr, and for Adam it bounds the
-preconditioned Hessian's sharpness instead (Cohen et al. 2022), so 2/lr is a reference line, not a law, for those.
+The loss is the evaluation's masked mean token cross-entropy (training/step/losses.py `mean_loss`: every target token
+counts once, padding and fine-tuning prompts not at all) on the model's float32 parameters in float32, whatever the
+run's compute dtype: a 16-bit Hessian-vector product is too noisy for power iteration to settle. With gradient descent
+at learning rate lr the loss can only decrease stably while the sharpness stays below 2/lr, the "edge of stability"
+(Cohen et al. 2021); with momentum beta the bound is (2 + 2 beta)/lr, and for Adam it bounds the preconditioned
+Hessian's sharpness instead (Cohen et al. 2022), so 2/lr is a reference line, not a law, for those.
 
 Power iteration finds the eigenvalue of largest magnitude, which is the sharpness (the largest eigenvalue) whenever it
 is positive, as it is through most of a run. It can be negative, from curvature on a very small scale (measured: -437
@@ -26,14 +26,18 @@ the train step does.
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from training.step.train_step import mean_loss
+from training.step.losses import mean_loss
+
+if TYPE_CHECKING:
+    from data import Data
+    from models.gpt import GPT
 
 ITERS = 20  # most Hessian-vector products per measurement, unless told (the loop: logging.hessian_iters)
 TOL = 1e-3  # convergence tolerance: the estimate's relative change between two products
@@ -87,12 +91,12 @@ def model_loss(static: Any) -> LossFn:
     return lambda params, batch: mean_loss(eqx.combine(params, static), batch, None, jnp.float32)
 
 
-def sharpness_fn(iters: int = ITERS, tol: float = TOL) -> Callable[[Any, Any, jax.Array], Eigen]:
+def sharpness_fn(iters: int = ITERS, tol: float = TOL) -> Callable[[GPT, Any, jax.Array], Eigen]:
     """`sharpness(model, batch, key) -> Eigen`: the top Hessian eigenvalue of the eval loss at the model's float32
     parameters, compiled on its first call (once per model structure and batch shape)."""
 
     @eqx.filter_jit
-    def sharpness(model: Any, batch: Any, key: jax.Array) -> Eigen:
+    def sharpness(model: GPT, batch: Any, key: jax.Array) -> Eigen:
         params, static = eqx.partition(model, eqx.is_array)
         params = jax.tree.map(lambda x: x.astype(jnp.float32), params)
         return top_eigenvalue(model_loss(static), params, batch, iters, key, tol)
@@ -100,7 +104,7 @@ def sharpness_fn(iters: int = ITERS, tol: float = TOL) -> Callable[[Any, Any, ja
     return sharpness
 
 
-def fixed_batch(data: Any) -> dict[str, np.ndarray]:
+def fixed_batch(data: Data) -> dict[str, np.ndarray]:
     """The batch curvature is measured on, the same at every measurement and in every script: this process's rows of
     the first evaluation batch of the main validation split (`data`: data/__init__.py `Data`)."""
     return next(iter(data.evals[data.main_split]))

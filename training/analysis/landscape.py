@@ -27,13 +27,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from models.gpt import Linear
-from training.step.train_step import token_losses
+from models.gpt import GPT, Linear
+from training.step.losses import token_losses
 
 Params = Any  # a pytree of the model's arrays (eqx.filter(model, eqx.is_array))
 
 
-def params_of(model: Any) -> Params:
+def params_of(model: GPT) -> Params:
     return eqx.filter(model, eqx.is_array)
 
 
@@ -54,7 +54,7 @@ def difference(a: Params, b: Params) -> Params:
     return jax.tree.map(jnp.subtract, a, b)
 
 
-def filter_norm_axes(model: Any) -> Params:
+def filter_norm_axes(model: GPT) -> Params:
     """For every array of `model`, the axes a filter's norm runs over (a tuple), or None for a vector (1-D per
     layer). The blocks' arrays carry a leading layer axis, which is never reduced."""
     def axes(path: tuple, x: jax.Array) -> tuple[int, ...] | None:
@@ -70,7 +70,7 @@ def filter_norm_axes(model: Any) -> Params:
     return jax.tree_util.tree_map_with_path(axes, params_of(model))
 
 
-def filter_normalised(model: Any, key: jax.Array, include_vectors: bool = False) -> Params:
+def filter_normalised(model: GPT, key: jax.Array, include_vectors: bool = False) -> Params:
     """A random direction, each filter scaled to the norm of the same filter of the model's weights."""
     leaves, treedef = jax.tree.flatten(params_of(model))
     axes = tuple(treedef.flatten_up_to(filter_norm_axes(model)))
@@ -121,7 +121,7 @@ def project(offset: Params, directions: list[Params]) -> tuple[np.ndarray, float
     return coords, float(np.sqrt(max(residual, 0.0) / max(dot(offset, offset), 1e-30)))
 
 
-def loss_surface(model: Any, directions: list[Params], points: np.ndarray, batches: list[dict]) -> np.ndarray:
+def loss_surface(model: GPT, directions: list[Params], points: np.ndarray, batches: list[dict]) -> np.ndarray:
     """The evaluation loss (masked mean over the target tokens of all `batches`, float32, no dropout) at
     `model + sum_j points[i, j] * directions[j]` for every row i of `points`. One compilation; every point is
     dispatched before any result is fetched."""

@@ -24,12 +24,12 @@ from training.distributed.sharding import max_over_processes
 LOCK_FILE = ".lock"
 
 
-class RunLock:
+class SaveLock:
     def __init__(self, directory: Path) -> None:
         self.path = Path(directory) / LOCK_FILE
         self._fd: int | None = None
 
-    def acquire(self) -> RunLock:
+    def acquire(self) -> SaveLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -61,12 +61,12 @@ def _describe(raw: bytes) -> str:
         return "a process that has not written its name yet"
 
 
-def lock_save_path(directory: Path) -> RunLock | None:
+def lock_save_path(directory: Path) -> SaveLock | None:
     """Process 0 takes the lock; every process raises the same CheckpointError when it is held elsewhere."""
     lock, refused = None, None
     if jax.process_index() == 0:
         try:
-            lock = RunLock(directory).acquire()
+            lock = SaveLock(directory).acquire()
         except CheckpointError as e:
             refused = e
     if max_over_processes(int(refused is not None)):

@@ -16,7 +16,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import equinox as eqx
 import jax
@@ -29,6 +29,7 @@ from optimizers import continue_schedule_at
 from training.checkpoints.checkpointer import PARTS, Checkpointer, find_checkpoint_dir, holds_checkpoints
 from training.config import Config, LoadMode, as_dict, evaluating, finish, init_from_dir, load_mode
 from training.checkpoints.storage import check_writable
+from training.step.state import TrainState
 
 # Keys that describe this invocation (hardware, time budget, what to load, how to print): a resumed run takes them
 # from the command line even when the saved config wins.
@@ -200,7 +201,7 @@ def carried_over(meta: dict | None, key: str, default: Any) -> Any:
     return default if meta is None else meta.get(key, default)
 
 
-def restore_state(state: Any, plan: RunPlan) -> Any:
+def restore_state(state: TrainState, plan: RunPlan) -> TrainState:
     """The fresh `state` with what the plan loads: everything (resume), all but the optimizer state (resume with
     checkpoint.overwrite_optimizer=True: a fresh optimizer whose lr schedule continues at the restored step), or the
     weights alone (init_from: the schedule starts at 0). A resume takes the newest checkpoint that restores, and
@@ -219,7 +220,7 @@ def restore_state(state: Any, plan: RunPlan) -> Any:
     return state
 
 
-def _resume(state: Any, source: Source, cfg: Config) -> Any:
+def _resume(state: TrainState, source: Source, cfg: Config) -> TrainState:
     if cfg.checkpoint.overwrite_optimizer:
         restored = source.reader.restore(source.step, state, ("model", "progress"))
         # Fresh moments, but the lr schedule continues where the run was: at the updates it had applied.
@@ -228,7 +229,8 @@ def _resume(state: Any, source: Source, cfg: Config) -> Any:
     return source.reader.restore(source.step, state, PARTS)
 
 
-def _newest_that_restores(source: Source, restore: Any, fallback: bool) -> tuple[Any, Source]:
+def _newest_that_restores(source: Source, restore: Callable[[Source], TrainState], fallback: bool
+                          ) -> tuple[TrainState, Source]:
     """`restore(source)`, or (load_file=latest) that of the newest older checkpoint that restores: taken with a
     warning when `fallback`, else named in the error. A damaged checkpoint is never taken silently."""
     failures = list(source.passed_over)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
 
 import equinox as eqx
 import jax
@@ -15,6 +14,7 @@ from data import Data, make_data
 from data.corpus import load_corpus
 from data.tokenizers import Tokenizer, tokenizer_from_json
 from models import MODEL_BUILDERS
+from models.gpt import GPT
 from training.checkpoints.checkpointer import Checkpointer, find_checkpoint_dir
 from training import config as config_lib
 from training.config import Config, to_config
@@ -22,7 +22,7 @@ from training.config import Config, to_config
 
 @dataclass
 class Trained:
-    model: Any
+    model: GPT
     tokenizer: Tokenizer
     cfg: Config
     step: int

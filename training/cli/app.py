@@ -1,6 +1,6 @@
 """The command line: train_jax.py as a Hydra application, with the project's one-line errors and exit codes.
 
-  run(app, argv)       argv through Hydra (one run, a `-m` sweep, --help, --cfg, -sc), and its exit code. What Hydra
+  execute(app, argv)   argv through Hydra (one run, a `-m` sweep, --help, --cfg, -sc), and its exit code. What Hydra
                        cannot compose (an override that does not parse, an unknown key or option, a wrong type) is one
                        line and exit 2, before anything runs, also for every job of a sweep. A sweep ends with its
                        summary (training/cli/sweep.py) and exits 1 when any job failed.
@@ -81,7 +81,7 @@ def name_jobs_by_what_varies(argv: list[str]) -> list[str]:
     return [*argv, f"{EXCLUDE_KEYS}=[{','.join(repr(k) for k in fixed)}]"] if fixed else argv
 
 
-def run(app: Callable[[], Any], argv: list[str]) -> int:
+def execute(app: Callable[[], Any], argv: list[str]) -> int:
     """Run `app` (the hydra.main-decorated task) on `argv`; the exit code."""
     argv = name_jobs_by_what_varies(hydra_argv(as_overrides(argv)))  # as_overrides: trainit's README forms too
     multirun = (args := _parsed(argv)) is not None and args.multirun
@@ -120,7 +120,7 @@ def run(app: Callable[[], Any], argv: list[str]) -> int:
             else:
                 os.environ[key] = value
         for sweep_dir in sweep.started:
-            code = _summarize(sweep_dir) or code
+            code = _report_sweep(sweep_dir) or code
     return code
 
 
@@ -129,11 +129,11 @@ def _say(error: PipelineError) -> int:
     return error.exit_code
 
 
-def _summarize(sweep_dir: Path) -> int:
+def _report_sweep(sweep_dir: Path) -> int:
     """Write the sweep's summary and say where it is; 1 when any job did not complete."""
     if not sweep.read_records(sweep_dir):
         return 0  # no job ran (Hydra refused the sweep's config before starting any)
-    summary = sweep.summarize(sweep_dir)
+    summary = sweep.summarize_sweep(sweep_dir)
     print(f"sweep: {summary['completed']} of {len(summary['jobs'])} jobs completed; summary in "
           f"{sweep_dir / 'sweep.md'} (and sweep.json)", flush=True)
     if not summary["failed"]:

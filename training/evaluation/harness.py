@@ -13,14 +13,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from datasets.exceptions import DataFilesNotFoundError, DatasetNotFoundError
 
 from core.errors import ConfigError, DataError, MissingPackageError, first_line, warn
 from core.hub import hub_reachable, offline_hub
 from models.decode import generate
+from models.gpt import GPT
 from models.scoring import DEFAULT_BATCH_TOKENS, continuation_logprobs, padded_rows
+
+if TYPE_CHECKING:
+    from data.tokenizers import Tokenizer
 
 DEFAULT_MAX_GEN_TOKS = 256  # lm-eval's default when a task does not say
 
@@ -40,7 +44,7 @@ class HarnessAnswers:
     lm-eval's TemplateLM by `harness_lm` (which encodes (context, continuation) pairs as lm-eval does for causal
     models: the whole text, split where the context's ids end; an empty context becomes <EOS>)."""
 
-    def __init__(self, model: Any, tokenizer: Any, batch_tokens: int = DEFAULT_BATCH_TOKENS) -> None:
+    def __init__(self, model: GPT, tokenizer: Tokenizer, batch_tokens: int = DEFAULT_BATCH_TOKENS) -> None:
         super().__init__()
         self.model, self.tokenizer, self.batch_tokens = model, tokenizer, batch_tokens
         self.max_length = model.cfg.context_size  # lm-eval's name for the model's context
@@ -107,7 +111,7 @@ class HarnessAnswers:
         return (self.tokenizer.encode(context) or [self.eot_token_id])[-keep:]
 
 
-def harness_lm(model: Any, tokenizer: Any, batch_tokens: int = DEFAULT_BATCH_TOKENS) -> Any:
+def harness_lm(model: GPT, tokenizer: Tokenizer, batch_tokens: int = DEFAULT_BATCH_TOKENS) -> Any:
     """An `lm_eval.api.model.LM` that answers with `model`, encoding and decoding with `tokenizer`."""
     template = import_lm_eval().api.model.TemplateLM
     return type("GptJaxLM", (HarnessAnswers, template), {})(model, tokenizer, batch_tokens)

@@ -8,7 +8,7 @@ the loss is the target tokens' loss.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import jax
 import numpy as np
@@ -16,8 +16,11 @@ from jax.sharding import Mesh
 
 from training.distributed.sharding import put_batch
 
+if TYPE_CHECKING:
+    from models.gpt import GPT
 
-def evaluate(eval_step: Callable, model: Any, splits: dict[str, Any], mesh: Mesh, token_bytes: np.ndarray
+
+def evaluate(eval_step: Callable, model: GPT, splits: dict[str, Any], mesh: Mesh, token_bytes: np.ndarray
              ) -> dict[str, dict[str, float]]:
     pending = {}
     for name, batches in splits.items():

@@ -8,9 +8,12 @@ device's kernels and the host's dispatch side by side: gaps between kernels are 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import jax
+
+if TYPE_CHECKING:
+    from training.step.state import TrainState
 
 
 class StepProfiler:
@@ -24,25 +27,25 @@ class StepProfiler:
         """The steps after which the trace starts or stops (a run resumed past them has none)."""
         return frozenset(s for s in (self.first - 1, self.last) if s > first_step and self.last > first_step)
 
-    def at_start(self, first_step: int, state: Any) -> None:
+    def at_start(self, first_step: int, state: TrainState) -> None:
         """A trace that begins with the run's first step (or a resumed run's) starts before the loop."""
         if self.first - 1 <= first_step < self.last:
             self._start(state)
 
-    def after_step(self, step: int, state: Any) -> None:
+    def after_step(self, step: int, state: TrainState) -> None:
         if step == self.first - 1:
             self._start(state)
         elif step == self.last:
             self.stop(state)
 
-    def _start(self, state: Any) -> None:
+    def _start(self, state: TrainState) -> None:
         if self.is_main:
             jax.block_until_ready(state)
             self.out.mkdir(parents=True, exist_ok=True)
             jax.profiler.start_trace(str(self.out), create_perfetto_trace=True)
             self.tracing = True
 
-    def stop(self, state: Any) -> None:
+    def stop(self, state: TrainState) -> None:
         """Ends the trace (also when the run stops inside the range)."""
         if self.tracing:
             jax.block_until_ready(state)

@@ -1,6 +1,10 @@
 """What a training run does around its steps: the loop's actions (log, evaluate, checkpoint, agree to stop) and the
 run's start and end. training/loop/steps.py says when actions fire; this module says what each one does.
 
+`TrainingSession` is a context manager: it holds the save path's lock, the checkpointer, the logger, the signal
+handlers and the batch prefetcher, and gives them all back on the way out, whatever ends the run. A lost process
+(training/distributed/peers.py) ends this one first, since the clean-up would wait for it.
+
   first step      wait for it once, and say how long compilation took
   log             every train.log_interval: fetch the interval's metrics (the one transfer per interval), stop on a
                   non-finite loss, write a line and the metrics
@@ -17,33 +21,38 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
+from types import TracebackType
 
 import jax
 
 from core.errors import PipelineError
+from data.prefetch import Prefetcher
 from training import config as config_lib
+from training.config import Config
 from training.checkpoints.checkpointer import Checkpointer, checkpoint_meta
 from training.loop.clock import RunClock
+from training.loop.compilation import CompileClock
 from training.analysis.curvature import SEED, fixed_batch, sharpness_fn
-from training.evaluation.splits import evaluate
 from training.reporting.flops import MFU_CONVENTION, MFU_FORMULA, flops_per_token, mfu, peak_flops
 from training.reporting.logs import RunLogger, describe_run, eval_table
 from training.loop.steps import Action, LoopState
 from training.reporting.summary import finish_run
 from training.checkpoints.resume import RunPlan, carried_over
 from training.checkpoints.lock import lock_save_path
+from training.distributed.peers import abandon, lost_peer
 from training.distributed.sharding import max_over_processes, put_batch
+from training.pipeline.build import Pipeline
 from training.loop.profile import StepProfiler
 from training.loop.signals import StopRequest
-from training.step.state import eval_model
+from training.step.state import TrainState, eval_model
 from training.step.stats import statistics_of
 
 
-class TrainingRun:
-    """The run's logger, checkpointer, clock and signal handler, and the actions that use them."""
+class TrainingSession:
+    """The run's logger, checkpointer, clock, signal handler and prefetcher, and the actions that use them."""
 
-    def __init__(self, cfg: Any, plan: RunPlan, pipeline: Any, state: Any, started: float, compile_clock: Any):
+    def __init__(self, cfg: Config, plan: RunPlan, pipeline: Pipeline, state: TrainState, started: float,
+                 compile_clock: CompileClock):
         self.cfg, self.plan, self.p, self.started, self.compile_clock = cfg, plan, pipeline, started, compile_clock
         self.is_main = jax.process_index() == 0
         self.resumed = plan.resume.meta if plan.resume else None
@@ -72,15 +81,31 @@ class TrainingRun:
         self.trained_before = carried_over(self.resumed, "time_trained_s", 0.0)
         self.profiler = StepProfiler(plan.run_dir, list(cfg.system.profile_steps), self.is_main)
         self.sharpness = None  # the compiled measurement and its batch, made at the first one (logging.hessian_every)
+        self.prefetcher: Prefetcher | None = None
         self.loop_started = time.time()
 
-    def loop_state(self, state: Any) -> LoopState:
+    def __enter__(self) -> TrainingSession:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        if error is not None and (lost := lost_peer(error)) is not None:
+            abandon(lost)  # before the clean-up below, which would wait for the lost process
+        self.close()
+
+    def loop_state(self, state: TrainState) -> LoopState:
         """Where the loop starts: step 0, or where the checkpoint left off (whose val loss is the run's last until it
         evaluates again: a run resumed at its end reports it)."""
         best = carried_over(self.resumed, "best_val_loss", None)
         return LoopState(state, int(state.step), carried_over(self.resumed, "tokens_seen", 0),
                          val_loss=carried_over(self.resumed, "val_loss", None),
                          best_val=math.inf if best is None else best)
+
+    def batches(self, first_step: int) -> Prefetcher:
+        """The training batches from `first_step` on, each placed on the mesh ahead of its step."""
+        self.prefetcher = Prefetcher(lambda s: put_batch(self.p.data.train.batch(s), self.p.mesh), first_step,
+                                     self.end)
+        return self.prefetcher
 
     def actions(self, first_step: int) -> list[Action]:
         t, single = self.cfg.train, jax.process_count() == 1
@@ -130,8 +155,7 @@ class TrainingRun:
         })
 
     def evaluate_and_save(self, loop: LoopState) -> None:
-        loop.results = evaluate(self.p.eval_step, eval_model(loop.state), self.p.data.evals, self.p.mesh,
-                                self.p.data.token_bytes)
+        loop.results = self.p.evaluate(eval_model(loop.state))
         loop.val_loss = loop.results[self.p.data.main_split]["loss"]
         loop.best_val = min(loop.best_val, loop.val_loss)
         self.log.eval(loop.step, loop.results)
@@ -175,8 +199,7 @@ class TrainingRun:
                           f"{self.end} of train.max_steps={self.cfg.train.max_steps}")
         self.profiler.at_start(loop.step, loop.state)
         if self.cfg.train.eval_at_start and loop.step == 0:  # the curves' starting point, e.g. init_from's weights
-            self.log.eval(0, evaluate(self.p.eval_step, eval_model(loop.state), self.p.data.evals, self.p.mesh,
-                                      self.p.data.token_bytes))
+            self.log.eval(0, self.p.evaluate(eval_model(loop.state)))
 
     def finish(self, loop: LoopState) -> None:
         """A stopped run logs what it trained, evaluates (a time limit, which is a chosen budget) and checkpoints."""
@@ -210,6 +233,8 @@ class TrainingRun:
                        plot=self.cfg.logging.plot)
 
     def close(self) -> None:
+        if self.prefetcher is not None:
+            self.prefetcher.close()
         self.signals.uninstall()
         if self.checkpointer is not None:
             self.checkpointer.close()
@@ -217,7 +242,7 @@ class TrainingRun:
             self.lock.release()
 
 
-def segment_end(cfg: Any, first_step: int) -> int:
+def segment_end(cfg: Config, first_step: int) -> int:
     """The step this invocation trains to: train.max_steps, or, with checkpoint.num_steps (trainit's steps of one
     checkpointed run), that many steps after the one it starts from, if sooner. The schedule still spans max_steps."""
     num_steps = cfg.checkpoint.num_steps

@@ -6,7 +6,7 @@ saving, agreeing with the other processes to stop) makes the host wait for the d
 steps. An action is a function of the loop state and a rule for when it is due; adding one touches no other.
 
 `guard=True` proves it: every iteration at which no syncing action is due runs inside
-`training/transfer_guard.no_device_to_host()`, so any device-to-host transfer there raises.
+`training/loop/transfer_guard.no_device_to_host()`, so any device-to-host transfer there raises.
 """
 
 from __future__ import annotations
@@ -14,16 +14,19 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from training.loop.transfer_guard import no_device_to_host
+
+if TYPE_CHECKING:
+    from training.step.state import TrainState
 
 
 @dataclass
 class LoopState:
     """What the loop and its actions share between steps."""
 
-    state: Any  # the TrainState (on the devices)
+    state: TrainState  # on the devices
     step: int  # optimizer steps completed
     tokens_seen: int
     pending: list = field(default_factory=list)  # metrics of the steps since the last log, not yet fetched
@@ -36,10 +39,10 @@ class LoopState:
 
 @dataclass
 class Action:
-    """`run(loop)` after every step that `every` divides, after the `steps` listed, and (`at_end`) after the last
+    """`fire(loop)` after every step that `every` divides, after the `steps` listed, and (`at_end`) after the last
     step. `syncs`: it may make the host wait for the device (the transfer guard is off when one is due)."""
 
-    run: Callable[[LoopState], None]
+    fire: Callable[[LoopState], None]
     every: int | None = None
     steps: frozenset[int] = frozenset()
     at_end: bool = False
@@ -61,5 +64,5 @@ def run_loop(loop: LoopState, train_step: Callable, batch_of: Callable[[int], An
             loop.tokens_seen += tokens_per_step
             after_step()
             for action in due:
-                action.run(loop)
+                action.fire(loop)
 

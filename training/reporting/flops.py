@@ -14,9 +14,7 @@ measures the model's work, not the hardware's.
 
 from __future__ import annotations
 
-from typing import Any
-
-from models.gpt import matmul_params
+from models.gpt import GPT, matmul_params
 
 ATTENTION_FLOPS = {"palm": 12, "llmc": 6}  # a in 6 N + a L C T, per convention
 MFU_CONVENTION = "palm"
@@ -36,7 +34,7 @@ PEAK_FLOPS = {
 }
 
 
-def flops_per_token(model: Any, context: int, convention: str = MFU_CONVENTION) -> int:
+def flops_per_token(model: GPT, context: int, convention: str = MFU_CONVENTION) -> int:
     cfg = model.cfg
     n = matmul_params(model)
     return 6 * n + ATTENTION_FLOPS[convention] * cfg.n_layer * cfg.n_embd * context

@@ -12,11 +12,21 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from core.errors import ConfigError, PipelineError, first_line, warn
 from core.secrets import secret
+
+if TYPE_CHECKING:
+    import optax
+    from jax.sharding import Mesh
+
+    from data import Data
+    from data.tokenizers import Tokenizer
+    from models.gpt import GPT
+    from training.checkpoints.resume import RunPlan
+    from training.config import Config
 
 WANDB_CONNECT_TIMEOUT_S = 5  # online: how long the server has to take a connection before wandb.init is tried
 WANDB_INIT_TIMEOUT_S = 30  # and wandb.init to start the run (its default is 90 s, retried)
@@ -50,7 +60,7 @@ def eval_table(results: dict[str, dict[str, float]]) -> str:
 
 
 class RunLogger:
-    def __init__(self, cfg: Any, run_dir: Path, total_steps: int, start_step: int, active: bool,
+    def __init__(self, cfg: Config, run_dir: Path, total_steps: int, start_step: int, active: bool,
                  wandb_id: str | None = None) -> None:
         self.active = active
         self.run_dir = run_dir
@@ -153,7 +163,7 @@ class RunLogger:
         self.metrics_file.close()
 
 
-def _start_wandb(cfg: Any, run_dir: Path, run_id: str | None):
+def _start_wandb(cfg: Config, run_dir: Path, run_id: str | None):
     """wandb in the configured mode. Online, a server that cannot be reached or refuses the key is known within
     WANDB_CONNECT_TIMEOUT_S + WANDB_INIT_TIMEOUT_S (wandb alone would retry for minutes and end in its own multi-line
     error): then one line, or (logging.wandb_fallback=offline) a warning and an offline run."""
@@ -185,7 +195,7 @@ def _start_wandb(cfg: Any, run_dir: Path, run_id: str | None):
     return _init_wandb(cfg, run_dir, run_id, "offline" if mode == "online" else mode, None)
 
 
-def _init_wandb(cfg: Any, run_dir: Path, run_id: str | None, mode: str, api_key: str | None):
+def _init_wandb(cfg: Config, run_dir: Path, run_id: str | None, mode: str, api_key: str | None):
     import wandb
 
     from training.config import as_dict
@@ -226,7 +236,8 @@ def _hparam(v: Any) -> Any:
     return v if isinstance(v, (int, float, str, bool)) else str(v)
 
 
-def describe_run(cfg: Any, plan: Any, mesh: Any, data: Any, model: Any, tokenizer: Any, schedule: Any) -> list[str]:
+def describe_run(cfg: Config, plan: RunPlan, mesh: Mesh, data: Data, model: GPT, tokenizer: Tokenizer,
+                 schedule: optax.Schedule) -> list[str]:
     """The lines a run starts with: where it writes, on what, with which data, model, batch and optimizer."""
     import jax
 

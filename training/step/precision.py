@@ -13,14 +13,22 @@ lines and it must live in TrainState to be checkpointed and resumed (optax has n
 
 from __future__ import annotations
 
+from typing import Any
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 FLOAT16_INITIAL_SCALE = 2.0**15
 SCALE_PERIOD = 2000  # finite steps in a row before the scale doubles
 SCALE_FACTOR = 2.0
 MIN_SCALE = 1.0
+
+
+def compute_dtype(name: str) -> jnp.dtype:
+    """`system.dtype` -> the dtype the step computes in: fp8 is bfloat16 with FP8 matmuls in the blocks."""
+    return jnp.bfloat16 if name == "fp8" else COMPUTE_DTYPES[name]
 
 
 class LossScale(eqx.Module):
@@ -48,6 +56,11 @@ class LossScale(eqx.Module):
 def all_finite(tree) -> jax.Array:
     leaves = jax.tree.leaves(eqx.filter(tree, eqx.is_inexact_array))
     return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
+
+
+def keep_if_finite(finite: jax.Array, new: Any, old: Any) -> Any:
+    """The non-finite guard: after a step whose gradients were not finite, the old arrays (the whole tree)."""
+    return jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
 
 
 def cast_floating(tree, dtype: jnp.dtype):

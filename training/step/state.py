@@ -11,6 +11,7 @@ import optax
 from jax.sharding import Mesh
 
 from models.fp8 import Fp8State
+from models.gpt import GPT
 from optimizers import eval_params
 from training.step.precision import LossScale
 from training.distributed.sharding import state_shardings
@@ -19,7 +20,7 @@ from training.step.stats import StatsKnobs, init_stats
 
 class TrainState(eqx.Module):
     step: jax.Array  # optimizer steps completed (int32 scalar)
-    model: Any  # the Equinox model; its array leaves are the parameters (float32)
+    model: GPT  # the Equinox model; its array leaves are the parameters (float32)
     opt_state: optax.OptState  # incl. MultiSteps' accumulator when accumulating
     key: jax.Array  # base PRNG key (uint32[2]); step keys are folded in from it, so it never changes
     loss_scale: LossScale  # float16's dynamic loss scale and the count of skipped (non-finite) steps
@@ -27,7 +28,7 @@ class TrainState(eqx.Module):
     fp8: Fp8State | None = None  # system.dtype=fp8: the FP8 matmuls' amax histories (models/fp8.py); else None
 
     @staticmethod
-    def create(model: Any, optimizer: optax.GradientTransformation, key: jax.Array,
+    def create(model: GPT, optimizer: optax.GradientTransformation, key: jax.Array,
                dtype: jnp.dtype = jnp.float32, knobs: StatsKnobs = StatsKnobs(), fp8_history: int = 0) -> TrainState:
         """`fp8_history` > 0: FP8 matmuls, each tensor's scale from the amaxes of that many steps."""
         params = eqx.filter(model, eqx.is_array)
@@ -42,7 +43,7 @@ class TrainState(eqx.Module):
         )
 
 
-def place_state(model: Any, optimizer: optax.GradientTransformation, key: jax.Array, mesh: Mesh, layout: str,
+def place_state(model: GPT, optimizer: optax.GradientTransformation, key: jax.Array, mesh: Mesh, layout: str,
                 dtype: jnp.dtype = jnp.float32, knobs: StatsKnobs = StatsKnobs(),
                 fp8_history: int = 0) -> tuple[TrainState, Any]:
     """A fresh TrainState laid out on the mesh, and the shardings of its arrays.
@@ -56,7 +57,7 @@ def place_state(model: Any, optimizer: optax.GradientTransformation, key: jax.Ar
     return create(model, key), shardings
 
 
-def eval_model(state: TrainState) -> Any:
+def eval_model(state: TrainState) -> GPT:
     """The model to evaluate, sample and export: the train state's, or schedule-free's averaged weights
     (optimizers.eval_params)."""
     params = eqx.filter(state.model, eqx.is_array)

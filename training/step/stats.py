@@ -23,13 +23,17 @@ as they were. The buffers live in `TrainState.stats`, so they checkpoint and res
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from training.step.geometry import init_geometry, step_geometry
+from training.step.precision import keep_if_finite
+
+if TYPE_CHECKING:
+    from training.config import LoggingConfig
 
 
 @dataclass(frozen=True)
@@ -45,7 +49,7 @@ class StatsKnobs:
     geometry_groups: tuple[tuple[str, str], ...] = ()
 
     @staticmethod
-    def from_cfg(logging_cfg: Any, geometry_groups: tuple[tuple[str, str], ...] = ()) -> StatsKnobs:
+    def from_cfg(logging_cfg: LoggingConfig, geometry_groups: tuple[tuple[str, str], ...] = ()) -> StatsKnobs:
         """`geometry_groups`: the parameter groups (optimizers.geometry_groups), used with logging.update_geometry."""
         c = logging_cfg
         return StatsKnobs(c.log_callback_data, c.store_last_grads, c.store_past_grads, c.store_last_params,
@@ -128,10 +132,7 @@ def update_stats(knobs: StatsKnobs, stats: dict, params: Any, new_params: Any, g
     out: dict[str, jax.Array] = {}
     new = dict(stats)
     if knobs.log_callback_data:
-        update = _sub(new_params, params)
-        out.update(param_norm=_norm(params), update_norm=_norm(update), grad_dot_update=_dot(grads, update),
-                   grad_norm_layers=layer_norms(grads), param_norm_layers=layer_norms(params),
-                   update_norm_layers=layer_norms(update))
+        out.update(_norms(params, new_params, grads))
     if knobs.store_last_grads:
         out["cos_last_grad"] = nan_if_first(_cos(grads, stats["last_grads"]))
         new["last_grads"] = grads
@@ -139,31 +140,52 @@ def update_stats(knobs: StatsKnobs, stats: dict, params: Any, new_params: Any, g
         out["cos_past_grads"] = nan_if_first(_cos(grads, stats["past_grads_sum"]))
         new["past_grads_sum"] = jax.tree.map(jnp.add, stats["past_grads_sum"], grads)
     if knobs.store_last_params:
-        last = stats["last_params"]
-        step_norm = _norm(_sub(params, last))
-        out["last_step_norm"] = nan_if_first(step_norm)
-        if knobs.compute_last_loss or knobs.compute_last_grads:
-            last_loss, last_grads = last_loss_and_grads(last)  # gradients only when compute_last_grads
-            if knobs.compute_last_loss:
-                out["loss_diff"] = nan_if_first(loss - last_loss)
-            if knobs.compute_last_grads:
-                diff = _norm(_sub(grads, last_grads))
-                out["grad_diff_norm"] = nan_if_first(diff)
-                out["smoothness"] = nan_if_first(diff / jnp.maximum(step_norm, 1e-30))
+        out.update({name: nan_if_first(value) for name, value in _since_last_params(
+            knobs, stats["last_params"], params, grads, loss, last_loss_and_grads).items()})
         new["last_params"] = params
     if knobs.geometry_groups:
         new["geometry"], geometry = step_geometry(stats["geometry"], params, new_params, grads, loss, first,
                                                   knobs.geometry_groups)
         out.update(geometry)
     if knobs.window > 0:
-        row = jnp.stack([out[name].astype(jnp.float32) for name in knobs.scalar_names()])
-        new["window"] = jnp.roll(stats["window"], 1, axis=0).at[0].set(row)
-        averages = jnp.nanmean(new["window"], axis=0)
-        out.update({f"{name}_avg": averages[i] for i, name in enumerate(knobs.scalar_names())})
+        new["window"], averages = _window(knobs, stats["window"], out)
+        out.update(averages)
     new["count"] = stats["count"] + 1
-    # A skipped step (non-finite gradient) leaves every buffer as it was.
-    new = jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, stats)
-    return new, out
+    return keep_if_finite(finite, new, stats), out  # a skipped step leaves every buffer as it was
+
+
+def _norms(params: Any, new_params: Any, grads: Any) -> dict[str, jax.Array]:
+    """log_callback_data: global and per-layer norms of x_t, g_t and Δ_t, and ⟨g_t, Δ_t⟩."""
+    update = _sub(new_params, params)
+    return dict(param_norm=_norm(params), update_norm=_norm(update), grad_dot_update=_dot(grads, update),
+                grad_norm_layers=layer_norms(grads), param_norm_layers=layer_norms(params),
+                update_norm_layers=layer_norms(update))
+
+
+def _since_last_params(knobs: StatsKnobs, last: Any, params: Any, grads: Any, loss: jax.Array,
+                       last_loss_and_grads: Callable[[Any], tuple[jax.Array, Any]]) -> dict[str, jax.Array]:
+    """store_last_params and what needs it: the last step's length, and (compute_last_loss / compute_last_grads)
+    the loss and gradient differences on this step's batch, from the extra pass at x_{t−1}."""
+    step_norm = _norm(_sub(params, last))
+    out = {"last_step_norm": step_norm}
+    if knobs.compute_last_loss or knobs.compute_last_grads:
+        last_loss, last_grads = last_loss_and_grads(last)  # gradients only when compute_last_grads
+        if knobs.compute_last_loss:
+            out["loss_diff"] = loss - last_loss
+        if knobs.compute_last_grads:
+            diff = _norm(_sub(grads, last_grads))
+            out["grad_diff_norm"] = diff
+            out["smoothness"] = diff / jnp.maximum(step_norm, 1e-30)
+    return out
+
+
+def _window(knobs: StatsKnobs, window: jax.Array, out: dict[str, jax.Array]) -> tuple[jax.Array, dict]:
+    """running_stats_window: this step's scalars pushed into the [W, statistics] window, and each one's mean over
+    it (NaN entries, from before a full window or a first step, left out)."""
+    row = jnp.stack([out[name].astype(jnp.float32) for name in knobs.scalar_names()])
+    window = jnp.roll(window, 1, axis=0).at[0].set(row)
+    averages = jnp.nanmean(window, axis=0)
+    return window, {f"{name}_avg": averages[i] for i, name in enumerate(knobs.scalar_names())}
 
 
 STEP_METRICS = ("loss", "target_tokens", "lr", "z_loss", "grad_norm", "loss_scale", "skipped_steps")  # not statistics

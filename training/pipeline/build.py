@@ -1,0 +1,126 @@
+"""The init_* functions in the order a run calls them, and `build`, which calls them all:
+
+    mesh -> corpus -> init_tokenizer -> load_data -> init_model -> init_scheduler -> init_optimizer
+         -> init_state_and_steps (the train state on the mesh, its shardings, the compiled train and eval steps)
+
+A run that starts from a checkpoint (`source`) keeps the checkpoint's tokenizer. Scripts that need a part without a
+corpus (benchmarks, memory estimates) call the init_* functions they need; everything else calls `build`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import jax
+import optax
+from jax.sharding import Mesh
+
+from core.errors import DataError
+from data import Data, make_data
+from data.corpus import load_corpus
+from data.notes_tokenizer import notes_tokenizer
+from data.sources import MixtureCorpus, TextCorpus
+from data.tokenizers import Tokenizer, build_tokenizer, tokenizer_from_json
+from models import MODEL_BUILDERS
+from models.gpt import GPT
+from optimizers import build_optimizer, build_schedule, geometry_groups, lr_multipliers
+from training import config as config_lib
+from training.checkpoints.resume import Source
+from training.config import Config
+from training.distributed.sharding import init_mesh
+from training.evaluation.splits import evaluate
+from training.step.eval_step import make_eval_step
+from training.step.precision import compute_dtype
+from training.step.state import TrainState, place_state
+from training.step.stats import StatsKnobs
+from training.step.train_step import make_train_step
+
+Corpus = TextCorpus | MixtureCorpus | dict  # load_corpus's: text, a mixture, or {split: datasets.Dataset} of notes
+Results = dict[str, dict[str, float]]  # split -> loss, perplexity, tokens (and nats/bits per byte for text)
+
+
+def init_tokenizer(cfg: Config, corpus: Corpus, source: Source | None) -> Tokenizer:
+    """A run that starts from a checkpoint keeps the checkpoint's tokenizer: its ids are what the weights learned."""
+    d = cfg.dataset
+    if source is not None:
+        tokenizer = tokenizer_from_json(source.meta["tokenizer"])
+        if tokenizer.kind != d.tokenizer:
+            raise DataError(f"dataset.tokenizer: {d.tokenizer} does not match the checkpoint's "
+                            f"{tokenizer.kind}; set dataset.tokenizer={tokenizer.kind}")
+        if tokenizer.kind == "notes" and tokenizer.to_json() != notes_tokenizer(d).to_json():
+            raise DataError(f"dataset.notes_tokenizer: {notes_tokenizer(d).to_json()} does not match the "
+                            f"checkpoint's {tokenizer.to_json()}; use the checkpoint's settings")
+        return tokenizer
+    if d.tokenizer == "notes":
+        return notes_tokenizer(d)
+    return build_tokenizer(d.tokenizer, bpe_vocab_size=d.bpe_vocab_size, train_texts=corpus.train_texts,
+                           corpus_fingerprint=corpus.fingerprint, cache_dir=d.cache_dir,
+                           process_index=jax.process_index(), wait_s=d.build_timeout_s)
+
+
+def load_data(cfg: Config, corpus: Corpus, tokenizer: Tokenizer) -> Data:
+    return make_data(cfg, corpus, tokenizer, config_lib.context_size(cfg), jax.process_index(), jax.process_count())
+
+
+def init_model(cfg: Config, vocab_size: int, key: jax.Array) -> GPT:
+    return MODEL_BUILDERS[cfg.model.arch](cfg, vocab_size, key)
+
+
+def init_scheduler(cfg: Config) -> optax.Schedule:
+    return build_schedule(cfg.optimizer.lr_config, config_lib.schedule_steps(cfg))
+
+
+def init_optimizer(cfg: Config, schedule: optax.Schedule, model: GPT) -> optax.GradientTransformation:
+    return build_optimizer(cfg.optimizer, schedule, model, cfg.train.grad_accum_steps)
+
+
+TrainStep = Callable[[TrainState, dict[str, jax.Array]], tuple[TrainState, dict[str, jax.Array]]]
+EvalStep = Callable[[GPT, dict[str, jax.Array]], tuple[jax.Array, jax.Array, jax.Array]]
+
+
+def init_state_and_steps(cfg: Config, model: GPT, optimizer: optax.GradientTransformation, key: jax.Array,
+                         mesh: Mesh) -> tuple[TrainState, Any, TrainStep, EvalStep]:
+    """The train state on the mesh, its shardings (a TrainState-shaped tree of NamedSharding), and the train and eval
+    steps for the run's precision."""
+    dtype = compute_dtype(cfg.system.dtype)
+    knobs = StatsKnobs.from_cfg(cfg.logging, geometry_groups(cfg.optimizer, model))
+    fp8_history = cfg.system.fp8_amax_history if cfg.system.dtype == "fp8" else 0
+    state, shardings = place_state(model, optimizer, key, mesh, cfg.system.sharding, dtype, knobs, fp8_history)
+    train_step = make_train_step(optimizer, shardings, dtype, cfg.train.skip_nonfinite, knobs=knobs,
+                                 z_loss=cfg.train.z_loss, lr_multipliers=lr_multipliers(cfg.optimizer))
+    return state, shardings, train_step, make_eval_step(dtype)
+
+
+@dataclass
+class Pipeline:
+    """What the init_* functions make: everything the loop needs."""
+
+    mesh: Mesh
+    tokenizer: Tokenizer
+    data: Data
+    schedule: optax.Schedule
+    optimizer: optax.GradientTransformation
+    state: TrainState
+    shardings: Any  # a TrainState-shaped tree of NamedSharding
+    train_step: TrainStep
+    eval_step: EvalStep
+
+    def evaluate(self, model: GPT, splits: dict[str, Any] | None = None) -> Results:
+        """`model` on `splits` (by default every validation split): one table of results per split."""
+        return evaluate(self.eval_step, model, self.data.evals if splits is None else splits, self.mesh,
+                        self.data.token_bytes)
+
+
+def build(cfg: Config, source: Source | None = None) -> Pipeline:
+    """The init_* functions in order, on a mesh, with a fresh train state and the compiled-on-first-call steps."""
+    mesh = init_mesh(cfg.system.num_devices, cfg.system.mesh_model)
+    corpus = load_corpus(cfg.dataset, config_lib.mixture_sources(cfg.dataset))
+    tokenizer = init_tokenizer(cfg, corpus, source)
+    data = load_data(cfg, corpus, tokenizer)
+    model_key, train_key = jax.random.split(jax.random.PRNGKey(cfg.train.seed))
+    model = init_model(cfg, tokenizer.vocab_size, model_key)
+    schedule = init_scheduler(cfg)
+    optimizer = init_optimizer(cfg, schedule, model)
+    return Pipeline(mesh, tokenizer, data, schedule, optimizer, *init_state_and_steps(cfg, model, optimizer,
+                                                                                       train_key, mesh))

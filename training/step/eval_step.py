@@ -1,0 +1,26 @@
+"""The compiled evaluation step: `eval_step(model, batch)` returns the batch's summed loss, its target tokens and
+their bytes of text, so that splits of any size average exactly (training/evaluation/splits.py) and report nats per
+byte beside perplexity."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from training.step.losses import Batch, token_losses
+
+if TYPE_CHECKING:
+    from models.gpt import GPT
+
+
+def make_eval_step(dtype: jnp.dtype) -> Callable[[GPT, Batch], tuple[jax.Array, jax.Array, jax.Array]]:
+    """(summed loss, target tokens, target bytes) of one batch; the batch also carries `target_bytes`."""
+
+    def eval_step(model: GPT, batch: Batch) -> tuple[jax.Array, jax.Array, jax.Array]:
+        total, count = token_losses(model, batch, None, dtype)
+        return total, count, jnp.sum(batch["target_bytes"])
+
+    return eqx.filter_jit(eval_step)
