@@ -1,7 +1,7 @@
 """The project's error types: expected failures a user can act on.
 
-`main` catches `PipelineError`, prints its message as one line and exits with `exit_code`; anything else is a bug
-and keeps its traceback.
+`main` catches `PipelineError`, prints its message as one line (`say`) and exits with `exit_code`; anything else is
+a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -31,6 +31,14 @@ class MissingPackageError(PipelineError):
     """An optional package that a tool needs is not installed. Exit code 2: the command cannot run as given."""
 
     exit_code = 2
+
+
+def say(error: PipelineError, prefix: str = "") -> int:
+    """An expected failure as every command says it: one line on stderr, `error: ...`; returns its exit code."""
+    import sys
+
+    print(f"error: {prefix}{error}", file=sys.stderr, flush=True)
+    return error.exit_code
 
 
 def warn(message: str) -> None:

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import jax  # noqa: E402
 
-from core.errors import PipelineError  # noqa: E402
+from core.errors import PipelineError, say  # noqa: E402
 from training.pipeline.build import build, init_model, init_optimizer, init_scheduler  # noqa: E402
 from models.gpt import count_params  # noqa: E402
 from training import config as config_lib  # noqa: E402
@@ -167,8 +167,7 @@ def main(argv: list[str]) -> int:
             result = bench(overrides, args.steps, max(args.warmup, 1))
         print(json.dumps(result), flush=True)
     except PipelineError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return e.exit_code
+        return say(e)
     return 0
 
 

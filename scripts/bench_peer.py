@@ -252,7 +252,7 @@ def worker(args: argparse.Namespace) -> int:
     try:
         (ours if args.worker == "ours" else nanogpt)(args, sys.stdin, replies)
     except (PipelineError, BenchError, ImportError) as e:  # a bad override, no CUDA build, no model.py to import
-        print(f"error: {args.worker} worker: {e}", file=sys.stderr)
+        print(f"error: {args.worker} worker: {e}", file=sys.stderr)  # BenchError and ImportError are not ours
         return getattr(e, "exit_code", 1)
     return 0
 

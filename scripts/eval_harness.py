@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from core.errors import ConfigError, PipelineError  # noqa: E402
+from core.errors import ConfigError, PipelineError, say  # noqa: E402
 from training.checkpoints.checkpointer import find_checkpoint_dir  # noqa: E402
 from training.evaluation.harness import evaluate_tasks, harness_lm, import_lm_eval  # noqa: E402
 from training.step.precision import cast_floating  # noqa: E402
@@ -58,8 +58,7 @@ def main(argv: list[str]) -> int:
         results = evaluate_tasks(lm, tasks, include_path=args.include_path, limit=args.limit,
                                  num_fewshot=args.num_fewshot, seed=args.seed)
     except PipelineError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return e.exit_code
+        return say(e)
     from lm_eval.utils import handle_non_serializable, make_table
 
     record = {"command": shlex.join(["python", "scripts/eval_harness.py", *argv]),

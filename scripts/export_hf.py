@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from core.errors import PipelineError  # noqa: E402
+from core.errors import PipelineError, say  # noqa: E402
 from models.hf import ARCHITECTURES, export_hf  # noqa: E402
 from training.checkpoints.trained import add_checkpoint_arguments, load_trained  # noqa: E402
 
@@ -34,8 +34,7 @@ def main(argv: list[str]) -> int:
         trained = load_trained(args.checkpoint, args.which)
         written = export_hf(trained.model, trained.tokenizer, args.out_dir, args.architecture)
     except PipelineError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return e.exit_code
+        return say(e)
     note = "" if trained.tokenizer.kind == "bpe" else (
         f" (a {trained.tokenizer.kind} tokenizer has no transformers form: ids 0..{trained.tokenizer.vocab_size - 1} "
         "are this project's; gpt2's first 50,257 ids are GPT-2's own)")

@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from core.errors import CheckpointError, PipelineError  # noqa: E402
+from core.errors import CheckpointError, PipelineError, say  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
@@ -47,12 +47,11 @@ def main(argv: list[str]) -> int:
             measured = measure(args)
         if args.plot:
             plot_sharpness(args.run, Path(args.plot), measured)
-    except CheckpointError as e:
-        print(f"error: {e}", file=sys.stderr)
+    except CheckpointError as e:  # the run or step named on the command line: a usage error
+        say(e)
         return 2
     except PipelineError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return e.exit_code
+        return say(e)
     return 0
 
 

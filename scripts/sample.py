@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from core.errors import DataError, PipelineError  # noqa: E402
+from core.errors import DataError, PipelineError, say  # noqa: E402
 from models.decode import generate  # noqa: E402
 from training.checkpoints.trained import Trained, add_checkpoint_arguments, load_trained  # noqa: E402
 
@@ -49,8 +49,7 @@ def main(argv: list[str]) -> int:
             return sample_notes(trained, args)
         return sample_text(trained, args)
     except PipelineError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return e.exit_code
+        return say(e)
 
 
 def sample_text(trained: Trained, args: argparse.Namespace) -> int:

@@ -26,7 +26,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from core.errors import PipelineError, first_line
+from core.errors import PipelineError, first_line, say
 from training.config import help as config_help  # noqa: F401  (registers the resolver that --help's template uses)
 from training import config as config_lib
 from training.cli import sweep
@@ -102,16 +102,16 @@ def execute(app: Callable[[], Any], argv: list[str]) -> int:
         if not multirun:
             raise
         where = sweep.started[-1] if sweep.started else "<the sweep's directory>"
-        code = _say(PipelineError(f"sweep: stopped by a signal; the same command with hydra.sweep.dir={where} "
+        code = say(PipelineError(f"sweep: stopped by a signal; the same command with hydra.sweep.dir={where} "
                                   "checkpoint.load=auto continues it"))
     except (HydraException, OmegaConfBaseException) as e:
-        code = _say(config_lib.composition_error(e, _overrides(argv)))
+        code = say(config_lib.composition_error(e, _overrides(argv)))
     except Exception as e:
         # Only the sweep's machinery raises anything else here (a job's own failure is a JobFailed): a launcher
         # that finds no cluster, a submission refused, a search space Optuna rejects. HYDRA_FULL_ERROR=1: traceback.
         if not multirun or saved_env["HYDRA_FULL_ERROR"] == "1":
             raise
-        code = _say(PipelineError(f"sweep: {type(e).__name__}: {first_line(e, 300)}{_raised_within(e)}"))
+        code = say(PipelineError(f"sweep: {type(e).__name__}: {first_line(e, 300)}{_raised_within(e)}"))
     finally:
         sys.argv = saved_argv
         for key, value in saved_env.items():
@@ -122,11 +122,6 @@ def execute(app: Callable[[], Any], argv: list[str]) -> int:
         for sweep_dir in sweep.started:
             code = _report_sweep(sweep_dir) or code
     return code
-
-
-def _say(error: PipelineError) -> int:
-    print(f"error: {error}", file=sys.stderr, flush=True)
-    return error.exit_code
 
 
 def _report_sweep(sweep_dir: Path) -> int:
@@ -167,7 +162,7 @@ def job(composed: DictConfig, main: Main) -> Any:
         except Exception as e:
             if (error := expected_failure(e)) is None:
                 raise
-            raise SystemExit(_say(error)) from None  # passes through Hydra, which only catches Exception
+            raise SystemExit(say(error)) from None  # passes through Hydra, which only catches Exception
     return _sweep_job(composed, main, hydra, overrides, started)
 
 
