@@ -35,7 +35,7 @@ from training.loop.compilation import CompileClock, init_compilation_cache, init
 from training.loop.session import TrainingSession
 from training.loop.steps import run_loop
 from training.pipeline.build import Pipeline, build
-from training.reporting.logs import eval_table
+from training.reporting.console import eval_table
 from training.step.state import TrainState, eval_model
 
 

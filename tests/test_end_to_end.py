@@ -73,7 +73,7 @@ def test_tensorboard_is_written_without_importing_torch_which_stays_importable(t
     nothing, since the run logs plain numbers."""
     script = (
         "import sys\n"
-        "from training.reporting.logs import summary_writer\n"
+        "from training.reporting.tensorboard_sink import summary_writer\n"
         f"writer = summary_writer()(logdir={str(tmp_path / 'tb')!r})\n"
         "writer.add_scalar('train/loss', 1.5, 3)\n"
         "writer.close()\n"

@@ -34,7 +34,8 @@ from training.loop.clock import RunClock
 from training.loop.compilation import CompileClock
 from training.analysis.curvature import SEED, fixed_batch, sharpness_fn
 from training.reporting.flops import MFU_CONVENTION, MFU_FORMULA, flops_per_token, mfu, peak_flops
-from training.reporting.logs import RunLogger, describe_run, eval_table
+from training.reporting.console import describe_run, eval_table
+from training.reporting.logs import RunLogger
 from training.loop.steps import Action, LoopState
 from training.reporting.summary import finish_run
 from training.checkpoints.resume import RunPlan, carried_over

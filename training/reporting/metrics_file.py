@@ -1,0 +1,29 @@
+"""metrics.jsonl: one JSON object per logged event (a training interval, an evaluated split, a measurement), appended
+and line-buffered, so that a run killed at any moment leaves every line it logged. Non-finite numbers are written as
+strings ("nan"), which JSON has no number for."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+
+class MetricsFile:
+    def __init__(self, run_dir: Path) -> None:
+        self.file = open(run_dir / "metrics.jsonl", "a", buffering=1)
+
+    def log(self, step: int, split: str, values: dict[str, Any]) -> None:
+        row = {"step": step, "split": split, "time": time.time(), **{k: _plain(v) for k, v in values.items()}}
+        self.file.write(json.dumps(row) + "\n")
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    return v
