@@ -33,12 +33,13 @@ class MissingPackageError(PipelineError):
     exit_code = 2
 
 
-def say(error: PipelineError, prefix: str = "") -> int:
-    """An expected failure as every command says it: one line on stderr, `error: ...`; returns its exit code."""
+def say(error: PipelineError, prefix: str = "", exit_code: int | None = None) -> int:
+    """An expected failure as every command says it: one line on stderr, `error: ...`; returns its exit code (or
+    `exit_code`, for a command whose arguments make this kind of failure a usage error)."""
     import sys
 
     print(f"error: {prefix}{error}", file=sys.stderr, flush=True)
-    return error.exit_code
+    return error.exit_code if exit_code is None else exit_code
 
 
 def warn(message: str) -> None:

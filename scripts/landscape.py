@@ -54,11 +54,8 @@ def main(argv: list[str]) -> int:
         parser.error("--grid must be >= 2 and --batches >= 1")
     try:
         landscape(args)
-    except CheckpointError as e:  # the run or step named on the command line: a usage error
-        say(e)
-        return 2
-    except PipelineError as e:
-        return say(e)
+    except PipelineError as e:  # a checkpoint error is about the run or step named on the command line: usage
+        return say(e, exit_code=2 if isinstance(e, CheckpointError) else None)
     return 0
 
 
