@@ -151,18 +151,26 @@ class KronState(NamedTuple):
     probability: jax.Array  # the probability this step had of refitting the preconditioner
 
 
+def refit_draw(key: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """From the step's key: the refit's uniform draw, and the key the parameters' draws come from."""
+    refit_key, leaf_key = jax.random.split(key)
+    return jax.random.uniform(refit_key), leaf_key
+
+
+def leaf_draws(leaf_key: jax.Array, name: str, shape: tuple[int, ...]) -> tuple[jax.Array, jax.Array]:
+    """A parameter's (by its path, [B, m, n]) probe V and damping noise Z, each N(0, 1). They depend on its path
+    only, not on which others are present, so Kron given a parameter group's part of the model steps it exactly as
+    Kron given the whole model. Drawn inside the refit: the steps that do not refit draw nothing."""
+    k_probe, k_noise = jax.random.split(jax.random.fold_in(leaf_key, zlib.crc32(name.encode()) & 0x7FFFFFFF))
+    return jax.random.normal(k_probe, shape, jnp.float32), jax.random.normal(k_noise, shape, jnp.float32)
+
+
 def draws(key: jax.Array, shapes: dict[str, tuple[int, ...]]
           ) -> tuple[jax.Array, dict[str, jax.Array], dict[str, jax.Array]]:
-    """From the step's key: the refit's uniform draw, and per parameter (by its path, [B, m, n]) the probe V and
-    the damping noise Z, each N(0, 1). A parameter's draws depend on its path only, not on which others are
-    present, so Kron given a parameter group's part of the model steps it exactly as Kron given the whole model."""
-    refit_key, leaf_key = jax.random.split(key)
-    probes, noise = {}, {}
-    for name, shape in shapes.items():
-        k_probe, k_noise = jax.random.split(jax.random.fold_in(leaf_key, zlib.crc32(name.encode()) & 0x7FFFFFFF))
-        probes[name] = jax.random.normal(k_probe, shape, jnp.float32)
-        noise[name] = jax.random.normal(k_noise, shape, jnp.float32)
-    return jax.random.uniform(refit_key), probes, noise
+    """Every draw of a step at once: the refit draw, and the probes and noise by parameter path."""
+    u, leaf_key = refit_draw(key)
+    pairs = {name: leaf_draws(leaf_key, name, shape) for name, shape in shapes.items()}
+    return u, {name: v for name, (v, _) in pairs.items()}, {name: z for name, (_, z) in pairs.items()}
 
 
 def kron_direction(roles: dict[str, Role], beta1: float, weight_decay: float, precond_lr: float,
@@ -199,7 +207,7 @@ def kron_direction(roles: dict[str, Role], beta1: float, weight_decay: float, pr
                  for p, _ in jax.tree_util.tree_flatten_with_path(updates)[0]]
         leaves_g = jax.tree.leaves(fitted)
         key, step_key = jax.random.split(state.key)
-        u, probes, noise = draws(step_key, {n: as_matrices(g, roles[n]).shape for g, n in zip(leaves_g, names)})
+        u, leaf_key = refit_draw(step_key)
         treedef = jax.tree.structure(updates)
         lefts = treedef.flatten_up_to(state.q_left)
         rights = treedef.flatten_up_to(state.q_right)
@@ -225,7 +233,8 @@ def kron_direction(roles: dict[str, Role], beta1: float, weight_decay: float, pr
         def refit(sides_now):
             out = []
             for (left, right), g, n in zip(sides_now, leaves_g, names):
-                h, v, z = as_matrices(g, roles[n]), probes[n], noise[n]
+                h = as_matrices(g, roles[n])
+                v, z = leaf_draws(leaf_key, n, h.shape)
                 h = h + DAMPING * jnp.mean(jnp.abs(h), axis=(1, 2), keepdims=True) * z
                 a = right.apply(left.apply(h, left=True), left=False)
                 b = right.solve(left.solve(v, left=True), left=False)
