@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import shlex
 import sys
 from pathlib import Path
@@ -24,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from core.errors import ConfigError, PipelineError, say  # noqa: E402
+from core.files import write_atomic  # noqa: E402
 from training.checkpoints.checkpointer import find_checkpoint_dir  # noqa: E402
 from training.evaluation.harness import evaluate_tasks, harness_lm, import_lm_eval  # noqa: E402
 from training.step.precision import cast_floating  # noqa: E402
@@ -65,9 +65,7 @@ def main(argv: list[str]) -> int:
               "checkpoint": str(find_checkpoint_dir(args.path).absolute()), "step": trained.step,
               "model": trained.cfg.model.name, "tokenizer": trained.tokenizer.kind, **results}
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(record, indent=2, default=handle_non_serializable))
-    os.replace(tmp, out)  # a reader sees the whole file or none
+    write_atomic(out, json.dumps(record, indent=2, default=handle_non_serializable))  # whole or not at all
     print(f"# {trained.cfg.model.name}, step {trained.step} of {args.path}")
     print(make_table(results))
     if "groups" in results:

@@ -10,9 +10,12 @@ online-to-nonconvex quantities; a sum falling steadily means updates that keep d
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from training.reporting.summary import latest_per_step, read_metrics  # noqa: E402
 
 
 def series(rows: list[dict], name: str) -> tuple[list[int], list[float]]:
@@ -27,8 +30,7 @@ def plot_geometry(run_dir: Path, out: Path) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    rows = [r for r in rows if r.get("split") == "train"]
+    rows = [r for r in latest_per_step(read_metrics(run_dir)) if r["split"] == "train"]
     groups = sorted({k.split("/")[1] for r in rows for k in r if k.startswith("geometry/") and k.count("/") == 2})
     if not groups:
         raise SystemExit(f"error: {run_dir}/metrics.jsonl has no geometry/ metrics; train with "

@@ -28,6 +28,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from training.reporting.summary import finite_number, latest_per_step, read_metrics  # noqa: E402
 
 
 def fail(message: str) -> int:
@@ -61,8 +64,15 @@ def schedule_overrides(lrs: list[float], segment_steps: int, warmup: int) -> lis
 
 
 def train_losses(run_dir: Path) -> dict[int, float]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["loss"] for r in rows if r.get("split") == "train" and "loss" in r}
+    rows = latest_per_step(read_metrics(run_dir))
+    return {r["step"]: r["loss"] for r in rows if r["split"] == "train" and "loss" in r}
+
+
+def smoothed_loss(losses: dict[int, object], end: int, smooth: int) -> float | None:
+    """The mean train loss of steps end - smooth + 1 .. end, or None when one is missing or not a finite number
+    (a diverged candidate logs "nan")."""
+    tail = [losses.get(s) for s in range(end - smooth + 1, end + 1)]
+    return sum(tail) / smooth if all(map(finite_number, tail)) else None
 
 
 def multirun(sweep_dir: Path, overrides: list[str]) -> list[dict]:
@@ -169,10 +179,9 @@ def main(argv: list[str]) -> int:
         jobs = multirun(out / f"segment{i}", [*common, *overrides, f"train.max_steps={(i + 1) * S}", *resume])
         ranked = []
         for lr, job in zip(candidates, sorted(jobs, key=lambda j: j["job"])):
-            losses = train_losses(Path(job["run_dir"]))
-            tail = [losses[s] for s in range((i + 1) * S - smooth + 1, (i + 1) * S + 1) if s in losses]
-            ok = job["status"] == "completed" and len(tail) == smooth and all(v == v for v in tail)
-            ranked.append({"lr": lr, "smoothed_loss": sum(tail) / len(tail) if ok else None, "run_dir": job["run_dir"]})
+            loss = smoothed_loss(train_losses(Path(job["run_dir"])), (i + 1) * S, smooth)
+            ranked.append({"lr": lr, "smoothed_loss": loss if job["status"] == "completed" else None,
+                           "run_dir": job["run_dir"]})
         finished = [r for r in ranked if r["smoothed_loss"] is not None]
         if not finished:
             return fail(f"segment {i}: no candidate finished (see {out / f'segment{i}'})")
