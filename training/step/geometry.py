@@ -37,8 +37,9 @@ def path_names(tree: Any) -> list[str]:
 
 
 def group_names(assignment: tuple[tuple[str, str], ...]) -> list[str]:
-    """The groups reported: each group a parameter is in (in order), then `model`."""
-    return [*dict.fromkeys(group for _, group in assignment), MODEL]
+    """The groups reported: each group a parameter is in (in order), then `model` (once, also when every parameter is
+    in it: no optimizer groups)."""
+    return list(dict.fromkeys([*(group for _, group in assignment), MODEL]))
 
 
 def init_geometry(params: Any, assignment: tuple[tuple[str, str], ...]) -> dict:

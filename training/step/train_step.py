@@ -71,8 +71,7 @@ class StepSpec:
 class StepObjective:
     """The step's objective, fixed at its start: every micro-batch's share of the mean over the step's tokens."""
 
-    dtype: jnp.dtype
-    z_loss: float
+    spec: StepSpec
     step_tokens: jax.Array  # target tokens of the whole step: every micro-batch, every process
     step_key: jax.Array
     use_dropout: bool
@@ -80,7 +79,7 @@ class StepObjective:
 
     @staticmethod
     def of(spec: StepSpec, state: TrainState, batch: Batch) -> StepObjective:
-        return StepObjective(spec.dtype, spec.z_loss, jnp.maximum(jnp.sum(batch["loss_mask"]), 1.0),
+        return StepObjective(spec, jnp.maximum(jnp.sum(batch["loss_mask"]), 1.0),
                              jax.random.fold_in(state.key, state.step), state.model.cfg.dropout > 0,
                              None if state.fp8 is None else state.fp8.scales())
 
@@ -90,8 +89,8 @@ class StepObjective:
     def share(self, model: GPT, micro_batch: Batch, i: jax.Array | int, scales: jax.Array | None = None,
               ) -> tuple[jax.Array, LossSums]:
         """This micro-batch's part of the step's mean objective over the step's target tokens, and its sums."""
-        sums = loss_sums(model, micro_batch, self.micro_key(i), self.dtype, scales)
-        return (sums.nll + self.z_loss * sums.log_z_squared) / self.step_tokens, sums
+        sums = loss_sums(model, micro_batch, self.micro_key(i), self.spec.dtype, scales)
+        return (sums.nll + self.spec.z_loss * sums.log_z_squared) / self.step_tokens, sums
 
 
 class Carry(NamedTuple):
