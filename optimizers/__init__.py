@@ -35,7 +35,8 @@ from optimizers.schedules import build_schedule
 from optimizers.wrappers import cautious
 
 __all__ = ["build_optimizer", "build_schedule", "geometry_groups", "grad_norm_of", "applied_lr_of",
-           "continue_schedule_at", "OPTIMIZERS", "lr_multipliers", "eval_params", "register"]
+           "continue_schedule_at", "lr_schedule_of", "lr_step_of", "OPTIMIZERS", "lr_multipliers", "eval_params",
+           "register"]
 
 
 class GradNormState(NamedTuple):
@@ -69,19 +70,26 @@ class LrState(NamedTuple):
 
 
 def scale_by_lr(schedule: optax.Schedule) -> optax.GradientTransformation:
-    """Multiplies the step direction by schedule(lr_step) and remembers that lr: the one place the lr is applied."""
+    """Multiplies the step direction by schedule(lr_step) and remembers that lr: the one place the lr is applied.
+
+    The caller may hand that value in (`update(..., lr=...)`): the train step does, from a program of its own
+    (training/step/train_step.py says why), so that its program is the same whatever the schedule."""
 
     def init(params):
         del params
         return LrState(jnp.zeros([], jnp.int32), jnp.zeros([], jnp.float32))
 
-    def update(updates, state, params=None):
-        del params
-        lr = jnp.asarray(schedule(state.lr_step), jnp.float32)
+    def update(updates, state, params=None, lr=None, **extra):
+        del params, extra
+        lr = jnp.asarray(schedule(state.lr_step) if lr is None else lr, jnp.float32)
         updates = jax.tree.map(lambda u: lr.astype(u.dtype) * u, updates)
         return updates, LrState(state.lr_step + 1, lr)
 
-    return optax.GradientTransformation(init, update)
+    return optax.GradientTransformationExtraArgs(init, update)
+
+
+def lr_step_of(opt_state: Any) -> jax.Array:
+    return optax.tree.get(opt_state, "lr_step")
 
 
 def applied_lr_of(opt_state: Any) -> jax.Array:
@@ -91,7 +99,7 @@ def applied_lr_of(opt_state: Any) -> jax.Array:
 def continue_schedule_at(opt_state: Any, lr_step: jax.Array) -> Any:
     """A (fresh) optimizer state whose schedule continues at `lr_step` instead of starting over: its moments stay
     fresh, its learning rate is the one the run had reached."""
-    where = optax.tree.get(opt_state, "lr_step").sharding
+    where = lr_step_of(opt_state).sharding
     return optax.tree.set(opt_state, lr_step=jax.device_put(jnp.asarray(lr_step, jnp.int32), where))
 
 
@@ -104,7 +112,8 @@ def eval_params(opt_state: Any, params: Any) -> Any:
 
 
 def lr_schedule_of(cfg: Any, schedule: optax.Schedule) -> optax.Schedule:
-    """The schedule as `optimizer.name`'s method takes it (registry.register's `lr`)."""
+    """The schedule as `optimizer.name`'s method takes it (registry.register's `lr`): the lr `scale_by_lr` applies at
+    each update count."""
     use = LR_USE.get(cfg.name, "schedule")
     if use == "own":
         return lambda count: jnp.ones([], jnp.float32)

@@ -119,13 +119,15 @@ def bench_compile(overrides: list[str], vocab: int) -> dict:
     from training.step.state import TrainState
     from training.step.precision import compute_dtype
     from training.step.train_step import make_train_step
+    from optimizers import lr_schedule_of
 
     cfg = config_lib.load_config(overrides)
     dtype = compute_dtype(cfg.system.dtype)
     fp8_history = cfg.system.fp8_amax_history if cfg.system.dtype == "fp8" else 0
     mesh = init_mesh(cfg.system.num_devices, cfg.system.mesh_model)
     model = eqx.filter_eval_shape(init_model, cfg, vocab, jax.random.PRNGKey(0))
-    optimizer = init_optimizer(cfg, init_scheduler(cfg), model)
+    schedule = init_scheduler(cfg)
+    optimizer = init_optimizer(cfg, schedule, model)
     state = eqx.filter_eval_shape(TrainState.create, model, optimizer, jax.random.PRNGKey(0), dtype,
                                   fp8_history=fp8_history)
     shardings = state_shardings(state, mesh, cfg.system.sharding)
@@ -133,11 +135,12 @@ def bench_compile(overrides: list[str], vocab: int) -> dict:
     shape = (cfg.train.grad_accum_steps, cfg.train.batch_size, config_lib.context_size(cfg))
     batch = {k: jax.ShapeDtypeStruct(shape, dt) for k, dt in
              (("inputs", jax.numpy.int32), ("targets", jax.numpy.int32), ("loss_mask", jax.numpy.float32))}
-    step = make_train_step(optimizer, shardings, dtype, jit=False, z_loss=cfg.train.z_loss)
+    step = make_train_step(optimizer, lr_schedule_of(cfg.optimizer, schedule), shardings, dtype, jit=False,
+                           z_loss=cfg.train.z_loss)
     arrays, static = eqx.partition(state, lambda x: isinstance(x, jax.ShapeDtypeStruct))
-    compiled_step = jax.jit(lambda arrays, batch: step(eqx.combine(arrays, static), batch), donate_argnums=0)
+    compiled_step = jax.jit(lambda arrays, batch, lr: step(eqx.combine(arrays, static), batch, lr), donate_argnums=0)
     t0 = time.perf_counter()
-    lowered = compiled_step.lower(arrays, batch)
+    lowered = compiled_step.lower(arrays, batch, jax.ShapeDtypeStruct((), jax.numpy.float32))
     t1 = time.perf_counter()
     compiled = lowered.compile()
     t2 = time.perf_counter()

@@ -154,8 +154,9 @@ def ours(args: argparse.Namespace, commands: TextIO, replies: TextIO) -> None:
     mesh = init_mesh(cfg.system.num_devices, cfg.system.mesh_model)
     model_key, train_key = jax.random.split(jax.random.PRNGKey(cfg.train.seed))
     model = init_model(cfg, VOCAB, model_key)
-    optimizer = init_optimizer(cfg, init_scheduler(cfg), model)
-    state, _, train_step, _ = init_state_and_steps(cfg, model, optimizer, train_key, mesh)
+    schedule = init_scheduler(cfg)
+    optimizer = init_optimizer(cfg, schedule, model)
+    state, _, train_step, _ = init_state_and_steps(cfg, model, schedule, optimizer, train_key, mesh)
     context, accum = config_lib.context_size(cfg), cfg.train.grad_accum_steps
     tokens = np.random.default_rng(0).integers(0, VOCAB, (accum, cfg.train.batch_size, context + 1), np.int32)
     inputs, targets = tokens[..., :-1], tokens[..., 1:]

@@ -24,7 +24,7 @@ from data.sources import MixtureCorpus, TextCorpus
 from data.tokenizers import Tokenizer, build_tokenizer, tokenizer_from_json
 from models import MODEL_BUILDERS
 from models.gpt import GPT
-from optimizers import build_optimizer, build_schedule, geometry_groups, lr_multipliers
+from optimizers import build_optimizer, build_schedule, geometry_groups, lr_multipliers, lr_schedule_of
 from training import config as config_lib
 from training.checkpoints.resume import Source
 from training.config import Config
@@ -34,7 +34,7 @@ from training.step.eval_step import make_eval_step
 from training.step.precision import compute_dtype
 from training.step.state import TrainState, place_state
 from training.step.stats import StatsKnobs
-from training.step.train_step import make_train_step
+from training.step.train_step import TrainStep, make_train_step
 
 Corpus = TextCorpus | MixtureCorpus | dict  # load_corpus's: text, a mixture, or {split: datasets.Dataset} of notes
 Results = dict[str, dict[str, float]]  # split -> loss, perplexity, tokens (and nats/bits per byte for text)
@@ -75,19 +75,19 @@ def init_optimizer(cfg: Config, schedule: optax.Schedule, model: GPT) -> optax.G
     return build_optimizer(cfg.optimizer, schedule, model, cfg.train.grad_accum_steps)
 
 
-TrainStep = Callable[[TrainState, dict[str, jax.Array]], tuple[TrainState, dict[str, jax.Array]]]
 EvalStep = Callable[[GPT, dict[str, jax.Array]], tuple[jax.Array, jax.Array, jax.Array]]
 
 
-def init_state_and_steps(cfg: Config, model: GPT, optimizer: optax.GradientTransformation, key: jax.Array,
-                         mesh: Mesh) -> tuple[TrainState, Any, TrainStep, EvalStep]:
+def init_state_and_steps(cfg: Config, model: GPT, schedule: optax.Schedule, optimizer: optax.GradientTransformation,
+                         key: jax.Array, mesh: Mesh) -> tuple[TrainState, Any, TrainStep, EvalStep]:
     """The train state on the mesh, its shardings (a TrainState-shaped tree of NamedSharding), and the train and eval
     steps for the run's precision."""
     dtype = compute_dtype(cfg.system.dtype)
     knobs = StatsKnobs.from_cfg(cfg.logging, geometry_groups(cfg.optimizer, model))
     fp8_history = cfg.system.fp8_amax_history if cfg.system.dtype == "fp8" else 0
     state, shardings = place_state(model, optimizer, key, mesh, cfg.system.sharding, dtype, knobs, fp8_history)
-    train_step = make_train_step(optimizer, shardings, dtype, cfg.train.skip_nonfinite, knobs=knobs,
+    train_step = make_train_step(optimizer, lr_schedule_of(cfg.optimizer, schedule), shardings, dtype,
+                                 cfg.train.skip_nonfinite, knobs=knobs,
                                  z_loss=cfg.train.z_loss, lr_multipliers=lr_multipliers(cfg.optimizer))
     return state, shardings, train_step, make_eval_step(dtype)
 
@@ -122,5 +122,5 @@ def build(cfg: Config, source: Source | None = None) -> Pipeline:
     model = init_model(cfg, tokenizer.vocab_size, model_key)
     schedule = init_scheduler(cfg)
     optimizer = init_optimizer(cfg, schedule, model)
-    return Pipeline(mesh, tokenizer, data, schedule, optimizer, *init_state_and_steps(cfg, model, optimizer,
+    return Pipeline(mesh, tokenizer, data, schedule, optimizer, *init_state_and_steps(cfg, model, schedule, optimizer,
                                                                                        train_key, mesh))

@@ -1,7 +1,12 @@
 """The compiled train step.
 
 `train_step(state, batch) -> (state, metrics)` is pure: it reads nothing but its arguments, and the state's buffers
-are donated. A batch holds [grad_accum, batch, time] arrays; the step scans over the micro-batches, feeding each
+are donated. It is two programs: the schedule's lr for the optimizer's update count, then the step proper, which
+takes that lr as an argument. The step's program is thus the same whatever the schedule: two runs whose schedules
+agree on a step (a run and a longer one, a segment and the run it continues, a search's branch and the schedule it
+finds) compute it with the very same program. With the schedule inside, a schedule that differs only in later steps
+is a different program, which XLA:CPU compiles into different machine code (its fusions, vectorisation and fused
+multiply-adds) whose float32 results can differ in the last bit, and by how much depends on the CPU. A batch holds [grad_accum, batch, time] arrays; the step scans over the micro-batches, feeding each
 gradient to the optimizer (optax.MultiSteps sums them and updates on the last).
 
 Every target token of a step counts once, whatever the accumulation, masking or process count: the step's loss is the
@@ -35,7 +40,7 @@ import jax.numpy as jnp
 import optax
 
 from models.gpt import GPT
-from optimizers import applied_lr_of, grad_norm_of
+from optimizers import applied_lr_of, grad_norm_of, lr_step_of
 from optimizers.reporting import optimizer_metrics
 from training.step.losses import Batch, LossSums, loss_sums
 from training.step.precision import LossScale, all_finite, cast_floating, keep_if_finite
@@ -103,8 +108,8 @@ class Carry(NamedTuple):
     fp8_amax: jax.Array | None  # the largest |x| each FP8 matmul saw (models/fp8.py)
 
 
-def micro_step(spec: StepSpec, objective: StepObjective, compute_model: GPT, scale: jax.Array, carry: Carry,
-               xs: tuple[Batch, jax.Array]) -> tuple[Carry, LossSums]:
+def micro_step(spec: StepSpec, objective: StepObjective, compute_model: GPT, scale: jax.Array, lr: jax.Array,
+               carry: Carry, xs: tuple[Batch, jax.Array]) -> tuple[Carry, LossSums]:
     """One micro-batch: its gradient (on the step's compute-dtype copy of the parameters), then the optimizer."""
     micro_batch, i = xs
     model = carry.model
@@ -132,18 +137,19 @@ def micro_step(spec: StepSpec, objective: StepObjective, compute_model: GPT, sca
 
     with jax.named_scope("optimizer"):  # for scripts/profile_summary.py
         updates, opt_state = spec.optimizer.update(grads, carry.opt_state, eqx.filter(model, eqx.is_array),
-                                                   obj_fn=micro_objective)
+                                                   obj_fn=micro_objective, lr=lr)
         model = eqx.apply_updates(model, updates)
     return Carry(model, opt_state, finite, grad_sum, fp8_amax), sums
 
 
-def accumulate(spec: StepSpec, objective: StepObjective, state: TrainState, batch: Batch) -> tuple[Carry, LossSums]:
+def accumulate(spec: StepSpec, objective: StepObjective, state: TrainState, batch: Batch,
+               lr: jax.Array) -> tuple[Carry, LossSums]:
     """Every micro-batch of the step through `micro_step`; their loss sums stacked [grad_accum]."""
     # The compute-dtype copy of the parameters, made once per step: the parameters change only at the step's last
     # micro-batch (MultiSteps passes zero updates before it), so every micro-batch reads the same copy.
     # Differentiating the copy gives the gradient the cast's transpose would (a 16-bit cotangent widened to float32),
     # widened in micro_step instead.
-    body = partial(micro_step, spec, objective, cast_floating(state.model, spec.dtype), state.loss_scale.scale)
+    body = partial(micro_step, spec, objective, cast_floating(state.model, spec.dtype), state.loss_scale.scale, lr)
     params = eqx.filter(state.model, eqx.is_array)
     carry = Carry(state.model, state.opt_state, jnp.asarray(True),
                   jax.tree.map(jnp.zeros_like, params) if spec.knobs.any else None,
@@ -184,9 +190,10 @@ def step_metrics(spec: StepSpec, opt_state: Any, loss: jax.Array, z_term: jax.Ar
             **({"z_loss": z_term} if spec.z_loss else {}), **stat_metrics, **optimizer_metrics(opt_state)}
 
 
-def train_step(spec: StepSpec, state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
+def train_step(spec: StepSpec, state: TrainState, batch: Batch, lr: jax.Array) -> tuple[TrainState, Metrics]:
+    """`lr`: the schedule's value at the optimizer's update count (`TrainStep` computes it)."""
     objective = StepObjective.of(spec, state, batch)
-    carry, sums = accumulate(spec, objective, state, batch)
+    carry, sums = accumulate(spec, objective, state, batch, lr)
     model, opt_state = carry.model, carry.opt_state
     fp8 = None if state.fp8 is None else state.fp8.record(carry.fp8_amax)
     loss = jnp.sum(sums.nll) / objective.step_tokens
@@ -207,17 +214,39 @@ def train_step(spec: StepSpec, state: TrainState, batch: Batch) -> tuple[TrainSt
     return new_state, step_metrics(spec, opt_state, loss, z_term, objective.step_tokens, loss_scale, stat_metrics)
 
 
-def make_train_step(optimizer: optax.GradientTransformation, state_shardings: Any, dtype: jnp.dtype,
-                    skip_nonfinite: bool = False, jit: bool = True, knobs: StatsKnobs = StatsKnobs(),
-                    z_loss: float = 0.0, lr_multipliers: dict[str, float] | None = None
-                    ) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
-    """The compiled step (`jit=False`: the plain function, for ahead-of-time lowering from abstract shapes).
+class TrainStep:
+    """`train_step(state, batch) -> (state, metrics)`: the schedule's lr at the state's update count from a small
+    program of its own, then the compiled step fed that lr (the module's docstring says why they are two)."""
+
+    def __init__(self, step: Callable, lr_schedule: optax.Schedule, state_shardings: Any) -> None:
+        self.step = step
+
+        def lr_schedule_at(opt_state: Any) -> jax.Array:  # its name is the program's in profiles: jit_lr_schedule_at
+            return jnp.asarray(lr_schedule(lr_step_of(opt_state)), jnp.float32)
+
+        # placed as the update count is (replicated over the mesh) whatever the schedule: a constant one does not
+        # read the count, and its lr would otherwise land on one device, a different input layout for the step
+        self.lr_at = jax.jit(lr_schedule_at, out_shardings=lr_step_of(state_shardings.opt_state))
+
+    def __call__(self, state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
+        return self.step(state, batch, self.lr_at(state.opt_state))
+
+    def lower(self, state: TrainState, batch: Batch) -> Any:
+        """The step proper, lowered for these arguments (what tests and profiles read)."""
+        return self.step.lower(state, batch, self.lr_at(state.opt_state))
+
+
+def make_train_step(optimizer: optax.GradientTransformation, lr_schedule: optax.Schedule, state_shardings: Any,
+                    dtype: jnp.dtype, skip_nonfinite: bool = False, jit: bool = True, knobs: StatsKnobs = StatsKnobs(),
+                    z_loss: float = 0.0, lr_multipliers: dict[str, float] | None = None) -> TrainStep | Callable:
+    """The step. `lr_schedule`: the lr the optimizer applies at each update count (optimizers.lr_schedule_of).
+    `jit=False`: the plain function `(state, batch, lr)`, for ahead-of-time lowering from abstract shapes.
     `knobs`: which training statistics (training/step/stats.py) the step computes; none by default. `lr_multipliers`:
     the optimizer's parameter groups' (optimizers/groups.py), each reported as `lr/<group>`."""
     spec = StepSpec(optimizer, state_shardings, dtype, skip_nonfinite, knobs, z_loss, dict(lr_multipliers or {}))
 
-    def step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
-        return train_step(spec, state, batch)
+    def step(state: TrainState, batch: Batch, lr: jax.Array) -> tuple[TrainState, Metrics]:
+        return train_step(spec, state, batch, lr)
 
     step.__name__ = step.__qualname__ = "train_step"  # the name profiles and scripts/profile_summary.py look for
-    return eqx.filter_jit(step, donate="all") if jit else step
+    return TrainStep(eqx.filter_jit(step, donate="all"), lr_schedule, state_shardings) if jit else step
