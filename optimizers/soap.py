@@ -93,6 +93,12 @@ class Layout:
         return left, right
 
 
+def wide(dtype: Any) -> Any:
+    """The precision SOAP computes in for parameters of `dtype`: float32, or the parameters' own if wider (float64
+    runs the whole rule in float64, as tests/test_optimizers_research.py checks it against the paper's)."""
+    return jnp.promote_types(dtype, jnp.float32)
+
+
 def batched_decompositions() -> bool:
     """Whether eigh and QR take a whole batch of matrices in one call: not on CPU, where jaxlib's batched kernels
     split a large batch over XLA's thread pool and wait for it from a thread of that pool, which deadlocks once as
@@ -155,15 +161,17 @@ def soap_direction(roles: dict[str, Role], beta1: float, beta2: float, eps: floa
         def zeros(lay, role, p, side):
             b, m, n = matrices_shape(p.shape, lay.stacked)
             present, size = (lay.left, m) if side == "left" else (lay.right, n)
-            return jnp.zeros((b, size, size), jnp.float32) if lay.matrix and present else None
+            return jnp.zeros((b, size, size), wide(p.dtype)) if lay.matrix and present else None
 
         gl = each(lambda lay, role, p: zeros(lay, role, p, "left"), params)
         gr = each(lambda lay, role, p: zeros(lay, role, p, "right"), params)
-        return SoapState(jnp.zeros([], jnp.int32), optax.tree.zeros_like(params, jnp.float32),
-                         optax.tree.zeros_like(params, jnp.float32), gl, gr, gl, gr)
+        def moment():
+            return jax.tree.map(lambda p: jnp.zeros(p.shape, wide(p.dtype)), params)
+
+        return SoapState(jnp.zeros([], jnp.int32), moment(), moment(), gl, gr, gl, gr)
 
     def grams(lay, role, g):
-        return lay.grams(lay.view(g.astype(jnp.float32))) if lay.matrix else (None, None)
+        return lay.grams(lay.view(g.astype(wide(g.dtype)))) if lay.matrix else (None, None)
 
     def first_call(updates, state, params):
         """L, R from the first gradient and their eigenbases; no step."""
@@ -180,7 +188,7 @@ def soap_direction(roles: dict[str, Role], beta1: float, beta2: float, eps: floa
         step_size = jnp.sqrt(1 - beta2 ** t) / (1 - beta1 ** t)
 
         def adam(lay, role, g, m, v, ql, qr, p):
-            g = g.astype(jnp.float32)
+            g = g.astype(wide(g.dtype))
             if lay.matrix:
                 g_rot, m_rot = lay.rotate(lay.view(g), ql, qr), lay.rotate(lay.view(m), ql, qr)
                 v = beta2 * v + (1 - beta2) * jnp.square(g_rot).reshape(v.shape)
@@ -188,7 +196,7 @@ def soap_direction(roles: dict[str, Role], beta1: float, beta2: float, eps: floa
             else:
                 v = beta2 * v + (1 - beta2) * jnp.square(g)
                 n = m / (jnp.sqrt(v) + eps)
-            decay = weight_decay * p.astype(jnp.float32) if role.decayed and weight_decay > 0 else 0.0
+            decay = weight_decay * p.astype(wide(p.dtype)) if role.decayed and weight_decay > 0 else 0.0
             return -(step_size * n + decay), v
 
         out = each(adam, updates, mu, state.nu, state.q_left, state.q_right, params)
