@@ -42,6 +42,7 @@ def test_power_iteration_finds_the_largest_magnitude_eigenvalue_of_the_dense_hes
     top = eigenvalues[np.argmax(np.abs(eigenvalues))]
     eigen = jax.jit(lambda p, b: curvature.top_eigenvalue(loss, p, b, 200, jax.random.PRNGKey(1), 1e-7))(params, batch)
     assert bool(eigen.converged) and int(eigen.iterations) < 200
+    # power iteration (float32, stopped at tol 1e-7 per step) against a float64 eigensolver on the dense Hessian
     assert abs(float(eigen.value) - top) <= 1e-3 * abs(top), (float(eigen.value), top, eigenvalues[[0, -1]])
     u = np.asarray(ravel_pytree(eigen.vector)[0], np.float64)
     assert np.linalg.norm(dense @ u - top * u) <= 1e-2 * abs(top)  # and it is that eigenvalue's eigenvector
@@ -53,6 +54,7 @@ def test_filter_normalised_directions_have_each_filters_norm_and_projections_rec
     d = L.filter_normalised(model, jax.random.PRNGKey(1))
     norms = lambda x, axes: np.sqrt(np.sum(np.square(np.asarray(x)), axis=axes))  # noqa: E731
     # a linear layer's filter is one output unit: the weights into it (axis 1 of a [layer, in, *out] stack)
+    # float32 direction rescaled to each filter's norm, against it: a few roundings (~1e-7); 1e-5 (and below)
     np.testing.assert_allclose(norms(d.blocks.qkv.weight, 1), norms(model.blocks.qkv.weight, 1), rtol=1e-5)
     np.testing.assert_allclose(norms(d.blocks.mlp_proj.weight, 1), norms(model.blocks.mlp_proj.weight, 1), rtol=1e-5)
     np.testing.assert_allclose(norms(d.wte, 1), norms(model.wte, 1), rtol=1e-5)  # an embedding's filter is a row
@@ -99,7 +101,7 @@ def test_hessian_script_prints_the_eigenvalue_the_loop_and_the_function_measure(
     trained = load_trained(str(run_dir), "4")
     batch = jax.tree.map(jnp.asarray, curvature.fixed_batch(run_data(trained)))
     expected = float(curvature.sharpness_fn(4)(trained.model, batch, jax.random.PRNGKey(curvature.SEED)).value)
-    assert printed == pytest.approx(expected, rel=1e-5)
+    assert printed == pytest.approx(expected, rel=1e-5)  # the same computation; the printed value's digits
     logged = read_metrics(run_dir, "curvature")[-1]["sharpness"]
     assert printed == pytest.approx(logged, rel=1e-4)  # the loop's measurement at step 4, repeated
     assert png.stat().st_size > 10_000

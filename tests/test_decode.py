@@ -91,6 +91,7 @@ def test_the_cache_filled_in_two_chunks_equals_one_pass(model):
     whole, _ = model.hidden(tokens)
     h_first, cache = model.hidden(tokens[:, :12], cache=model.init_cache(2))
     h_rest, cache = model.hidden(tokens[:, 12:], cache=cache)  # 8 new tokens per row on top of 12 cached
+    # two programs (a cache filled in two chunks, one pass): a few ulp of |h| ~ 8 (~1e-6); 1e-4
     np.testing.assert_allclose(np.concatenate([h_first, h_rest], axis=1), whole, atol=1e-4)  # |h| ~ 8
     assert cache.lengths.tolist() == [20, 20]
 
@@ -143,7 +144,7 @@ def test_cached_decoding_equals_no_cache_decoding_for_every_option(options):
 
         tokens = jnp.asarray(np.random.default_rng(0).integers(0, 50, (2, 20)))
         chunked, whole = in_two_chunks_and_at_once(model, tokens)
-        np.testing.assert_allclose(chunked, whole, atol=1e-4)
+        np.testing.assert_allclose(chunked, whole, atol=1e-4)  # as in the test above: a few ulp of |h|
     prompts = [[1, 2, 3], [7], [4, 4, 4, 4, 9, 10, 11, 12, 13]]
     cached = generate(model, prompts, 12, temperature=0.0)
     assert cached == generate_no_cache(model, prompts, 12, temperature=0.0)

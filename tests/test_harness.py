@@ -106,6 +106,7 @@ def test_loglikelihood_is_the_models_own_loss_and_greedy_is_its_argmax(lm_eval, 
     answers = lm.loglikelihood(instances("loglikelihood", PAIRS))
     expected = [own_loss(model, *encode_pair(tokenizer, c, k)) for c, k in PAIRS]
     assert len(tokenizer.encode(PAIRS[4][0])) > CONTEXT  # the long context really is cut
+    # two programs (the harness's batch, the model's own loss): sums of up to 64 float32 log-probs, ~1e-6 each
     np.testing.assert_allclose([a[0] for a in answers], [e[0] for e in expected], rtol=1e-5, atol=1e-4)
     assert [a[1] for a in answers] == [e[1] for e in expected]
     # The model's own greedy continuations (full-window decoding, no cache) are greedy; one token off is not.
@@ -123,6 +124,7 @@ def test_batching_does_not_change_the_answers(lm_eval, tokenizer):
     requests = instances("loglikelihood", PAIRS * 3)
     one_by_one = harness_lm(model, tokenizer, batch_tokens=1).loglikelihood(requests)  # one row per call
     batched = harness_lm(model, tokenizer).loglikelihood(requests)  # every request of a length in one call
+    # other batch shapes compile other programs: a few ulp of sums of log-probs (~1e-6); atol 1e-5
     np.testing.assert_allclose([a[0] for a in batched], [a[0] for a in one_by_one], rtol=1e-6, atol=1e-5)
     assert [a[1] for a in batched] == [a[1] for a in one_by_one]
 
@@ -145,6 +147,7 @@ def test_rolling_loglikelihood_predicts_every_token_once_in_full_windows(lm_eval
     short = own_loss(model, [tokenizer.eos_id], tokenizer.encode(texts[1]))[0]
     answers = harness_lm(model, tokenizer, batch_tokens=256).loglikelihood_rolling(
         instances("loglikelihood_rolling", [(t,) for t in texts]))
+    # rolling windows summed in float32 by the harness, in float64 here, over a few hundred tokens: ~1e-4 at most
     np.testing.assert_allclose(answers, [expected, short, 0.0], rtol=1e-5, atol=1e-3)
 
 

@@ -84,6 +84,7 @@ def test_lm_head_is_the_token_embedding_one_parameter():
     assert len(vocab_matrices) == 1
     x = tokens((2, 16))
     h = model.hidden(x)[0]
+    # the model's head against the matmul here (two programs): logits < ~1, a few ulp apart (~1e-7); 1e-5
     np.testing.assert_allclose(model(x)[..., :259], (h @ model.wte.T)[..., :259], rtol=1e-5, atol=1e-5)
     # The head's gradient reaches the embedding: ids that never occur as inputs still get one.
     batch = {"inputs": jnp.zeros((2, 16), jnp.int32), "targets": jnp.full((2, 16), 7), "loss_mask": jnp.ones((2, 16))}
@@ -120,7 +121,7 @@ def test_with_document_masking_a_documents_logits_ignore_what_precedes_it(attent
 
     cfg = GPTConfig(vocab_size=259, n_layer=2, n_head=2, n_embd=64, context_size=256, attention=attention)
     model = GPT.init(cfg, jax.random.PRNGKey(0))
-    atol = 1e-4
+    atol = 1e-4  # the document at other offsets (other masks, other blocks): a few ulp of logits ~1; 1e-4 is ~100x
     if attention == "cudnn":  # cuDNN's kernel takes 16-bit inputs (a float32 model runs XLA's)
         model = jax.tree.map(lambda x: x.astype(jnp.bfloat16) if eqx.is_inexact_array(x) else x, model)
         atol = 3e-2

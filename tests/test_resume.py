@@ -63,7 +63,8 @@ def assert_same_losses_bitwise(run_dir, reference, last=STEPS):
     """The reference's train losses up to step `last`, and its val loss there, bit for bit."""
     got, want = losses(run_dir), {s: loss for s, loss in losses(reference).items() if s <= last}
     assert set(want) <= set(got)
-    assert [got[s] for s in sorted(want)] == [want[s] for s in sorted(want)]  # floats compared exactly
+    # floats compared exactly: one config, so one compiled step, fed the same batches from the restored bits
+    assert [got[s] for s in sorted(want)] == [want[s] for s in sorted(want)]
     assert losses(run_dir, "val")[last] == losses(reference, "val")[last]
 
 
@@ -96,6 +97,7 @@ def test_sigterm_checkpoints_exits_0_and_resumes_bitwise(straight, data_cache, t
     events.Reload()
     train = events.Scalars("train/loss")
     assert [e.step for e in train] == list(range(1, STEPS + 1))
+    # TensorBoard stores the logged loss as float32: <= 6e-8 relative off the log's float64; 1e-6
     assert [e.value for e in train] == pytest.approx([losses(straight)[s] for s in range(1, STEPS + 1)], rel=1e-6)
     assert [e.step for e in events.Scalars("val/loss")] == [10, 20, 30, 40]
 
@@ -188,7 +190,9 @@ def test_resume_on_8_devices_is_bitwise_and_restores_onto_1_device(data_cache, t
                                            "system.num_devices=1", "optimizer.lr_config.lr=3e-3"), capsys))
     assert f"resuming {one}/checkpoints at step 6" in result.stdout and "1 x cpu" in result.stdout
     got = losses(one)
-    assert sorted(got) == list(range(1, 13)) and max(abs(got[s] - want[s]) for s in range(7, 13)) < 1e-5
+    # two programs (8 devices, 1) for 6 adamw steps: sums in other orders, a few ulp of losses ~5 (~1e-6), which
+    # Adam's m/sqrt(v) grows in small gradients; 1e-4 as tests/test_scale_out.py
+    assert sorted(got) == list(range(1, 13)) and max(abs(got[s] - want[s]) for s in range(7, 13)) < 1e-4
 
 
 def test_saved_config_wins_unless_overwrite_config(straight, data_cache, tmp_path, capsys):
@@ -205,7 +209,7 @@ def test_saved_config_wins_unless_overwrite_config(straight, data_cache, tmp_pat
                        "optimizer/lr_config=constant", "optimizer.lr_config.lr=1e-4", "optimizer.lr_config.warmup=0",
                        "train.eval_interval=10"))
     rows = {r["step"]: r for r in read_metrics(tmp_path / "a", "train")}
-    assert max(rows) == 44 and rows[44]["lr"] == pytest.approx(1e-4)
+    assert max(rows) == 44 and rows[44]["lr"] == pytest.approx(1e-4)  # float32 1e-4: within 1e-6 of float64's
 
 
 def test_a_saved_config_that_no_longer_passes_its_checks_is_one_line(straight, data_cache, tmp_path, capsys):
@@ -250,7 +254,7 @@ def test_mode_eval_matches_the_training_time_evaluation(straight, data_cache, ca
     report = json.loads((straight / f"eval-step{STEPS}.json").read_text())
     trained = {r["split"]: r for r in read_metrics(straight) if r["step"] == STEPS and r["split"] != "train"}
     for split, row in trained.items():
-        assert report["results"][split]["loss"] == row["loss"]
+        assert report["results"][split]["loss"] == row["loss"]  # exactly: one eval step, the same weights and batches
     assert "test" in report["results"] and "test " in result.stdout
 
 

@@ -73,8 +73,12 @@ def test_every_statistic_matches_a_hand_computation(data_cache):
             for name in ("cos_last_grad", "cos_past_grads", "last_step_norm", "loss_diff", "grad_diff_norm",
                          "smoothness"):
                 assert stats[name] is None  # no previous step yet
+        # The step (float32, its own gradients, the update as applied) against float64 from eager gradients and
+        # x' - x, which loses an ulp of x (1e-4 of a small update to a LayerNorm 1): rel 2e-4; abs 2e-6 for values
+        # near 0. loss_diff: two float32 losses ~5 from other programs, each a few ulp (~5e-7) off: abs 1e-5
         for name, value in expected.items():
-            assert stats[name] == pytest.approx(value, rel=2e-4, abs=2e-6), (step, name)
+            assert stats[name] == pytest.approx(value, rel=2e-4, abs=1e-5 if name == "loss_diff" else 2e-6), (step,
+                                                                                                             name)
         for name in history:
             history[name].append(expected[name])
             assert stats[f"{name}_avg"] == pytest.approx(np.mean(history[name][-3:]), rel=2e-4), (step, name)
@@ -124,6 +128,7 @@ def test_statistics_checkpoint_and_resume_with_the_state(data_cache, tmp_path):
     resumed.state = Checkpointer(tmp_path / "ckpt", read_only=True).restore(3, resumed.state)
     assert int(resumed.state.stats["count"]) == 3
     for s in range(3, 6):  # the window, last grads / params and the past sum all came back
+        # exactly: the same step program on the same batches and restored bits
         assert statistics_of(jax.device_get(resumed.step(s))) == expected[s], s
 
 
