@@ -227,6 +227,27 @@ def _close(stack: list[list], segments: list) -> None:
         stack[-1][2] = end
 
 
+def hlo_of_programs(hlo: dict, ops: list) -> dict:
+    """The HLO of each program the ops ran: the one the trace lists under its (module, program id) when that holds
+    every op name the program ran; else the program of the same module name that does, fusion numbers included (the
+    same program, compiled before). An executable loaded from the persistent compilation cache runs under the program
+    id of the process that compiled it, which this trace may not list, or may list for another program of this
+    process. A program with no such match gets no HLO (its ops are classified by their names)."""
+    ran: dict[tuple, set[str]] = {}
+    for op in ops:
+        ran.setdefault((op.module, op.program), set()).add(op.hlo_op)
+    programs = {}
+    for (module, program), names in ran.items():
+        own = hlo.get((module, program))
+        if own is not None and names <= own.keys():
+            programs[module, program] = own
+            continue
+        matches = [insts for (m, _), insts in hlo.items() if m == module and names <= insts.keys()]
+        if matches:  # several: the same program compiled again, or one that holds more; the smallest is the closest
+            programs[module, program] = min(matches, key=len)
+    return programs
+
+
 def summarize(xplane: Path, top: int = 0) -> dict:
     """The table's rows (and the `top` most expensive ops) for the trace of one run's steps."""
     hlo = hlo_instructions(xplane.read_bytes())
@@ -239,10 +260,10 @@ def summarize(xplane: Path, top: int = 0) -> dict:
     start = min([c[0] for c in calls] + [op.start for op in step_ops])
     steps = len(calls) or len({op.run for op in step_ops} - {None}) or 1
     ops = [op for op in ops if op.end > start and op.start < end]
-    by_name = {module: insts for (module, _), insts in hlo.items()}
+    programs = hlo_of_programs(hlo, ops)
     categories, paths, looked_up = [], [], 0
     for op in ops:
-        insts = hlo.get((op.module, op.program)) or by_name.get(op.module, {})
+        insts = programs.get((op.module, op.program), {})
         path, opcodes, targets = insts.get(op.hlo_op, ("", set(), ""))
         looked_up += op.hlo_op in insts
         if not opcodes:  # no HLO for it: the op's name says what it is (XLA names fusions after their ops)

@@ -9,7 +9,7 @@ import json
 import pytest
 
 import train_jax
-from helpers import ROOT, tiny_overrides
+from helpers import ROOT, run_cli, tiny_overrides
 
 FIRST, LAST = 3, 5
 _spec = importlib.util.spec_from_file_location("profile_summary", ROOT / "scripts" / "profile_summary.py")
@@ -20,6 +20,17 @@ _spec.loader.exec_module(profile_summary)
 @pytest.fixture(scope="module")
 def profiled_run(tmp_path_factory, data_cache):
     """The module's one traced run: steps 3..5 of the tiny config, in this process (no interpreter start-up)."""
+    # The profiled step as the suite meets it: compiled by another process into the compilation cache, and loaded
+    # from there under a program id the trace's HLO does not list, beside another train step this process compiled
+    # (the summary must find the program's HLO by its instructions, not take any program of the same name).
+    first = tmp_path_factory.mktemp("unprofiled") / "run"
+    done = run_cli(tiny_overrides(data_cache, f"logging.run_dir={first}", "train.max_steps=2", "checkpoint.save=false",
+                                  "logging.tensorboard=false"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    other = tmp_path_factory.mktemp("other") / "run"
+    assert train_jax.command_line(tiny_overrides(data_cache, f"logging.run_dir={other}", "train.max_steps=2",
+                                                 "train.batch_size=4", "checkpoint.save=false",
+                                                 "logging.tensorboard=false")) == 0
     run_dir = tmp_path_factory.mktemp("profiled") / "run"
     assert train_jax.command_line(tiny_overrides(data_cache, f"logging.run_dir={run_dir}", f"train.max_steps={LAST}",
                                                  "train.eval_interval=100", f"system.profile_steps=[{FIRST},{LAST}]",
@@ -88,6 +99,28 @@ def test_the_table_and_the_most_expensive_ops(profiled_run, summary, capsys):
     top = summary["top"]
     assert len(top) == 5 and [e["ms"] for e in top] == sorted((e["ms"] for e in top), reverse=True)
     assert {e["category"] for e in top} <= set(profile_summary.CATEGORIES)
+
+
+def test_a_program_loaded_from_the_cache_gets_the_hlo_holding_all_its_ops():
+    """Ops of program 3, which the trace's HLO does not list, and of program 4, which it lists for another program:
+    the HLO of the same module holding every op name they ran (program 2, the smallest such), never one missing some
+    (program 1) nor another module's."""
+    class Op:
+        def __init__(self, module, program, hlo_op):
+            self.module, self.program, self.hlo_op = module, program, hlo_op
+
+    hlo = {("jit_train_step", 1): {"fusion.1": 1, "fusion.2": 1},
+           ("jit_train_step", 2): {"fusion.1": 2, "fusion.7": 2},
+           ("jit_train_step", 4): {"fusion.1": 4, "fusion.7": 4, "fusion.9": 4},
+           ("jit_eval_step", 5): {"fusion.1": 5, "fusion.7": 5}}
+    ops = [Op("jit_train_step", 3, "fusion.1"), Op("jit_train_step", 3, "fusion.7"),
+           Op("jit_train_step", 1, "fusion.2"), Op("jit_train_step", 6, "fusion.8"), Op("jit_train_step", 5, "fusion.7")]
+    hlo[("jit_train_step", 5)] = {"fusion.1": 5}  # a program of this process under the id the loaded one carries
+    programs = profile_summary.hlo_of_programs(hlo, ops)
+    assert programs[("jit_train_step", 3)] is hlo[("jit_train_step", 2)]
+    assert programs[("jit_train_step", 5)] is hlo[("jit_train_step", 2)]
+    assert programs[("jit_train_step", 1)] is hlo[("jit_train_step", 1)]  # listed: its own
+    assert ("jit_train_step", 6) not in programs  # no program holds fusion.8
 
 
 def test_a_run_without_a_profile_is_one_line_and_exit_2(tmp_path, capsys):
