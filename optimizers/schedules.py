@@ -1,11 +1,13 @@
-"""Learning-rate schedules built from optax: a linear warmup joined to a decay shape, with a floor `min_lr`.
+"""Learning-rate schedules built from optax: a linear warmup joined to a decay shape, with a floor of `min_lr_ratio`
+times the peak (so that a preset's floor follows its own lr, whatever lr a run gives it).
 
-Step s (0-based) of a warmup of w steps uses lr * (s + 1) / w, so the first step learns (lr / w, not 0) and step w - 1
-reaches the peak. The decay then runs from step w to `max_steps`:
+The warmup is `warmup` steps, or (below 1) that fraction of the schedule's steps, so that a preset's warmup fits a
+run of any length. Step s (0-based) of a warmup of w steps uses lr * (s + 1) / w, so the first step learns (lr / w,
+not 0) and step w - 1 reaches the peak. The decay then runs from step w to `max_steps`:
   constant          lr throughout
-  linear            lr -> min_lr in a straight line
-  cosine            lr -> min_lr along half a cosine
-  trapezoid         lr until the last decay_fraction of the steps, then linearly to min_lr (warmup-stable-decay)
+  linear            lr -> the floor in a straight line
+  cosine            lr -> the floor along half a cosine
+  trapezoid         lr until the last decay_fraction of the steps, then linearly to the floor (warmup-stable-decay)
   piecewise_linear  straight lines through (boundaries[i], boundary_lrs[i]), counted from the end of the warmup; a
                     boundary given twice is a jump (scripts/schedule_search.py writes piecewise-constant schedules so)
 Past `max_steps` every schedule holds its final value.
@@ -18,9 +20,16 @@ from typing import Any
 import optax
 
 
+def warmup_steps(lr_cfg: Any, total_steps: int) -> int:
+    """The warmup in steps: `warmup` (1 or more), or that fraction of `total_steps` (rounded, at least 1)."""
+    if 0 < lr_cfg.warmup < 1:
+        return max(1, round(lr_cfg.warmup * total_steps))
+    return int(lr_cfg.warmup)
+
+
 def build_schedule(lr_cfg: Any, total_steps: int) -> optax.Schedule:
     """`total_steps`: the schedule's length (optimizer steps), `lr_config.max_steps` or else `train.max_steps`."""
-    peak, floor, warmup = lr_cfg.lr, lr_cfg.min_lr, lr_cfg.warmup
+    peak, floor, warmup = lr_cfg.lr, lr_cfg.min_lr_ratio * lr_cfg.lr, warmup_steps(lr_cfg, total_steps)
     decay_steps = max(total_steps - warmup, 1)
     name = lr_cfg.name
     if name == "constant":
@@ -28,7 +37,7 @@ def build_schedule(lr_cfg: Any, total_steps: int) -> optax.Schedule:
     elif name == "linear":
         decay = optax.linear_schedule(peak, floor, decay_steps)
     elif name == "cosine":
-        decay = optax.cosine_decay_schedule(peak, decay_steps, alpha=floor / peak if peak > 0 else 0.0)
+        decay = optax.cosine_decay_schedule(peak, decay_steps, alpha=lr_cfg.min_lr_ratio)
     elif name == "trapezoid":
         cooldown = max(round(lr_cfg.decay_fraction * total_steps), 1)
         stable = max(decay_steps - cooldown, 0)

@@ -16,9 +16,9 @@ COMMON=(dataset.context_size=128 train.batch_size=8 train.max_steps=80 train.eva
         optimizer.lr_config.warmup=10 checkpoint.save=false logging.wandb=disabled logging.plot=false
         logging.tensorboard=false logging.progress=lines)
 # Each optimizer at the learning rate the CPU leaderboard tuned it to (gpt2-micro, this budget), cosine to a tenth.
-ADAMW=(optimizer=adamw optimizer.lr_config.lr=1e-3 optimizer.lr_config.min_lr=1e-4)
+ADAMW=(optimizer=adamw optimizer.lr_config.lr=1e-3 optimizer.lr_config.min_lr_ratio=0.1)
 MUON=(optimizer=muon optimizer.lr_config.lr=0.06 optimizer.groups.adam.lr_multiplier=0.3
-      optimizer.lr_config.min_lr=6e-3)
+      optimizer.lr_config.min_lr_ratio=0.1)
 # modern-gpt's options at gpt2-mini's shape (6 layers x 384, 6 heads of 64, unrolled as the mini presets); its ReLU^2
 # MLP 1216 wide instead of 4 x 384 so that the untied head's 1.6M parameters leave the total at gpt2-mini's.
 MODERN_MINI=(model=modern-gpt model.n_layer=6 model.n_embd=384 model.n_head=6 model.context_size=256

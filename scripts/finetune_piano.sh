@@ -22,7 +22,7 @@ t0=$SECONDS
 python train_jax.py dataset=music21 model=gpt2-micro data.notes_per_record=64 \
     stage=piano_task init_from="$pretrained" checkpoint.load_file=best loss_masking=finetuning "tasks=[$task]" \
     train.eval_at_start=true train.batch_size=16 train.max_steps=100 train.eval_interval=50 train.eval_iters=4 \
-    optimizer.lr_config.lr=1e-3 optimizer.lr_config.min_lr=1e-4 optimizer.lr_config.warmup=10 \
+    optimizer.lr_config.lr=1e-3 optimizer.lr_config.warmup=10 \
     train.max_training_hours=0.06 logging.run_dir="$run_dir" "$@"
 echo "fine-tuning took $((SECONDS - t0)) s; run directory: $run_dir"
 

@@ -12,7 +12,7 @@ python train_jax.py dataset=music21 model=gpt2-micro data.notes_per_record=64 \
     stage=next_token_pretraining init_from=scratch_next_token loss_masking=pretraining \
     dataset.augmentation.max_pitch_shift=5 "dataset.augmentation.speed_change_factors=[0.9,1.1]" \
     train.batch_size=16 train.max_steps=240 train.eval_interval=120 train.eval_iters=4 \
-    optimizer.lr_config.lr=3e-3 optimizer.lr_config.min_lr=3e-4 optimizer.lr_config.warmup=20 \
+    optimizer.lr_config.lr=3e-3 optimizer.lr_config.warmup=20 \
     train.max_training_hours=0.12 logging.run_dir="$run_dir" "$@"
 echo "pretraining took $((SECONDS - t0)) s; run directory: $run_dir"
 

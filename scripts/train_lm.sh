@@ -32,7 +32,7 @@ t1=$SECONDS
 # lower (README, "Set-up"). The time limit is a safety net on slower machines: the run then evaluates, checkpoints
 # and stops.
 python train_jax.py model=gpt2-micro train.max_steps=320 train.eval_interval=160 \
-    optimizer.lr_config.lr=3e-3 optimizer.lr_config.min_lr=3e-4 optimizer.lr_config.warmup=20 \
+    optimizer.lr_config.lr=3e-3 optimizer.lr_config.warmup=20 \
     logging.run_dir="$run_dir" train.max_training_hours=0.15 "${statistics[@]}" ${overrides[@]+"${overrides[@]}"}
 echo "training took $((SECONDS - t1)) s; run directory: $run_dir"
 

@@ -24,7 +24,7 @@ def schedule(name, **extra):
 
 @pytest.mark.parametrize("name", ["constant", "linear", "cosine", "trapezoid", "piecewise_linear"])
 def test_warmup_starts_above_zero_and_reaches_the_peak(name):
-    s = schedule(name, **({"min_lr": FLOOR} if name != "constant" and name != "piecewise_linear" else {}))
+    s = schedule(name, **({"min_lr_ratio": FLOOR / PEAK} if name not in ("constant", "piecewise_linear") else {}))
     assert float(s(0)) == pytest.approx(PEAK / WARMUP)
     assert float(s(WARMUP // 2 - 1)) == pytest.approx(PEAK / 2)
     assert float(s(WARMUP - 1)) == pytest.approx(PEAK)
@@ -32,19 +32,19 @@ def test_warmup_starts_above_zero_and_reaches_the_peak(name):
 
 @pytest.mark.parametrize("name,end", [("constant", PEAK), ("linear", FLOOR), ("cosine", FLOOR), ("trapezoid", FLOOR)])
 def test_schedules_end_at_their_floor(name, end):
-    s = schedule(name, min_lr=FLOOR) if name != "constant" else schedule(name)
+    s = schedule(name, min_lr_ratio=FLOOR / PEAK) if name != "constant" else schedule(name)
     assert float(s(STEPS)) == pytest.approx(end, rel=1e-5)
     assert float(s(10 * STEPS)) == pytest.approx(end, rel=1e-5)
 
 
 def test_cosine_is_halfway_at_the_middle_of_the_decay():
-    s = schedule("cosine", min_lr=FLOOR)
+    s = schedule("cosine", min_lr_ratio=FLOOR / PEAK)
     middle = WARMUP + (STEPS - WARMUP) // 2
     assert float(s(middle)) == pytest.approx((PEAK + FLOOR) / 2, rel=1e-4)
 
 
 def test_trapezoid_is_flat_until_the_final_decay():
-    s = schedule("trapezoid", min_lr=0.0, decay_fraction=0.2)
+    s = schedule("trapezoid", min_lr_ratio=0.0, decay_fraction=0.2)
     assert float(s(WARMUP)) == pytest.approx(PEAK) and float(s(79)) == pytest.approx(PEAK)
     assert float(s(90)) == pytest.approx(PEAK / 2, rel=1e-4)
 

@@ -91,7 +91,7 @@ def test_new_hyper_parameters_keep_the_optimizer_state(saved, data_cache):
     cwd, _ = saved
     overrides = tiny(data_cache, "checkpoint.load=True", f"checkpoint.load_path={cwd}/CHECKPOINT",
                      "checkpoint.load_file=iter_100.ckpt", "checkpoint.overwrite_config=True",
-                     "optimizer.lr_config.lr=1e-4", "optimizer.lr_config.min_lr=1e-5", "optimizer.beta1=0.5")
+                     "optimizer.lr_config.lr=1e-4", "optimizer.lr_config.min_lr_ratio=0.1", "optimizer.beta1=0.5")
     parts = build(overrides)
     plan = plan_run(load_config(overrides), overrides, 0)
     state = restore_state(parts.state, plan)

@@ -27,6 +27,7 @@ from core.errors import CheckpointError, ConfigError, warn
 from models.hf import HF_PREFIX, check_hf_config, load_hf_model, resolve_hf
 from optimizers import continue_schedule_at
 from training.checkpoints.checkpointer import PARTS, Checkpointer, find_checkpoint_dir, holds_checkpoints
+from training.config.legacy import upgrade_saved
 from training.config import Config, LoadMode, as_dict, evaluating, finish, init_from_dir, load_mode
 from training.checkpoints.storage import check_writable
 from training.step.state import TrainState
@@ -152,7 +153,8 @@ def _saved_config_wins(cfg: Config, source: Source, overrides: list[str]) -> tup
     it leaves unused."""
     config_file = source.reader.directory / "config.yaml"
     try:
-        saved = OmegaConf.load(config_file) if config_file.exists() else OmegaConf.create(source.meta["config"])
+        saved = upgrade_saved(OmegaConf.load(config_file) if config_file.exists()
+                              else OmegaConf.create(source.meta["config"]))
     except Exception as e:
         raise CheckpointError(f"checkpoint {config_file}: unreadable ({type(e).__name__}); corrupt?") from None
     given = OmegaConf.create(as_dict(cfg))

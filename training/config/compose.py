@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from core.errors import ConfigError
+from training.config.legacy import renamed_hint
 from training.config.nodes import CONF_DIR, one_line, schema_node
 from training.config.root import Config, check_across, check_devices
 
@@ -93,6 +94,7 @@ def _reject_unknown_keys(node: DictConfig, schema: type, prefix: str) -> None:
     fields = {f.name for f in dataclasses.fields(schema)}
     for key in node.keys():
         if key not in fields:
-            raise ConfigError(f"config: unknown key '{prefix}{key}' (python train_jax.py --cfg lists every key)")
+            raise ConfigError(f"config: unknown key '{prefix}{key}' (python train_jax.py --cfg lists every key)"
+                              f"{renamed_hint(prefix + str(key))}")
         if dataclasses.is_dataclass(types[key]) and isinstance(node[key], DictConfig):
             _reject_unknown_keys(node[key], types[key], f"{prefix}{key}.")

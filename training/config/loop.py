@@ -63,11 +63,11 @@ class LoggingConfig:
     tensorboard: bool = True  # also write TensorBoard event files in the run directory
     progress: Progress = Progress.auto  # how progress is shown on the console
     plot: bool = True  # plots.png at the end: loss, lr and tokens/s per step (scripts/plot_runs.py draws it later, too)
-    # > 0: every this many steps, the top (largest-magnitude) Hessian eigenvalue of the eval loss on the first
-    # validation batch, by power iteration (training/analysis/curvature.py), logged as `sharpness` (split `curvature`);
-    # scripts/hessian.py plots it against 2/lr; 0 = off
+    # > 0: every this many steps, the largest and smallest Hessian eigenvalues of the eval loss on the first
+    # validation batch, by Lanczos (training/analysis/curvature.py), logged as `sharpness` and `hessian_min` (split
+    # `curvature`); scripts/hessian.py plots the sharpness against 2/lr; 0 = off
     hessian_every: int = 0
-    hessian_iters: int = 20  # hessian_every: most Hessian-vector products per measurement (each ~ 2-3 backward passes)
+    hessian_iters: int = 20  # hessian_every: Lanczos steps (Hessian-vector products, each ~2-3 backward passes)
     # Training statistics (training/step/stats.py says what each computes and what it costs); all off by default.
     log_callback_data: bool = False  # gradient / parameter / update norms (global, per layer), <g_t, update_t>
     store_last_grads: bool = False  # keep g_{t-1}: cos(g_t, g_{t-1})

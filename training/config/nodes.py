@@ -13,6 +13,8 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from training.config.legacy import renamed_hint
+
 CONF_DIR = Path(__file__).resolve().parent.parent.parent / "conf"
 
 
@@ -67,7 +69,8 @@ def _unknown_key_or_option(e: BaseException, cause: BaseException, full_key: str
             return (f"config: unknown key '{full_key or key.group(1)}' of Hydra's (python train_jax.py --cfg hydra "
                     "lists them" + (f"; +{key.group(1)}={{...}} adds keys to it)" if inside else ")"))
         if unknown:
-            return f"config: unknown key '{key.group(1)}' (python train_jax.py --cfg lists every key)"
+            return (f"config: unknown key '{key.group(1)}' (python train_jax.py --cfg lists every key)"
+                    f"{renamed_hint(key.group(1))}")
     missing = re.search(r"Could not find '([\w/]+)/([^']+)'", str(e))
     if missing and missing.group(1).startswith("hydra/"):  # launchers and sweepers are plugins' as well as files
         return (f"config: {missing.group(1)}={missing.group(2)} does not exist (python train_jax.py --help lists the "

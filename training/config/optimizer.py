@@ -24,13 +24,13 @@ class Schedule(StrEnum):
     """The learning-rate schedule after the warmup (optimizers/schedules.py)."""
 
     constant = "constant"  # lr throughout
-    linear = "linear"  # lr -> min_lr in a straight line
-    cosine = "cosine"  # lr -> min_lr along half a cosine
-    trapezoid = "trapezoid"  # lr, then linearly to min_lr over the last decay_fraction (warmup-stable-decay)
+    linear = "linear"  # lr -> the floor in a straight line
+    cosine = "cosine"  # lr -> the floor along half a cosine
+    trapezoid = "trapezoid"  # lr, then linearly to the floor over the last decay_fraction (warmup-stable-decay)
     piecewise_linear = "piecewise_linear"  # straight lines through (boundaries[i], boundary_lrs[i])
 
     @property
-    def decays_to_min_lr(self) -> bool:
+    def decays_to_floor(self) -> bool:
         return self in (Schedule.linear, Schedule.cosine, Schedule.trapezoid)
 
 
@@ -38,8 +38,10 @@ class Schedule(StrEnum):
 class LrConfig:
     name: Schedule = Schedule.cosine  # the schedule's shape
     lr: float = 1e-3  # peak learning rate
-    warmup: int = 0  # steps of linear warmup; the first step's lr is lr / warmup, never 0
-    min_lr: float = 0.0  # floor reached at the end of the decay
+    # linear warmup: 1 or more = steps (the first step's lr is lr / warmup, never 0); below 1 = that fraction of the
+    # schedule's steps (so that a preset's warmup fits a run of any length)
+    warmup: float = 0
+    min_lr_ratio: float = 0.1  # the floor reached at the end of the decay, as a fraction of lr
     max_steps: Optional[int] = None  # schedule length; null = train.max_steps
     decay_fraction: float = 0.2  # trapezoid: share of the steps spent in the final linear decay
     boundaries: list[int] = field(default_factory=list)  # piecewise_linear: steps after warmup (repeated: a jump) ...
@@ -48,9 +50,12 @@ class LrConfig:
     def check(self) -> None:
         at = "optimizer.lr_config"
         require_non_negative(self, at, "lr")
-        if self.name.decays_to_min_lr and not 0 <= self.min_lr <= self.lr:
-            fail(f"{at}.min_lr", f"must be in [0, lr={self.lr}] for a decaying schedule; got {self.min_lr}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            fail(f"{at}.min_lr_ratio", f"must be in [0, 1] (the floor as a fraction of lr); got {self.min_lr_ratio}")
         require_non_negative(self, at, "warmup")
+        if self.warmup >= 1 and self.warmup != int(self.warmup):
+            fail(f"{at}.warmup", f"1 or more is a number of steps, a whole one (below 1, a fraction of the run); "
+                                 f"got {self.warmup}")
         if self.max_steps is not None and self.max_steps < 1:
             fail(f"{at}.max_steps", f"must be >= 1 (or null for train.max_steps); got {self.max_steps}")
         if not 0.0 <= self.decay_fraction <= 1.0:

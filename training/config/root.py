@@ -86,7 +86,8 @@ def check_across(cfg: Config) -> None:
     if d.context_size is not None and not 0 < d.context_size <= cfg.model.context_size:
         fail("dataset.context_size", f"{d.context_size} must be in [1, model.context_size={cfg.model.context_size}]")
     if lr.warmup > schedule_steps(cfg):
-        fail("optimizer.lr_config.warmup", f"{lr.warmup} exceeds the schedule's {schedule_steps(cfg)} steps")
+        fail("optimizer.lr_config.warmup", f"{lr.warmup:g} steps exceed the schedule's {schedule_steps(cfg)}; lower "
+                                           "it, or give it as a fraction of the run (below 1, e.g. 0.1)")
     check_mixture(d, cfg.loss_masking == LossMasking.finetuning)
     if cfg.optimizer.name == "sophia" and cfg.model.head_loss == "chunked":
         fail("model.head_loss", "sophia differentiates the loss twice (Hessian-vector products), which the chunked "

@@ -98,6 +98,7 @@ def describe_run(cfg: Config, plan: RunPlan, mesh: Mesh, data: Data, model: GPT,
     import jax
 
     from models.gpt import count_params
+    from optimizers.schedules import warmup_steps
     from training.config import context_size, schedule_steps
 
     devices = list(mesh.devices.flat)
@@ -120,7 +121,8 @@ def describe_run(cfg: Config, plan: RunPlan, mesh: Mesh, data: Data, model: GPT,
         f"batch      {data.train.global_batch} sequences/step = {t.batch_size} per process x {t.grad_accum_steps} "
         f"micro-batches x {jax.process_count()} process(es), {t.batch_size // local} per device | "
         f"{data.train.global_batch * context_size(cfg):,} tokens/step",
-        f"optimizer  {o.name}, {o.lr_config.name} lr {o.lr_config.lr:g} (warmup {o.lr_config.warmup}, "
+        f"optimizer  {o.name}, {o.lr_config.name} lr {o.lr_config.lr:g} (warmup "
+        f"{warmup_steps(o.lr_config, schedule_steps(cfg))}, "
         f"first step {float(schedule(0)):.3g}) over {schedule_steps(cfg)} steps, clip {o.grad_clip:g}",
     ]
     if plan.ignored_overrides:
