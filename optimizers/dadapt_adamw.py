@@ -1,25 +1,88 @@
-"""D-Adaptation Adam (Defazio & Mishchenko, 2023, "Learning-Rate-Free Learning by D-Adaptation"), as
-optax.contrib.dadapt_adamw: Adam whose step size d is a growing lower bound on the distance to the solution, estimated
-from the weighted gradient sums (from d0), with Adam's bias correction and decoupled weight decay (weight_decay x d x
-w) on the matrices only.
+"""D-Adaptation Adam (Defazio & Mishchenko, 2023, "Learning-Rate-Free Learning by D-Adaptation"): Adam whose step size
+d is a growing lower bound on the distance to the solution, as the authors' reference implementation (dadaptation's
+DAdaptAdam) runs it, with decoupled weight decay on the matrices (AdamW's, the reference's `decouple=True`):
 
-The pipeline's lr multiplies the adapted step d x Adam's direction: lr 1 is the method, so it takes the run's
-schedule as its shape at peak 1 (registered with lr="shape"). The estimate of d is the one the method makes at lr 1 (the reference implementation also
-weights its sums by the scheduled lr; here the schedule only scales the step)."""
+    dlr = d * lr
+    m <- b1 m + dlr (1 - b1) g,    v <- b2 v + (1 - b2) g^2,    a = sqrt(v) + eps
+    s <- b2 s + dlr (1 - b2) g,    r <- b2 r + (1 - b2) dlr^2 sum(g^2 / a)
+    d <- max(d, min(d_hat, d * growth_rate)),    d_hat = (sum(s^2 / a) / (1 - b2) - r) / |s|_1
+    x <- x - m / a - dlr * weight_decay * x
+
+`lr` is the run's schedule as a shape at peak 1 (registered with lr="shape"): the train step hands it to the update
+(training/step/train_step.py). The reference keeps it inside its momentum (m sums dlr-weighted gradients, and the step
+is m / a), while the pipeline multiplies every direction by it once (optimizers/__init__.py): the direction here is
+m / (lr a), so that the step is the reference's. Called without it (outside the train step), the method runs at lr 1.
+
+Written here rather than taken from optax.contrib.dadapt_adamw, which applies Adam's bias correction to the step and
+the estimate (the reference has none): with it the estimate grew so slowly that the preset did not lower gpt2-tiny's
+loss in 12 steps (tests/test_presets.py). tests/test_optimizers_research.py checks this against the reference's rule
+written out in numpy."""
 
 from __future__ import annotations
 
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
 import optax
 
-from optimizers.builtin_decay import decay_only_where
+from optimizers.param_roles import Role, map_roles, roles_of
 from optimizers.registry import register
 
 
+class DAdaptState(NamedTuple):
+    d: jax.Array  # the step size estimate
+    weighted_g_sq: jax.Array  # r
+    mu: Any  # m, dlr-weighted
+    nu: Any  # v
+    s: Any  # the dlr-weighted gradient sum
+
+
+def _total(tree: Any) -> jax.Array:
+    return sum(jnp.sum(x) for x in jax.tree.leaves(tree))
+
+
+def dadapt_direction(beta1: float, beta2: float, eps: float, d0: float, growth_rate: float, weight_decay: float,
+                     roles: dict[str, Role]) -> optax.GradientTransformationExtraArgs:
+    """The direction for a unit lr (already negated), weight decay on the tensors whose role is decayed."""
+
+    def init(params):
+        zeros = lambda: jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)  # noqa: E731
+        return DAdaptState(jnp.asarray(d0, jnp.float32), jnp.zeros([], jnp.float32), zeros(), zeros(), zeros())
+
+    def update(updates, state, params=None, lr=None, **extra):
+        del extra
+        if params is None:
+            raise ValueError("dadapt_adamw needs the parameters (for its weight decay)")
+        lr = jnp.asarray(1.0 if lr is None else lr, jnp.float32)
+        g = jax.tree.map(lambda u: u.astype(jnp.float32), updates)
+        d = state.d
+        dlr = d * lr
+        mu = jax.tree.map(lambda m, gi: beta1 * m + dlr * (1 - beta1) * gi, state.mu, g)
+        nu = jax.tree.map(lambda v, gi: beta2 * v + (1 - beta2) * gi * gi, state.nu, g)
+        a = jax.tree.map(lambda v: jnp.sqrt(v) + eps, nu)
+        s = jax.tree.map(lambda si, gi: beta2 * si + dlr * (1 - beta2) * gi, state.s, g)
+        weighted_g_sq = beta2 * state.weighted_g_sq + (1 - beta2) * dlr ** 2 * _total(
+            jax.tree.map(lambda gi, ai: gi * gi / ai, g, a))
+        s_l1 = _total(jax.tree.map(jnp.abs, s))
+        d_hat = (_total(jax.tree.map(lambda si, ai: si * si / ai, s, a)) / (1 - beta2) - weighted_g_sq) / jnp.where(
+            s_l1 > 0, s_l1, 1.0)
+        new_d = jnp.where(s_l1 > 0, jnp.maximum(d, jnp.minimum(d_hat, d * growth_rate)), d)
+        # the reference's step is m / a (+ dlr * decay * x); the pipeline multiplies by lr afterwards
+        safe_lr = jnp.where(lr > 0, lr, 1.0)
+        direction = map_roles(
+            lambda role, m, ai, xi: -(m / (safe_lr * ai) + (weight_decay * d * xi.astype(jnp.float32) if role.decayed
+                                                             else 0.0)),
+            roles, mu, a, params)
+        direction = jax.tree.map(lambda u, o: u.astype(o.dtype), direction, updates)
+        return direction, DAdaptState(new_d, weighted_g_sq, mu, nu, s)
+
+    return optax.GradientTransformationExtraArgs(init, update)
+
+
 @register("dadapt_adamw", lr="shape")
-def dadapt_adamw(model, *, beta1: float, beta2: float, eps: float, d0: float,
-                 weight_decay: float) -> optax.GradientTransformation:
-    return decay_only_where(
-        model.weight_decay_mask(),
-        lambda decay: optax.contrib.dadapt_adamw(1.0, betas=(beta1, beta2), eps=eps, estim_lr0=d0,
-                                                 weight_decay=decay),
-        weight_decay)
+def dadapt_adamw(model, *, beta1: float, beta2: float, eps: float, d0: float, weight_decay: float,
+                 growth_rate: float = math.inf) -> optax.GradientTransformation:
+    """growth_rate: the most d may grow in a step (inf: unbounded; ~1.02 acts as a warmup)."""
+    return dadapt_direction(beta1, beta2, eps, d0, growth_rate, weight_decay, roles_of(model))

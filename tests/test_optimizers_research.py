@@ -584,3 +584,130 @@ def test_kron_refits_with_psgds_decaying_probability():
 
     p = [float(update_probability(jnp.asarray(t))) for t in (1, 500, 1500, 100_000)]
     assert p == pytest.approx([1.0, 1.0, np.exp(-1.0), 0.03], rel=1e-6)  # one float32 exp: ~1e-7
+
+
+# ---------------------------------------------------------------------------------------------------------- Prodigy
+
+def prodigy_reference(x_star, lrs, beta1, beta2, eps, d0, d_coef, weight_decay, bias_correction, growth_rate=np.inf):
+    """The authors' Prodigy (prodigyopt's step, one parameter group, decoupled decay, slice_p 1), written out in
+    float64 numpy on the quadratic 0.5 |x - x*|^2 (gradient x - x*): each step's movement and d after it."""
+    x = flat(PARAMS)
+    x0 = {n: v.copy() for n, v in x.items()}
+    m, v, s = ({n: np.zeros_like(a) for n, a in x.items()} for _ in range(3))
+    d, d_max, numerator, beta3 = d0, d0, 0.0, np.sqrt(beta2)
+    moves, ds = [], []
+    for k, lr in enumerate(lrs):
+        g = {n: x[n] - x_star[n] for n in x}
+        c = np.sqrt(1 - beta2 ** (k + 1)) / (1 - beta1 ** (k + 1)) if bias_correction else 1.0
+        dlr = d * lr * c
+        numerator = beta3 * numerator + (d / d0) * dlr * sum(np.sum(g[n] * (x0[n] - x[n])) for n in x)
+        denominator = 0.0
+        for n in x:
+            m[n] = beta1 * m[n] + d * (1 - beta1) * g[n]
+            v[n] = beta2 * v[n] + d * d * (1 - beta2) * g[n] ** 2
+            s[n] = beta3 * s[n] + (d / d0) * dlr * g[n]
+            denominator += np.abs(s[n]).sum()
+        d_hat = d_coef * numerator / denominator
+        if d == d0:
+            d = max(d, d_hat)
+        d_max = max(d_max, d_hat)
+        d = min(d_max, d * growth_rate)
+        move = {}
+        for n in x:
+            move[n] = -dlr * m[n] / (np.sqrt(v[n]) + d * eps) - (dlr * weight_decay * x[n] if n in DECAYED else 0.0)
+            x[n] = x[n] + move[n]
+        moves.append(move)
+        ds.append(d)
+    return moves, ds
+
+
+@pytest.mark.parametrize("bias_correction", [False, True])
+def test_prodigy_steps_follow_the_reference(bias_correction):
+    """12 steps on a quadratic with a scheduled lr that enters the estimate's sums (warmup, then decay), against the
+    reference's rule in float64: each step's movement (lr x the direction) and the estimate d. Without the bias
+    correction (the reference's default) d grows ~100x more in these steps than with it."""
+    hyper = dict(beta1=0.9, beta2=0.999, eps=1e-8, d0=1e-6, d_coef=1.0, weight_decay=0.1)
+    x_star = {n: a + 0.5 * np.random.default_rng(3).standard_normal(a.shape) for n, a in flat(PARAMS).items()}
+    lrs = [0.25, 0.5, 0.75, 1.0, 1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3]
+    opt = OPTIMIZERS["prodigy"](MODEL, beta3=0.0, safeguard_warmup=False, bias_correction=bias_correction, **hyper)
+    update = jax.jit(opt.update)
+    params, state, moves, ds = PARAMS, opt.init(PARAMS), [], []
+    for lr in lrs:
+        grads = jax.tree.map(lambda p, t: p - t, params, unflat(x_star))
+        u, state = update(grads, state, params, lr=lr)
+        move = jax.tree.map(lambda x: lr * x, u)
+        params = optax.apply_updates(params, move)
+        moves.append(flat(move))
+        ds.append(float(state.d))
+    want_moves, want_ds = prodigy_reference(x_star, lrs, bias_correction=bias_correction, **hyper)
+    # float32 parameters against float64: the first moves (~1e-8) are a few ulp of a 0.02 weight (2e-9), so x0 - x,
+    # which the estimate sums, is off by ~1e-1 per entry at first and ~2e-4 in the sum: rtol 1e-3
+    np.testing.assert_allclose(ds, want_ds, rtol=1e-3)
+    assert_steps_match(moves, want_moves, rtol=1e-3, atol=1e-9)
+    assert ds[-1] > (3.0 if bias_correction else 300.0) * hyper["d0"], ds  # the estimate grew
+
+
+def test_prodigy_without_bias_correction_grows_its_estimate_far_faster():
+    """The reason the preset follows the reference (no bias correction): after 12 steps of the quadratic at lr 1,
+    d is ~100x larger than with Adam's correction, which optax.contrib.prodigy always applies."""
+    x_star = {n: a + 0.5 * np.random.default_rng(3).standard_normal(a.shape) for n, a in flat(PARAMS).items()}
+    hyper = dict(beta1=0.9, beta2=0.999, eps=1e-8, d0=1e-6, d_coef=1.0, weight_decay=0.0)
+    plain, corrected = (prodigy_reference(x_star, [1.0] * 12, bias_correction=b, **hyper)[1][-1]
+                        for b in (False, True))
+    assert plain > 30 * corrected, (plain, corrected)
+
+
+# ----------------------------------------------------------------------------------------------------- D-Adaptation
+
+def dadapt_reference(x_star, lrs, beta1, beta2, eps, d0, weight_decay, growth_rate=np.inf):
+    """The authors' DAdaptAdam step (dadaptation, one parameter group, decouple=True), in float64 numpy on the
+    quadratic 0.5 |x - x*|^2: each step's movement and d after it."""
+    x = flat(PARAMS)
+    m, v, s = ({n: np.zeros_like(a) for n, a in x.items()} for _ in range(3))
+    d, weighted = d0, 0.0
+    moves, ds = [], []
+    for lr in lrs:
+        g = {n: x[n] - x_star[n] for n in x}
+        dlr = d * lr
+        g_sq = s_sq = s_l1 = 0.0
+        a = {}
+        for n in x:
+            m[n] = beta1 * m[n] + dlr * (1 - beta1) * g[n]
+            v[n] = beta2 * v[n] + (1 - beta2) * g[n] ** 2
+            a[n] = np.sqrt(v[n]) + eps
+            g_sq += np.sum(g[n] ** 2 / a[n])
+            s[n] = beta2 * s[n] + dlr * (1 - beta2) * g[n]
+            s_sq += np.sum(s[n] ** 2 / a[n])
+            s_l1 += np.abs(s[n]).sum()
+        weighted = beta2 * weighted + g_sq * dlr ** 2 * (1 - beta2)
+        d = max(d, min((s_sq / (1 - beta2) - weighted) / s_l1, d * growth_rate))
+        move = {n: -m[n] / a[n] - (dlr * weight_decay * x[n] if n in DECAYED else 0.0) for n in x}
+        for n in x:
+            x[n] = x[n] + move[n]
+        moves.append(move)
+        ds.append(d)
+    return moves, ds
+
+
+def test_dadapt_adamw_steps_follow_the_reference():
+    """12 steps on a quadratic with a scheduled lr (inside the reference's momentum), against its rule in float64."""
+    hyper = dict(beta1=0.9, beta2=0.999, eps=1e-8, d0=1e-6, weight_decay=0.1)
+    x_star = {n: a + 0.5 * np.random.default_rng(3).standard_normal(a.shape) for n, a in flat(PARAMS).items()}
+    lrs = [0.25, 0.5, 0.75, 1.0, 1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3]
+    opt = OPTIMIZERS["dadapt_adamw"](MODEL, **hyper)
+    update = jax.jit(opt.update)
+    params, state, moves, ds = PARAMS, opt.init(PARAMS), [], []
+    for lr in lrs:
+        grads = jax.tree.map(lambda p, t: p - t, params, unflat(x_star))
+        u, state = update(grads, state, params, lr=lr)
+        move = jax.tree.map(lambda x: lr * x, u)
+        params = optax.apply_updates(params, move)
+        moves.append(flat(move))
+        ds.append(float(state.d))
+    want_moves, want_ds = dadapt_reference(x_star, lrs, **hyper)
+    # float32 against float64: the estimate is a difference of two sums ((s^2/a)/(1 - b2) - r), ~1e-4 apart in
+    # float32; the moves (up to ~0.4 once d has grown) in scale: each side's gradient comes from its own params, so
+    # float32's rounding (~1e-7 of the scale) compounds over the 12 steps: 1e-4
+    np.testing.assert_allclose(ds, want_ds, rtol=1e-3)
+    assert_steps_match_in_scale(moves, want_moves, 1e-4)
+    assert ds[-1] > 100 * hyper["d0"], ds  # the estimate grew
