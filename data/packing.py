@@ -7,6 +7,7 @@ into windows by data/examples.py `Windows`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import itertools
@@ -14,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
+from core.files import exclusive
 from data.sources import TextCorpus
 from data.token_store import (BuildContext, Chunk, TokenStore, build_chunk, build_chunks, clear_stale, finish_store,
                               open_store, store_key, token_dtype)
@@ -37,6 +39,21 @@ def tokenized_corpus(corpus: TextCorpus, tokenizer: Tokenizer, d: Any, process_i
     if store is not None:
         return store
     root.mkdir(parents=True, exist_ok=True)
+    # Process 0 of each run builds under a lock, so that two runs wanting the same store at once (a sweep's jobs)
+    # do not build it over each other: the second waits, then opens what the first built. The lock file sits beside
+    # the store's folder, which a stale build's clean-up empties.
+    lock = exclusive(root.with_name(root.name + ".lock"), d.build_timeout_s,
+                     f"token store: another run is building {root}; waiting for it",
+                     f"dataset: waited {d.build_timeout_s:.0f} s for another run building the token store {root}; "
+                     "raise dataset.build_timeout_s or remove that run") if process_index == 0 \
+        else contextlib.nullcontext()
+    with lock:
+        return open_store(root, inputs) or _build_store(root, inputs, corpus, tokenizer, d, process_index,
+                                                        process_count)
+
+
+def _build_store(root: Path, inputs: dict, corpus: TextCorpus, tokenizer: Tokenizer, d: Any, process_index: int,
+                 process_count: int) -> TokenStore:
     clear_stale(root, process_index, d.build_timeout_s)
     bar = _BuildProgress(corpus.label) if process_index == 0 else None
     splits = list(STREAM_SPLITS) if corpus.stream else list(corpus.datasets)

@@ -3,6 +3,7 @@
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 import warnings
@@ -15,7 +16,7 @@ from data.corpus import load_corpus
 from data.packing import tokenized_corpus
 from data.token_store import token_dtype
 from data.tokenizers import ByteTokenizer, build_tokenizer
-from helpers import spawn
+from helpers import communicate, spawn
 from training.config import load_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -157,6 +158,22 @@ def test_two_processes_build_the_same_bytes_as_one(tmp_path):
     # Splits hash the (temporary) paths, so the chunk count varies; chunk k is process k mod 2's either way.
     shares = double.meta["chunks_built_by_process"]
     assert set(shares) == {"0", "1"} and shares["0"] - shares["1"] in (0, 1) and sum(shares.values()) >= 14
+
+
+def test_two_runs_that_want_the_same_store_at_once_build_it_once(tmp_path):
+    """A sweep's jobs start together on one cache: one run builds the store while the other waits for it (one line
+    saying so) and then opens it; both succeed, with the bytes one build makes."""
+    write_files(tmp_path / "docs", 40)
+    overrides = text_files(tmp_path / "docs", tmp_path / "cache", "dataset.docs_per_chunk=3")
+    runs = [spawn([sys.executable, "-c", SLOW_BUILD.format(root=str(ROOT), delay=0.2, overrides=overrides, index=0,
+                                                           count=1)], cwd=tmp_path, stdout=subprocess.PIPE,
+                  stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    results = [communicate(run, timeout=120) for run in runs]
+    assert [r.returncode for r in results] == [0, 0], [r.stderr[-2000:] for r in results]
+    assert sorted("another run is building" in r.stdout for r in results) == [False, True]
+    _, reference = build(text_files(tmp_path / "docs", tmp_path / "reference", "dataset.docs_per_chunk=3"))
+    _, shared = build(overrides)
+    assert store_bytes(shared) == store_bytes(reference)
 
 
 @pytest.mark.parametrize("source", ["text_files", "streamed"])
