@@ -1,14 +1,15 @@
-"""Sharpness: the top Hessian eigenvalue of a checkpoint's evaluation loss, and a run's sharpness against 2/lr.
+"""Sharpness: the largest (and smallest) Hessian eigenvalue of a checkpoint's evaluation loss, and a run's sharpness
+against 2/lr.
 
-    python scripts/hessian.py RUN [--step latest|best|N] [--iters N] [--tol 1e-3] [--seed 0]
+    python scripts/hessian.py RUN [--step latest|best|N] [--iters N] [--seed 0]
     python scripts/hessian.py RUN --plot sharpness.png                 # what logging.hessian_every logged, and 2/lr
     python scripts/hessian.py RUN --step 400 --plot sharpness.png      # ... with this checkpoint's measurement added
 
-RUN is a run directory (runs/<name>) or its checkpoint directory. The eigenvalue is the one of largest magnitude, by
-power iteration on Hessian-vector products (training/analysis/curvature.py), of the masked mean token loss in float32
-on the run's fixed curvature batch: the first evaluation batch of its main validation split, the batch the loop action
-measures, from the same starting vector and with as many products at most (logging.hessian_iters), so `--step N`
-repeats the `sharpness` the run logged at step N.
+RUN is a run directory (runs/<name>) or its checkpoint directory. The eigenvalues are the extremes of a Lanczos run on
+Hessian-vector products (training/analysis/curvature.py) of the masked mean token loss in float32 on the run's fixed
+curvature batch: the first evaluation batch of its main validation split, the batch the loop action measures, from
+the same starting vector and with as many products (logging.hessian_iters), so `--step N` repeats the `sharpness`
+and `hessian_min` the run logged at step N.
 For schedule-free runs the checkpoint's weights are its averaged ones (what sampling reads), not the iterate.
 
 The plot shows `sharpness` from the run's metrics.jsonl (split `curvature`) and 2/lr from its `lr` (split `train`):
@@ -34,10 +35,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("run", help="run directory or checkpoint directory")
     parser.add_argument("--step", default=None, help="latest, best or a step number (default: latest; with --plot "
                                                      "alone, none is measured)")
-    parser.add_argument("--iters", type=int, default=None, help="most Hessian-vector products (default: the run's "
-                                                                "logging.hessian_iters)")
-    parser.add_argument("--tol", type=float, default=None, help="relative change at which the estimate has settled "
-                                                                "(default: the loop's)")
+    parser.add_argument("--iters", type=int, default=None, help="Lanczos steps, one Hessian-vector product each "
+                                                                "(default: the run's logging.hessian_iters)")
     parser.add_argument("--seed", type=int, default=None, help="the starting vector's seed (default: the loop's)")
     parser.add_argument("--plot", default=None, metavar="FILE.png", help="draw the run's sharpness and 2/lr")
     args = parser.parse_args(argv)
@@ -64,14 +63,12 @@ def measure(args: argparse.Namespace) -> tuple[int, float]:
     data = run_data(trained)
     batch = jax.tree.map(jnp.asarray, curvature.fixed_batch(data))
     iters = args.iters or trained.cfg.logging.hessian_iters
-    tol = curvature.TOL if args.tol is None else args.tol
     seed = curvature.SEED if args.seed is None else args.seed
-    eigen = curvature.sharpness_fn(iters, tol)(trained.model, batch, jax.random.PRNGKey(seed))
-    value, products, converged = (x.item() for x in jax.device_get((eigen.value, eigen.iterations, eigen.converged)))
-    settled = f"settled to {tol:g}" if converged else f"not settled to {tol:g}"
-    print(f"step {trained.step}: sharpness {value:.6g} (top Hessian eigenvalue of the {data.main_split} loss on its "
-          f"first batch, {int(batch['loss_mask'].sum())} target tokens; power iteration, {products} Hessian-vector "
-          f"products, {settled})")
+    extremes = curvature.sharpness_fn(iters)(trained.model, batch, jax.random.PRNGKey(seed))
+    value, bottom, products = (x.item() for x in jax.device_get(extremes))
+    print(f"step {trained.step}: sharpness {value:.6g}, smallest {bottom:.6g} (the largest and smallest Hessian "
+          f"eigenvalues of the {data.main_split} loss on its first batch, {int(batch['loss_mask'].sum())} target "
+          f"tokens; Lanczos, {products} Hessian-vector products)")
     return trained.step, value
 
 
@@ -98,9 +95,9 @@ def plot_sharpness(run: str, out: Path, measured: tuple[int, float] | None = Non
     fig, ax = plt.subplots(figsize=(7, 4.5))
     if logged:
         ax.plot([r["step"] for r in logged], [abs(r["sharpness"]) for r in logged], "o-", ms=3, color="C0",
-                label="sharpness (top Hessian eigenvalue, logged)")
+                label="sharpness (largest Hessian eigenvalue, logged)")
         negative = [r for r in logged if r["sharpness"] < 0]
-        if negative:  # the eigenvalue of largest magnitude was negative: drawn at its magnitude, marked
+        if negative:  # every eigenvalue negative (a maximum's neighbourhood): drawn at its magnitude, marked
             ax.plot([r["step"] for r in negative], [-r["sharpness"] for r in negative], "x", ms=7, color="C2",
                     label="negative: |eigenvalue| shown")
     if measured is not None:

@@ -1,27 +1,28 @@
-"""Curvature: the top eigenvalue of the loss's Hessian (the "sharpness"), by power iteration on Hessian-vector products.
+"""Curvature: the extreme eigenvalues of the loss's Hessian, by the Lanczos iteration on Hessian-vector products.
 
-    hvp(loss_fn, params, batch, v)               H v, forward-over-reverse: jax.jvp of jax.grad (never forms H)
-    top_eigenvalue(loss_fn, params, batch, ...)  power iteration: the eigenvalue of largest magnitude, its unit
-                                                 eigenvector, and how many Hessian-vector products it took
-    sharpness_fn(...)                            the compiled measurement of a model on a batch, with the eval loss
+    hvp(loss_fn, params, batch, v)                 H v, forward-over-reverse: jax.jvp of jax.grad (never forms H)
+    hessian_extremes(loss_fn, params, batch, ...)  the largest (top algebraic, "sharpness") and the smallest (most
+                                                   negative, when any is) eigenvalue, from one Lanczos run
+    sharpness_fn(...)                              the compiled measurement of a model on a batch, with the eval loss
 
 The loss is the evaluation's masked mean token cross-entropy (training/step/losses.py `mean_loss`: every target token
 counts once, padding and fine-tuning prompts not at all) on the model's float32 parameters in float32, whatever the
-run's compute dtype: a 16-bit Hessian-vector product is too noisy for power iteration to settle. With gradient descent
+run's compute dtype: a 16-bit Hessian-vector product is too noisy for an iteration to settle. With gradient descent
 at learning rate lr the loss can only decrease stably while the sharpness stays below 2/lr, the "edge of stability"
 (Cohen et al. 2021); with momentum beta the bound is (2 + 2 beta)/lr, and for Adam it bounds the preconditioned
 Hessian's sharpness instead (Cohen et al. 2022), so 2/lr is a reference line, not a law, for those.
 
-Power iteration finds the eigenvalue of largest magnitude, which is the sharpness (the largest eigenvalue) whenever it
-is positive, as it is through most of a run. It can be negative, from curvature on a very small scale (measured: -437
-at the end of a gpt2-tiny SGD run at lr 0.5, along an eigenvector in the token and position embeddings; a finite
-difference of the gradient along it sees -485 at a step of 1e-4 and nothing at 1e-2); it is reported as it is, signed.
+Lanczos builds, from a random unit vector, an orthonormal basis of the Krylov space {v, Hv, H^2 v, ...} in which H is
+a tridiagonal matrix T; T's extreme eigenvalues (its Ritz values) approach H's extreme ones from inside, both ends at
+once and much faster than power iteration, which finds only the eigenvalue of largest magnitude, at the rate of the
+ratio of the two largest. It keeps three vectors, not the basis: without reorthogonalisation the basis loses its
+orthogonality once a Ritz value has converged, which makes copies of that value appear in T but leaves the extremes
+right (Paige 1976), and the extremes are all this measures. A negative bottom is curvature on a small scale (measured
+with the earlier power iteration: -437 at the end of a gpt2-tiny SGD run at lr 0.5, along an eigenvector in the token
+and position embeddings, which a finite difference of the gradient sees at a step of 1e-4 and not at 1e-2).
 
-It converges at the rate |lambda_2 / lambda_1| per product: it stops when the Rayleigh quotient changes by less than
-`tol` of itself between two products, or after `iters` products. The whole iteration is one `lax.while_loop` under one
-jit: one compilation, one transfer of the result (`jax.linearize`, which computes the primal once, was measured no
-faster on CPU). Shardings are left to jit: the vectors take the parameters' layouts, so it runs on the run's mesh as
-the train step does.
+The whole iteration is one `lax.fori_loop` under one jit: one compilation, one transfer of the result. Shardings are
+left to jit: the vectors take the parameters' layouts, so it runs on the run's mesh as the train step does.
 """
 
 from __future__ import annotations
@@ -39,18 +40,17 @@ if TYPE_CHECKING:
     from data import Data
     from models.gpt import GPT
 
-ITERS = 20  # most Hessian-vector products per measurement, unless told (the loop: logging.hessian_iters)
-TOL = 1e-3  # convergence tolerance: the estimate's relative change between two products
+ITERS = 20  # Lanczos steps (Hessian-vector products) per measurement, unless told (the loop: logging.hessian_iters)
+CLOSED = 1e-6  # a residual this small against |H| closes the Krylov space (float32 rounding is ~1e-7 of it)
 SEED = 0  # the starting vector's PRNG seed: the loop action and scripts/hessian.py start from the same vector
 
 LossFn = Callable[[Any, Any], jax.Array]  # (params, batch) -> scalar loss
 
 
-class Eigen(NamedTuple):
-    value: jax.Array  # the eigenvalue of largest magnitude (signed), float32
-    vector: Any  # its unit eigenvector, shaped like the parameters
+class Extremes(NamedTuple):
+    top: jax.Array  # the largest eigenvalue (top algebraic: the sharpness), float32
+    bottom: jax.Array  # the smallest (most negative, when any is), float32
     iterations: jax.Array  # Hessian-vector products computed (int32)
-    converged: jax.Array  # the last two estimates agreed to `tol` (bool); else it stopped at `iters`
 
 
 def hvp(loss_fn: LossFn, params: Any, batch: Any, v: Any) -> Any:
@@ -58,31 +58,38 @@ def hvp(loss_fn: LossFn, params: Any, batch: Any, v: Any) -> Any:
     return jax.jvp(lambda p: jax.grad(loss_fn)(p, batch), (params,), (v,))[1]
 
 
-def top_eigenvalue(loss_fn: LossFn, params: Any, batch: Any, iters: int = ITERS, key: jax.Array | None = None,
-                   tol: float = TOL) -> Eigen:
-    """Power iteration v <- Hv / |Hv| from a random unit vector (`key`), the estimate the Rayleigh quotient v.Hv.
-    Traceable (call it under jit); `iters` is static."""
+def hessian_extremes(loss_fn: LossFn, params: Any, batch: Any, iters: int = ITERS,
+                     key: jax.Array | None = None) -> Extremes:
+    """`iters` Lanczos steps from a random unit vector (`key`): the extreme eigenvalues of T. Traceable (call it under
+    jit); `iters` is static. Should the Krylov space close early (a residual of zero: only when `iters` reaches the
+    number of distinct eigenvalues, as in a tiny test model), the steps after it add 1 x 1 blocks holding the first
+    Rayleigh quotient, which lies inside H's spectrum and so moves neither extreme."""
     key = jax.random.PRNGKey(SEED) if key is None else key
     leaves, treedef = jax.tree.flatten(params)
     keys = jax.random.split(key, len(leaves))
     v0 = _unit(treedef.unflatten([jax.random.normal(k, x.shape, jnp.float32) for k, x in zip(keys, leaves)]))
 
-    def settled(value, previous):
-        return jnp.abs(value - previous) <= tol * jnp.abs(value)  # False while either is NaN (the first two)
+    def step(i, carry):
+        previous, v, beta_previous, scale, closed, alphas, betas = carry
+        w = hvp(loss_fn, params, batch, v)
+        alpha = _dot(w, v)
+        w = jax.tree.map(lambda a, b, c: a - alpha * b - beta_previous * c, w, v, previous)
+        beta = jnp.sqrt(_dot(w, w))
+        scale = jnp.maximum(scale, jnp.abs(alpha) + beta + beta_previous)  # |H| seen so far
+        alpha = jnp.where(closed, alphas[0], alpha)  # the space closed at an earlier step: a 1 x 1 block
+        now_closed = closed | (beta <= CLOSED * scale)
+        beta = jnp.where(now_closed, 0.0, beta)
+        return v, _unit(w), beta, scale, now_closed, alphas.at[i].set(alpha), betas.at[i].set(beta)
 
-    def unconverged(carry):
-        i, _, value, previous = carry
-        return (i < iters) & ~settled(value, previous)
-
-    def power_step(carry):
-        i, v, value, _ = carry
-        hv = hvp(loss_fn, params, batch, v)
-        return i + 1, _unit(hv), _dot(v, hv), value
-
-    nan = jnp.full([], jnp.nan, jnp.float32)
-    iterations, vector, value, previous = jax.lax.while_loop(unconverged, power_step,
-                                                              (jnp.zeros([], jnp.int32), v0, nan, nan))
-    return Eigen(value, vector, iterations, settled(value, previous))
+    zero = jax.tree.map(jnp.zeros_like, v0)
+    scalar = jnp.zeros([], jnp.float32)
+    *_, alphas, betas = jax.lax.fori_loop(0, iters, step, (zero, v0, scalar, scalar, jnp.asarray(False),
+                                                           jnp.zeros([iters], jnp.float32),
+                                                           jnp.zeros([iters], jnp.float32)))
+    off = betas[:-1]
+    tridiagonal = jnp.diag(alphas) + jnp.diag(off, 1) + jnp.diag(off, -1)
+    ritz = jnp.linalg.eigvalsh(tridiagonal)
+    return Extremes(ritz[-1], ritz[0], jnp.asarray(iters, jnp.int32))
 
 
 def model_loss(static: Any) -> LossFn:
@@ -91,15 +98,15 @@ def model_loss(static: Any) -> LossFn:
     return lambda params, batch: mean_loss(eqx.combine(params, static), batch, None, jnp.float32)
 
 
-def sharpness_fn(iters: int = ITERS, tol: float = TOL) -> Callable[[GPT, Any, jax.Array], Eigen]:
-    """`sharpness(model, batch, key) -> Eigen`: the top Hessian eigenvalue of the eval loss at the model's float32
-    parameters, compiled on its first call (once per model structure and batch shape)."""
+def sharpness_fn(iters: int = ITERS) -> Callable[[GPT, Any, jax.Array], Extremes]:
+    """`sharpness(model, batch, key) -> Extremes`: the extreme Hessian eigenvalues of the eval loss at the model's
+    float32 parameters, compiled on its first call (once per model structure and batch shape)."""
 
     @eqx.filter_jit
-    def sharpness(model: GPT, batch: Any, key: jax.Array) -> Eigen:
+    def sharpness(model: GPT, batch: Any, key: jax.Array) -> Extremes:
         params, static = eqx.partition(model, eqx.is_array)
         params = jax.tree.map(lambda x: x.astype(jnp.float32), params)
-        return top_eigenvalue(model_loss(static), params, batch, iters, key, tol)
+        return hessian_extremes(model_loss(static), params, batch, iters, key)
 
     return sharpness
 

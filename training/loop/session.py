@@ -10,8 +10,9 @@ handlers and the batch prefetcher, and gives them all back on the way out, whate
                   non-finite loss, write a line and the metrics
   evaluate        every train.eval_interval and at the end: every validation split, then a checkpoint
   save            at checkpoint.save_steps
-  sharpness       every logging.hessian_every steps (when > 0): the top Hessian eigenvalue of the eval loss on a fixed
-                  validation batch (training/analysis/curvature.py), compiled at its first measurement; nothing when off
+  sharpness       every logging.hessian_every steps (when > 0): the largest and smallest Hessian eigenvalues of the eval
+                  loss on a fixed validation batch (training/analysis/curvature.py), compiled at its first measurement;
+                  nothing when off
   agree to stop   signals and the time limit: every step in a single process (a host-only check), every log
                   interval across processes (a collective, so that all stop at the same step)
   profile         around system.profile_steps: start and stop JAX's profiler trace (training/loop/profile.py)
@@ -172,18 +173,19 @@ class TrainingSession:
         self.clock.mark(loop.step)  # evaluating and saving are not training throughput
 
     def measure_sharpness(self, loop: LoopState) -> None:
-        """The top (largest-magnitude) Hessian eigenvalue of the eval loss at the training parameters (not
-        schedule-free's averaged weights), on the fixed validation batch."""
+        """The extreme Hessian eigenvalues of the eval loss (training/analysis/curvature.py, Lanczos) at the training
+        parameters (not schedule-free's averaged weights), on the fixed validation batch: `sharpness` the largest,
+        `hessian_min` the smallest."""
         if self.sharpness is None:
             self.sharpness = (sharpness_fn(self.cfg.logging.hessian_iters),
                               put_batch(fixed_batch(self.p.data), self.p.mesh))
         measure, batch = self.sharpness
-        eigen = measure(loop.state.model, batch, jax.random.PRNGKey(SEED))
-        value, iterations, converged = (x.item() for x in jax.device_get((eigen.value, eigen.iterations,
-                                                                           eigen.converged)))
-        self.log.scalars(loop.step, "curvature", {"sharpness": value, "sharpness_iterations": iterations},
-                         f"curv {loop.step:>6} | sharpness {value:.4g} (top Hessian eigenvalue, {iterations} "
-                         f"Hessian-vector products{'' if converged else ', not converged'})")
+        extremes = measure(loop.state.model, batch, jax.random.PRNGKey(SEED))
+        top, bottom, products = (x.item() for x in jax.device_get(extremes))
+        self.log.scalars(loop.step, "curvature", {"sharpness": top, "hessian_min": bottom,
+                                                  "sharpness_iterations": products},
+                         f"curv {loop.step:>6} | sharpness {top:.4g} (largest Hessian eigenvalue), smallest "
+                         f"{bottom:.4g} (Lanczos, {products} Hessian-vector products)")
         self.clock.mark(loop.step)  # measuring is not training throughput
 
     def agree_to_stop(self, loop: LoopState) -> None:
