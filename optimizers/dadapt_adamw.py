@@ -1,22 +1,23 @@
-"""D-Adaptation Adam (Defazio & Mishchenko, 2023, "Learning-Rate-Free Learning by D-Adaptation"): Adam whose step size
-d is a growing lower bound on the distance to the solution, as the authors' reference implementation (dadaptation's
-DAdaptAdam) runs it, with decoupled weight decay on the matrices (AdamW's, the reference's `decouple=True`):
+"""D-Adaptation Adam (Defazio & Mishchenko, 2023, "Learning-Rate-Free Learning by D-Adaptation", Algorithm 4): Adam
+whose step size d is a growing lower bound on the distance to the solution, as the authors' reference implementation
+(dadaptation's DAdaptAdam) runs it by default, with decoupled weight decay on the matrices (AdamW's, the reference's
+`decouple=True`); b = sqrt(b2), c_k = sqrt(1 - b2^(k+1)) / (1 - b1^(k+1)) with bias_correction, else 1 (its default):
 
-    dlr = d * lr
-    m <- b1 m + dlr (1 - b1) g,    v <- b2 v + (1 - b2) g^2,    a = sqrt(v) + eps
-    s <- b2 s + dlr (1 - b2) g,    r <- b2 r + (1 - b2) dlr^2 sum(g^2 / a)
-    d <- max(d, min(d_hat, d * growth_rate)),    d_hat = (sum(s^2 / a) / (1 - b2) - r) / |s|_1
-    x <- x - m / a - dlr * weight_decay * x
+    dlr = d * lr * c_k,   a = sqrt(v) + eps (before this step's v)
+    r <- b r + (1 - b) dlr <g, s / a>                      (summed over every tensor, with the s before this step)
+    m <- b1 m + dlr (1 - b1) g,    v <- b2 v + (1 - b2) g^2,    s <- b s + dlr (1 - b) g
+    d <- max(d, min(r / ((1 - b) |s|_1), d * growth_rate))
+    x <- x - m / (sqrt(v) + eps) - dlr * weight_decay * x
 
 `lr` is the run's schedule as a shape at peak 1 (registered with lr="shape"): the train step hands it to the update
 (training/step/train_step.py). The reference keeps it inside its momentum (m sums dlr-weighted gradients, and the step
 is m / a), while the pipeline multiplies every direction by it once (optimizers/__init__.py): the direction here is
 m / (lr a), so that the step is the reference's. Called without it (outside the train step), the method runs at lr 1.
 
-Written here rather than taken from optax.contrib.dadapt_adamw, which applies Adam's bias correction to the step and
-the estimate (the reference has none): with it the estimate grew so slowly that the preset did not lower gpt2-tiny's
-loss in 12 steps (tests/test_presets.py). tests/test_optimizers_research.py checks this against the reference's rule
-written out in numpy."""
+Written here rather than taken from optax.contrib.dadapt_adamw, which always applies Adam's bias correction (the
+reference defaults it off): with it the estimate grew so slowly that the preset did not lower gpt2-tiny's loss in 12
+steps (tests/test_presets.py). tests/test_optimizers_research.py checks this against the reference's rule written out
+in numpy, tests/test_optimizers_optax.py the bias-corrected form against optax's."""
 
 from __future__ import annotations
 
@@ -32,8 +33,9 @@ from optimizers.registry import register
 
 
 class DAdaptState(NamedTuple):
+    count: jax.Array  # k: updates so far
     d: jax.Array  # the step size estimate
-    weighted_g_sq: jax.Array  # r
+    numerator: jax.Array  # r
     mu: Any  # m, dlr-weighted
     nu: Any  # v
     s: Any  # the dlr-weighted gradient sum
@@ -44,12 +46,14 @@ def _total(tree: Any) -> jax.Array:
 
 
 def dadapt_direction(beta1: float, beta2: float, eps: float, d0: float, growth_rate: float, weight_decay: float,
-                     roles: dict[str, Role]) -> optax.GradientTransformationExtraArgs:
+                     roles: dict[str, Role], bias_correction: bool) -> optax.GradientTransformationExtraArgs:
     """The direction for a unit lr (already negated), weight decay on the tensors whose role is decayed."""
+    b = math.sqrt(beta2)
 
     def init(params):
         zeros = lambda: jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)  # noqa: E731
-        return DAdaptState(jnp.asarray(d0, jnp.float32), jnp.zeros([], jnp.float32), zeros(), zeros(), zeros())
+        return DAdaptState(jnp.zeros([], jnp.int32), jnp.asarray(d0, jnp.float32), jnp.zeros([], jnp.float32),
+                           zeros(), zeros(), zeros())
 
     def update(updates, state, params=None, lr=None, **extra):
         del extra
@@ -57,32 +61,34 @@ def dadapt_direction(beta1: float, beta2: float, eps: float, d0: float, growth_r
             raise ValueError("dadapt_adamw needs the parameters (for its weight decay)")
         lr = jnp.asarray(1.0 if lr is None else lr, jnp.float32)
         g = jax.tree.map(lambda u: u.astype(jnp.float32), updates)
-        d = state.d
-        dlr = d * lr
+        d, k = state.d, state.count.astype(jnp.float32)
+        c = jnp.sqrt(1 - beta2 ** (k + 1)) / (1 - beta1 ** (k + 1)) if bias_correction else 1.0
+        dlr = d * lr * c
+        along = _total(jax.tree.map(lambda gi, si, v: gi * si / (jnp.sqrt(v) + eps), g, state.s, state.nu))
+        numerator = b * state.numerator + (1 - b) * dlr * along
         mu = jax.tree.map(lambda m, gi: beta1 * m + dlr * (1 - beta1) * gi, state.mu, g)
         nu = jax.tree.map(lambda v, gi: beta2 * v + (1 - beta2) * gi * gi, state.nu, g)
-        a = jax.tree.map(lambda v: jnp.sqrt(v) + eps, nu)
-        s = jax.tree.map(lambda si, gi: beta2 * si + dlr * (1 - beta2) * gi, state.s, g)
-        weighted_g_sq = beta2 * state.weighted_g_sq + (1 - beta2) * dlr ** 2 * _total(
-            jax.tree.map(lambda gi, ai: gi * gi / ai, g, a))
+        s = jax.tree.map(lambda si, gi: b * si + dlr * (1 - b) * gi, state.s, g)
         s_l1 = _total(jax.tree.map(jnp.abs, s))
-        d_hat = (_total(jax.tree.map(lambda si, ai: si * si / ai, s, a)) / (1 - beta2) - weighted_g_sq) / jnp.where(
-            s_l1 > 0, s_l1, 1.0)
-        new_d = jnp.where(s_l1 > 0, jnp.maximum(d, jnp.minimum(d_hat, d * growth_rate)), d)
-        # the reference's step is m / a (+ dlr * decay * x); the pipeline multiplies by lr afterwards
+        # no gradient at all (|s| = 0) or lr 0: the reference keeps its estimate
+        grows = (s_l1 > 0) & (lr > 0)
+        d_hat = numerator / ((1 - b) * jnp.where(s_l1 > 0, s_l1, 1.0))
+        new_d = jnp.where(grows, jnp.maximum(d, jnp.minimum(d_hat, d * growth_rate)), d)
+        # the reference's step is m / a + dlr * decay * x; the pipeline multiplies by lr afterwards
         safe_lr = jnp.where(lr > 0, lr, 1.0)
         direction = map_roles(
-            lambda role, m, ai, xi: -(m / (safe_lr * ai) + (weight_decay * d * xi.astype(jnp.float32) if role.decayed
-                                                             else 0.0)),
-            roles, mu, a, params)
+            lambda role, m, v, xi: -(m / (safe_lr * (jnp.sqrt(v) + eps))
+                                     + (weight_decay * d * c * xi.astype(jnp.float32) if role.decayed else 0.0)),
+            roles, mu, nu, params)
         direction = jax.tree.map(lambda u, o: u.astype(o.dtype), direction, updates)
-        return direction, DAdaptState(new_d, weighted_g_sq, mu, nu, s)
+        return direction, DAdaptState(state.count + 1, new_d, numerator, mu, nu, s)
 
     return optax.GradientTransformationExtraArgs(init, update)
 
 
 @register("dadapt_adamw", lr="shape")
 def dadapt_adamw(model, *, beta1: float, beta2: float, eps: float, d0: float, weight_decay: float,
-                 growth_rate: float = math.inf) -> optax.GradientTransformation:
-    """growth_rate: the most d may grow in a step (inf: unbounded; ~1.02 acts as a warmup)."""
-    return dadapt_direction(beta1, beta2, eps, d0, growth_rate, weight_decay, roles_of(model))
+                 growth_rate: float = math.inf, bias_correction: bool = False) -> optax.GradientTransformation:
+    """growth_rate: the most d may grow in a step (inf: unbounded; ~1.02 acts as a warmup). bias_correction: Adam's
+    (off, as the reference)."""
+    return dadapt_direction(beta1, beta2, eps, d0, growth_rate, weight_decay, roles_of(model), bias_correction)

@@ -202,9 +202,10 @@ def dot(a, b):
 
 
 def test_dadapt_adamw_grows_its_step_size_from_the_weighted_gradient_sums():
-    """Defazio & Mishchenko (2023), Algorithm 4 (D-Adapted Adam) with Adam's bias correction (optax's form):
-    s and r are sums over every parameter; d never decreases; the step uses the d from before the update."""
-    hp = dict(beta1=0.8, beta2=0.9, eps=1e-6, d0=0.05, weight_decay=0.3)
+    """Defazio & Mishchenko (2023), Algorithm 4 (D-Adapted Adam) with Adam's bias correction (optax's form, the
+    reference's use_bias_correction=True): s and r are sums over every parameter; d never decreases; the step uses the
+    d from before the update. (Without the correction, the preset's default: tests/test_optimizers_research.py.)"""
+    hp = dict(beta1=0.8, beta2=0.9, eps=1e-6, d0=0.05, weight_decay=0.3, bias_correction=True)
     b1, b2 = hp["beta1"], hp["beta2"]
     sb2 = np.sqrt(b2)
 
@@ -224,14 +225,16 @@ def test_dadapt_adamw_grows_its_step_size_from_the_weighted_gradient_sums():
     ours, state = builder_path("dadapt_adamw", **hp)
     formula, expected = formula_path(step)
     assert expected["d"] > hp["d0"]  # the estimate grew: the test covers it
-    np.testing.assert_allclose(float(state.estim_lr), expected["d"], rtol=1e-4)
+    np.testing.assert_allclose(float(state.d), expected["d"], rtol=1e-4)  # float32 sums against float64
     assert_same_path(ours, formula)
 
 
 def test_prodigy_estimates_d_from_the_distance_travelled():
     """Mishchenko & Defazio (2023), Algorithm 4 (Prodigy, Adam version), beta3 = sqrt(beta2) by default, without
-    safeguard warmup, with Adam's bias correction folded into the step (optax's and the reference code's form)."""
-    hp = dict(beta1=0.8, beta2=0.9, eps=1e-6, d0=0.05, d_coef=1.5, safeguard_warmup=False, weight_decay=0.3)
+    safeguard warmup, with Adam's bias correction folded into the step (optax's form, the reference code's with
+    use_bias_correction=True; without it, the preset's default: tests/test_optimizers_research.py)."""
+    hp = dict(beta1=0.8, beta2=0.9, eps=1e-6, d0=0.05, d_coef=1.5, safeguard_warmup=False, weight_decay=0.3,
+              bias_correction=True)
     b1, b2, d0 = hp["beta1"], hp["beta2"], hp["d0"]
     b3 = np.sqrt(b2)
     w0 = leaves64(PARAMS)
@@ -245,13 +248,13 @@ def test_prodigy_estimates_d_from_the_distance_travelled():
         sums = [b3 * sk + d / d0 * dlr * g for sk, g in zip(per_leaf(s, "s", params), grads)]
         r = b3 * s.get("r", 0.0) + d / d0 * dlr * numerator_step
         s.update(m=m, v=v, s=sums, r=r, d=max(d, hp["d_coef"] * r / l1(sums)))
-        return [p - dlr * m / (np.sqrt(v) + d * hp["eps"]) - dlr * dp
+        return [p - dlr * m / (np.sqrt(v) + s["d"] * hp["eps"]) - dlr * dp  # eps x the new d, as the reference
                 for p, m, v, dp in zip(params, m, v, decay(params, hp["weight_decay"]))], s
 
     ours, state = builder_path("prodigy", **hp)
     formula, expected = formula_path(step)
     assert expected["d"] > d0
-    np.testing.assert_allclose(float(state.estim_lr), expected["d"], rtol=1e-4)
+    np.testing.assert_allclose(float(state.d), expected["d"], rtol=1e-4)  # float32 sums against float64
     assert_same_path(ours, formula)
 
 

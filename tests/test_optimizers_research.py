@@ -660,28 +660,25 @@ def test_prodigy_without_bias_correction_grows_its_estimate_far_faster():
 # ----------------------------------------------------------------------------------------------------- D-Adaptation
 
 def dadapt_reference(x_star, lrs, beta1, beta2, eps, d0, weight_decay, growth_rate=np.inf):
-    """The authors' DAdaptAdam step (dadaptation, one parameter group, decouple=True), in float64 numpy on the
-    quadratic 0.5 |x - x*|^2: each step's movement and d after it."""
+    """The authors' DAdaptAdam step (dadaptation, one parameter group, decouple=True, use_bias_correction=False), in
+    float64 numpy on the quadratic 0.5 |x - x*|^2: each step's movement and d after it."""
     x = flat(PARAMS)
     m, v, s = ({n: np.zeros_like(a) for n, a in x.items()} for _ in range(3))
-    d, weighted = d0, 0.0
+    d, numerator, b = d0, 0.0, np.sqrt(beta2)
     moves, ds = [], []
     for lr in lrs:
         g = {n: x[n] - x_star[n] for n in x}
         dlr = d * lr
-        g_sq = s_sq = s_l1 = 0.0
-        a = {}
+        along = sum(np.sum(g[n] * s[n] / (np.sqrt(v[n]) + eps)) for n in x)  # s and v from before this step
+        s_l1 = 0.0
         for n in x:
             m[n] = beta1 * m[n] + dlr * (1 - beta1) * g[n]
             v[n] = beta2 * v[n] + (1 - beta2) * g[n] ** 2
-            a[n] = np.sqrt(v[n]) + eps
-            g_sq += np.sum(g[n] ** 2 / a[n])
-            s[n] = beta2 * s[n] + dlr * (1 - beta2) * g[n]
-            s_sq += np.sum(s[n] ** 2 / a[n])
+            s[n] = b * s[n] + dlr * (1 - b) * g[n]
             s_l1 += np.abs(s[n]).sum()
-        weighted = beta2 * weighted + g_sq * dlr ** 2 * (1 - beta2)
-        d = max(d, min((s_sq / (1 - beta2) - weighted) / s_l1, d * growth_rate))
-        move = {n: -m[n] / a[n] - (dlr * weight_decay * x[n] if n in DECAYED else 0.0) for n in x}
+        numerator = b * numerator + (1 - b) * dlr * along
+        d = max(d, min(numerator / ((1 - b) * s_l1), d * growth_rate))
+        move = {n: -m[n] / (np.sqrt(v[n]) + eps) - (dlr * weight_decay * x[n] if n in DECAYED else 0.0) for n in x}
         for n in x:
             x[n] = x[n] + move[n]
         moves.append(move)
