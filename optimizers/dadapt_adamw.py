@@ -41,10 +41,6 @@ class DAdaptState(NamedTuple):
     s: Any  # the dlr-weighted gradient sum
 
 
-def _total(tree: Any) -> jax.Array:
-    return sum(jnp.sum(x) for x in jax.tree.leaves(tree))
-
-
 def dadapt_direction(beta1: float, beta2: float, eps: float, d0: float, growth_rate: float, weight_decay: float,
                      roles: dict[str, Role], bias_correction: bool) -> optax.GradientTransformationExtraArgs:
     """The direction for a unit lr (already negated), weight decay on the tensors whose role is decayed."""
@@ -64,12 +60,13 @@ def dadapt_direction(beta1: float, beta2: float, eps: float, d0: float, growth_r
         d, k = state.d, state.count.astype(jnp.float32)
         c = jnp.sqrt(1 - beta2 ** (k + 1)) / (1 - beta1 ** (k + 1)) if bias_correction else 1.0
         dlr = d * lr * c
-        along = _total(jax.tree.map(lambda gi, si, v: gi * si / (jnp.sqrt(v) + eps), g, state.s, state.nu))
+        along = optax.tree.sum(jax.tree.map(lambda gi, si, v: gi * si / (jnp.sqrt(v) + eps), g, state.s,
+                                            state.nu))
         numerator = b * state.numerator + (1 - b) * dlr * along
         mu = jax.tree.map(lambda m, gi: beta1 * m + dlr * (1 - beta1) * gi, state.mu, g)
         nu = jax.tree.map(lambda v, gi: beta2 * v + (1 - beta2) * gi * gi, state.nu, g)
         s = jax.tree.map(lambda si, gi: b * si + dlr * (1 - b) * gi, state.s, g)
-        s_l1 = _total(jax.tree.map(jnp.abs, s))
+        s_l1 = optax.tree.sum(jax.tree.map(jnp.abs, s))
         # no gradient at all (|s| = 0) or lr 0: the reference keeps its estimate
         grows = (s_l1 > 0) & (lr > 0)
         d_hat = numerator / ((1 - b) * jnp.where(s_l1 > 0, s_l1, 1.0))

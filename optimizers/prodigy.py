@@ -41,10 +41,6 @@ class ProdigyState(NamedTuple):
     x0: Any  # the parameters at the start
 
 
-def _total(tree: Any) -> jax.Array:
-    return sum(jnp.sum(x) for x in jax.tree.leaves(tree))
-
-
 def prodigy_direction(beta1: float, beta2: float, beta3: float, eps: float, d0: float, d_coef: float,
                       growth_rate: float, weight_decay: float, roles: dict[str, Role], bias_correction: bool,
                       safeguard_warmup: bool) -> optax.GradientTransformationExtraArgs:
@@ -68,12 +64,13 @@ def prodigy_direction(beta1: float, beta2: float, beta3: float, eps: float, d0: 
         c = jnp.sqrt(1 - beta2 ** (k + 1)) / (1 - beta1 ** (k + 1)) if bias_correction else 1.0
         dlr = d * lr * c
         weight = (d / d0) * dlr
-        numerator = b3 * state.numerator + weight * _total(jax.tree.map(lambda gi, a, b: gi * (a - b), g, state.x0, x))
+        travelled = optax.tree.sum(jax.tree.map(lambda gi, a, b: gi * (a - b), g, state.x0, x))  # <g, x0 - x>
+        numerator = b3 * state.numerator + weight * travelled
         mu = jax.tree.map(lambda m, gi: beta1 * m + d * (1 - beta1) * gi, state.mu, g)
         nu = jax.tree.map(lambda v, gi: beta2 * v + d * d * (1 - beta2) * gi * gi, state.nu, g)
         s_weight = (d / d0) * d if safeguard_warmup else weight
         s = jax.tree.map(lambda si, gi: b3 * si + s_weight * gi, state.s, g)
-        denominator = _total(jax.tree.map(jnp.abs, s))
+        denominator = optax.tree.sum(jax.tree.map(jnp.abs, s))
         # no gradient at all (|s| = 0): the reference takes no step and keeps its estimate
         moved = (denominator > 0) & (lr > 0)
         numerator = jnp.where(moved, numerator, state.numerator)

@@ -588,6 +588,24 @@ def test_kron_refits_with_psgds_decaying_probability():
 
 # ---------------------------------------------------------------------------------------------------------- Prodigy
 
+LR_SCHEDULE = [0.25, 0.5, 0.75, 1.0, 1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3]  # a warmup, then a decay (peak 1)
+
+
+def on_the_quadratic(opt, x_star, lrs):
+    """The step-size estimating optimizers on 0.5 |x - x*|^2, the lr handed to each update as the train step hands
+    it: each step's movement (lr x the direction) and the estimate d after it."""
+    update = jax.jit(opt.update)
+    params, state, moves, ds = PARAMS, opt.init(PARAMS), [], []
+    for lr in lrs:
+        grads = jax.tree.map(lambda p, t: p - t, params, unflat(x_star))
+        u, state = update(grads, state, params, lr=lr)
+        move = jax.tree.map(lambda x: lr * x, u)
+        params = optax.apply_updates(params, move)
+        moves.append(flat(move))
+        ds.append(float(state.d))
+    return moves, ds
+
+
 def prodigy_reference(x_star, lrs, beta1, beta2, eps, d0, d_coef, weight_decay, bias_correction, growth_rate=np.inf):
     """The authors' Prodigy (prodigyopt's step, one parameter group, decoupled decay, slice_p 1), written out in
     float64 numpy on the quadratic 0.5 |x - x*|^2 (gradient x - x*): each step's movement and d after it."""
@@ -628,18 +646,9 @@ def test_prodigy_steps_follow_the_reference(bias_correction):
     correction (the reference's default) d grows ~100x more in these steps than with it."""
     hyper = dict(beta1=0.9, beta2=0.999, eps=1e-8, d0=1e-6, d_coef=1.0, weight_decay=0.1)
     x_star = {n: a + 0.5 * np.random.default_rng(3).standard_normal(a.shape) for n, a in flat(PARAMS).items()}
-    lrs = [0.25, 0.5, 0.75, 1.0, 1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3]
     opt = OPTIMIZERS["prodigy"](MODEL, beta3=0.0, safeguard_warmup=False, bias_correction=bias_correction, **hyper)
-    update = jax.jit(opt.update)
-    params, state, moves, ds = PARAMS, opt.init(PARAMS), [], []
-    for lr in lrs:
-        grads = jax.tree.map(lambda p, t: p - t, params, unflat(x_star))
-        u, state = update(grads, state, params, lr=lr)
-        move = jax.tree.map(lambda x: lr * x, u)
-        params = optax.apply_updates(params, move)
-        moves.append(flat(move))
-        ds.append(float(state.d))
-    want_moves, want_ds = prodigy_reference(x_star, lrs, bias_correction=bias_correction, **hyper)
+    moves, ds = on_the_quadratic(opt, x_star, LR_SCHEDULE)
+    want_moves, want_ds = prodigy_reference(x_star, LR_SCHEDULE, bias_correction=bias_correction, **hyper)
     # float32 parameters against float64: the first moves (~1e-8) are a few ulp of a 0.02 weight (2e-9), so x0 - x,
     # which the estimate sums, is off by ~1e-1 per entry at first and ~2e-4 in the sum: rtol 1e-3
     np.testing.assert_allclose(ds, want_ds, rtol=1e-3)
@@ -690,18 +699,8 @@ def test_dadapt_adamw_steps_follow_the_reference():
     """12 steps on a quadratic with a scheduled lr (inside the reference's momentum), against its rule in float64."""
     hyper = dict(beta1=0.9, beta2=0.999, eps=1e-8, d0=1e-6, weight_decay=0.1)
     x_star = {n: a + 0.5 * np.random.default_rng(3).standard_normal(a.shape) for n, a in flat(PARAMS).items()}
-    lrs = [0.25, 0.5, 0.75, 1.0, 1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3]
-    opt = OPTIMIZERS["dadapt_adamw"](MODEL, **hyper)
-    update = jax.jit(opt.update)
-    params, state, moves, ds = PARAMS, opt.init(PARAMS), [], []
-    for lr in lrs:
-        grads = jax.tree.map(lambda p, t: p - t, params, unflat(x_star))
-        u, state = update(grads, state, params, lr=lr)
-        move = jax.tree.map(lambda x: lr * x, u)
-        params = optax.apply_updates(params, move)
-        moves.append(flat(move))
-        ds.append(float(state.d))
-    want_moves, want_ds = dadapt_reference(x_star, lrs, **hyper)
+    moves, ds = on_the_quadratic(OPTIMIZERS["dadapt_adamw"](MODEL, **hyper), x_star, LR_SCHEDULE)
+    want_moves, want_ds = dadapt_reference(x_star, LR_SCHEDULE, **hyper)
     # float32 against float64: the estimate is a difference of two sums ((s^2/a)/(1 - b2) - r), ~1e-4 apart in
     # float32; the moves (up to ~0.4 once d has grown) in scale: each side's gradient comes from its own params, so
     # float32's rounding (~1e-7 of the scale) compounds over the 12 steps: 1e-4
