@@ -34,6 +34,10 @@ BAD_CONFIGS = [
     (["system.dtype=fp4"], "system.dtype: 'fp4' is not one of float32, bfloat16, float16, fp8"),
     (["model.remat=True"], "model.remat: 'True' is not one of none, block, full"),
     (["checkpoint.load=maybe"], "checkpoint.load: must be true, false or auto; got 'maybe'"),
+    (["optimizer.lr_config.min_lr=2e-4"], "unknown key 'optimizer.lr_config.min_lr' (python train_jax.py --cfg lists "
+                                          "every key); it is now optimizer.lr_config.min_lr_ratio"),
+    (["optimizer.lr_config.warmup=2.5"], "optimizer.lr_config.warmup: 1 or more is a number of steps, a whole one"),
+    (["optimizer.lr_config.min_lr_ratio=2"], "optimizer.lr_config.min_lr_ratio: must be in [0, 1]"),
 ]
 
 
@@ -46,6 +50,19 @@ def test_bad_config_exits_2_with_one_line_naming_the_key(overrides, message, tmp
     assert len(err.splitlines()) == 1, err
     assert err.startswith("error: config: ") and message in err, err
     assert not run_dir.exists(), "nothing is written for a bad config"
+
+
+def test_a_saved_config_with_an_absolute_floor_resumes_with_the_same_floor_as_a_ratio():
+    """Checkpoints written before the presets owned their schedules hold optimizer.lr_config.min_lr: resuming reads it
+    as the same floor, min_lr / lr (training/config/legacy.py)."""
+    from training.config.legacy import upgrade_saved
+
+    saved = compose_config(["optimizer.lr_config.lr=2e-3"])
+    node = OmegaConf.create(OmegaConf.to_container(saved))
+    del node.optimizer.lr_config["min_lr_ratio"]
+    node.optimizer.lr_config["min_lr"] = 5e-4
+    upgraded = finish(upgrade_saved(node), 1)
+    assert upgraded.optimizer.lr_config.min_lr_ratio == pytest.approx(0.25)
 
 
 def test_bad_config_from_the_command_line_has_no_traceback(tmp_path):
