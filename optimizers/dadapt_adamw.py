@@ -30,6 +30,7 @@ import optax
 
 from optimizers.param_roles import Role, map_roles, roles_of
 from optimizers.registry import register
+from optimizers.reporting import reads
 
 
 class DAdaptState(NamedTuple):
@@ -89,3 +90,8 @@ def dadapt_adamw(model, *, beta1: float, beta2: float, eps: float, d0: float, we
     """growth_rate: the most d may grow in a step (inf: unbounded; ~1.02 acts as a warmup). bias_correction: Adam's
     (off, as the reference)."""
     return dadapt_direction(beta1, beta2, eps, d0, growth_rate, weight_decay, roles_of(model), bias_correction)
+
+
+@reads(DAdaptState)
+def _estimate(state: DAdaptState) -> dict[str, jax.Array]:
+    return {"dadapt_d": state.d}  # the lower bound d on the distance to the solution: the step size it found

@@ -28,6 +28,7 @@ import optax
 
 from optimizers.param_roles import Role, map_roles, roles_of
 from optimizers.registry import register
+from optimizers.reporting import reads
 
 
 class ProdigyState(NamedTuple):
@@ -99,3 +100,8 @@ def prodigy(model, *, beta1: float, beta2: float, beta3: float = 0.0, eps: float
     growth_rate: the most d may grow in a step (inf: unbounded). bias_correction: Adam's (off, as the reference)."""
     return prodigy_direction(beta1, beta2, beta3, eps, d0, d_coef, growth_rate, weight_decay, roles_of(model),
                              bias_correction, safeguard_warmup)
+
+
+@reads(ProdigyState)
+def _estimate(state: ProdigyState) -> dict[str, jax.Array]:
+    return {"prodigy_d": state.d}  # the distance estimate d: the step size it found

@@ -63,16 +63,6 @@ def _reported(state: Reported) -> dict[str, jax.Array]:
     return state.values
 
 
-@reads(optax.contrib.ProdigyState)
-def _prodigy(state: Any) -> dict[str, jax.Array]:
-    return {"prodigy_d": state.estim_lr}  # the distance estimate d: the step size it found
-
-
-@reads(optax.contrib.DAdaptAdamWState)
-def _dadapt(state: Any) -> dict[str, jax.Array]:
-    return {"dadapt_d": state.estim_lr}
-
-
 @reads(optax.contrib.MechanicState)
 def _mechanic(state: Any) -> dict[str, jax.Array]:
     return {"mechanic_scale": jnp.sum(state.s)}  # the learned scale of the base optimizer's updates

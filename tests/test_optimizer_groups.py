@@ -289,6 +289,22 @@ def test_sophia_gets_the_loss_from_the_train_step_and_equals_optax_own(data_cach
         np.testing.assert_allclose(a, b, **CHAIN_TOLERANCE)
 
 
+def test_sophia_reports_the_share_of_clipped_coordinates_and_prodigy_its_estimate(data_cache):
+    """optimizer/sophia_clipped: at the first step the Hessian EMA is 0, so every coordinate with any momentum is
+    clipped; it falls as the EMA fills (refreshed every step here). optimizer/prodigy_d and dadapt_d: the estimate d
+    in the state, grown from d0."""
+    parts = build(tiny_overrides(data_cache, "optimizer=sophia", "optimizer.update_interval=1",
+                                 "model.head_loss=dense"))
+    shares = [float(parts.step(s)["optimizer/sophia_clipped"]) for s in range(6)]
+    assert shares[0] > 0.9 and shares[-1] < shares[0] - 0.1, shares
+    for name, key in (("prodigy", "prodigy_d"), ("dadapt_adamw", "dadapt_d")):
+        parts = build(tiny_overrides(data_cache, f"optimizer={name}"))
+        metrics = [parts.step(s) for s in range(4)]
+        (state,) = [x for x in jax.tree.leaves(parts.state.opt_state, is_leaf=lambda x: hasattr(x, "d"))
+                    if hasattr(x, "d")]
+        assert float(metrics[-1][f"optimizer/{key}"]) == float(state.d) > parts.cfg.optimizer.d0
+
+
 def test_sophia_with_the_chunked_head_is_one_config_line():
     with pytest.raises(ConfigError, match="^config: model.head_loss: sophia differentiates the loss twice"):
         load_config(["optimizer=sophia", "model.head_loss=chunked"])
