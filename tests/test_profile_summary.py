@@ -114,7 +114,8 @@ def test_a_program_loaded_from_the_cache_gets_the_hlo_holding_all_its_ops():
            ("jit_train_step", 4): {"fusion.1": 4, "fusion.7": 4, "fusion.9": 4},
            ("jit_eval_step", 5): {"fusion.1": 5, "fusion.7": 5}}
     ops = [Op("jit_train_step", 3, "fusion.1"), Op("jit_train_step", 3, "fusion.7"),
-           Op("jit_train_step", 1, "fusion.2"), Op("jit_train_step", 6, "fusion.8"), Op("jit_train_step", 5, "fusion.7")]
+           Op("jit_train_step", 1, "fusion.2"), Op("jit_train_step", 6, "fusion.8"),
+           Op("jit_train_step", 5, "fusion.7")]
     hlo[("jit_train_step", 5)] = {"fusion.1": 5}  # a program of this process under the id the loaded one carries
     programs = profile_summary.hlo_of_programs(hlo, ops)
     assert programs[("jit_train_step", 3)] is hlo[("jit_train_step", 2)]

@@ -6,8 +6,10 @@ takes that lr as an argument. The step's program is thus the same whatever the s
 agree on a step (a run and a longer one, a segment and the run it continues, a search's branch and the schedule it
 finds) compute it with the very same program. With the schedule inside, a schedule that differs only in later steps
 is a different program, which XLA:CPU compiles into different machine code (its fusions, vectorisation and fused
-multiply-adds) whose float32 results can differ in the last bit, and by how much depends on the CPU. A batch holds [grad_accum, batch, time] arrays; the step scans over the micro-batches, feeding each
-gradient to the optimizer (optax.MultiSteps sums them and updates on the last).
+multiply-adds) whose float32 results can differ in the last bit, and by how much depends on the CPU.
+
+A batch holds [grad_accum, batch, time] arrays; the step scans over the micro-batches, feeding each gradient to the
+optimizer (optax.MultiSteps sums them and updates on the last).
 
 Every target token of a step counts once, whatever the accumulation, masking or process count: the step's loss is the
 sum of its target tokens' losses divided by the step's target-token count, which is known before the scan (the
