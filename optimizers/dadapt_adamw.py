@@ -48,7 +48,9 @@ def dadapt_direction(beta1: float, beta2: float, eps: float, d0: float, growth_r
     b = math.sqrt(beta2)
 
     def init(params):
-        zeros = lambda: jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)  # noqa: E731
+        def zeros():
+            return optax.tree.zeros_like(params, jnp.float32)
+
         return DAdaptState(jnp.zeros([], jnp.int32), jnp.asarray(d0, jnp.float32), jnp.zeros([], jnp.float32),
                            zeros(), zeros(), zeros())
 

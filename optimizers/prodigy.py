@@ -49,7 +49,9 @@ def prodigy_direction(beta1: float, beta2: float, beta3: float, eps: float, d0: 
     b3 = beta3 if beta3 > 0 else math.sqrt(beta2)
 
     def init(params):
-        zeros = lambda: jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)  # noqa: E731
+        def zeros():
+            return optax.tree.zeros_like(params, jnp.float32)
+
         d = jnp.asarray(d0, jnp.float32)
         return ProdigyState(jnp.zeros([], jnp.int32), d, d, jnp.zeros([], jnp.float32), zeros(), zeros(), zeros(),
                             jax.tree.map(lambda p: p.astype(jnp.float32), params))
