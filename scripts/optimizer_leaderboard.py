@@ -5,89 +5,204 @@
     python scripts/optimizer_leaderboard.py --only adamw,lion --out /tmp/board   # a part of it
     python scripts/optimizer_leaderboard.py --summarize runs/leaderboard         # the table and plot again
 
-Each optimizer is tuned as Wen et al. (2025) insist: its learning rate on a grid around its preset (a Hydra
-multirun), then its most sensitive other knob at that lr (a second multirun), each job a full run at the same token
-budget on pystdlib; the best final `val` loss wins. The finalists (the best `--finalists`) run again with a second
-seed. Written: `<out>/leaderboard.md` and `.json` (best val nats/byte, the tuned hyper-parameters, the tokens it
-took to reach AdamW's final loss against AdamW's own, tokens/s) and `leaderboard.png` (each winner's val curve);
-with `--docs`, copies of the .md and .png in docs/.
+Each optimizer is tuned as Wen et al. (2025) insist, around its own preset (conf/optimizer/<name>.yaml): its step
+size on a grid of factor-2 steps (5 points, centred on the preset's), grown by a point past whichever edge wins until
+the best point is interior; then, at that step size, its most sensitive other knob the same way (factor-2 steps of
+the knob, or of 1 - beta for a momentum); each point a full run at the same token budget on pystdlib, seed 0, the
+lowest final `val` loss winning. The winner then runs again with seed 1, and the board ranks the mean of the two,
+with their spread, marking a gap to the next row smaller than the larger spread of the two as within noise. The
+presets' values (the board's commit) come from this table.
+
+Written: `<out>/leaderboard.md` and `.json` (per optimizer: the mean and spread over seeds, each grid's points and
+losses, whether its best is interior, the tokens it took to reach AdamW's final loss, tokens/s) and
+`leaderboard.png` (each winner's val curve); with `--docs`, copies of the .md and .png in docs/.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import subprocess
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 # The board's runs: gpt2-micro on pystdlib, context 128, batch 8 (1,024 tokens a step), no checkpoints; the budget
-# (steps) is a flag. Evaluations every quarter of the run give the curves.
+# (steps) is a flag, each preset's own schedule (its warmup and floor are fractions of the run). Evaluations every
+# quarter of the run give the curves.
 CPU_RUN = ["model=gpt2-micro", "dataset.context_size=128", "train.batch_size=8", "train.eval_iters=4",
            "checkpoint.save=false", "logging.wandb=disabled", "logging.plot=false", "logging.tensorboard=false",
-           "logging.progress=lines", "optimizer.lr_config.warmup=10"]
+           "logging.progress=lines"]
 GPU_RUN = ["model=gpt2-mini", "train.batch_size=32", "train.eval_iters=20", "checkpoint.save=false",
-           "logging.wandb=disabled", "logging.plot=false", "logging.progress=lines", "system.dtype=bfloat16",
-           "optimizer.lr_config.warmup=50"]
-LR_GRID = (1 / 3, 1.0, 3.0)  # multiples of each optimizer's centre
-# Each optimizer's lr centre (the key its step size is: the schedule's lr, or its own) and its one most sensitive
-# other knob with the values to try. None: nothing more to tune (Prodigy and D-Adaptation take the schedule's shape).
-TUNING = {  # the knob's value(s) other than the preset's (the lr grid has already run the preset's)
-    "adamw": ("optimizer.lr_config.lr", 3e-3, "optimizer.beta2", (0.99,)),
-    "adam": ("optimizer.lr_config.lr", 3e-3, "optimizer.beta2", (0.95,)),
-    "nadam": ("optimizer.lr_config.lr", 3e-3, "optimizer.beta2", (0.95,)),
-    "nadamw": ("optimizer.lr_config.lr", 3e-3, "optimizer.beta2", (0.99,)),
-    "sgdm": ("optimizer.lr_config.lr", 0.3, "optimizer.momentum", (0.95,)),
-    "rmsprop": ("optimizer.lr_config.lr", 3e-3, "optimizer.decay", (0.99,)),
-    "lion": ("optimizer.lr_config.lr", 3e-4, "optimizer.beta2", (0.95,)),
-    "signum": ("optimizer.lr_config.lr", 3e-4, "optimizer.momentum", (0.95,)),
-    "muon": ("optimizer.lr_config.lr", 2e-2, "optimizer.groups.adam.lr_multiplier", (0.3,)),
-    "adafactor": ("optimizer.lr_config.lr", 1e-2, "optimizer.decay_rate", (0.9,)),
-    "ademamix": ("optimizer.lr_config.lr", 3e-3, "optimizer.alpha", (4.0,)),
-    "mars": ("optimizer.lr_config.lr", 3e-3, "optimizer.gamma", (0.05,)),
-    "adam_mini": ("optimizer.lr_config.lr", 3e-3, "optimizer.beta2", (0.99,)),
-    "scion": ("optimizer.lr_config.lr", 3.6e-4, "optimizer.momentum", (0.95,)),  # the paper's lr for its radii
-    "soap": ("optimizer.lr_config.lr", 3e-3, None, ()),  # its knob untuned here: eigendecompositions, ~3 min a run
-    "schedule_free_adamw": ("optimizer.sf_lr", 3e-3, "optimizer.beta1", (0.95,)),
-    "schedule_free_sgd": ("optimizer.sf_lr", 0.3, "optimizer.momentum", (0.95,)),
-    "sophia": ("optimizer.lr_config.lr", 3e-3, "optimizer.gamma", (0.01,)),
-    "kron": ("optimizer.lr_config.lr", 1e-3, "optimizer.precond_lr", (0.3,)),
-    "prodigy": ("optimizer.d0", 1e-4, "optimizer.d_coef", (2.0,)),  # short runs: d0 sets how soon d is right
-    "dadapt_adamw": ("optimizer.d0", 1e-4, None, ()),
-    "cocob": ("optimizer.alpha", 100.0, None, ()),
+           "logging.wandb=disabled", "logging.plot=false", "logging.progress=lines", "system.dtype=bfloat16"]
+SEEDS = (0, 1)  # the grids run the first; the winner runs every one
+LR = "optimizer.lr_config.lr"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How an optimizer is tuned: the key of its step size, then its most sensitive other knob, stepped as `scale`
+    says: "log" (x2), "beta" (1 - value x2: a momentum or averaging constant), or "choice" (the preset's value and
+    `choices`). `sf_warmup`: the schedule-free methods' own warmup, in steps, a tenth of the run (theirs is in steps)."""
+    step: str
+    knob: str | None = None
+    scale: str = "log"
+    choices: tuple = ()
+    sf_warmup: bool = False
+
+
+PLANS = {
+    "adamw": Plan(LR, "optimizer.beta2", "beta"),
+    "adam": Plan(LR, "optimizer.beta2", "beta"),
+    "nadam": Plan(LR, "optimizer.beta2", "beta"),
+    "nadamw": Plan(LR, "optimizer.beta2", "beta"),
+    "sgdm": Plan(LR, "optimizer.momentum", "beta"),
+    "rmsprop": Plan(LR, "optimizer.decay", "beta"),
+    "lion": Plan(LR, "optimizer.beta2", "beta"),
+    "signum": Plan(LR, "optimizer.momentum", "beta"),
+    "muon": Plan(LR, "optimizer.groups.adam.lr_multiplier"),  # the embedding's and vectors' AdamW lr : Muon's
+    "adafactor": Plan(LR, "optimizer.decay_rate", "beta"),
+    "ademamix": Plan(LR, "optimizer.alpha"),
+    "mars": Plan(LR, "optimizer.gamma"),
+    "adam_mini": Plan(LR, "optimizer.beta2", "beta"),
+    "scion": Plan(LR, "optimizer.momentum", "beta"),  # its authors advise 0.5 for short runs
+    # the vocabulary's side of the embedding preconditioned (10000 >= 4,096) or not (2048), as at GPT-2's 50k
+    "soap": Plan(LR, "optimizer.max_precond_dim", "choice", (2048,)),
+    "schedule_free_adamw": Plan("optimizer.sf_lr", "optimizer.beta1", "beta", sf_warmup=True),
+    "schedule_free_sgd": Plan("optimizer.sf_lr", "optimizer.momentum", "beta", sf_warmup=True),
+    "sophia": Plan(LR, "optimizer.gamma"),
+    "kron": Plan(LR, "optimizer.max_size_triangular", "choice", (2048,)),  # triangular or diagonal vocabulary side
+    "prodigy": Plan(LR, "optimizer.d0"),  # lr multiplies Prodigy's estimate d (d_coef does the same); d0 starts d
+    "dadapt_adamw": Plan(LR, "optimizer.d0"),
+    "cocob": Plan("optimizer.alpha"),  # no step size: alpha caps the early bets
 }
+
+
+def ladder(centre: float, scale: str, k: int) -> float | None:
+    """The k-th point from the centre of a grid (None past the knob's range)."""
+    if scale == "log":
+        return centre * 2.0 ** k
+    value = 1 - (1 - centre) * 2.0 ** k  # "beta"
+    return value if 0 <= value < 1 else None
+
+
+def text(value: float) -> str:
+    return f"{value:.6g}"
+
+
+def preset_centres(names: list[str]) -> dict[str, tuple]:
+    """Each preset's step size and knob, as `python train_jax.py optimizer=<name>` composes them."""
+    from omegaconf import OmegaConf
+
+    from training.config.compose import compose_config
+
+    centres = {}
+    for name in names:
+        cfg, plan = compose_config([f"optimizer={name}"]), PLANS[name]
+        centres[name] = (OmegaConf.select(cfg, plan.step), plan.knob and OmegaConf.select(cfg, plan.knob))
+    return centres
 
 
 def sweep(out: Path, name: str, overrides: list[str]) -> dict:
     """One Hydra multirun (jobs one after another in one process: the data and compiled steps are shared); its
-    sweep.json (training/cli/sweep.py)."""
+    sweep.json (training/cli/sweep.py). A sweep already summarised in `out` is read, not run again."""
     sweep_dir = out / name
     if not (sweep_dir / "sweep.json").exists():
         command = [sys.executable, str(ROOT / "train_jax.py"), "-m", *overrides, f"hydra.sweep.dir={sweep_dir}"]
         print("$", " ".join(command[1:]), flush=True)
-        subprocess.run(command, cwd=ROOT, check=False)
+        with open(out / f"{name}.log", "w") as log:
+            subprocess.run(command, cwd=ROOT, check=False, stdout=log, stderr=subprocess.STDOUT)
     return json.loads((sweep_dir / "sweep.json").read_text())
 
 
-def best_job(summary: dict) -> dict | None:
-    return summary.get("best")
+def value_of(job: dict, key: str) -> float:
+    return float(next(o.split("=", 1)[1] for o in job["overrides"] if o.startswith(key + "=")))
 
 
-def tune(out: Path, optimizer: str, run: list[str]) -> dict | None:
-    """The optimizer's lr grid, then its knob at the best lr; the winning job's record."""
-    lr_key, centre, knob, values = TUNING[optimizer]
-    grid = ",".join(f"{centre * m:.3g}" for m in LR_GRID)
-    best = best_job(sweep(out, f"{optimizer}-lr", [f"optimizer={optimizer}", *run, f"{lr_key}={grid}"]))
-    if best is None or knob is None:
-        return best
-    lr = next(o.split("=", 1)[1] for o in best["overrides"] if o.startswith(lr_key + "="))
-    tried = sweep(out, f"{optimizer}-knob", [f"optimizer={optimizer}", *run, f"{lr_key}={lr}",
-                                              f"{knob}={','.join(map(str, values))}"]).get("best")
-    return min([j for j in (best, tried) if j is not None], key=lambda j: j["val_loss"])
+def loss_of(job: dict | None) -> float:
+    return job["val_loss"] if job and job.get("status") == "completed" and math.isfinite(job["val_loss"]) else math.inf
+
+
+def grid(out: Path, tag: str, base: list[str], key: str, centre: float, scale: str, points: int,
+         grow: int) -> dict:
+    """A grid of `key` around `centre` (`points` points), grown by a point past a winning edge up to `grow` times
+    per side. Returns {"best": job, "points": [[value, val loss], ...] in order, "edge": None when the best point is
+    interior, "range" when it is the knob's last valid value, "grid" when the growth ran out}."""
+    jobs: dict[int, dict | None] = {}
+
+    def run(ks: list[int], name: str) -> None:
+        values = {k: ladder(centre, scale, k) for k in ks}
+        summary = sweep(out, name, [*base, f"{key}={','.join(text(v) for v in values.values())}"])
+        for k, v in values.items():
+            jobs[k] = next((j for j in summary["jobs"] if math.isclose(value_of(j, key), float(text(v)))), None)
+
+    half = points // 2
+    run([k for k in range(-half, half + 1) if ladder(centre, scale, k) is not None], tag)
+    grown = {-1: 0, 1: 0}
+    while True:
+        best = min(jobs, key=lambda k: loss_of(jobs[k]))
+        side = -1 if best == min(jobs) else 1 if best == max(jobs) else 0
+        nxt = best + side
+        if side == 0 or grown[side] >= grow or ladder(centre, scale, nxt) is None or not math.isfinite(
+                loss_of(jobs[best])):
+            break
+        grown[side] += 1
+        run([nxt], f"{tag}{nxt:+d}")
+    ks = sorted(jobs)
+    edge = None if ks[0] < best < ks[-1] else "range" if ladder(centre, scale, nxt) is None else "grid"
+    return {"best": jobs[best], "points": [[ladder(centre, scale, k), loss_of(jobs[k])] for k in ks], "edge": edge}
+
+
+def choose(out: Path, tag: str, base: list[str], key: str, values: tuple) -> dict:
+    """A choice between values of `key` (the preset's is already run)."""
+    summary = sweep(out, tag, [*base, f"{key}={','.join(map(str, values))}"])
+    return {"best": summary.get("best"), "points": [[value_of(j, key), loss_of(j)] for j in summary["jobs"]],
+            "edge": None}
+
+
+def tune(out: Path, name: str, centres: tuple, run: list[str], steps: int, points: int, grow: int) -> dict | None:
+    """The optimizer's step-size grid, then its knob's at the best step size, then the winner's other seeds: its
+    record, written to `<out>/<name>.winner.json`."""
+    record_path = out / f"{name}.winner.json"
+    if record_path.exists():
+        return json.loads(record_path.read_text())
+    plan = PLANS[name]
+    centre, knob_centre = centres
+    base = [f"optimizer={name}", *run, f"train.seed={SEEDS[0]}"]
+    if plan.sf_warmup:
+        base.append(f"optimizer.sf_warmup={max(steps // 10, 1)}")
+    started = time.time()
+    step_grid = grid(out, f"{name}-step", base, plan.step, centre, "log", points, grow)
+    if step_grid["best"] is None:
+        print(f"{name}: no grid point completed; see {out}/{name}-step*.log", flush=True)
+        return None
+    best_step = f"{plan.step}={text(value_of(step_grid['best'], plan.step))}"
+    knob_grid = None
+    if plan.knob is not None:
+        at = [*base, best_step]
+        knob_grid = (choose(out, f"{name}-knob", at, plan.knob, plan.choices) if plan.scale == "choice" else
+                     grid(out, f"{name}-knob", at, plan.knob, knob_centre, plan.scale, points, grow))
+    winner = min([g["best"] for g in (step_grid, knob_grid) if g and g["best"]], key=loss_of)
+    tuned = [o for o in winner["overrides"] if o.split("=")[0] in (plan.step, plan.knob)]
+    if plan.knob is not None and not any(o.startswith(plan.knob + "=") for o in tuned):
+        tuned.append(f"{plan.knob}={knob_centre}")
+    overrides = [o for o in winner["overrides"] if not o.startswith("train.seed=")]
+    seeds = [winner] + [sweep(out, f"{name}-seed{s}", [*overrides, f"train.seed={s}"]).get("best")
+                        for s in SEEDS[1:]]
+    record = {"optimizer": name, "overrides": overrides, "tuned": tuned, "step_grid": step_grid,
+              "knob_grid": knob_grid, "seeds": [{"seed": s, "run_dir": j and j["run_dir"], "val_loss": loss_of(j)}
+                                                for s, j in zip(SEEDS, seeds)],
+              "wall_s": round(time.time() - started, 1)}
+    record_path.write_text(json.dumps(record, indent=1))
+    print(f"{name}: tuned {' '.join(tuned)} in {record['wall_s']:.0f} s", flush=True)
+    return record
 
 
 def curve(run_dir: Path) -> list[tuple[int, float, float]]:
@@ -96,37 +211,57 @@ def curve(run_dir: Path) -> list[tuple[int, float, float]]:
     return [(r["step"], r["loss"], r["nats_per_byte"]) for r in rows if r["split"] == "val"]
 
 
-def summarize(out: Path, tokens_per_step: int) -> dict:
-    """The board from the tuned jobs' records (`<out>/<optimizer>.json`): table, JSON and plot."""
-    winners = {p.stem: json.loads(p.read_text()) for p in sorted(out.glob("*.winner.json"))}
+def grid_text(g: dict | None, key: str) -> str:
+    """`key` best (of n points, e.g. 1e-4..4e-3)[, at its edge]."""
+    if g is None or g["best"] is None:
+        return ""
+    values = [v for v, _ in g["points"]]
+    best = value_of(g["best"], key)
+    note = {None: "", "range": ", its range's end", "grid": ", AT THE GRID'S EDGE"}[g["edge"]]
+    span = f"{text(min(values))}..{text(max(values))}" if len(values) > 2 else "/".join(text(v) for v in values)
+    return f"{key.removeprefix('optimizer.')}={text(best)} ({len(values)}: {span}{note})"
+
+
+def summarize(out: Path, tokens_per_step: int, steps: int) -> dict:
+    """The board from the tuned optimizers' records (`<out>/<name>.winner.json`): table, JSON and plot."""
+    records = [json.loads(p.read_text()) for p in sorted(out.glob("*.winner.json"))]
     rows = []
-    reference = winners.get("adamw.winner")
-    target = curve(Path(reference["run_dir"]))[-1][1] if reference else None
-    for key, job in winners.items():
-        name = key.removesuffix(".winner")
-        points = curve(Path(job["run_dir"]))
-        seeds = [points[-1][2]] + [curve(Path(j["run_dir"]))[-1][2] for j in job.get("seeds", [])]
-        reached = next((s for s, loss, _ in points if target is not None and loss <= target), None)
-        summary = json.loads((Path(job["run_dir"]) / "summary.json").read_text())
-        rows.append({"optimizer": name, "val_nats_per_byte": sum(seeds) / len(seeds), "seeds": len(seeds),
-                     "tuned": job.get("tuned", []),
-                     "tokens_to_adamw_final": None if reached is None else reached * tokens_per_step,
+    for r in records:
+        plan = PLANS[r["optimizer"]]
+        finals = [curve(Path(s["run_dir"]))[-1][2] for s in r["seeds"] if s["run_dir"]]
+        points = curve(Path(r["seeds"][0]["run_dir"]))
+        summary = json.loads((Path(r["seeds"][0]["run_dir"]) / "summary.json").read_text())
+        rows.append({"optimizer": r["optimizer"], "val_nats_per_byte": sum(finals) / len(finals),
+                     "spread": max(finals) - min(finals), "seeds": finals, "tuned": r["tuned"],
+                     "step": grid_text(r["step_grid"], plan.step),
+                     "knob": grid_text(r["knob_grid"], plan.knob) if plan.knob else "",
+                     "edge": r["step_grid"]["edge"] == "grid" or bool(r["knob_grid"] and
+                                                                     r["knob_grid"]["edge"] == "grid"),
                      "tokens_per_s": summary.get("tokens_per_s_median"), "curve": points})
     rows.sort(key=lambda r: r["val_nats_per_byte"])
-    adamw_tokens = next((r["tokens_to_adamw_final"] for r in rows if r["optimizer"] == "adamw"), None)
+    adamw = next((r for r in rows if r["optimizer"] == "adamw"), None)
+    target = adamw["curve"][-1][1] if adamw else None
     for r in rows:
-        r["speedup_vs_adamw"] = (adamw_tokens / r["tokens_to_adamw_final"]
-                                 if adamw_tokens and r["tokens_to_adamw_final"] else None)
+        reached = next((s for s, loss, _ in r["curve"] if target is not None and loss <= target), None)
+        r["tokens_to_adamw_final"] = None if reached is None else reached * tokens_per_step
+    for above, below in zip(rows, rows[1:]):  # within noise: the gap is below either row's spread over seeds
+        above["noise_with_next"] = below["val_nats_per_byte"] - above["val_nats_per_byte"] < max(above["spread"],
+                                                                                              below["spread"])
     (out / "leaderboard.json").write_text(json.dumps(rows, indent=1))
-    lines = ["| # | optimizer | val nats/byte | seeds | tuned | tokens to AdamW's final loss | speed-up | tokens/s |",
-             "|---|---|--:|--:|---|--:|--:|--:|"]
+    spreads = sorted(r["spread"] for r in rows)
+    lines = [f"{len(rows)} optimizers, each at its tuned values, {steps} steps of {tokens_per_step:,} tokens "
+             f"({steps * tokens_per_step:,} tokens a run); val nats/byte: the mean over seeds {', '.join(map(str, SEEDS))}"
+             f" of the final `val` loss; spread: the largest minus the smallest (median over the board "
+             f"{spreads[len(spreads) // 2]:.4f}). `~`: within noise of the next row (their gap is below the larger "
+             "spread of the two).", "",
+             "| # | optimizer | val nats/byte | spread | noise | step size (grid points: range) | knob (grid points: range) | "
+             "tokens to AdamW's final loss | tokens/s |",
+             "|---|---|--:|--:|---|---|---|--:|--:|"]
     for i, r in enumerate(rows, 1):
         tokens = "not reached" if r["tokens_to_adamw_final"] is None else f"{r['tokens_to_adamw_final']:,}"
-        speedup = "" if r["speedup_vs_adamw"] is None else f"{r['speedup_vs_adamw']:.2f}x"
         rate = "" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:,.0f}"
-        tuned = ", ".join(o.removeprefix("optimizer.") for o in r["tuned"])
-        lines.append(f"| {i} | {r['optimizer']} | {r['val_nats_per_byte']:.4f} | {r['seeds']} | {tuned} | {tokens} | "
-                     f"{speedup} | {rate} |")
+        lines.append(f"| {i} | {r['optimizer']} | {r['val_nats_per_byte']:.4f} | {r['spread']:.4f} | "
+                     f"{'~' if r.get('noise_with_next') else ''} | {r['step']} | {r['knob']} | {tokens} | {rate} |")
     (out / "leaderboard.md").write_text("\n".join(lines) + "\n")
     _plot(rows, tokens_per_step, out / "leaderboard.png")
     print("\n".join(lines))
@@ -145,7 +280,7 @@ def _plot(rows: list[dict], tokens_per_step: int, path: Path) -> None:
         ax.plot([s * tokens_per_step for s in steps], nats, marker="o", markersize=3, label=r["optimizer"])
     ax.set_xlabel("tokens")
     ax.set_ylabel("val nats/byte")
-    ax.set_title("each optimizer at its tuned hyper-parameters")
+    ax.set_title("each optimizer at its tuned hyper-parameters (seed 0)")
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -157,9 +292,11 @@ def main(argv: list[str]) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="runs/leaderboard", help="where the sweeps and the board go")
-    parser.add_argument("--only", default="", help="comma-separated optimizers (default: every one tuned here)")
+    parser.add_argument("--only", default="", help="comma-separated optimizers (default: every one with a plan)")
     parser.add_argument("--steps", type=int, default=80, help="steps of every run (the token budget)")
-    parser.add_argument("--finalists", type=int, default=4, help="how many of the best run a second seed")
+    parser.add_argument("--points", type=int, default=5, help="each grid's first points (factor-2 steps)")
+    parser.add_argument("--grow", type=int, default=2, help="points a grid may grow past each edge")
+    parser.add_argument("--parallel", type=int, default=1, help="optimizers tuned at once (each its own process)")
     parser.add_argument("--gpu", action="store_true", help="the larger board: gpt2-mini, batch 32, bfloat16")
     parser.add_argument("--summarize", metavar="OUT", help="only rebuild the table and plot of a board in OUT")
     parser.add_argument("--docs", action="store_true", help="also copy leaderboard.md and .png into docs/")
@@ -169,33 +306,18 @@ def main(argv: list[str]) -> int:
     context, batch = (256, 32) if args.gpu else (128, 8)
     tokens_per_step = context * batch
     out = Path(args.summarize or args.out)
-    if args.summarize:
-        summarize(out, tokens_per_step)
-        return 0
-    missing = [name for name in TUNING if name not in OPTIMIZERS]
-    names = [n for n in (args.only.split(",") if args.only else TUNING) if n and n not in missing]
-    unknown = [n for n in names if n not in TUNING]
-    if unknown:
-        print(f"error: --only: no tuning plan for {', '.join(unknown)}; plans exist for {', '.join(TUNING)}",
-              file=sys.stderr)
-        return 2
-    out.mkdir(parents=True, exist_ok=True)
-    for name in names:
-        winner = tune(out, name, run)
-        if winner is not None:
-            lr_key, _, knob, _ = TUNING[name]
-            winner["tuned"] = [o for o in winner["overrides"] if o.split("=")[0] in (lr_key, knob)]
-            (out / f"{name}.winner.json").write_text(json.dumps(winner, indent=1))
-    ranked = sorted((json.loads(p.read_text()) | {"name": p.name.removesuffix(".winner.json")}
-                     for p in out.glob("*.winner.json")), key=lambda j: j["val_loss"])
-    for job in ranked[:args.finalists]:  # a second seed for the finalists
-        overrides = [o for o in job["overrides"] if not o.startswith("train.seed")]
-        seed = sweep(out, f"{job['name']}-seed2", [*overrides, "train.seed=2"]).get("best")
-        if seed is not None:
-            record = json.loads((out / f"{job['name']}.winner.json").read_text())
-            record["seeds"] = [seed]
-            (out / f"{job['name']}.winner.json").write_text(json.dumps(record, indent=1))
-    summarize(out, tokens_per_step)
+    if not args.summarize:
+        names = [n for n in (args.only.split(",") if args.only else PLANS) if n]
+        unknown = [n for n in names if n not in PLANS or n not in OPTIMIZERS]
+        if unknown:
+            print(f"error: --only: no tuning plan for {', '.join(unknown)}; plans exist for {', '.join(PLANS)}",
+                  file=sys.stderr)
+            return 2
+        out.mkdir(parents=True, exist_ok=True)
+        centres = preset_centres(names)
+        with ThreadPoolExecutor(max(args.parallel, 1)) as pool:
+            list(pool.map(lambda n: tune(out, n, centres[n], run, args.steps, args.points, args.grow), names))
+    summarize(out, tokens_per_step, args.steps)
     if args.docs:
         for suffix in ("md", "png"):
             shutil.copy(out / f"leaderboard.{suffix}", ROOT / "docs" / f"optimizer_leaderboard.{suffix}")
