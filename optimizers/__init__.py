@@ -31,12 +31,12 @@ from optimizers.decay import fixed
 from optimizers.groups import build_grouped_direction, geometry_groups, lr_multipliers
 from optimizers.param_roles import BLOCK_MATRICES
 from optimizers.registry import LR_USE, OPTIMIZERS, register
-from optimizers.schedules import build_schedule
+from optimizers.schedules import build_schedule, own_warmups_in_steps
 from optimizers.wrappers import cautious
 
-__all__ = ["build_optimizer", "build_schedule", "geometry_groups", "grad_norm_of", "applied_lr_of",
-           "continue_schedule_at", "lr_schedule_of", "lr_step_of", "OPTIMIZERS", "lr_multipliers", "eval_params",
-           "register"]
+__all__ = ["build_optimizer", "build_schedule", "own_warmups_in_steps", "geometry_groups", "grad_norm_of",
+           "applied_lr_of", "continue_schedule_at", "lr_schedule_of", "lr_step_of", "OPTIMIZERS", "lr_multipliers",
+           "eval_params", "register"]
 
 
 class GradNormState(NamedTuple):

@@ -23,8 +23,9 @@ from optimizers.decay import fixed
 from optimizers.registry import register
 
 
-def warmed_up(lr: float, warmup: int) -> optax.ScalarOrSchedule:
-    """lr x min(1, t / warmup) at step count t (schedule_free counts from 1)."""
+def warmed_up(lr: float, warmup: float) -> optax.ScalarOrSchedule:
+    """lr x min(1, t / warmup) at step count t (schedule_free counts from 1). The pipeline gives `warmup` in steps
+    (optimizers/schedules.py: own_warmups_in_steps turns a fraction of the run into steps)."""
     return optax.warmup_constant_schedule(0.0, lr, warmup) if warmup > 0 else lr
 
 
@@ -40,7 +41,7 @@ def require_positive_beta1(beta1: float, name: str, key: str) -> None:
 
 
 @register("schedule_free_adamw", lr="own")
-def schedule_free_adamw(model, *, sf_lr: float, sf_warmup: int, beta1: float, beta2: float, eps: float,
+def schedule_free_adamw(model, *, sf_lr: float, sf_warmup: float, beta1: float, beta2: float, eps: float,
                         weight_decay: float, weight_lr_power: float) -> optax.GradientTransformation:
     require_positive_beta1(beta1, "schedule_free_adamw", "beta1")
     lr = warmed_up(sf_lr, sf_warmup)

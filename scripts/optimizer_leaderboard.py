@@ -50,12 +50,11 @@ LR = "optimizer.lr_config.lr"
 class Plan:
     """How an optimizer is tuned: the key of its step size, then its most sensitive other knob, stepped as `scale`
     says: "log" (x2), "beta" (1 - value x2: a momentum or averaging constant), or "choice" (the preset's value and
-    `choices`). `sf_warmup`: the schedule-free methods' own warmup, in steps, a tenth of the run (theirs is in steps)."""
+    `choices`)."""
     step: str
     knob: str | None = None
     scale: str = "log"
     choices: tuple = ()
-    sf_warmup: bool = False
 
 
 PLANS = {
@@ -75,8 +74,8 @@ PLANS = {
     "scion": Plan(LR, "optimizer.momentum", "beta"),  # its authors advise 0.5 for short runs
     # the vocabulary's side of the embedding preconditioned (10000 >= 4,096) or not (2048), as at GPT-2's 50k
     "soap": Plan(LR, "optimizer.max_precond_dim", "choice", (2048,)),
-    "schedule_free_adamw": Plan("optimizer.sf_lr", "optimizer.beta1", "beta", sf_warmup=True),
-    "schedule_free_sgd": Plan("optimizer.sf_lr", "optimizer.momentum", "beta", sf_warmup=True),
+    "schedule_free_adamw": Plan("optimizer.sf_lr", "optimizer.beta1", "beta"),
+    "schedule_free_sgd": Plan("optimizer.sf_lr", "optimizer.momentum", "beta"),
     "sophia": Plan(LR, "optimizer.gamma"),
     "kron": Plan(LR, "optimizer.max_size_triangular", "choice", (2048,)),  # triangular or diagonal vocabulary side
     "prodigy": Plan(LR, "optimizer.d0"),  # lr multiplies Prodigy's estimate d (d_coef does the same); d0 starts d
@@ -167,7 +166,7 @@ def choose(out: Path, tag: str, base: list[str], key: str, values: tuple) -> dic
             "edge": None}
 
 
-def tune(out: Path, name: str, centres: tuple, run: list[str], steps: int, points: int, grow: int) -> dict | None:
+def tune(out: Path, name: str, centres: tuple, run: list[str], points: int, grow: int) -> dict | None:
     """The optimizer's step-size grid, then its knob's at the best step size, then the winner's other seeds: its
     record, written to `<out>/<name>.winner.json`."""
     record_path = out / f"{name}.winner.json"
@@ -176,8 +175,6 @@ def tune(out: Path, name: str, centres: tuple, run: list[str], steps: int, point
     plan = PLANS[name]
     centre, knob_centre = centres
     base = [f"optimizer={name}", *run, f"train.seed={SEEDS[0]}"]
-    if plan.sf_warmup:
-        base.append(f"optimizer.sf_warmup={max(steps // 10, 1)}")
     started = time.time()
     step_grid = grid(out, f"{name}-step", base, plan.step, centre, "log", points, grow)
     if step_grid["best"] is None:
@@ -249,13 +246,14 @@ def summarize(out: Path, tokens_per_step: int, steps: int) -> dict:
                                                                                               below["spread"])
     (out / "leaderboard.json").write_text(json.dumps(rows, indent=1))
     spreads = sorted(r["spread"] for r in rows)
+    seeds = ", ".join(map(str, SEEDS))
     lines = [f"{len(rows)} optimizers, each at its tuned values, {steps} steps of {tokens_per_step:,} tokens "
-             f"({steps * tokens_per_step:,} tokens a run); val nats/byte: the mean over seeds {', '.join(map(str, SEEDS))}"
-             f" of the final `val` loss; spread: the largest minus the smallest (median over the board "
+             f"({steps * tokens_per_step:,} tokens a run); val nats/byte: the mean over seeds {seeds} of the final "
+             "`val` loss; spread: the largest minus the smallest (median over the board "
              f"{spreads[len(spreads) // 2]:.4f}). `~`: within noise of the next row (their gap is below the larger "
              "spread of the two).", "",
-             "| # | optimizer | val nats/byte | spread | noise | step size (grid points: range) | knob (grid points: range) | "
-             "tokens to AdamW's final loss | tokens/s |",
+             "| # | optimizer | val nats/byte | spread | noise | step size (grid points: range) | "
+             "knob (grid points: range) | tokens to AdamW's final loss | tokens/s |",
              "|---|---|--:|--:|---|---|---|--:|--:|"]
     for i, r in enumerate(rows, 1):
         tokens = "not reached" if r["tokens_to_adamw_final"] is None else f"{r['tokens_to_adamw_final']:,}"
@@ -316,7 +314,7 @@ def main(argv: list[str]) -> int:
         out.mkdir(parents=True, exist_ok=True)
         centres = preset_centres(names)
         with ThreadPoolExecutor(max(args.parallel, 1)) as pool:
-            list(pool.map(lambda n: tune(out, n, centres[n], run, args.steps, args.points, args.grow), names))
+            list(pool.map(lambda n: tune(out, n, centres[n], run, args.points, args.grow), names))
     summarize(out, tokens_per_step, args.steps)
     if args.docs:
         for suffix in ("md", "png"):

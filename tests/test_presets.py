@@ -2,13 +2,17 @@
 optimizer value), the step size it names is the one the optimizer applies, and at its own settings it lowers
 gpt2-tiny's loss in a short run of the pipeline's step."""
 
+import dataclasses
+
+import equinox as eqx
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import yaml
 
 from helpers import ROOT, build, tiny_overrides
-from optimizers import lr_schedule_of
+from optimizers import build_optimizer, lr_schedule_of, own_warmups_in_steps
 from optimizers.registry import LR_USE
 from training.config import load_config
 
@@ -62,3 +66,25 @@ def test_each_preset_applies_its_schedule_and_lowers_the_loss(name, data_cache):
     losses = [float(m["loss"]) for m in metrics]
     # the last three steps' mean well below the first step's (5.4: a byte model at init); noise between batches ~0.1
     assert np.mean(losses[-3:]) < losses[0] - 0.3, losses
+
+
+def test_the_schedule_free_warmup_is_a_fraction_of_the_run_like_every_presets(data_cache):
+    """sf_warmup (the warmup schedule-free runs inside itself) below 1 is a fraction of the run, as lr_config.warmup:
+    the pipeline's optimizer with sf_warmup 0.5 of 20 steps steps exactly as one built with sf_warmup 10, and not as
+    one built with the fraction read as steps (full lr from the first step)."""
+    parts = build(tiny_overrides(data_cache, "optimizer=schedule_free_adamw", "train.max_steps=20",
+                                 "optimizer.sf_warmup=0.5"))
+    assert parts.cfg.optimizer.sf_warmup == 0.5
+    assert own_warmups_in_steps(parts.cfg.optimizer, 20).sf_warmup == 10
+    assert own_warmups_in_steps(dataclasses.replace(parts.cfg.optimizer, sf_warmup=7), 20).sf_warmup == 7
+    params = eqx.filter(parts.state.model, eqx.is_array)
+    grads = jax.tree.map(lambda p: jnp.full_like(p, 0.1), params)
+
+    def first_updates(optimizer):
+        return jax.tree.leaves(optimizer.update(grads, optimizer.init(params), params, lr=jnp.float32(1.0))[0])
+
+    ours = first_updates(parts.optimizer)
+    for sf_warmup, same in ((10, True), (0.5, False)):
+        other = build_optimizer(dataclasses.replace(parts.cfg.optimizer, sf_warmup=sf_warmup), parts.schedule,
+                                parts.state.model, 1)
+        assert all(np.array_equal(a, b) for a, b in zip(ours, first_updates(other))) == same, sf_warmup

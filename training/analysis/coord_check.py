@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from models.gpt import GPT, GPTConfig
-from optimizers import build_optimizer, build_schedule
+from optimizers import build_optimizer, build_schedule, own_warmups_in_steps
 from training.config import load_config
 from training.step.losses import mean_loss
 
@@ -65,7 +65,8 @@ def coord_check(widths: list[int], parametrization: str, steps: int = 4, lr: flo
         model = GPT.init(cfg, jax.random.PRNGKey(seed))
         run = load_config([f"optimizer={optimizer}", "optimizer/lr_config=constant", f"optimizer.lr_config.lr={lr}",
                            "optimizer.lr_config.warmup=0", "optimizer.grad_clip=0"], num_local_devices=1)
-        opt = build_optimizer(run.optimizer, build_schedule(run.optimizer.lr_config, steps), model, 1)
+        schedule = build_schedule(run.optimizer.lr_config, steps)
+        opt = build_optimizer(own_warmups_in_steps(run.optimizer, steps), schedule, model, 1)
         state = opt.init(eqx.filter(model, eqx.is_array))
 
         @eqx.filter_jit

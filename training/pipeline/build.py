@@ -24,7 +24,8 @@ from data.sources import MixtureCorpus, TextCorpus
 from data.tokenizers import Tokenizer, build_tokenizer, tokenizer_from_json
 from models import MODEL_BUILDERS
 from models.gpt import GPT
-from optimizers import build_optimizer, build_schedule, geometry_groups, lr_multipliers, lr_schedule_of
+from optimizers import (build_optimizer, build_schedule, geometry_groups, lr_multipliers, lr_schedule_of,
+                        own_warmups_in_steps)
 from training import config as config_lib
 from training.checkpoints.resume import Source
 from training.config import Config
@@ -72,7 +73,8 @@ def init_scheduler(cfg: Config) -> optax.Schedule:
 
 
 def init_optimizer(cfg: Config, schedule: optax.Schedule, model: GPT) -> optax.GradientTransformation:
-    return build_optimizer(cfg.optimizer, schedule, model, cfg.train.grad_accum_steps)
+    optimizer_cfg = own_warmups_in_steps(cfg.optimizer, config_lib.schedule_steps(cfg))
+    return build_optimizer(optimizer_cfg, schedule, model, cfg.train.grad_accum_steps)
 
 
 EvalStep = Callable[[GPT, dict[str, jax.Array]], tuple[jax.Array, jax.Array, jax.Array]]
