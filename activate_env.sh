@@ -1,14 +1,18 @@
 # Source me: `source activate_env.sh` (training), or `source activate_env.sh test` (training + the test extras).
-# Puts the project's Python environment on PATH.
+# Puts the project's Python environment on PATH, with this checkout installed in it (editable: `pip install -e .`,
+# without dependencies, the pins below being installed first), so that `import models, training, ...` and the
+# scripts work from any directory.
 #
 # What each set installs (pinned):
 #   training  requirements.txt: JAX, Equinox, optax, Orbax, Hydra, datasets, tokenizers, wandb, TensorBoard, ...
 #   test      requirements-test.txt: the above + torch's CPU wheel and transformers (Hugging Face interop tests),
 #             the Hydra launcher/sweeper plugins, lm-eval, pytest and its plugins
 #
-# - If .venv exists, activate it, and install the set when its requirement files changed since it was installed.
+# - If .venv exists, activate it, and install the set when its requirement files (or pyproject.toml) changed since
+#   it was installed.
 # - Else, if the current Python already has every package the set needs (e.g. a GPU image with jax preinstalled and
-#   no internet), use it as it is and install nothing. Found, not imported: importing them all took 6-10 s on 2 cores.
+#   no internet), use it as it is: nothing installed but this checkout, and only if that Python has no gpt-jax yet.
+#   Found, not imported: importing them all took 6-10 s on 2 cores.
 # - Else create .venv and install the set (PyPI only).
 # Set PYTHON to choose the interpreter that creates .venv (default: python3, 3.11 or newer).
 
@@ -24,7 +28,13 @@ else
     _gpt_set=training
 fi
 _gpt_stamp="$_gpt_root/.venv/.requirements-$_gpt_set.sha256"
-_gpt_want="$(cd "$_gpt_root" && cat $_gpt_files | sha256sum | cut -d' ' -f1)"
+_gpt_want="$(cd "$_gpt_root" && cat $_gpt_files pyproject.toml | sha256sum | cut -d' ' -f1)"
+
+_gpt_install_project() {  # this checkout, editable, without dependencies; offline (no build isolation)
+    python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e "$_gpt_root" 2>&1 \
+        | grep -v "^WARNING: Location" >&2
+    return "${PIPESTATUS[0]}"
+}
 
 _gpt_install() {
     local file=requirements.txt
@@ -33,8 +43,9 @@ _gpt_install() {
     python -m pip install --quiet --disable-pip-version-check -r "$_gpt_root/$file" 2>&1 \
         | grep -v "^WARNING: Location" >&2
     local rc=${PIPESTATUS[0]}
-    [ "$rc" -eq 0 ] && echo "$_gpt_want" > "$_gpt_stamp"
-    return "$rc"
+    [ "$rc" -eq 0 ] || return "$rc"
+    _gpt_install_project || return 1
+    echo "$_gpt_want" > "$_gpt_stamp"
 }
 
 if [ -x "$_gpt_root/.venv/bin/python" ]; then
@@ -44,11 +55,22 @@ if [ -x "$_gpt_root/.venv/bin/python" ]; then
     fi
 elif "${PYTHON:-python3}" -c 'import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in sys.argv[1:]))' \
         $_gpt_modules 2>/dev/null; then
-    echo "activate_env: using $(command -v "${PYTHON:-python3}") (it has every package of the set; nothing installed)" >&2
+    _gpt_python="$(command -v "${PYTHON:-python3}")"
+    if "$_gpt_python" -c 'import importlib.metadata as m; m.distribution("gpt-jax")' 2>/dev/null; then
+        echo "activate_env: using $_gpt_python (it has every package of the set; nothing installed)" >&2
+    else
+        echo "activate_env: using $_gpt_python (it has every package of the set); installing this checkout into it" >&2
+        "$_gpt_python" -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation \
+            -e "$_gpt_root" >&2 || {
+            echo "activate_env: pip could not install $_gpt_root into $_gpt_python; make a .venv instead:" \
+                "$_gpt_python -m venv $_gpt_root/.venv" >&2
+            return 1 2>/dev/null || exit 1
+        }
+    fi
 else
     "${PYTHON:-python3}" -m venv "$_gpt_root/.venv" || return 1 2>/dev/null || exit 1
     source "$_gpt_root/.venv/bin/activate"
     _gpt_install || return 1 2>/dev/null || exit 1
 fi
-export PYTHONPATH="$_gpt_root${PYTHONPATH:+:$PYTHONPATH}"
-unset _gpt_modules _gpt_stamp _gpt_want _gpt_files _gpt_set
+unset -f _gpt_install _gpt_install_project
+unset _gpt_modules _gpt_stamp _gpt_want _gpt_files _gpt_set _gpt_python

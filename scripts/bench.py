@@ -20,18 +20,16 @@ import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import jax  # noqa: E402
+import jax
 
-from core.errors import PipelineError, say  # noqa: E402
-from training.pipeline.build import build, init_model, init_optimizer, init_scheduler  # noqa: E402
-from models.gpt import count_params  # noqa: E402
-from training import config as config_lib  # noqa: E402
-from training.reporting.flops import MFU_FORMULA, flops_per_token, mfu, peak_flops  # noqa: E402
-from training.distributed.sharding import put_batch  # noqa: E402
+from core.errors import PipelineError, say
+from training.pipeline.build import build, init_model, init_optimizer, init_scheduler
+from models.gpt import count_params
+from training import config as config_lib
+from training.reporting.flops import MFU_FORMULA, flops_per_token, mfu, peak_flops
+from training.distributed.sharding import put_batch
 
 
 def bench(overrides: list[str], steps: int, warmup: int) -> dict:

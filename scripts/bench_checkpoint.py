@@ -18,18 +18,17 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import equinox as eqx  # noqa: E402
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
+import equinox as eqx
+import jax
+import jax.numpy as jnp
 
-from training.pipeline.build import init_model, init_optimizer, init_scheduler  # noqa: E402
-from models.gpt import count_params  # noqa: E402
-from training import config as config_lib  # noqa: E402
-from training.checkpoints.checkpointer import Checkpointer  # noqa: E402
-from training.distributed.sharding import init_mesh  # noqa: E402
-from training.step.state import place_state  # noqa: E402
+from training.pipeline.build import init_model, init_optimizer, init_scheduler
+from models.gpt import count_params
+from training import config as config_lib
+from training.checkpoints.checkpointer import Checkpointer
+from training.distributed.sharding import init_mesh
+from training.step.state import place_state
 
 
 def main(argv: list[str]) -> int:

@@ -79,9 +79,9 @@ def run_once(checkout: Path, corpus: Path, cache: Path, run_dir: Path, tokenizer
            "train.max_steps=2", "optimizer.lr_config.warmup=0", "train.batch_size=4", "train.eval_interval=1000",
            "train.eval_iters=1", "checkpoint.save=false", f"logging.run_dir={run_dir}", "logging.tensorboard=false",
            "logging.wandb=disabled"]
-    env = dict(os.environ, PYTHONPATH=str(checkout))
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=checkout, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # `python -c` puts the working directory first on sys.path: the checkout's modules, whatever is installed
+    proc = subprocess.Popen(cmd, cwd=checkout, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     marks: dict[str, float] = {}
     lines = []
     for line in proc.stdout:
@@ -108,7 +108,6 @@ def store_tokens(cache: Path) -> int | None:
 def encode_batch_rate(corpus: Path, cache: Path, tokenizer: str, limit: int = 64 << 20) -> float:
     """Tokens/s of the tokenizer's own encode_batch over the corpus's first `limit` bytes (in this process; the
     BPE is the one the runs trained)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from data.tokenizers import ByteTokenizer, tokenizer_from_json
 
     texts, size = [], 0

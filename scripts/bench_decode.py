@@ -10,16 +10,14 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import jax  # noqa: E402
+import jax
 
-from models import MODEL_BUILDERS  # noqa: E402
-from models.decode import generate  # noqa: E402
-from models.sampling import generate_no_cache  # noqa: E402
-from training import config as config_lib  # noqa: E402
+from models import MODEL_BUILDERS
+from models.decode import generate
+from models.sampling import generate_no_cache
+from training import config as config_lib
 
 
 def main(argv: list[str]) -> None:

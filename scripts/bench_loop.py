@@ -40,7 +40,6 @@ def one_run(overrides: list[str], log_interval: int, steps: int, processes: int,
                 "logging.wandb=disabled", "logging.tensorboard=false", "logging.progress=lines",
                 f"logging.run_dir={run_dir}"]
         env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-        env["PYTHONPATH"] = str(ROOT)
         if processes > 1:
             port = free_port()
             args += [f"system.num_processes={processes}", f"system.coordinator_address=127.0.0.1:{port}",

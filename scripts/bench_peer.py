@@ -43,7 +43,6 @@ VOCAB = 50257  # GPT-2's tokens; both models pad their embedding to 50,304 rows
 PALM_ATTENTION_FLOPS = 12  # training/reporting/flops.py's palm `a` in 6N + a·L·C·T (that module imports JAX; here none)
 SIDES = ("ours", "nanogpt")
 
-sys.path.insert(0, str(ROOT))
 
 
 class BenchError(Exception):
@@ -194,8 +193,12 @@ def nanogpt(args: argparse.Namespace, commands: TextIO, replies: TextIO) -> None
 
     import torch
 
-    sys.path.insert(0, str(Path(args.nanogpt).expanduser().resolve()))
-    from model import GPT, GPTConfig  # nanoGPT's, from the user's checkout
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("model", Path(args.nanogpt).expanduser().resolve() / "model.py")
+    model = importlib.util.module_from_spec(spec)  # nanoGPT's model.py, from the user's checkout
+    spec.loader.exec_module(model)
+    GPT, GPTConfig = model.GPT, model.GPTConfig
 
     shape = json.loads(args.shape)
     cuda = args.device == "gpu"

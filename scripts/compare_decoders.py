@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 from training.reporting.summary import TRAIN, latest_per_step, read_metrics  # noqa: E402
 

@@ -15,9 +15,8 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from training.reporting.compare import find_runs, write_comparison  # noqa: E402
+from training.reporting.compare import find_runs, write_comparison
 
 
 def main(argv: list[str]) -> int:

@@ -14,9 +14,8 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from training.analysis.coord_check import coord_check, growth, write_json  # noqa: E402
+from training.analysis.coord_check import coord_check, growth, write_json
 
 
 def plot(results: list[dict], out: Path) -> None:

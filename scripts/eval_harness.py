@@ -20,16 +20,15 @@ import shlex
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from core.errors import ConfigError, PipelineError, say  # noqa: E402
-from core.files import write_atomic  # noqa: E402
-from training.checkpoints.checkpointer import find_checkpoint_dir  # noqa: E402
-from training.evaluation.harness import evaluate_tasks, harness_lm, import_lm_eval  # noqa: E402
-from training.step.precision import cast_floating  # noqa: E402
-from training.step.precision import COMPUTE_DTYPES  # noqa: E402
-from training.checkpoints.storage import check_writable  # noqa: E402
-from training.checkpoints.trained import Trained, add_checkpoint_arguments, load_trained  # noqa: E402
+from core.errors import ConfigError, PipelineError, say
+from core.files import write_atomic
+from training.checkpoints.checkpointer import find_checkpoint_dir
+from training.evaluation.harness import evaluate_tasks, harness_lm, import_lm_eval
+from training.step.precision import cast_floating
+from training.step.precision import COMPUTE_DTYPES
+from training.checkpoints.storage import check_writable
+from training.checkpoints.trained import Trained, add_checkpoint_arguments, load_trained
 
 
 def main(argv: list[str]) -> int:

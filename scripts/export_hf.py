@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from core.errors import PipelineError, say  # noqa: E402
-from models.hf import ARCHITECTURES, export_hf  # noqa: E402
-from training.checkpoints.trained import add_checkpoint_arguments, load_trained  # noqa: E402
+from core.errors import PipelineError, say
+from models.hf import ARCHITECTURES, export_hf
+from training.checkpoints.trained import add_checkpoint_arguments, load_trained
 
 
 def main(argv: list[str]) -> int:

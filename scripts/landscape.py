@@ -27,9 +27,8 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from core.errors import CheckpointError, PipelineError, say  # noqa: E402
+from core.errors import CheckpointError, PipelineError, say
 
 
 def main(argv: list[str]) -> int:

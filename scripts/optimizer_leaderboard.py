@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 # The board's runs: gpt2-micro on pystdlib, context 128, batch 8 (1,024 tokens a step), no checkpoints; the budget
 # (steps) is a flag, each preset's own schedule (its warmup and floor are fractions of the run). Evaluations every

@@ -13,9 +13,8 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from training.reporting.summary import latest_per_step, read_metrics  # noqa: E402
+from training.reporting.summary import latest_per_step, read_metrics
 
 
 def series(rows: list[dict], name: str) -> tuple[list[int], list[float]]:

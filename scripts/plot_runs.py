@@ -9,9 +9,8 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from training.reporting.summary import plot_runs  # noqa: E402
+from training.reporting.summary import plot_runs
 
 
 def main(argv: list[str]) -> int:

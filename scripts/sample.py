@@ -19,11 +19,10 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from core.errors import DataError, PipelineError, say  # noqa: E402
-from models.decode import generate  # noqa: E402
-from training.checkpoints.trained import Trained, add_checkpoint_arguments, load_trained  # noqa: E402
+from core.errors import DataError, PipelineError, say
+from models.decode import generate
+from training.checkpoints.trained import Trained, add_checkpoint_arguments, load_trained
 
 
 def main(argv: list[str]) -> int:

@@ -28,7 +28,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 from training.reporting.summary import finite_number, latest_per_step, read_metrics  # noqa: E402
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import subprocess
 import sys
@@ -32,10 +31,9 @@ def tiny(workdir: Path, steps: int, save_every: int) -> list[str]:
 
 
 def start(args: list[str], log: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with open(log, "a") as out:
         return subprocess.Popen([sys.executable, str(ROOT / "train_jax.py"), *args], stdout=out,
-                                stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+                                stderr=subprocess.STDOUT, cwd=ROOT)
 
 
 def logged(run_dir: Path) -> list[dict]:

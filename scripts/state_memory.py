@@ -15,14 +15,12 @@ import argparse
 import json
 import os
 import sys
-from pathlib import Path
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 parser.add_argument("--devices", type=int, default=8)
 parser.add_argument("--vocab", type=int, default=50257)
 args, overrides = parser.parse_known_args()
 os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={args.devices}"
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import equinox as eqx  # noqa: E402
 import jax  # noqa: E402

@@ -89,7 +89,7 @@ def test_check_env_names_what_is_missing_in_one_line_and_exits_1(monkeypatch, ca
         "(ModuleNotFoundError: No module named 'no_such_extra'). Run `source activate_env.sh test`"]
 
 
-ENV_FILES = ("activate_env.sh", "requirements.txt", "requirements-test.txt", "requirements-eval.txt")
+ENV_FILES = ("activate_env.sh", "pyproject.toml", "requirements.txt", "requirements-test.txt", "requirements-eval.txt")
 
 
 # A package hidden from a Python: the first finder on its meta path refuses it (importlib.util.find_spec included).
@@ -109,7 +109,8 @@ sys.meta_path.insert(0, Hide())
 def _activate(tmp_path, which: str, env: dict) -> subprocess.CompletedProcess:
     for name in ENV_FILES:
         shutil.copy(ROOT / name, tmp_path / name)
-    proc = spawn(["bash", "-c", f'source activate_env.sh {which} && echo "PYTHONPATH=$PYTHONPATH"'], cwd=tmp_path,
+    proc = spawn(["bash", "-c", f'source activate_env.sh {which} && echo "PYTHONPATH=$PYTHONPATH" && '
+                  'python -c "import training, models; print(training.__name__, models.__name__)"'], cwd=tmp_path,
                  env={"PYTHON": sys.executable, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return communicate(proc, timeout=120)
 
@@ -117,9 +118,10 @@ def _activate(tmp_path, which: str, env: dict) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("which,hidden", [("", "torch"), ("test", None)], ids=["training without torch", "test"])
 def test_activate_env_uses_a_python_that_already_has_everything(which, hidden, tmp_path):
     """No .venv and a Python that has every package of the set (a GPU image, say): activate_env.sh uses it as it
-    is, installs nothing, creates nothing, and puts the checkout on PYTHONPATH. Training's set asks for neither torch
-    nor the test tools (here hidden from that Python: neither found nor importable)."""
-    env = {}
+    is: it installs nothing (the project is already installed in it), creates nothing and sets no PYTHONPATH, and
+    the project's packages import. Training's set asks for neither torch nor the test tools (here hidden from that
+    Python: neither found nor importable)."""
+    env = {"PYTHONPATH": None}  # the project imports as installed, not from a path the tests set
     if hidden:
         (tmp_path / "hide").mkdir()
         (tmp_path / "hide" / "sitecustomize.py").write_text(HIDE.format(hidden=hidden))
@@ -128,5 +130,5 @@ def test_activate_env_uses_a_python_that_already_has_everything(which, hidden, t
     assert result.returncode == 0, result.stderr
     assert result.stderr.strip() == (f"activate_env: using {sys.executable} (it has every package of the set; nothing "
                                       "installed)")
-    assert result.stdout.strip().split("=", 1)[1].split(":")[0] == str(tmp_path)
+    assert result.stdout.split() == [f"PYTHONPATH={env['PYTHONPATH'] or ''}", "training", "models"]
     assert sorted(p.name for p in tmp_path.iterdir() if p.name != "hide") == sorted(ENV_FILES)  # no .venv
