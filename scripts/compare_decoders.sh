@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPT-2 against the modern decoders at (near) equal parameters and equal tokens on pystdlib (README "Modern decoders"):
+# GPT-2 against the modern decoders at (near) equal parameters and equal tokens on pystdlib (docs/models.md):
 # gpt2-mini and llama-mini with AdamW, and the speedrun's modern GPT at gpt2-mini's shape with Muon, two seeds each
 # (one Hydra multirun per model, in $DECODERS_OUT/<model>/, default runs/decoders); then scripts/compare_decoders.py
 # writes the table and the plot (val nats/byte at the token budget and at the same training time) to docs/decoders.*.

@@ -5,7 +5,7 @@
 #   PORT=23456 bash scripts/launch_multihost.sh 2 system.cpu_devices_per_process=2 train.batch_size=8
 #
 # Process 0 coordinates on 127.0.0.1:$PORT and is the only one that prints and logs. If any process fails, the
-# others are stopped and the script exits with that process's status. For several machines, see the README.
+# others are stopped and the script exits with that process's status. For several machines, see docs/scaling.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source activate_env.sh

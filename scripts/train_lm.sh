@@ -29,7 +29,7 @@ echo "environment ready in $((SECONDS - t0)) s"
 run_dir="runs/train_lm-$(date +%Y%m%d-%H%M%S)"
 t1=$SECONDS
 # gpt2-micro (4 layers x 256) sees ~2.4x the tokens gpt2-mini would in the same minutes on 2 CPU cores, and ends
-# lower (README, "Set-up"). The time limit is a safety net on slower machines: the run then evaluates, checkpoints
+# lower (docs/installation.md). The time limit is a safety net on slower machines: the run then evaluates, checkpoints
 # and stops.
 python train_jax.py model=gpt2-micro train.max_steps=320 train.eval_interval=160 \
     optimizer.lr_config.lr=3e-3 optimizer.lr_config.warmup=20 \

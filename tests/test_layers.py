@@ -1,7 +1,7 @@
-"""Layers look down only (the project's design rule, README "Layout"): scripts -> train_jax.py -> training/ ->
-data/, models/, optimizers/ -> core/, and no module imports one that imports it back, directly or through others.
-Inside training/ the same holds between its sub-packages (SUBPACKAGE_RANKS), and training/ itself holds no module but
-its face (__init__.py).
+"""Layers look down only (the project's design rule, docs/ARCHITECTURE.md "Layers"): scripts -> train_jax.py ->
+training/ -> data/, models/, optimizers/ -> core/, and no module imports one that imports it back, directly or
+through others. Inside training/ the same holds between its sub-packages (SUBPACKAGE_RANKS), and training/ itself
+holds no module but its face (__init__.py).
 
 The graph is read from the source with `ast`: every import statement counts, at the top of a file or inside a
 function (a lazy import still makes the two modules depend on each other), and only the project's own modules are

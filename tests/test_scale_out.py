@@ -176,7 +176,7 @@ def launch(n: int, args: list[str], timeout: float = 240) -> list[subprocess.Com
 
 
 def launch_script(n: int, args: list[str], timeout: float = 240) -> subprocess.CompletedProcess:
-    """scripts/launch_multihost.sh with `n` processes (their output together), as the README tells a user to run it;
+    """scripts/launch_multihost.sh with `n` processes (their output together), as docs/scaling.md says to run it;
     its activate_env.sh takes the checkout's .venv, or this Python when there is none."""
     here = str(Path(sys.executable).parent)
     proc = spawn(["bash", str(ROOT / "scripts" / "launch_multihost.sh"), str(n), *args, "system.num_devices=null",
