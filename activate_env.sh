@@ -15,6 +15,8 @@
 #   Found, not imported: importing them all took 6-10 s on 2 cores.
 # - Else create .venv and install the set (PyPI only).
 # Set PYTHON to choose the interpreter that creates .venv (default: python3, 3.11 or newer).
+# On a machine where `nvidia-smi -L` lists a GPU, the set also installs requirements-gpu.txt (JAX's CUDA 12 build at
+# the same pin); GPT_JAX_CUDA=1 asks for it anyway, GPT_JAX_CUDA=0 never. `python check_env.py` names the backend.
 
 _gpt_root="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 _gpt_modules='jax equinox optax orbax.checkpoint chex hydra datasets tokenizers tiktoken wandb tensorboardX tqdm dotenv music21 mido matplotlib safetensors'
@@ -27,8 +29,13 @@ if [ "${1:-}" = "test" ]; then
 else
     _gpt_set=training
 fi
+_gpt_cuda="${GPT_JAX_CUDA:-}"
+if [ -z "$_gpt_cuda" ]; then
+    _gpt_cuda=0
+    command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q "^GPU " && _gpt_cuda=1
+fi
 _gpt_stamp="$_gpt_root/.venv/.requirements-$_gpt_set.sha256"
-_gpt_want="$(cd "$_gpt_root" && cat $_gpt_files pyproject.toml | sha256sum | cut -d' ' -f1)"
+_gpt_want="$(cd "$_gpt_root" && { cat $_gpt_files pyproject.toml; echo "cuda=$_gpt_cuda"; } | sha256sum | cut -d' ' -f1)"
 
 _gpt_install_project() {  # this checkout, editable, without dependencies; offline (no build isolation)
     python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e "$_gpt_root" 2>&1 \
@@ -39,8 +46,10 @@ _gpt_install_project() {  # this checkout, editable, without dependencies; offli
 _gpt_install() {
     local file=requirements.txt
     [ "$_gpt_set" = test ] && file=requirements-test.txt
+    local files=(-r "$_gpt_root/$file")
+    [ "$_gpt_cuda" = 1 ] && files+=(-r "$_gpt_root/requirements-gpu.txt") && file="$file + requirements-gpu.txt"
     echo "activate_env: installing the pinned $_gpt_set requirements ($file) into $_gpt_root/.venv ..." >&2
-    python -m pip install --quiet --disable-pip-version-check -r "$_gpt_root/$file" 2>&1 \
+    python -m pip install --quiet --disable-pip-version-check "${files[@]}" 2>&1 \
         | grep -v "^WARNING: Location" >&2
     local rc=${PIPESTATUS[0]}
     [ "$rc" -eq 0 ] || return "$rc"
@@ -73,4 +82,4 @@ else
     _gpt_install || return 1 2>/dev/null || exit 1
 fi
 unset -f _gpt_install _gpt_install_project
-unset _gpt_modules _gpt_stamp _gpt_want _gpt_files _gpt_set _gpt_python
+unset _gpt_modules _gpt_stamp _gpt_want _gpt_files _gpt_set _gpt_python _gpt_cuda

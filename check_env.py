@@ -5,7 +5,8 @@
 
 Packages are found (importlib's `find_spec`), not imported: importing all of them took 15 s on 2 CPU cores (torch,
 optuna and tensorboardX's torch import alone 10 s) before every `scripts/test.sh`, whose tests import each anyway.
-Only JAX is imported, for the backend and devices.
+Only JAX is imported, for the backend and devices. Where `nvidia-smi -L` lists a GPU but JAX's backend is the CPU
+(the CPU build of jaxlib installed), a one-line warning says how to get the CUDA build.
 """
 
 from __future__ import annotations
@@ -54,7 +55,26 @@ def main(argv: list[str]) -> int:
     print(f"backend       {jax.default_backend()}")
     print(f"devices       {len(devices)} ({', '.join(kinds)}), {jax.local_device_count()} local, "
           f"process {jax.process_index()} of {jax.process_count()}")
+    gpus = nvidia_gpus()
+    if gpus and jax.default_backend() == "cpu":
+        print(f"warning: {len(gpus)} NVIDIA GPU(s) here ({gpus[0]}) but JAX runs on the CPU: install JAX's CUDA build "
+              "(rm -rf .venv && source activate_env.sh, which detects the GPU; or pip install -e '.[gpu]')",
+              file=sys.stderr)
     return 0
+
+
+def nvidia_gpus() -> list[str]:
+    """The NVIDIA GPUs `nvidia-smi -L` lists (none where it is missing or fails)."""
+    import shutil
+    import subprocess
+
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.split(" (UUID")[0] for line in listed.splitlines() if line.startswith("GPU ")]
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ test_harness.py.)"""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -87,6 +88,22 @@ def test_check_env_names_what_is_missing_in_one_line_and_exits_1(monkeypatch, ca
     assert capsys.readouterr().err.splitlines() == [
         "error: missing packages: jax (ImportError: No module named 'jax_is_gone'); no-such-extra "
         "(ModuleNotFoundError: No module named 'no_such_extra'). Run `source activate_env.sh test`"]
+
+
+def test_check_env_warns_in_one_line_when_a_gpu_is_here_but_jax_runs_on_the_cpu(tmp_path, monkeypatch, capsys):
+    """An `nvidia-smi` on PATH that lists a GPU (a stand-in printing what the real one prints) while JAX's backend
+    is the CPU: one warning line on stderr saying how to get the CUDA build; exit 0. Without it, no warning."""
+    import check_env
+
+    assert check_env.main([]) == 0 and "warning" not in capsys.readouterr().err  # no nvidia-smi on this machine
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text('#!/bin/sh\necho "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0a1b2c3d)"\n')
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    assert check_env.main([]) == 0
+    assert capsys.readouterr().err.splitlines() == [
+        "warning: 1 NVIDIA GPU(s) here (GPU 0: NVIDIA H100 80GB HBM3) but JAX runs on the CPU: install JAX's CUDA build"
+        " (rm -rf .venv && source activate_env.sh, which detects the GPU; or pip install -e '.[gpu]')"]
 
 
 ENV_FILES = ("activate_env.sh", "pyproject.toml", "requirements.txt", "requirements-test.txt", "requirements-eval.txt")
