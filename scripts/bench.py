@@ -21,15 +21,14 @@ import statistics
 import sys
 import time
 
-
 import jax
 
 from core.errors import PipelineError, say
-from training.pipeline.build import build, init_model, init_optimizer, init_scheduler
 from models.gpt import count_params
 from training import config as config_lib
-from training.reporting.flops import MFU_FORMULA, flops_per_token, mfu, peak_flops
 from training.distributed.sharding import put_batch
+from training.pipeline.build import build, init_model, init_optimizer, init_scheduler
+from training.reporting.flops import MFU_FORMULA, flops_per_token, mfu, peak_flops
 
 
 def bench(overrides: list[str], steps: int, warmup: int) -> dict:
@@ -113,11 +112,11 @@ def bench_compile(overrides: list[str], vocab: int) -> dict:
     """Compile the train step from abstract shapes only (nothing allocated): for models too big for this machine."""
     import equinox as eqx
 
-    from training.distributed.sharding import init_mesh, state_shardings
-    from training.step.state import TrainState
-    from training.step.precision import compute_dtype
-    from training.step.train_step import make_train_step
     from optimizers import lr_schedule_of
+    from training.distributed.sharding import init_mesh, state_shardings
+    from training.step.precision import compute_dtype
+    from training.step.state import TrainState
+    from training.step.train_step import make_train_step
 
     cfg = config_lib.load_config(overrides)
     dtype = compute_dtype(cfg.system.dtype)

@@ -18,16 +18,15 @@ import tempfile
 import time
 from pathlib import Path
 
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from training.pipeline.build import init_model, init_optimizer, init_scheduler
 from models.gpt import count_params
 from training import config as config_lib
 from training.checkpoints.checkpointer import Checkpointer
 from training.distributed.sharding import init_mesh
+from training.pipeline.build import init_model, init_optimizer, init_scheduler
 from training.step.state import place_state
 
 

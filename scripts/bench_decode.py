@@ -11,7 +11,6 @@ import json
 import sys
 import time
 
-
 import jax
 
 from models import MODEL_BUILDERS

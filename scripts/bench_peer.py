@@ -136,11 +136,11 @@ def ours(args: argparse.Namespace, commands: TextIO, replies: TextIO) -> None:
     import jax
     import numpy as np
 
-    from training.pipeline.build import init_model, init_optimizer, init_scheduler, init_state_and_steps
     from models.gpt import count_params
     from training import config as config_lib
-    from training.reporting.flops import flops_per_token, peak_flops
     from training.distributed.sharding import init_mesh, put_batch
+    from training.pipeline.build import init_model, init_optimizer, init_scheduler, init_state_and_steps
+    from training.reporting.flops import flops_per_token, peak_flops
 
     if args.device == "gpu" and jax.default_backend() != "gpu":
         raise BenchError(f"JAX runs on {jax.default_backend()}, not the GPU: install jax[cuda12]")
@@ -190,10 +190,9 @@ def ours(args: argparse.Namespace, commands: TextIO, replies: TextIO) -> None:
 def nanogpt(args: argparse.Namespace, commands: TextIO, replies: TextIO) -> None:
     """nanoGPT's train.py inner loop (forward under autocast, backward, clip, fused AdamW step, zero_grad)."""
     import contextlib
+    import importlib.util
 
     import torch
-
-    import importlib.util
 
     spec = importlib.util.spec_from_file_location("model", Path(args.nanogpt).expanduser().resolve() / "model.py")
     model = importlib.util.module_from_spec(spec)  # nanoGPT's model.py, from the user's checkout

@@ -15,7 +15,6 @@ import argparse
 import sys
 from pathlib import Path
 
-
 from training.reporting.compare import find_runs, write_comparison
 
 

@@ -14,7 +14,6 @@ import argparse
 import sys
 from pathlib import Path
 
-
 from training.analysis.coord_check import coord_check, growth, write_json
 
 

@@ -20,15 +20,13 @@ import shlex
 import sys
 from pathlib import Path
 
-
 from core.errors import ConfigError, PipelineError, say
 from core.files import write_atomic
 from training.checkpoints.checkpointer import find_checkpoint_dir
-from training.evaluation.harness import evaluate_tasks, harness_lm, import_lm_eval
-from training.step.precision import cast_floating
-from training.step.precision import COMPUTE_DTYPES
 from training.checkpoints.storage import check_writable
 from training.checkpoints.trained import Trained, add_checkpoint_arguments, load_trained
+from training.evaluation.harness import evaluate_tasks, harness_lm, import_lm_eval
+from training.step.precision import COMPUTE_DTYPES, cast_floating
 
 
 def main(argv: list[str]) -> int:

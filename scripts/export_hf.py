@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-
 from core.errors import PipelineError, say
 from models.hf import ARCHITECTURES, export_hf
 from training.checkpoints.trained import add_checkpoint_arguments, load_trained

@@ -25,7 +25,6 @@ import argparse
 import sys
 from pathlib import Path
 
-
 from core.errors import CheckpointError, PipelineError, say
 
 

@@ -12,11 +12,11 @@ copies in docs/ (mup_transfer.md, .png).
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
+
+from training.cli.sweep import run_sweep
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN = ["model=gpt2-tiny", "model.n_head=4", "dataset.tokenizer=byte", "train.batch_size=16", "train.eval_iters=4",
@@ -25,15 +25,10 @@ RUN = ["model=gpt2-tiny", "model.n_head=4", "dataset.tokenizer=byte", "train.bat
 
 
 def sweep(out: Path, parametrization: str, widths: list[int], lrs: list[float], steps: int, extra: list[str]) -> list:
-    sweep_dir = out / parametrization
-    if not (sweep_dir / "sweep.json").exists():
-        command = [sys.executable, str(ROOT / "train_jax.py"), "-m", *RUN, f"train.max_steps={steps}",
-                   f"train.eval_interval={steps}", f"model.parametrization={parametrization}",
-                   f"model.mup_base_width={widths[0]}", "model.n_embd=" + ",".join(map(str, widths)),
-                   "optimizer.lr_config.lr=" + ",".join(map(repr, lrs)), *extra, f"hydra.sweep.dir={sweep_dir}"]
-        print("$", " ".join(command[1:]), flush=True)
-        subprocess.run(command, cwd=ROOT, check=False)
-    jobs = json.loads((sweep_dir / "sweep.json").read_text())["jobs"]
+    jobs = run_sweep(out / parametrization, [
+        *RUN, f"train.max_steps={steps}", f"train.eval_interval={steps}", f"model.parametrization={parametrization}",
+        f"model.mup_base_width={widths[0]}", "model.n_embd=" + ",".join(map(str, widths)),
+        "optimizer.lr_config.lr=" + ",".join(map(repr, lrs)), *extra])["jobs"]
     table = []
     for job in jobs:
         values = dict(o.split("=", 1) for o in job["overrides"])

@@ -24,7 +24,6 @@ import argparse
 import json
 import math
 import shutil
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -109,15 +108,14 @@ def preset_centres(names: list[str]) -> dict[str, tuple]:
 
 
 def sweep(out: Path, name: str, overrides: list[str]) -> dict:
-    """One Hydra multirun (jobs one after another in one process: the data and compiled steps are shared); its
-    sweep.json (training/cli/sweep.py). A sweep already summarised in `out` is read, not run again."""
-    sweep_dir = out / name
-    if not (sweep_dir / "sweep.json").exists():
-        command = [sys.executable, str(ROOT / "train_jax.py"), "-m", *overrides, f"hydra.sweep.dir={sweep_dir}"]
-        print("$", " ".join(command[1:]), flush=True)
-        with open(out / f"{name}.log", "w") as log:
-            subprocess.run(command, cwd=ROOT, check=False, stdout=log, stderr=subprocess.STDOUT)
-    return json.loads((sweep_dir / "sweep.json").read_text())
+    """One Hydra multirun into `<out>/<name>` (training/cli/sweep.py's runner: a finished one is read, not rerun), its
+    output in `<out>/<name>.log`; what its sweep.json holds."""
+    from training.cli.sweep import run_sweep
+
+    if (out / name / "sweep.json").exists():
+        return run_sweep(out / name, overrides)
+    with open(out / f"{name}.log", "w") as log:
+        return run_sweep(out / name, overrides, log)
 
 
 def value_of(job: dict, key: str) -> float:

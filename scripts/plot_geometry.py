@@ -13,7 +13,6 @@ import argparse
 import sys
 from pathlib import Path
 
-
 from training.reporting.summary import latest_per_step, read_metrics
 
 

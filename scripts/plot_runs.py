@@ -9,7 +9,6 @@ import argparse
 import sys
 from pathlib import Path
 
-
 from training.reporting.summary import plot_runs
 
 

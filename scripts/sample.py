@@ -19,7 +19,6 @@ import argparse
 import sys
 from pathlib import Path
 
-
 from core.errors import DataError, PipelineError, say
 from models.decode import generate
 from training.checkpoints.trained import Trained, add_checkpoint_arguments, load_trained

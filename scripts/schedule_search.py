@@ -29,6 +29,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
+from core.errors import PipelineError  # noqa: E402
+from training.cli.sweep import run_sweep  # noqa: E402
 from training.reporting.summary import finite_number, latest_per_step, read_metrics  # noqa: E402
 
 
@@ -76,13 +78,10 @@ def smoothed_loss(losses: dict[int, object], end: int, smooth: int) -> float | N
 
 def multirun(sweep_dir: Path, overrides: list[str]) -> list[dict]:
     """One Hydra multirun; its jobs' records (training/cli/sweep.py's sweep.json)."""
-    if not (sweep_dir / "sweep.json").exists():
-        command = [sys.executable, str(ROOT / "train_jax.py"), "-m", *overrides, f"hydra.sweep.dir={sweep_dir}"]
-        print("$", " ".join(command[1:]), flush=True)
-        subprocess.run(command, cwd=ROOT, check=False)
-    if not (sweep_dir / "sweep.json").exists():
-        raise SystemExit(fail(f"the multirun in {sweep_dir} wrote no sweep.json (see its output above)"))
-    return json.loads((sweep_dir / "sweep.json").read_text())["jobs"]
+    try:
+        return run_sweep(sweep_dir, overrides)["jobs"]
+    except PipelineError as e:
+        raise SystemExit(fail(str(e))) from None
 
 
 def moving_average(values: list[float], window: int) -> list[float]:
@@ -201,10 +200,10 @@ def main(argv: list[str]) -> int:
               "segments": segments, "train_losses": search_losses}
     if args.verify:
         run_dir = out / "from_scratch"
-        command = [sys.executable, str(ROOT / "train_jax.py"), *common, *result["overrides"], f"logging.run_dir={run_dir}",
+        command = [sys.executable, "-m", "train_jax", *common, *result["overrides"], f"logging.run_dir={run_dir}",
                    "checkpoint.save=false"]
-        print("$", " ".join(command[1:]), flush=True)
-        if subprocess.run(command, cwd=ROOT).returncode != 0:
+        print("$ python train_jax.py", " ".join(command[3:]), flush=True)
+        if subprocess.run(command).returncode != 0:
             return fail("the run from scratch failed (see its output above)")
         scratch = train_losses(run_dir)
         result["from_scratch"] = {"run_dir": str(run_dir), "same_losses": scratch == search_losses,

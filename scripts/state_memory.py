@@ -25,10 +25,10 @@ os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_p
 import equinox as eqx  # noqa: E402
 import jax  # noqa: E402
 
-from training.pipeline.build import init_model, init_optimizer, init_scheduler  # noqa: E402
 from models.gpt import count_params  # noqa: E402
 from training import config as config_lib  # noqa: E402
 from training.distributed.sharding import init_mesh, per_device_bytes, state_shardings  # noqa: E402
+from training.pipeline.build import init_model, init_optimizer, init_scheduler  # noqa: E402
 from training.step.state import TrainState  # noqa: E402
 
 

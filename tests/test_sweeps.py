@@ -239,3 +239,25 @@ def test_a_list_valued_override_names_its_job_directory_without_brackets(tmp_pat
     check_writable("checkpoint.save_path", tmp_path / "1-x=(0.003,0.001)" / "checkpoints")
     with pytest.raises(ConfigError, match=r"^checkpoint.save_path: .* holds a bracketed name \(\[\.\.\.\]\)"):
         check_writable("checkpoint.save_path", tmp_path / "1-x=[0.003,0.001]" / "checkpoints")
+
+
+def test_the_experiments_runner_runs_a_multirun_in_its_own_process_once_and_fails_in_one_line(data_cache, tmp_path):
+    """training/cli/sweep.py's run_sweep (the optimizer leaderboard's, the schedule search's and the μP transfer's):
+    a multirun in a process of its own, its output in the given log; a finished sweep is read again, not rerun; a
+    multirun that writes no sweep.json (an option that does not exist) is one line naming the directory."""
+    from core.errors import PipelineError
+    from training.cli.sweep import run_sweep
+
+    sweep = tmp_path / "sweep"
+    with open(tmp_path / "sweep.log", "w") as log:
+        summary = run_sweep(sweep, [*sweep_command(data_cache, sweep)[1:-1], "optimizer.lr_config.lr=1e-3,3e-3"], log)
+    assert (summary["completed"], summary["failed"]) == (2, 0)
+    assert "sweep: 2 of 2 jobs completed" in (tmp_path / "sweep.log").read_text()
+    written = (sweep / "sweep.json").stat().st_mtime_ns
+    assert run_sweep(sweep, ["optimizer=no_such_optimizer"]) == summary  # read, not run: the override is not seen
+    assert (sweep / "sweep.json").stat().st_mtime_ns == written
+    with open(tmp_path / "bad.log", "w") as log, pytest.raises(PipelineError) as failure:
+        run_sweep(tmp_path / "bad", [*tiny_overrides(data_cache, *SHORT), "optimizer=no_such_optimizer"], log)
+    assert str(failure.value) == (f"sweep: the multirun in {tmp_path / 'bad'} wrote no sweep.json (its output says "
+                                  "why)")
+    assert "no_such_optimizer" in (tmp_path / "bad.log").read_text()

@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from core.errors import PipelineError
 from core.files import write_atomic
 from training.reporting.compare import markdown, write_comparison
 from training.reporting.summary import finite_number
@@ -109,6 +112,22 @@ def summarize_sweep(sweep_dir: Path) -> dict[str, Any]:
                   write_comparison(runs, sweep_dir)]
     (sweep_dir / "sweep.md").write_text("\n".join(lines))
     return summary
+
+
+def run_sweep(sweep_dir: Path, overrides: list[str], log: IO[str] | None = None) -> dict[str, Any]:
+    """`python -m train_jax -m <overrides>` into `sweep_dir`, in a process of its own (its jobs one after another
+    there, sharing the data and compiled steps); what its sweep.json holds. A sweep already summarised there is read,
+    not run again, so an experiment that stopped picks up where it was. `log`: where the sweep's output goes (by
+    default this process's). How the experiments run their grids (scripts/optimizer_leaderboard.py,
+    schedule_search.py, mup_transfer.py)."""
+    summary = Path(sweep_dir) / "sweep.json"
+    if not summary.exists():
+        command = [sys.executable, "-m", "train_jax", "-m", *overrides, f"hydra.sweep.dir={sweep_dir}"]
+        print("$ python train_jax.py", " ".join(command[3:]), flush=True)
+        subprocess.run(command, check=False, stdout=log, stderr=subprocess.STDOUT if log else None)
+    if not summary.exists():
+        raise PipelineError(f"sweep: the multirun in {sweep_dir} wrote no sweep.json (its output says why)")
+    return json.loads(summary.read_text())
 
 
 def _relative(path: str, base: Path) -> str:
