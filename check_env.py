@@ -17,17 +17,39 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 
 REQUIRED = {  # distribution name -> module it provides
-    "jax": "jax", "jaxlib": "jaxlib", "equinox": "equinox", "optax": "optax", "orbax-checkpoint": "orbax.checkpoint",
-    "chex": "chex", "hydra-core": "hydra", "datasets": "datasets", "tokenizers": "tokenizers", "tiktoken": "tiktoken",
-    "wandb": "wandb", "tensorboardX": "tensorboardX", "tqdm": "tqdm", "python-dotenv": "dotenv",
-    "music21": "music21", "mido": "mido", "matplotlib": "matplotlib", "safetensors": "safetensors",
+    "jax": "jax",
+    "jaxlib": "jaxlib",
+    "equinox": "equinox",
+    "optax": "optax",
+    "orbax-checkpoint": "orbax.checkpoint",
+    "chex": "chex",
+    "hydra-core": "hydra",
+    "datasets": "datasets",
+    "tokenizers": "tokenizers",
+    "tiktoken": "tiktoken",
+    "wandb": "wandb",
+    "tensorboardX": "tensorboardX",
+    "tqdm": "tqdm",
+    "python-dotenv": "dotenv",
+    "music21": "music21",
+    "mido": "mido",
+    "matplotlib": "matplotlib",
+    "safetensors": "safetensors",
 }
 # The test command's extras (requirements-test.txt): listed when installed, required with --test.
-TEST_EXTRAS = {"torch": "torch", "transformers": "transformers", "lm-eval": "lm_eval", "pytest": "pytest",
-               "pytest-xdist": "xdist", "pytest-timeout": "pytest_timeout",
-               "hydra-joblib-launcher": "hydra_plugins.hydra_joblib_launcher",
-               "hydra-submitit-launcher": "hydra_plugins.hydra_submitit_launcher",
-               "hydra-optuna-sweeper": "hydra_plugins.hydra_optuna_sweeper", "optuna": "optuna"}
+TEST_EXTRAS = {
+    "torch": "torch",
+    "transformers": "transformers",
+    "lm-eval": "lm_eval",
+    "pytest": "pytest",
+    "pytest-xdist": "xdist",
+    "pytest-timeout": "pytest_timeout",
+    "ruff": "ruff",
+    "hydra-joblib-launcher": "hydra_plugins.hydra_joblib_launcher",
+    "hydra-submitit-launcher": "hydra_plugins.hydra_submitit_launcher",
+    "hydra-optuna-sweeper": "hydra_plugins.hydra_optuna_sweeper",
+    "optuna": "optuna",
+}
 
 
 def main(argv: list[str]) -> int:
@@ -53,13 +75,17 @@ def main(argv: list[str]) -> int:
     devices = jax.devices()
     kinds = sorted({d.device_kind for d in devices})
     print(f"backend       {jax.default_backend()}")
-    print(f"devices       {len(devices)} ({', '.join(kinds)}), {jax.local_device_count()} local, "
-          f"process {jax.process_index()} of {jax.process_count()}")
+    print(
+        f"devices       {len(devices)} ({', '.join(kinds)}), {jax.local_device_count()} local, "
+        f"process {jax.process_index()} of {jax.process_count()}"
+    )
     gpus = nvidia_gpus()
     if gpus and jax.default_backend() == "cpu":
-        print(f"warning: {len(gpus)} NVIDIA GPU(s) here ({gpus[0]}) but JAX runs on the CPU: install JAX's CUDA build "
-              "(rm -rf .venv && source activate_env.sh, which detects the GPU; or pip install -e '.[gpu]')",
-              file=sys.stderr)
+        print(
+            f"warning: {len(gpus)} NVIDIA GPU(s) here ({gpus[0]}) but JAX runs on the CPU: install JAX's CUDA build "
+            "(rm -rf .venv && source activate_env.sh, which detects the GPU; or pip install -e '.[gpu]')",
+            file=sys.stderr,
+        )
     return 0
 
 

@@ -69,8 +69,9 @@ def evaluate_checkpoint(plan: RunPlan, p: Pipeline, state: TrainState) -> float:
     return results[p.data.main_split]["loss"]
 
 
-def train(cfg: Config, plan: RunPlan, p: Pipeline, state: TrainState, started: float,
-          compile_clock: CompileClock) -> float | None:
+def train(
+    cfg: Config, plan: RunPlan, p: Pipeline, state: TrainState, started: float, compile_clock: CompileClock
+) -> float | None:
     """The loop: step; at their intervals log, evaluate, checkpoint and agree to stop (training/loop/session.py). Ends
     at train.max_steps (or after checkpoint.num_steps), at the time limit or on SIGTERM/SIGINT, with an evaluation and
     a checkpoint as due; returns the last `val` loss (None when no evaluation ran)."""
@@ -78,8 +79,16 @@ def train(cfg: Config, plan: RunPlan, p: Pipeline, state: TrainState, started: f
         loop = session.loop_state(state)
         batches = session.batches(loop.step)
         session.start(loop)
-        run_loop(loop, p.train_step, batches.get, session.actions(loop.step), session.end, session.tokens_per_step,
-                 after_step=session.log.advance, guard=cfg.system.transfer_guard)
+        run_loop(
+            loop,
+            p.train_step,
+            batches.get,
+            session.actions(loop.step),
+            session.end,
+            session.tokens_per_step,
+            after_step=session.log.advance,
+            guard=cfg.system.transfer_guard,
+        )
         session.finish(loop)
         return loop.val_loss
 

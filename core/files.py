@@ -9,8 +9,9 @@ import contextlib
 import fcntl
 import os
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator, TypeVar
+from typing import TypeVar
 
 from core.errors import DataError
 

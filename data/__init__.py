@@ -43,8 +43,9 @@ class Data:
         return self.train.tokens_seen(steps) if isinstance(self.train, MixtureTrainBatches) else {}
 
 
-def make_data(cfg: Any, corpus: Any, tokenizer: Tokenizer, context: int, process_index: int, process_count: int
-              ) -> Data:
+def make_data(
+    cfg: Any, corpus: Any, tokenizer: Tokenizer, context: int, process_index: int, process_count: int
+) -> Data:
     """Wrap every split of `corpus` in its batch source. `cfg`: the whole run config."""
     if isinstance(corpus, MixtureCorpus):
         return _mixture_data(cfg, corpus, tokenizer, context, process_index, process_count)
@@ -72,8 +73,9 @@ def _eval_order(names: list[str], main: str) -> list[str]:
     return [main] + [n for n in names if n not in ("train", main, "test")]
 
 
-def _windows(d: Any, corpus: TextCorpus, tokenizer: Tokenizer, context: int, process_index: int, process_count: int
-             ) -> tuple[TokenStore, dict[str, Windows]]:
+def _windows(
+    d: Any, corpus: TextCorpus, tokenizer: Tokenizer, context: int, process_index: int, process_count: int
+) -> tuple[TokenStore, dict[str, Windows]]:
     """The corpus's token store and its splits' windows (the extra validation splits in order of name), each split
     checked to hold at least two windows."""
     store = tokenized_corpus(corpus, tokenizer, d, process_index, process_count)
@@ -90,27 +92,39 @@ def _windows(d: Any, corpus: TextCorpus, tokenizer: Tokenizer, context: int, pro
     return store, dict(sorted(splits.items()))
 
 
-def _stream_windows(cfg: Any, corpus: TextCorpus, tokenizer: Tokenizer, context: int, process_index: int,
-                    process_count: int) -> tuple[dict[str, Examples], str, str]:
+def _stream_windows(
+    cfg: Any, corpus: TextCorpus, tokenizer: Tokenizer, context: int, process_index: int, process_count: int
+) -> tuple[dict[str, Examples], str, str]:
     store, splits = _windows(cfg.dataset, corpus, tokenizer, context, process_index, process_count)
     bytes_per_token = store.text_bytes("train") / max(len(splits["train"].tokens), 1)
     sizes = ", ".join(f"{name} {len(store.tokens(name)) / 1e6:.2f}M" for name in store.splits)
     return splits, "val", f"tokens: {sizes} | {bytes_per_token:.2f} bytes/token"
 
 
-def _mixture_data(cfg: Any, corpus: MixtureCorpus, tokenizer: Tokenizer, context: int, process_index: int,
-                  process_count: int) -> Data:
+def _mixture_data(
+    cfg: Any, corpus: MixtureCorpus, tokenizer: Tokenizer, context: int, process_index: int, process_count: int
+) -> Data:
     """Training rows drawn from the sources by weight (data/mixture.py); evaluation on `val` (every source's
     validation split in proportion to its weight: the split that picks the best checkpoint) and on each source's
     own splits as `<name>/<split>`."""
     t = cfg.train
-    sources = [_windows(d, part, tokenizer, context, process_index, process_count)[1]
-               for part, d in zip(corpus.parts, corpus.configs)]
+    sources = [
+        _windows(d, part, tokenizer, context, process_index, process_count)[1]
+        for part, d in zip(corpus.parts, corpus.configs)
+    ]
     train = MixtureTrainBatches(
-        corpus.names, corpus.weights,
-        [TrainBatches(s["train"], t.batch_size, t.grad_accum_steps, process_index, process_count, (t.seed, i))
-         for i, s in enumerate(sources)],
-        t.batch_size, t.grad_accum_steps, process_index, process_count, t.seed)
+        corpus.names,
+        corpus.weights,
+        [
+            TrainBatches(s["train"], t.batch_size, t.grad_accum_steps, process_index, process_count, (t.seed, i))
+            for i, s in enumerate(sources)
+        ],
+        t.batch_size,
+        t.grad_accum_steps,
+        process_index,
+        process_count,
+        t.seed,
+    )
 
     def eval_set(splits: list[Examples], weights: list[float] | None = None) -> EvalBatches:
         return EvalBatches(splits, t.batch_size, t.eval_iters, process_index, process_count, weights)
@@ -124,10 +138,17 @@ def _mixture_data(cfg: Any, corpus: MixtureCorpus, tokenizer: Tokenizer, context
         for split in _eval_order(list(s), "val"):
             evals[f"{name}/{split}"] = eval_set([s[split]])
     total = sum(corpus.weights)
-    parts = ", ".join(f"{name} {w / total:.0%} (train {len(s['train'].tokens) / 1e6:.2f}M tokens)"
-                      for name, w, s in zip(corpus.names, corpus.weights, sources))
-    return Data(train=train, evals=evals, test=mixed("test"), token_bytes=tokenizer.token_byte_lengths(),
-                summary=f"sources: {parts}")
+    parts = ", ".join(
+        f"{name} {w / total:.0%} (train {len(s['train'].tokens) / 1e6:.2f}M tokens)"
+        for name, w, s in zip(corpus.names, corpus.weights, sources)
+    )
+    return Data(
+        train=train,
+        evals=evals,
+        test=mixed("test"),
+        token_bytes=tokenizer.token_byte_lengths(),
+        summary=f"sources: {parts}",
+    )
 
 
 def _records(cfg: Any, counts_and_makers: dict, tokenizer: Tokenizer, context: int) -> dict[str, Examples]:
@@ -144,20 +165,30 @@ def _note_records(cfg: Any, corpus: dict, tokenizer: Any, context: int) -> tuple
     records = {}
     for name, pieces in corpus.items():
         train = name == "train"
-        split = NoteRecords(pieces, tokenizer, cfg.data.notes_per_record, d.pause_detection_threshold, context,
-                            list(cfg.tasks), list(cfg.task_weights),
-                            d.augmentation.max_pitch_shift if train else 0,
-                            list(d.augmentation.speed_change_factors) if train else [])
+        split = NoteRecords(
+            pieces,
+            tokenizer,
+            cfg.data.notes_per_record,
+            d.pause_detection_threshold,
+            context,
+            list(cfg.tasks),
+            list(cfg.task_weights),
+            d.augmentation.max_pitch_shift if train else 0,
+            list(d.augmentation.speed_change_factors) if train else [],
+        )
         records[name] = (len(split), split.sequence)
     counts = ", ".join(f"{name} {len(corpus[name])}/{n}" for name, (n, _) in records.items())
     what = f"tasks {', '.join(cfg.tasks)}" if cfg.tasks else "next-token"
-    summary = (f"pieces/records: {counts} | {cfg.data.notes_per_record} notes per record, {what}, "
-               f"loss masking {cfg.loss_masking}")
+    summary = (
+        f"pieces/records: {counts} | {cfg.data.notes_per_record} notes per record, {what}, "
+        f"loss masking {cfg.loss_masking}"
+    )
     return _records(cfg, records, tokenizer, context), FULL_VAL_SPLIT, summary
 
 
-def _prompt_records(cfg: Any, corpus: TextCorpus, tokenizer: Tokenizer, context: int
-                    ) -> tuple[dict[str, Examples], str, str]:
+def _prompt_records(
+    cfg: Any, corpus: TextCorpus, tokenizer: Tokenizer, context: int
+) -> tuple[dict[str, Examples], str, str]:
     """One `prompt <GENAI> completion <EOS>` record per row, tokenised once (cached by datasets)."""
     records = {}
     for name, ds in corpus.datasets.items():

@@ -9,7 +9,7 @@ where the target counts), plus `segment_ids` with document masking.
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -39,8 +39,15 @@ def allot(weights: list[float], total: int) -> list[int]:
 class TrainBatches:
     """Training batches for one process: `batch(step)` has arrays of shape [grad_accum, batch_size, context]."""
 
-    def __init__(self, examples: Examples, batch_size: int, grad_accum_steps: int, process_index: int,
-                 process_count: int, seed: Seed) -> None:
+    def __init__(
+        self,
+        examples: Examples,
+        batch_size: int,
+        grad_accum_steps: int,
+        process_index: int,
+        process_count: int,
+        seed: Seed,
+    ) -> None:
         if examples.num_examples < 1:
             raise ValueError(f"the training split has {examples.num_examples} examples; an epoch needs one")
         self.examples, self.batch_size, self.grad_accum_steps = examples, batch_size, grad_accum_steps
@@ -82,8 +89,15 @@ class EvalBatches:
     `splits` may also be several splits with `weights` (a mixture's sources): the set then takes from each its
     weight's share of the examples, spread evenly over that split."""
 
-    def __init__(self, splits: Examples | list[Examples], batch_size: int, num_batches: int, process_index: int,
-                 process_count: int, weights: list[float] | None = None) -> None:
+    def __init__(
+        self,
+        splits: Examples | list[Examples],
+        batch_size: int,
+        num_batches: int,
+        process_index: int,
+        process_count: int,
+        weights: list[float] | None = None,
+    ) -> None:
         self.splits = splits if isinstance(splits, list) else [splits]
         self.batch_size, self.process_index, self.process_count = batch_size, process_index, process_count
         per_batch = batch_size * process_count

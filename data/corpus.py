@@ -7,7 +7,8 @@ text corpora of its sources.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from data.note_sources import maestro_corpus, midi_files_corpus, music21_corpus
 from data.sources import MixtureCorpus, TextCorpus, hub_corpus, json_files_corpus, pystdlib_corpus, text_files_corpus
@@ -33,6 +34,10 @@ def load_corpus(d: Any, mixture: list[tuple[str, float, Any]] = ()) -> TextCorpu
     """The corpus of the dataset section `d`; for source=mixture, `mixture` holds each source's name, weight and
     dataset section (training/config/mixture.py `mixture_sources`)."""
     if d.source == "mixture":
-        return MixtureCorpus([n for n, _, _ in mixture], [w for _, w, _ in mixture],
-                             [load_corpus(c) for _, _, c in mixture], [c for _, _, c in mixture])
+        return MixtureCorpus(
+            [n for n, _, _ in mixture],
+            [w for _, w, _ in mixture],
+            [load_corpus(c) for _, _, c in mixture],
+            [c for _, _, c in mixture],
+        )
     return LOADERS[d.source](d)

@@ -11,7 +11,7 @@ example once, in an order drawn from (seed, epoch) (`epoch_order`); an evaluatio
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -26,8 +26,9 @@ def seeded_rng(seed: Seed, *more: int) -> np.random.Generator:
     return np.random.Generator(np.random.PCG64([*np.atleast_1d(seed).tolist(), *more]))
 
 
-def token_batch(rows: np.ndarray, pad_id: int, eos_id: int | None = None, genai_id: int | None = None
-                ) -> dict[str, np.ndarray]:
+def token_batch(
+    rows: np.ndarray, pad_id: int, eos_id: int | None = None, genai_id: int | None = None
+) -> dict[str, np.ndarray]:
     """[..., T+1] token rows -> inputs/targets/loss_mask of shape [..., T]. `loss_mask` is 1 where the target is not
     `<PAD>` and, with `genai_id` (fine-tuning), comes after a `<GENAI>`. With `eos_id` (document masking) also
     `segment_ids`: the number of <EOS> before each input in its row, so a document's tokens, its <EOS> included,
@@ -103,8 +104,9 @@ class Records(Examples):
     number) in training and None in evaluation (no augmentation, the same records every time). An epoch is a
     permutation of the records drawn from (seed, epoch); an example's id is its record's index."""
 
-    def __init__(self, num_records: int, make_record: MakeRecord, context: int, pad_id: int,
-                 genai_id: int | None = None) -> None:
+    def __init__(
+        self, num_records: int, make_record: MakeRecord, context: int, pad_id: int, genai_id: int | None = None
+    ) -> None:
         self.num_examples = self.num_fixed = num_records
         self.make_record, self.context, self.pad_id, self.genai_id = make_record, context, pad_id, genai_id
 

@@ -31,8 +31,10 @@ def malformed_json(paths: list[str], error: Exception) -> DataError:
                 try:
                     json.loads(line)
                 except ValueError as e:
-                    return DataError(f"dataset.files: {path} line {number}: not valid JSON (column "
-                                     f"{e.colno}: {e.msg}); fix or remove that line")
+                    return DataError(
+                        f"dataset.files: {path} line {number}: not valid JSON (column "
+                        f"{e.colno}: {e.msg}); fix or remove that line"
+                    )
     cause = error.__cause__ or error
     reason = first_line(cause)
     return DataError(f"dataset.files: {', '.join(paths[:3])}: datasets cannot read them as JSON ({reason})")
@@ -45,8 +47,7 @@ def check_filled(ds: Any, columns: dict[str, str], paths: list[str]) -> None:
         for start, batch in zip(range(0, len(ds), 4096), ds.select_columns([column]).iter(batch_size=4096)):
             if None in batch[column]:
                 file, where = _row_location(paths, start + batch[column].index(None))
-                raise DataError(f"dataset.{key}: {column!r} is missing or null in {file}{where}; every record "
-                                "needs it")
+                raise DataError(f"dataset.{key}: {column!r} is missing or null in {file}{where}; every record needs it")
 
 
 def _row_location(paths: list[str], row: int) -> tuple[str, str]:

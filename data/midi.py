@@ -34,7 +34,7 @@ def read_midi(path: str | Path) -> Notes:
             pitch.append(msg.note), velocity.append(vel), start.append(began), end.append(now)
         if msg.type == "note_on" and msg.velocity > 0:
             sounding[key] = (now, msg.velocity)
-    for (channel, note), (began, vel) in sounding.items():  # never released: ends with the file
+    for (_channel, note), (began, vel) in sounding.items():  # never released: ends with the file
         pitch.append(note), velocity.append(vel), start.append(began), end.append(max(now, began + 0.01))
     return Notes.from_lists(pitch, velocity, start, end)
 
@@ -56,8 +56,12 @@ def write_midi(notes: Notes, path: str | Path) -> Path:
         events.append((on, 1, mido.Message("note_on", note=p, velocity=int(v), channel=0)))
         events.append((off, 0, mido.Message("note_off", note=p, velocity=0, channel=0)))
     events.sort(key=lambda x: (x[0], x[1]))
-    track = mido.MidiTrack([mido.MetaMessage("set_tempo", tempo=TEMPO_US_PER_BEAT, time=0),
-                            mido.Message("program_change", program=0, channel=0, time=0)])
+    track = mido.MidiTrack(
+        [
+            mido.MetaMessage("set_tempo", tempo=TEMPO_US_PER_BEAT, time=0),
+            mido.Message("program_change", program=0, channel=0, time=0),
+        ]
+    )
     last = 0
     for tick, _, msg in events:
         track.append(msg.copy(time=tick - last))

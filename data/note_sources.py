@@ -14,10 +14,11 @@ import json
 import multiprocessing
 import os
 import warnings
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from fractions import Fraction
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 from core.errors import DataError, first_line, warn
 from core.hf_datasets import hf_datasets
@@ -35,14 +36,16 @@ MUSIC21_SKIPPED_SUFFIXES = (".rntxt",)  # Roman-numeral analyses, not notes
 def note_features() -> datasets.Features:
     """The columns of a piece: its composer and title, and its notes as parallel lists."""
     datasets = hf_datasets()
-    return datasets.Features({
-        "composer": datasets.Value("string"),
-        "title": datasets.Value("string"),
-        "pitch": datasets.Sequence(datasets.Value("int16")),
-        "velocity": datasets.Sequence(datasets.Value("int16")),
-        "start": datasets.Sequence(datasets.Value("float64")),
-        "end": datasets.Sequence(datasets.Value("float64")),
-    })
+    return datasets.Features(
+        {
+            "composer": datasets.Value("string"),
+            "title": datasets.Value("string"),
+            "pitch": datasets.Sequence(datasets.Value("int16")),
+            "velocity": datasets.Sequence(datasets.Value("int16")),
+            "start": datasets.Sequence(datasets.Value("float64")),
+            "end": datasets.Sequence(datasets.Value("float64")),
+        }
+    )
 
 
 def music21_corpus(d: Any) -> dict[str, datasets.Dataset]:
@@ -64,8 +67,10 @@ def _note_splits(corpus: dict[str, datasets.Dataset], d: Any) -> dict[str, datas
         corpus = {k: v.select(range(min(len(v), d.max_documents))) for k, v in corpus.items()}
     for name in ("train", "val"):
         if len(corpus.get(name, [])) == 0:
-            raise DataError(f"dataset {d.name}: the {name} split has no pieces; add pieces (e.g. raise "
-                            "dataset.max_pieces_per_composer) or raise dataset.val_fraction")
+            raise DataError(
+                f"dataset {d.name}: the {name} split has no pieces; add pieces (e.g. raise "
+                "dataset.max_pieces_per_composer) or raise dataset.val_fraction"
+            )
     return _with_composer_splits(corpus, d.eval_composers)
 
 
@@ -107,6 +112,7 @@ def _split_by_piece(pieces: datasets.Dataset, d: Any) -> dict[str, datasets.Data
 
 # --- music21's corpus --------------------------------------------------------------------------------------------
 
+
 def music21_paths(composers: list[str], max_pieces: int | None) -> list[tuple[str, str]]:
     """(composer, path) of the corpus's scores, the smallest files first so that a cap keeps parsing quick."""
     from music21 import corpus
@@ -115,8 +121,10 @@ def music21_paths(composers: list[str], max_pieces: int | None) -> list[tuple[st
     for composer in composers:
         paths = [Path(p) for p in corpus.getComposer(composer) if not str(p).endswith(MUSIC21_SKIPPED_SUFFIXES)]
         if not paths:
-            raise DataError(f"dataset.composers: music21's corpus has no scores by {composer!r}; it has e.g. bach, "
-                            "beethoven, mozart, haydn, palestrina, monteverdi, chopin")
+            raise DataError(
+                f"dataset.composers: music21's corpus has no scores by {composer!r}; it has e.g. bach, "
+                "beethoven, mozart, haydn, palestrina, monteverdi, chopin"
+            )
         paths.sort(key=lambda p: (p.stat().st_size, str(p)))
         unique = {}  # some pieces come in two encodings (movement3.krn and movement3.mxl): keep the smaller file
         for p in paths:
@@ -159,10 +167,13 @@ def score_notes(score: Any, default_velocity: int) -> Notes:
 
     to_seconds = _tempo_map(score)
     pitch, velocity, start, end = [], [], [], []
-    for part in (score.parts or [score]):
+    for part in score.parts or [score]:
         flat = part.stripTies().flatten()
-        marks = sorted((float(m.offset), round(m.volumeScalar * 127))
-                       for m in flat.getElementsByClass(dynamics.Dynamic) if m.volumeScalar is not None)
+        marks = sorted(
+            (float(m.offset), round(m.volumeScalar * 127))
+            for m in flat.getElementsByClass(dynamics.Dynamic)
+            if m.volumeScalar is not None
+        )
         m, current = 0, default_velocity
         for element in flat.notes:  # sorted by offset
             offset, length = float(element.offset), float(element.quarterLength)
@@ -180,8 +191,10 @@ def score_notes(score: Any, default_velocity: int) -> Notes:
 
 def _tempo_map(score: Any):
     """quarter-note offset -> seconds, from the score's metronome marks (music21 assumes 120 bpm without any)."""
-    spans = [(float(Fraction(a)), float(Fraction(b)), mark.secondsPerQuarter())
-             for a, b, mark in score.flatten().metronomeMarkBoundaries()]
+    spans = [
+        (float(Fraction(a)), float(Fraction(b)), mark.secondsPerQuarter())
+        for a, b, mark in score.flatten().metronomeMarkBoundaries()
+    ]
     starts_s, total = [], 0.0
     for a, b, spq in spans:
         starts_s.append(total)
@@ -198,6 +211,7 @@ def _tempo_map(score: Any):
 
 
 # --- local MIDI files ----------------------------------------------------------------------------------------------
+
 
 def _midi_files(d: Any) -> datasets.Dataset:
     paths = [p for p in expand_files(d.files) if p.lower().endswith((".mid", ".midi"))]
@@ -253,8 +267,11 @@ def _parse_in_parallel(generator, items: list[tuple[str, str]], d: Any, label: s
         _in_workers,
         features=note_features(),
         # Interleaving spreads the big files (the list is sorted by size) over all the workers.
-        gen_kwargs={"parse": generator, "shards": [items[i::shards] for i in range(shards)],
-                    "default_velocity": d.default_velocity},
+        gen_kwargs={
+            "parse": generator,
+            "shards": [items[i::shards] for i in range(shards)],
+            "default_velocity": d.default_velocity,
+        },
         cache_dir=str(Path(d.cache_dir) / "notes"),
         fingerprint=hashlib.sha256(json.dumps([label, items, stamps, d.default_velocity]).encode()).hexdigest()[:16],
     )
@@ -281,6 +298,7 @@ def _parse_shard(parse, items: list[tuple[str, str]], default_velocity: int) -> 
 
 # --- Hub datasets in the maestro layout ----------------------------------------------------------------------------
 
+
 def _maestro(d: Any) -> dict[str, datasets.Dataset]:
     """`dataset.base_dataset_name` gives the validation and test splits, `dataset.extra_datasets` the training
     pieces (the base dataset's own train split when there are none). A name is a Hub id or a local folder."""
@@ -300,8 +318,10 @@ def _maestro_split(name: str, split: str, d: Any) -> datasets.Dataset:
         ds = hf_datasets().load_dataset(name, split=split, cache_dir=str(Path(d.cache_dir) / "hf"))
     except Exception as e:  # the Hub raises many types: connection, offline mode, not found, gated, bad config
         reason = first_line(e)
-        raise DataError(f"dataset {name} ({split}): could not load it: {reason}. Offline? Use dataset=music21 (ships "
-                        f"with music21) or dataset=midi_files dataset.files=[...]") from None
+        raise DataError(
+            f"dataset {name} ({split}): could not load it: {reason}. Offline? Use dataset=music21 (ships "
+            f"with music21) or dataset=midi_files dataset.files=[...]"
+        ) from None
     return ds.map(_maestro_row, remove_columns=ds.column_names, features=note_features())
 
 

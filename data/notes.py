@@ -50,8 +50,12 @@ class Notes:
         return Notes(self.pitch, self.velocity, self.start - t0, self.end - t0)
 
     def as_columns(self) -> dict[str, list]:
-        return {"pitch": self.pitch.tolist(), "velocity": self.velocity.tolist(), "start": self.start.tolist(),
-                "end": self.end.tolist()}
+        return {
+            "pitch": self.pitch.tolist(),
+            "velocity": self.velocity.tolist(),
+            "start": self.start.tolist(),
+            "end": self.end.tolist(),
+        }
 
 
 def notes_of_row(row: dict) -> Notes:

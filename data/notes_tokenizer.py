@@ -10,7 +10,7 @@ half a step, velocities within half a bin). Ids 0..2 are `<EOS>`, `<PAD>`, `<GEN
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -25,12 +25,19 @@ TOKEN_NAMES = {"shift": "SHIFT", "pitch": "PITCH", "velocity": "VEL", "duration"
 class NotesTokenizer(Tokenizer):
     kind = "notes"
 
-    def __init__(self, time_step: float = 0.01, max_shift_steps: int = 100, max_duration_steps: int = 100,
-                 velocity_bins: int = 32) -> None:
+    def __init__(
+        self,
+        time_step: float = 0.01,
+        max_shift_steps: int = 100,
+        max_duration_steps: int = 100,
+        velocity_bins: int = 32,
+    ) -> None:
         if time_step <= 0 or max_shift_steps < 1 or max_duration_steps < 1 or not 1 <= velocity_bins <= VELOCITY_RANGE:
-            raise DataError("notes tokenizer: time_step must be > 0, max_shift_steps and max_duration_steps >= 1, "
-                            f"velocity_bins in [1, 128]; got {time_step}, {max_shift_steps}, {max_duration_steps}, "
-                            f"{velocity_bins}")
+            raise DataError(
+                "notes tokenizer: time_step must be > 0, max_shift_steps and max_duration_steps >= 1, "
+                f"velocity_bins in [1, 128]; got {time_step}, {max_shift_steps}, {max_duration_steps}, "
+                f"{velocity_bins}"
+            )
         self.time_step, self.velocity_bins = float(time_step), int(velocity_bins)
         self.max_shift_steps, self.max_duration_steps = int(max_shift_steps), int(max_duration_steps)
         self.eos_id, self.pad_id, self.genai_id = 0, 1, 2
@@ -60,8 +67,9 @@ class NotesTokenizer(Tokenizer):
 
     # --- notes <-> ids --------------------------------------------------------------------------------------------
 
-    def encode_notes(self, notes: Notes, *, start_from: float = 0.0, velocity: bool = True, duration: bool = True
-                     ) -> list[int]:
+    def encode_notes(
+        self, notes: Notes, *, start_from: float = 0.0, velocity: bool = True, duration: bool = True
+    ) -> list[int]:
         """Tokens of `notes`, times counted from `start_from` seconds. `velocity=False` / `duration=False` leave those
         tokens out (a dynamics prompt is the notes without their velocities)."""
         starts = self.steps(notes.start)
@@ -124,8 +132,10 @@ class NotesTokenizer(Tokenizer):
     # --- the Tokenizer interface ----------------------------------------------------------------------------------
 
     def encode(self, text: str) -> list[int]:
-        raise DataError("the notes tokenizer encodes notes, not text: use a notes source (dataset=music21, maestro, "
-                        "midi_files) or a text tokenizer (dataset.tokenizer=bpe)")
+        raise DataError(
+            "the notes tokenizer encodes notes, not text: use a notes source (dataset=music21, maestro, "
+            "midi_files) or a text tokenizer (dataset.tokenizer=bpe)"
+        )
 
     def decode(self, ids: Iterable[int]) -> str:
         """Token names, e.g. `SHIFT_25 PITCH_60 VEL_20 DUR_50`, for reading a sequence."""
@@ -144,17 +154,25 @@ class NotesTokenizer(Tokenizer):
         return np.zeros(self.vocab_size, np.int32)  # not text: per-byte losses do not apply
 
     def to_json(self) -> dict:
-        return {"kind": "notes", "time_step": self.time_step, "max_shift_steps": self.max_shift_steps,
-                "max_duration_steps": self.max_duration_steps, "velocity_bins": self.velocity_bins,
-                "tasks": list(TASK_NAMES)}
+        return {
+            "kind": "notes",
+            "time_step": self.time_step,
+            "max_shift_steps": self.max_shift_steps,
+            "max_duration_steps": self.max_duration_steps,
+            "velocity_bins": self.velocity_bins,
+            "tasks": list(TASK_NAMES),
+        }
 
     @staticmethod
     def from_json(desc: dict) -> NotesTokenizer:
         if list(desc.get("tasks", TASK_NAMES)) != list(TASK_NAMES):
-            raise DataError(f"notes tokenizer: the checkpoint's task tokens {desc.get('tasks')} differ from this "
-                            f"version's {list(TASK_NAMES)}")
-        return NotesTokenizer(desc["time_step"], desc["max_shift_steps"], desc["max_duration_steps"],
-                              desc["velocity_bins"])
+            raise DataError(
+                f"notes tokenizer: the checkpoint's task tokens {desc.get('tasks')} differ from this "
+                f"version's {list(TASK_NAMES)}"
+            )
+        return NotesTokenizer(
+            desc["time_step"], desc["max_shift_steps"], desc["max_duration_steps"], desc["velocity_bins"]
+        )
 
 
 def notes_tokenizer(d) -> NotesTokenizer:

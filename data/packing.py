@@ -12,13 +12,24 @@ import functools
 import hashlib
 import itertools
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 from core.files import exclusive
 from data.sources import TextCorpus
-from data.token_store import (BuildContext, Chunk, TokenStore, build_chunk, build_chunks, clear_stale, finish_store,
-                              open_store, store_key, token_dtype)
+from data.token_store import (
+    BuildContext,
+    Chunk,
+    TokenStore,
+    build_chunk,
+    build_chunks,
+    clear_stale,
+    finish_store,
+    open_store,
+    store_key,
+    token_dtype,
+)
 from data.tokenizers import Tokenizer
 
 if TYPE_CHECKING:
@@ -29,8 +40,9 @@ STREAM_SPLITS = ("train", "val", "test")
 ENCODE_BATCH_DOCS = 64  # documents per encode_batch call while building a token store
 
 
-def tokenized_corpus(corpus: TextCorpus, tokenizer: Tokenizer, d: Any, process_index: int = 0,
-                     process_count: int = 1) -> TokenStore:
+def tokenized_corpus(
+    corpus: TextCorpus, tokenizer: Tokenizer, d: Any, process_index: int = 0, process_count: int = 1
+) -> TokenStore:
     """The corpus's token store for this tokenizer: opened when it exists, built (by all processes) when not."""
     inputs = {"corpus": corpus.fingerprint, "tokenizer": tokenizer.fingerprint(), "docs_per_chunk": d.docs_per_chunk}
     slug = "".join(c if c.isalnum() or c in "-_." else "_" for c in corpus.label)[:40]
@@ -42,24 +54,41 @@ def tokenized_corpus(corpus: TextCorpus, tokenizer: Tokenizer, d: Any, process_i
     # Process 0 of each run builds under a lock, so that two runs wanting the same store at once (a sweep's jobs)
     # do not build it over each other: the second waits, then opens what the first built. The lock file sits beside
     # the store's folder, which a stale build's clean-up empties.
-    lock = exclusive(root.with_name(root.name + ".lock"), d.build_timeout_s,
-                     f"token store: another run is building {root}; waiting for it",
-                     f"dataset: waited {d.build_timeout_s:.0f} s for another run building the token store {root}; "
-                     "raise dataset.build_timeout_s or remove that run") if process_index == 0 \
+    lock = (
+        exclusive(
+            root.with_name(root.name + ".lock"),
+            d.build_timeout_s,
+            f"token store: another run is building {root}; waiting for it",
+            f"dataset: waited {d.build_timeout_s:.0f} s for another run building the token store {root}; "
+            "raise dataset.build_timeout_s or remove that run",
+        )
+        if process_index == 0
         else contextlib.nullcontext()
+    )
     with lock:
-        return open_store(root, inputs) or _build_store(root, inputs, corpus, tokenizer, d, process_index,
-                                                        process_count)
+        return open_store(root, inputs) or _build_store(
+            root, inputs, corpus, tokenizer, d, process_index, process_count
+        )
 
 
-def _build_store(root: Path, inputs: dict, corpus: TextCorpus, tokenizer: Tokenizer, d: Any, process_index: int,
-                 process_count: int) -> TokenStore:
+def _build_store(
+    root: Path, inputs: dict, corpus: TextCorpus, tokenizer: Tokenizer, d: Any, process_index: int, process_count: int
+) -> TokenStore:
     clear_stale(root, process_index, d.build_timeout_s)
     bar = _BuildProgress(corpus.label) if process_index == 0 else None
     splits = list(STREAM_SPLITS) if corpus.stream else list(corpus.datasets)
-    ctx = BuildContext(root, inputs, splits, tokenizer.encode_documents, tokenizer.token_byte_lengths(),
-                       token_dtype(tokenizer.vocab_size), process_index, process_count, d.build_timeout_s,
-                       progress=bar.advance if bar else None)
+    ctx = BuildContext(
+        root,
+        inputs,
+        splits,
+        tokenizer.encode_documents,
+        tokenizer.token_byte_lengths(),
+        token_dtype(tokenizer.vocab_size),
+        process_index,
+        process_count,
+        d.build_timeout_s,
+        progress=bar.advance if bar else None,
+    )
     try:
         if corpus.stream is None:
             chunks = _dataset_chunks(corpus.datasets, d.docs_per_chunk)
@@ -131,8 +160,15 @@ class _BuildProgress:
         from tqdm import tqdm
 
         self.docs = 0
-        self.bar = tqdm(desc=f"tokenising {label}", unit=" tokens", unit_scale=True, file=sys.stderr,
-                        dynamic_ncols=True, mininterval=1.0, delay=2.0)  # quiet for small builds
+        self.bar = tqdm(
+            desc=f"tokenising {label}",
+            unit=" tokens",
+            unit_scale=True,
+            file=sys.stderr,
+            dynamic_ncols=True,
+            mininterval=1.0,
+            delay=2.0,
+        )  # quiet for small builds
 
     def advance(self, documents: int, tokens: int) -> None:
         self.docs += documents
@@ -148,8 +184,14 @@ def tokenize_prompts(ds: datasets.Dataset, tokenizer: Tokenizer) -> list[list[in
     datasets under a fingerprint of the rows and the tokenizer. In this process: the tokenizers batch-encode on
     threads of their own, and no worker is forked after JAX has started."""
     fingerprint = hashlib.sha256(f"{ds._fingerprint}|{tokenizer.fingerprint()}|prompt-v1".encode()).hexdigest()[:16]
-    return ds.map(_encode_prompts, batched=True, batch_size=ENCODE_BATCH_DOCS, remove_columns=ds.column_names,
-                  fn_kwargs={"tokenizer": tokenizer}, new_fingerprint=fingerprint)["ids"]
+    return ds.map(
+        _encode_prompts,
+        batched=True,
+        batch_size=ENCODE_BATCH_DOCS,
+        remove_columns=ds.column_names,
+        fn_kwargs={"tokenizer": tokenizer},
+        new_fingerprint=fingerprint,
+    )["ids"]
 
 
 def _encode_prompts(batch: dict, tokenizer: Tokenizer) -> dict:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 class Prefetcher:
@@ -18,8 +19,9 @@ class Prefetcher:
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._next = first_step
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._fill, args=(make, first_step, end_step), daemon=True,
-                                        name="batch-prefetch")
+        self._thread = threading.Thread(
+            target=self._fill, args=(make, first_step, end_step), daemon=True, name="batch-prefetch"
+        )
         self._thread.start()
 
     def _fill(self, make: Callable[[int], Any], first: int, end: int) -> None:

@@ -14,9 +14,10 @@ import hashlib
 import json
 import os
 import sysconfig
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from core.errors import DataError, first_line
 from core.hf_datasets import hf_datasets
@@ -150,8 +151,11 @@ def text_files_corpus(d: Any) -> TextCorpus:
 
 def _file_corpus(label: str, by_split: dict[str, list[str]], d: Any) -> TextCorpus:
     stamps = {name: file_stamps(paths) for name, paths in sorted(by_split.items())}
-    return TextCorpus(label, _fingerprint("files-v1", stamps, d.max_documents),
-                      lambda: _capped(_load_text_files(by_split, d, sample_by="document"), d))
+    return TextCorpus(
+        label,
+        _fingerprint("files-v1", stamps, d.max_documents),
+        lambda: _capped(_load_text_files(by_split, d, sample_by="document"), d),
+    )
 
 
 def json_files_corpus(d: Any) -> TextCorpus:
@@ -175,8 +179,11 @@ def json_files_corpus(d: Any) -> TextCorpus:
         return _capped(_hash_split(rows, d), d)
 
     columns = [d.text_column, d.prompt_column, d.completion_column]
-    return TextCorpus(d.name, _fingerprint("json-v1", file_stamps(paths), columns, d.val_fraction, d.test_fraction,
-                                           d.max_documents), load)
+    return TextCorpus(
+        d.name,
+        _fingerprint("json-v1", file_stamps(paths), columns, d.val_fraction, d.test_fraction, d.max_documents),
+        load,
+    )
 
 
 def _load_text_files(by_split: dict[str, list[str]], d: Any, sample_by: str) -> dict[str, datasets.Dataset]:
@@ -205,13 +212,28 @@ def _hash_split(ds: datasets.Dataset, d: Any) -> dict[str, datasets.Dataset]:
 
 def hub_corpus(d: Any) -> TextCorpus:
     label = d.hf_path + (f" ({d.hf_name})" if d.hf_name else "")
-    kwargs = dict(path=d.hf_path, name=d.hf_name, data_files=list(d.files) or None,
-                  cache_dir=str(Path(d.cache_dir) / "hf"), token=secret("HF_TOKEN"))
+    kwargs = dict(
+        path=d.hf_path,
+        name=d.hf_name,
+        data_files=list(d.files) or None,
+        cache_dir=str(Path(d.cache_dir) / "hf"),
+        token=secret("HF_TOKEN"),
+    )
     if d.streaming:
         columns = [d.text_column, d.prompt_column, d.completion_column]
         stamps = file_stamps(expand_files(d.files)) if d.files else []
-        fingerprint = _fingerprint("stream-v1", d.hf_path, d.hf_name, d.train_split, stamps, columns, d.val_fraction,
-                                   d.test_fraction, d.max_documents, d.max_tokens)
+        fingerprint = _fingerprint(
+            "stream-v1",
+            d.hf_path,
+            d.hf_name,
+            d.train_split,
+            stamps,
+            columns,
+            d.val_fraction,
+            d.test_fraction,
+            d.max_documents,
+            d.max_tokens,
+        )
         return TextCorpus(label, fingerprint, None, stream=lambda state: HubStream(d, kwargs, label, state))
     corpus = _hub_call(label, d, lambda: _hub_splits(d, kwargs))
     fingerprint = _fingerprint("hub-v1", {k: v._fingerprint for k, v in sorted(corpus.items())}, d.max_documents)
@@ -238,8 +260,11 @@ def _hub_call(label: str, d: Any, load: Callable, connect: bool = True):
 
 def _hub_splits(d: Any, kwargs: dict) -> dict[str, datasets.Dataset]:
     splits = {"train": d.train_split, "val": d.val_split, "test": d.test_split}
-    corpus = {name: _text_column(hf_datasets().load_dataset(split=hf_split, **kwargs), d)
-              for name, hf_split in splits.items() if hf_split is not None}
+    corpus = {
+        name: _text_column(hf_datasets().load_dataset(split=hf_split, **kwargs), d)
+        for name, hf_split in splits.items()
+        if hf_split is not None
+    }
     if d.val_split is None:
         held_out = _hash_split(corpus.pop("train"), d)
         corpus = {**held_out, **{k: v for k, v in corpus.items() if k not in held_out}}
@@ -253,8 +278,9 @@ class HubStream:
 
     def __init__(self, d: Any, kwargs: dict, label: str, state: dict | None) -> None:
         self.d, self.label = d, label
-        self._stream = _hub_call(label, d, lambda: hf_datasets().load_dataset(split=d.train_split, streaming=True,
-                                                                               **kwargs))
+        self._stream = _hub_call(
+            label, d, lambda: hf_datasets().load_dataset(split=d.train_split, streaming=True, **kwargs)
+        )
         self.row = 0
         if state is not None:
             self._stream.load_state_dict(state["stream"])
@@ -271,8 +297,9 @@ class HubStream:
             if row is None:
                 return
             if d.text_column not in row:
-                raise DataError(f"dataset.text_column: {d.text_column!r} is not a column of {self.label}; it has "
-                                f"{', '.join(row)}")
+                raise DataError(
+                    f"dataset.text_column: {d.text_column!r} is not a column of {self.label}; it has {', '.join(row)}"
+                )
             split = split_of(f"row-{self.row}", d.val_fraction, d.test_fraction)
             self.row += 1
             yield split, row[d.text_column] or ""
@@ -280,12 +307,15 @@ class HubStream:
 
 def _text_column(ds: datasets.Dataset, d: Any, label: str | None = None) -> datasets.Dataset:
     """The column(s) the run reads, renamed to `text`, or to `prompt` and `completion` for fine-tuning records."""
-    wanted = ({"prompt_column": "prompt", "completion_column": "completion"} if d.prompt_column
-              else {"text_column": "text"})
+    wanted = (
+        {"prompt_column": "prompt", "completion_column": "completion"} if d.prompt_column else {"text_column": "text"}
+    )
     columns = {key: getattr(d, key) for key in wanted}
     for key, column in columns.items():
         if column not in ds.column_names:
-            raise DataError(f"dataset.{key}: {column!r} is not a column of {label or d.hf_path}; it has "
-                            f"{', '.join(ds.column_names)}")
+            raise DataError(
+                f"dataset.{key}: {column!r} is not a column of {label or d.hf_path}; it has "
+                f"{', '.join(ds.column_names)}"
+            )
     ds = ds.select_columns(list(columns.values()))
     return ds.rename_columns({columns[key]: new for key, new in wanted.items() if columns[key] != new})

@@ -9,7 +9,8 @@ Pretraining: the record's tokens, then `<EOS>`. A task turns a record into `<TAS
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -57,9 +58,18 @@ class NoteRecords:
     """Every record of a split: pieces split at pauses, then cut into runs of `notes_per_record` notes.
     `sequence(i, rng)` is the `make_record` of data/examples.py `Records`."""
 
-    def __init__(self, pieces: datasets.Dataset, tok: NotesTokenizer, notes_per_record: int, pause_threshold: float,
-                 context: int, tasks: list[str], task_weights: list[float], max_pitch_shift: int,
-                 speed_change_factors: list[float]) -> None:
+    def __init__(
+        self,
+        pieces: datasets.Dataset,
+        tok: NotesTokenizer,
+        notes_per_record: int,
+        pause_threshold: float,
+        context: int,
+        tasks: list[str],
+        task_weights: list[float],
+        max_pitch_shift: int,
+        speed_change_factors: list[float],
+    ) -> None:
         self.tok, self.notes_per_record, self.context = tok, notes_per_record, context
         self.tasks = list(tasks)
         weights = np.asarray(task_weights or [1.0] * len(self.tasks), np.float64)
@@ -68,8 +78,9 @@ class NoteRecords:
         self.segments: list[Notes] = []
         for row in pieces:
             self.segments += [s for s in split_at_pauses(notes_of_row(row), pause_threshold) if len(s)]
-        self.index = [(s, int(a)) for s, seg in enumerate(self.segments)
-                      for a in record_starts(len(seg), notes_per_record)]
+        self.index = [
+            (s, int(a)) for s, seg in enumerate(self.segments) for a in record_starts(len(seg), notes_per_record)
+        ]
 
     def __len__(self) -> int:
         return len(self.index)
@@ -102,6 +113,7 @@ class NoteRecords:
 
 # --- prompting a trained model -------------------------------------------------------------------------------------
 
+
 def note_prompt(task: str | None, notes: Notes, tok: NotesTokenizer) -> list[int]:
     """Ids a model continues: the notes themselves (a pretrained model), or `<TASK> prompt <GENAI>` for a task."""
     if task is None:
@@ -118,7 +130,7 @@ def notes_from_generation(task: str | None, notes: Notes, generated: list[int], 
     given = tok.quantise(notes)
     if task == DYNAMICS:
         velocities = [int(tok.bin_velocity(v)) for kind, v in map(tok.token_kind, generated) if kind == "velocity"]
-        velocity = np.asarray((velocities + given.velocity.tolist()[len(velocities):])[: len(given)])
+        velocity = np.asarray((velocities + given.velocity.tolist()[len(velocities) :])[: len(given)])
         return Notes(given.pitch, velocity, given.start, given.end)
     if task == LOWER_VOICES:
         given = given.take(top_voice_mask(given))
@@ -127,6 +139,10 @@ def notes_from_generation(task: str | None, notes: Notes, generated: list[int], 
         added = tok.decode_notes(generated, start_from=float(given.start[-1]) if len(given) else 0.0)
     else:
         raise ValueError(f"unknown task {task!r}")
-    both = [np.r_[a, b] for a, b in zip((given.pitch, given.velocity, given.start, given.end),
-                                          (added.pitch, added.velocity, added.start, added.end))]
+    both = [
+        np.r_[a, b]
+        for a, b in zip(
+            (given.pitch, given.velocity, given.start, given.end), (added.pitch, added.velocity, added.start, added.end)
+        )
+    ]
     return Notes.from_lists(*both)

@@ -22,9 +22,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -101,8 +101,11 @@ def clear_stale(root: Path, process_index: int, wait_s: float) -> None:
                 path.unlink()
         stale.unlink()
         return
-    wait_for(lambda: None if stale.exists() else True, wait_s,
-             f"dataset: waited {wait_s:.0f} s for process 0 to clear the stale token store {root}")
+    wait_for(
+        lambda: None if stale.exists() else True,
+        wait_s,
+        f"dataset: waited {wait_s:.0f} s for process 0 to clear the stale token store {root}",
+    )
 
 
 # --- building -------------------------------------------------------------------------------------------------------
@@ -186,18 +189,33 @@ def finish_store(ctx: BuildContext, num_chunks: int) -> TokenStore:
     """Process 0: wait for every chunk, join the shards into the split files, write store.json. Other processes:
     wait for store.json. Both give up after `ctx.wait_s` with one line saying what was waited for."""
     if ctx.process_index != 0:
-        return _wait_for(lambda: open_store(ctx.root, ctx.inputs), ctx, "process 0 to finish the token store (is "
-                         "dataset.cache_dir on a filesystem all processes share?)")
-    markers = [_wait_for(lambda k=k: ctx.chunk_done(k), ctx, f"chunk {k} of {num_chunks} from process "
-                         f"{k % ctx.process_count} (is dataset.cache_dir on a filesystem all processes share?)")
-               for k in range(num_chunks)]
+        return _wait_for(
+            lambda: open_store(ctx.root, ctx.inputs),
+            ctx,
+            "process 0 to finish the token store (is dataset.cache_dir on a filesystem all processes share?)",
+        )
+    markers = [
+        _wait_for(
+            lambda k=k: ctx.chunk_done(k),
+            ctx,
+            f"chunk {k} of {num_chunks} from process "
+            f"{k % ctx.process_count} (is dataset.cache_dir on a filesystem all processes share?)",
+        )
+        for k in range(num_chunks)
+    ]
     built_by = [m["process"] for m in markers]
-    meta: dict = {"version": STORE_VERSION, "inputs": ctx.inputs, "dtype": ctx.dtype.name, "splits": {},
-                  "chunks_built_by_process": {str(p): built_by.count(p) for p in sorted(set(built_by))}}
+    meta: dict = {
+        "version": STORE_VERSION,
+        "inputs": ctx.inputs,
+        "dtype": ctx.dtype.name,
+        "splits": {},
+        "chunks_built_by_process": {str(p): built_by.count(p) for p in sorted(set(built_by))},
+    }
     for split in ctx.splits:
         _join(ctx, split, markers)
-        meta["splits"][split] = {key: sum(m["splits"][split][key] for m in markers)
-                                 for key in ("tokens", "documents", "bytes")}
+        meta["splits"][split] = {
+            key: sum(m["splits"][split][key] for m in markers) for key in ("tokens", "documents", "bytes")
+        }
     write_atomic(ctx.root / "store.json", json.dumps(meta, indent=1).encode())
     for path in [*ctx.root.glob("*.shard-*"), *ctx.root.glob("chunk-*.json")]:
         path.unlink(missing_ok=True)
@@ -228,6 +246,9 @@ def _join(ctx: BuildContext, split: str, markers: list[dict]) -> None:
 
 
 def _wait_for(get: Callable, ctx: BuildContext, what: str):
-    return wait_for(get, ctx.wait_s, f"dataset: waited {ctx.wait_s:.0f} s for {what}; raise "
-                                     f"dataset.build_timeout_s or delete {ctx.root} to build it again")
-
+    return wait_for(
+        get,
+        ctx.wait_s,
+        f"dataset: waited {ctx.wait_s:.0f} s for {what}; raise "
+        f"dataset.build_timeout_s or delete {ctx.root} to build it again",
+    )

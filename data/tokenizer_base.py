@@ -10,7 +10,7 @@ import hashlib
 import itertools
 import json
 from abc import ABC, abstractmethod
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -34,8 +34,9 @@ class Tokenizer(ABC):
         """Documents -> (their ids, each document followed by <EOS>, concatenated; each one's length with <EOS>)."""
         encoded = self.encode_batch(texts)
         lengths = np.fromiter((len(ids) + 1 for ids in encoded), np.int64, len(encoded))
-        flat = np.fromiter(itertools.chain.from_iterable(ids + [self.eos_id] for ids in encoded), np.int64,
-                           int(lengths.sum()))
+        flat = np.fromiter(
+            itertools.chain.from_iterable(ids + [self.eos_id] for ids in encoded), np.int64, int(lengths.sum())
+        )
         return flat, lengths
 
     @abstractmethod

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -186,8 +186,16 @@ def tokenizer_from_json(desc: dict) -> Tokenizer:
     raise DataError(f"tokenizer description has unknown kind {kind!r} (expected byte, bpe, gpt2 or notes)")
 
 
-def build_tokenizer(kind: str, *, bpe_vocab_size: int, train_texts: Callable[[], Iterable[str]],
-                    corpus_fingerprint: str, cache_dir: str, process_index: int = 0, wait_s: float = 3600) -> Tokenizer:
+def build_tokenizer(
+    kind: str,
+    *,
+    bpe_vocab_size: int,
+    train_texts: Callable[[], Iterable[str]],
+    corpus_fingerprint: str,
+    cache_dir: str,
+    process_index: int = 0,
+    wait_s: float = 3600,
+) -> Tokenizer:
     """The tokenizer named by `dataset.tokenizer`. A BPE is trained on `train_texts()` once per corpus and vocab
     size, by process 0, and read back from `<cache_dir>/tokenizers/` by every later run and the other processes."""
     if kind == "byte":
@@ -197,8 +205,12 @@ def build_tokenizer(kind: str, *, bpe_vocab_size: int, train_texts: Callable[[],
     key = hashlib.sha256(f"bpe-v1|{corpus_fingerprint}|{bpe_vocab_size}".encode()).hexdigest()[:16]
     path = Path(cache_dir) / "tokenizers" / f"bpe-{bpe_vocab_size}-{key}.json"
     if process_index != 0:
-        wait_for(lambda: path if path.exists() else None, wait_s, f"tokenizer bpe: waited {wait_s:.0f} s for "
-                 f"process 0 to write {path} (is dataset.cache_dir on a filesystem all processes share?)")
+        wait_for(
+            lambda: path if path.exists() else None,
+            wait_s,
+            f"tokenizer bpe: waited {wait_s:.0f} s for "
+            f"process 0 to write {path} (is dataset.cache_dir on a filesystem all processes share?)",
+        )
     if path.exists():
         return tokenizer_from_json(json.loads(path.read_text()))
     tokenizer = BpeTokenizer.train(iter(train_texts()), bpe_vocab_size)

@@ -6,7 +6,8 @@ model`. Models import only core/; the tokenizer's vocabulary size is all they kn
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -28,14 +29,33 @@ init_gpt = eqx.filter_jit(GPT.init)
 def gpt_config(model_cfg: Any, vocab_size: int, attention: str = "xla") -> GPTConfig:
     """The static model description from the `model` config section and the tokenizer's vocab size."""
     m = model_cfg
-    return GPTConfig(vocab_size=vocab_size, n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd,
-                     context_size=m.context_size, dropout=m.dropout, bias=m.bias, vocab_multiple=m.vocab_multiple,
-                     attention=attention, remat=m.remat, scan_layers=m.scan_layers,
-                     head_loss=m.head_loss, head_loss_chunk=m.head_loss_chunk,
-                     position=m.position, rope_theta=float(m.rope_theta), norm=m.norm,
-                     norm_weight=m.norm_weight, mlp=m.mlp, mlp_hidden=m.mlp_hidden, n_kv_head=m.n_kv_head,
-                     qk_norm=m.qk_norm, tie_embeddings=m.tie_embeddings, logit_softcap=float(m.logit_softcap),
-                     parametrization=str(m.parametrization), mup_base_width=m.mup_base_width)
+    return GPTConfig(
+        vocab_size=vocab_size,
+        n_layer=m.n_layer,
+        n_head=m.n_head,
+        n_embd=m.n_embd,
+        context_size=m.context_size,
+        dropout=m.dropout,
+        bias=m.bias,
+        vocab_multiple=m.vocab_multiple,
+        attention=attention,
+        remat=m.remat,
+        scan_layers=m.scan_layers,
+        head_loss=m.head_loss,
+        head_loss_chunk=m.head_loss_chunk,
+        position=m.position,
+        rope_theta=float(m.rope_theta),
+        norm=m.norm,
+        norm_weight=m.norm_weight,
+        mlp=m.mlp,
+        mlp_hidden=m.mlp_hidden,
+        n_kv_head=m.n_kv_head,
+        qk_norm=m.qk_norm,
+        tie_embeddings=m.tie_embeddings,
+        logit_softcap=float(m.logit_softcap),
+        parametrization=str(m.parametrization),
+        mup_base_width=m.mup_base_width,
+    )
 
 
 def parameter_labels(model_cfg: Any) -> set[str]:

@@ -26,8 +26,13 @@ import jax.numpy as jnp
 ATTENTION_BLOCK = 128  # query/key block for `blocked`; T must be a multiple (else it falls back to one block)
 
 
-def causal_attention(q_BTNH: jax.Array, k_BTNH: jax.Array, v_BTNH: jax.Array, implementation: str,
-                     segment_ids_BT: jax.Array | None = None) -> jax.Array:
+def causal_attention(
+    q_BTNH: jax.Array,
+    k_BTNH: jax.Array,
+    v_BTNH: jax.Array,
+    implementation: str,
+    segment_ids_BT: jax.Array | None = None,
+) -> jax.Array:
     dtype = q_BTNH.dtype
     q_BTNH, k_BTNH, v_BTNH = cpu_float16_to_float32(q_BTNH, k_BTNH, v_BTNH)
     if implementation == "cudnn" and dtype == jnp.float32:
@@ -39,13 +44,15 @@ def causal_attention(q_BTNH: jax.Array, k_BTNH: jax.Array, v_BTNH: jax.Array, im
         y_BTNH = blocked_causal_attention(q_BTNH, k_BTNH, v_BTNH, ATTENTION_BLOCK, segment_ids_BT)
     else:
         same_B1TT = None if segment_ids_BT is None else same_segment(segment_ids_BT, segment_ids_BT)[:, None]
-        y_BTNH = jax.nn.dot_product_attention(q_BTNH, k_BTNH, v_BTNH, mask=same_B1TT, is_causal=True,
-                                              implementation=implementation)
+        y_BTNH = jax.nn.dot_product_attention(
+            q_BTNH, k_BTNH, v_BTNH, mask=same_B1TT, is_causal=True, implementation=implementation
+        )
     return y_BTNH.astype(dtype)
 
 
-def cached_attention(q_BTNH: jax.Array, k_BCNH: jax.Array, v_BCNH: jax.Array, start_B: jax.Array,
-                     implementation: str) -> jax.Array:
+def cached_attention(
+    q_BTNH: jax.Array, k_BCNH: jax.Array, v_BCNH: jax.Array, start_B: jax.Array, implementation: str
+) -> jax.Array:
     """Attention of T new tokens per row, at positions start_B .. start_B + T - 1, to the C cached positions: each
     sees the positions up to its own (the cache holds the new tokens' keys and values already)."""
     dtype = q_BTNH.dtype
@@ -54,8 +61,9 @@ def cached_attention(q_BTNH: jax.Array, k_BCNH: jax.Array, v_BCNH: jax.Array, st
     if T == 1:  # one token per row: it sees the first start + 1 positions, a key-length mask
         # implementation=None lets JAX take cuDNN's kernel when it accepts the shapes and dtype, else XLA's.
         use = None if implementation == "cudnn" else "xla"
-        y_BTNH = jax.nn.dot_product_attention(q_BTNH, k_BCNH, v_BCNH, key_value_seq_lengths=start_B + 1,
-                                              implementation=use)
+        y_BTNH = jax.nn.dot_product_attention(
+            q_BTNH, k_BCNH, v_BCNH, key_value_seq_lengths=start_B + 1, implementation=use
+        )
     else:
         visible_BTC = jnp.arange(C)[None, None, :] <= (start_B[:, None] + jnp.arange(T))[:, :, None]
         y_BTNH = jax.nn.dot_product_attention(q_BTNH, k_BCNH, v_BCNH, mask=visible_BTC[:, None], implementation="xla")
@@ -67,8 +75,9 @@ def same_segment(q_segments_BT: jax.Array, k_segments_BS: jax.Array) -> jax.Arra
     return q_segments_BT[:, :, None] == k_segments_BS[:, None, :]
 
 
-def blocked_causal_attention(q_BTNH: jax.Array, k_BTNH: jax.Array, v_BTNH: jax.Array, block: int,
-                             segment_ids_BT: jax.Array | None = None) -> jax.Array:
+def blocked_causal_attention(
+    q_BTNH: jax.Array, k_BTNH: jax.Array, v_BTNH: jax.Array, block: int, segment_ids_BT: jax.Array | None = None
+) -> jax.Array:
     T = q_BTNH.shape[1]
     if T % block or T <= block:
         block = T

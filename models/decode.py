@@ -26,8 +26,17 @@ PROMPT_BUCKET = 16  # prompts are padded to a multiple of this, so similar lengt
 
 
 @functools.partial(eqx.filter_jit, donate="none")
-def _generate_cached(model: Any, tokens_BP: jax.Array, lengths_B: jax.Array, key: jax.Array, max_new: int,
-                     temperature: float, top_k: int | None, top_p: float | None, eos_id: int):
+def _generate_cached(
+    model: Any,
+    tokens_BP: jax.Array,
+    lengths_B: jax.Array,
+    key: jax.Array,
+    max_new: int,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    eos_id: int,
+):
     """New tokens [B, max_new] (eos_id after a row's <EOS>) and how many each row generated."""
     B = tokens_BP.shape[0]
     h_BPD, cache = model.hidden(tokens_BP, cache=model.init_cache(B))
@@ -59,9 +68,17 @@ def _generate_cached(model: Any, tokens_BP: jax.Array, lengths_B: jax.Array, key
     return out_BN, count_B
 
 
-def generate(model: Any, prompts: list[list[int]], max_new_tokens: int, *, temperature: float = 1.0,
-             top_k: int | None = None, top_p: float | None = None, seed: int = 0,
-             eos_id: int | None = None) -> list[list[int]]:
+def generate(
+    model: Any,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int = 0,
+    eos_id: int | None = None,
+) -> list[list[int]]:
     """Continue each prompt by up to `max_new_tokens` ids (fewer once a row emits `eos_id`), with a KV cache.
     Same interface and, at temperature 0, the same tokens as `generate_no_cache`."""
     if max_new_tokens < 1:
@@ -80,15 +97,25 @@ def generate(model: Any, prompts: list[list[int]], max_new_tokens: int, *, tempe
             tokens[row, : len(p)] = p
         lengths = np.asarray([len(p) for p in prompts], np.int32)
         stop = -1 if eos_id is None else eos_id
-        out, counts = _generate_cached(model, jnp.asarray(tokens), jnp.asarray(lengths), jax.random.PRNGKey(seed),
-                                       cached, float(temperature), top_k, top_p, stop)
+        out, counts = _generate_cached(
+            model,
+            jnp.asarray(tokens),
+            jnp.asarray(lengths),
+            jax.random.PRNGKey(seed),
+            cached,
+            float(temperature),
+            top_k,
+            top_p,
+            stop,
+        )
         out, counts = np.asarray(out), np.asarray(counts)
         for row in range(len(prompts)):
             sequences[row] += out[row, : counts[row]].tolist()
     finished = [eos_id is not None and len(s) > len(p) and s[-1] == eos_id for s, p in zip(sequences, prompts)]
     rest = max_new_tokens - cached
     if rest > 0 and not all(finished):  # past the context: the window slides, nothing cached applies
-        more = generate_no_cache(model, sequences, rest, temperature=temperature, top_k=top_k, top_p=top_p,
-                                 seed=seed + 1, eos_id=eos_id)
+        more = generate_no_cache(
+            model, sequences, rest, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed + 1, eos_id=eos_id
+        )
         sequences = [s if f else s + m for s, m, f in zip(sequences, more, finished)]
-    return [s[len(p):] for s, p in zip(sequences, prompts)]
+    return [s[len(p) :] for s, p in zip(sequences, prompts)]

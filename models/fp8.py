@@ -21,9 +21,9 @@ them.
 
 from __future__ import annotations
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
-import equinox as eqx
 
 E4M3, E5M2 = jnp.float8_e4m3fn, jnp.float8_e5m2
 MARGIN = 0  # extra powers of two of headroom below the format's max

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -31,8 +32,8 @@ from models.fp8 import MATMULS, fp8_dot
 from models.kv_cache import KVCache, LayerCache
 from models.lm_head import chunked_log_z_and_target_logit, log_z_and_target_logit, masked_logits
 from models.mlp import mlp_activation, mlp_hidden_width, mlp_in_shape
-from models.norms import LayerNorm, RMSNorm, init_norm
 from models.mup import attention_multiplier, hidden_init_std, output_multiplier
+from models.norms import LayerNorm, RMSNorm, init_norm
 from models.rope import apply_rotary, rotary_angles
 
 INIT_STD = 0.02  # GPT-2's init for every weight matrix and both embeddings.
@@ -128,8 +129,9 @@ def segment_positions(segment_ids_BT: jax.Array) -> jax.Array:
     """[B, T] position of each token within its segment: 0 where a segment starts (segments are contiguous)."""
     T = segment_ids_BT.shape[1]
     t = jnp.arange(T)
-    starts_BT = jnp.concatenate([jnp.ones_like(segment_ids_BT[:, :1], bool),
-                                 segment_ids_BT[:, 1:] != segment_ids_BT[:, :-1]], axis=1)
+    starts_BT = jnp.concatenate(
+        [jnp.ones_like(segment_ids_BT[:, :1], bool), segment_ids_BT[:, 1:] != segment_ids_BT[:, :-1]], axis=1
+    )
     return t - jax.lax.cummax(jnp.where(starts_BT, t, 0), axis=1)
 
 
@@ -163,10 +165,16 @@ class Block(eqx.Module):
             k_norm=norm(cfg.head_dim) if cfg.qk_norm else None,
         )
 
-    def __call__(self, x_BTD: jax.Array, cfg: GPTConfig, key: jax.Array | None,
-                 cache: LayerCache | None = None, segment_ids_BT: jax.Array | None = None,
-                 fp8_scales: jax.Array | None = None, rotary: tuple[jax.Array, jax.Array] | None = None
-                 ) -> tuple[jax.Array, LayerCache | None]:
+    def __call__(
+        self,
+        x_BTD: jax.Array,
+        cfg: GPTConfig,
+        key: jax.Array | None,
+        cache: LayerCache | None = None,
+        segment_ids_BT: jax.Array | None = None,
+        fp8_scales: jax.Array | None = None,
+        rotary: tuple[jax.Array, jax.Array] | None = None,
+    ) -> tuple[jax.Array, LayerCache | None]:
         """The block's output, and (decoding) the cache with this call's keys and values written in.
         `fp8_scales` ([4, 3], models/fp8.py MATMULS order): the four matmuls in FP8. `rotary`: the cos and sin of
         the tokens' rotary angles (models/rope.py), None with learned positions."""
@@ -233,10 +241,14 @@ class GPT(eqx.Module):
     # by vocabulary rows. Every other array is replicated over `model`. training/distributed/sharding.py applies this
     # to the parameters and to every optimizer and statistics buffer shaped like them.
     TENSOR_PARALLEL_AXES = {
-        ("wte",): 0, ("lm_head",): 0,
-        ("blocks", "qkv", "weight"): 3, ("blocks", "qkv", "bias"): 2,
-        ("blocks", "fc", "weight"): 2, ("blocks", "fc", "bias"): 1,
-        ("blocks", "attn_proj", "weight"): 1, ("blocks", "mlp_proj", "weight"): 1,
+        ("wte",): 0,
+        ("lm_head",): 0,
+        ("blocks", "qkv", "weight"): 3,
+        ("blocks", "qkv", "bias"): 2,
+        ("blocks", "fc", "weight"): 2,
+        ("blocks", "fc", "bias"): 1,
+        ("blocks", "attn_proj", "weight"): 1,
+        ("blocks", "mlp_proj", "weight"): 1,
     }
 
     @staticmethod
@@ -247,8 +259,11 @@ class GPT(eqx.Module):
         embedding = lambda k: INIT_STD * jax.random.normal(k, vocab_shape, jnp.float32)  # noqa: E731
         return GPT(
             wte=embedding(k_wte),
-            wpe=(INIT_STD * jax.random.normal(k_wpe, (cfg.context_size, cfg.n_embd), jnp.float32)
-                 if cfg.position == "learned" else None),
+            wpe=(
+                INIT_STD * jax.random.normal(k_wpe, (cfg.context_size, cfg.n_embd), jnp.float32)
+                if cfg.position == "learned"
+                else None
+            ),
             blocks=blocks,
             ln_f=init_norm(cfg.norm, cfg.n_embd, cfg.bias, cfg.norm_weight),
             # a key of its own that leaves GPT-2's three (and so its init) as they were
@@ -256,8 +271,9 @@ class GPT(eqx.Module):
             cfg=cfg,
         )
 
-    def __call__(self, tokens_BT: jax.Array, *, key: jax.Array | None = None,
-                 segment_ids_BT: jax.Array | None = None) -> jax.Array:
+    def __call__(
+        self, tokens_BT: jax.Array, *, key: jax.Array | None = None, segment_ids_BT: jax.Array | None = None
+    ) -> jax.Array:
         """Float32 logits [B, T, V] over the padded vocab; padded ids get a large negative logit.
 
         `key` switches dropout on (training); without it the model is deterministic (evaluation, sampling).
@@ -272,13 +288,19 @@ class GPT(eqx.Module):
         zeros = jnp.zeros(shape, self.wte.dtype)
         return KVCache(zeros, zeros, jnp.zeros((batch,), jnp.int32), empty=True)
 
-    def hidden(self, tokens_BT: jax.Array, *, key: jax.Array | None = None, cache: KVCache | None = None,
-               segment_ids_BT: jax.Array | None = None, fp8_scales: jax.Array | None = None
-               ) -> tuple[jax.Array, KVCache | None]:
-        """The final norm's output [B, T, D] (under μP times the readout multiplier), in the dtype of the parameters. With a `cache`, the tokens sit at
-        positions `cache.lengths` onwards, attend to what the cache holds, and the cache comes back with their keys
-        and values added and every row `T` positions longer. `fp8_scales` ([L, 4, 3], models/fp8.py): the blocks'
-        matmuls in FP8 (training only)."""
+    def hidden(
+        self,
+        tokens_BT: jax.Array,
+        *,
+        key: jax.Array | None = None,
+        cache: KVCache | None = None,
+        segment_ids_BT: jax.Array | None = None,
+        fp8_scales: jax.Array | None = None,
+    ) -> tuple[jax.Array, KVCache | None]:
+        """The final norm's output [B, T, D] (under μP times the readout multiplier), in the dtype of the parameters.
+        With a `cache`, the tokens sit at positions `cache.lengths` onwards, attend to what the cache holds, and the
+        cache comes back with their keys and values added and every row `T` positions longer. `fp8_scales`
+        ([L, 4, 3], models/fp8.py): the blocks' matmuls in FP8 (training only)."""
         cfg = self.cfg
         T = tokens_BT.shape[1]
         keys = [None] * (cfg.n_layer + 1) if key is None else list(jax.random.split(key, cfg.n_layer + 1))
@@ -316,8 +338,13 @@ class GPT(eqx.Module):
         else:
             for i in range(cfg.n_layer):
                 block = eqx.combine(jax.tree.map(lambda a: a[i], params), static)
-                x_BTD, _ = block_fn(block, x_BTD, None if key is None else layer_keys[i], None,
-                                    None if fp8_scales is None else fp8_scales[i])
+                x_BTD, _ = block_fn(
+                    block,
+                    x_BTD,
+                    None if key is None else layer_keys[i],
+                    None,
+                    None if fp8_scales is None else fp8_scales[i],
+                )
         if cache is not None:
             cache = KVCache(kv_L[0], kv_L[1], cache.lengths + T)
         h_BTD = self.ln_f(x_BTD)
@@ -333,22 +360,34 @@ class GPT(eqx.Module):
     def logits(self, h_BTD: jax.Array) -> jax.Array:
         return masked_logits(h_BTD, self.head.astype(h_BTD.dtype), self.cfg.vocab_size, self.cfg.logit_softcap)
 
-    def loss_terms(self, tokens_BT: jax.Array, targets_BT: jax.Array, *, key: jax.Array | None = None,
-                   segment_ids_BT: jax.Array | None = None, fp8_scales: jax.Array | None = None
-                   ) -> tuple[jax.Array, jax.Array]:
+    def loss_terms(
+        self,
+        tokens_BT: jax.Array,
+        targets_BT: jax.Array,
+        *,
+        key: jax.Array | None = None,
+        segment_ids_BT: jax.Array | None = None,
+        fp8_scales: jax.Array | None = None,
+    ) -> tuple[jax.Array, jax.Array]:
         """log Z and the target's logit per token ([B, T] float32): the cross-entropy is their difference. The head
         and the loss run as `cfg.head_loss` says (models/lm_head.py); training and evaluation both come here."""
         h_BTD = self.hidden(tokens_BT, key=key, segment_ids_BT=segment_ids_BT, fp8_scales=fp8_scales)[0]
         with jax.named_scope("lm_head_loss"):
             if self.cfg.head_loss == "chunked":
-                return chunked_log_z_and_target_logit(h_BTD, self.head.astype(h_BTD.dtype), targets_BT,
-                                                      self.cfg.vocab_size, self.cfg.head_loss_chunk,
-                                                      self.cfg.logit_softcap)
+                return chunked_log_z_and_target_logit(
+                    h_BTD,
+                    self.head.astype(h_BTD.dtype),
+                    targets_BT,
+                    self.cfg.vocab_size,
+                    self.cfg.head_loss_chunk,
+                    self.cfg.logit_softcap,
+                )
             return log_z_and_target_logit(self.logits(h_BTD), targets_BT)
 
     def _select(self, *names: str) -> Callable[[GPT], tuple[jax.Array, ...]]:
         """A `tree_at` selector of the parameters with these dotted names ("blocks.fc.weight") that this model has
         (an option's absent parameter, e.g. wpe under rotary positions, is skipped)."""
+
         def get(m: GPT, name: str) -> Any:
             for part in name.split("."):
                 m = None if m is None else getattr(m, part)
@@ -376,14 +415,21 @@ class GPT(eqx.Module):
         head when tied), head (an untied LM head), position, attn_qkv, attn_out, mlp_in (SwiGLU's gate and up),
         mlp_out, norm (norm weights, QK-norm's too), bias (every bias)."""
         norms = ("blocks.ln1", "blocks.ln2", "blocks.q_norm", "blocks.k_norm", "ln_f")
-        return self._mark("", {
-            "token_embedding": ("wte",), "head": ("lm_head",), "position": ("wpe",),
-            "attn_qkv": ("blocks.qkv.weight",), "attn_out": ("blocks.attn_proj.weight",),
-            "mlp_in": ("blocks.fc.weight",), "mlp_out": ("blocks.mlp_proj.weight",),
-            "norm": tuple(f"{n}.weight" for n in norms),
-            "bias": tuple(f"blocks.{f}.bias" for f in ("qkv", "attn_proj", "fc", "mlp_proj"))
-            + tuple(f"{n}.bias" for n in norms),
-        })
+        return self._mark(
+            "",
+            {
+                "token_embedding": ("wte",),
+                "head": ("lm_head",),
+                "position": ("wpe",),
+                "attn_qkv": ("blocks.qkv.weight",),
+                "attn_out": ("blocks.attn_proj.weight",),
+                "mlp_in": ("blocks.fc.weight",),
+                "mlp_out": ("blocks.mlp_proj.weight",),
+                "norm": tuple(f"{n}.weight" for n in norms),
+                "bias": tuple(f"blocks.{f}.bias" for f in ("qkv", "attn_proj", "fc", "mlp_proj"))
+                + tuple(f"{n}.bias" for n in norms),
+            },
+        )
 
     def block_matrices_mask(self) -> GPT:
         """True for the blocks' linear weights only (Muon's matrices; embeddings and the rest go to AdamW)."""

@@ -43,8 +43,10 @@ def gpt2_problem(cfg: GPTConfig) -> str | None:
         (cfg.qk_norm, "model.qk_norm=true: GPT-2 has no QK-norm"),
         (not cfg.tie_embeddings, "model.tie_embeddings=false: GPT-2's head is its token embedding"),
         (cfg.logit_softcap > 0, f"model.logit_softcap={cfg.logit_softcap}: GPT-2 has no logit soft-cap"),
-        (cfg.width_multiplier != 1, "model.parametrization=mup away from its base width: GPT-2 has no readout or "
-                                    "attention multipliers"),
+        (
+            cfg.width_multiplier != 1,
+            "model.parametrization=mup away from its base width: GPT-2 has no readout or attention multipliers",
+        ),
     )
     return next((why for bad, why in problems if bad), None)
 
@@ -58,8 +60,9 @@ def export_architecture(cfg: GPTConfig, requested: str = "auto") -> str:
         return requested
     fits = [name for name, problem in problems.items() if problem is None]
     if not fits:
-        raise ConfigError(f"neither transformers' GPT-2 nor its Llama expresses this model: {problems['gpt2']}; "
-                          f"{problems['llama']}")
+        raise ConfigError(
+            f"neither transformers' GPT-2 nor its Llama expresses this model: {problems['gpt2']}; {problems['llama']}"
+        )
     return fits[0]
 
 
@@ -67,12 +70,18 @@ def _block_names(i: int) -> dict[str, tuple[str, str]]:
     """HF tensor name -> (our Block field, `weight` | `bias`) for layer i."""
     p = f"transformer.h.{i}."
     return {
-        p + "ln_1.weight": ("ln1", "weight"), p + "ln_1.bias": ("ln1", "bias"),
-        p + "attn.c_attn.weight": ("qkv", "weight"), p + "attn.c_attn.bias": ("qkv", "bias"),
-        p + "attn.c_proj.weight": ("attn_proj", "weight"), p + "attn.c_proj.bias": ("attn_proj", "bias"),
-        p + "ln_2.weight": ("ln2", "weight"), p + "ln_2.bias": ("ln2", "bias"),
-        p + "mlp.c_fc.weight": ("fc", "weight"), p + "mlp.c_fc.bias": ("fc", "bias"),
-        p + "mlp.c_proj.weight": ("mlp_proj", "weight"), p + "mlp.c_proj.bias": ("mlp_proj", "bias"),
+        p + "ln_1.weight": ("ln1", "weight"),
+        p + "ln_1.bias": ("ln1", "bias"),
+        p + "attn.c_attn.weight": ("qkv", "weight"),
+        p + "attn.c_attn.bias": ("qkv", "bias"),
+        p + "attn.c_proj.weight": ("attn_proj", "weight"),
+        p + "attn.c_proj.bias": ("attn_proj", "bias"),
+        p + "ln_2.weight": ("ln2", "weight"),
+        p + "ln_2.bias": ("ln2", "bias"),
+        p + "mlp.c_fc.weight": ("fc", "weight"),
+        p + "mlp.c_fc.bias": ("fc", "bias"),
+        p + "mlp.c_proj.weight": ("mlp_proj", "weight"),
+        p + "mlp.c_proj.bias": ("mlp_proj", "bias"),
     }
 
 
@@ -91,8 +100,11 @@ def to_hf_tensors(model: GPT) -> dict[str, np.ndarray]:
             value = getattr(module, kind)
             # GPT-2 stores every weight 1-D (LayerNorm) or 2-D [in, out]; our QKV's [D, 3, D] is its [D, 3D].
             shape = module.weight.shape[1:2] + (math.prod(module.weight.shape[2:]),) * (module.weight.ndim > 2)
-            tensors[name] = (_bias(None if value is None else value[i].reshape(-1), shape[-1]) if kind == "bias"
-                             else np.asarray(value[i], np.float32).reshape(shape))
+            tensors[name] = (
+                _bias(None if value is None else value[i].reshape(-1), shape[-1])
+                if kind == "bias"
+                else np.asarray(value[i], np.float32).reshape(shape)
+            )
     return tensors
 
 
@@ -102,13 +114,26 @@ def _bias(value: Any, width: int) -> np.ndarray:
 
 def hf_config(cfg: GPTConfig, eos_id: int) -> dict[str, Any]:
     return {
-        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": cfg.vocab_size,
-        "n_positions": cfg.context_size, "n_ctx": cfg.context_size, "n_embd": cfg.n_embd, "n_layer": cfg.n_layer,
-        "n_head": cfg.n_head, "n_inner": None if cfg.mlp_width == 4 * cfg.n_embd else cfg.mlp_width,
-        "activation_function": "gelu_new", "resid_pdrop": cfg.dropout,
-        "embd_pdrop": cfg.dropout, "attn_pdrop": cfg.dropout, "layer_norm_epsilon": LAYER_NORM_EPS,
-        "initializer_range": INIT_STD, "scale_attn_weights": True, "tie_word_embeddings": True,
-        "bos_token_id": eos_id, "eos_token_id": eos_id, "torch_dtype": "float32",
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "vocab_size": cfg.vocab_size,
+        "n_positions": cfg.context_size,
+        "n_ctx": cfg.context_size,
+        "n_embd": cfg.n_embd,
+        "n_layer": cfg.n_layer,
+        "n_head": cfg.n_head,
+        "n_inner": None if cfg.mlp_width == 4 * cfg.n_embd else cfg.mlp_width,
+        "activation_function": "gelu_new",
+        "resid_pdrop": cfg.dropout,
+        "embd_pdrop": cfg.dropout,
+        "attn_pdrop": cfg.dropout,
+        "layer_norm_epsilon": LAYER_NORM_EPS,
+        "initializer_range": INIT_STD,
+        "scale_attn_weights": True,
+        "tie_word_embeddings": True,
+        "bos_token_id": eos_id,
+        "eos_token_id": eos_id,
+        "torch_dtype": "float32",
     }
 
 
@@ -123,17 +148,29 @@ def export_hf(model: GPT, tokenizer: Any, out_dir: str | Path, architecture: str
     if not isinstance(model, GPT):
         raise ConfigError(f"model.arch: only gpt2 models have a transformers equivalent; got {type(model).__name__}")
     llama = export_architecture(model.cfg, architecture) == "llama"
-    tensors, config = ((to_llama_tensors(model), llama_config(model.cfg, tokenizer.eos_id)) if llama
-                       else (to_hf_tensors(model), hf_config(model.cfg, tokenizer.eos_id)))
+    tensors, config = (
+        (to_llama_tensors(model), llama_config(model.cfg, tokenizer.eos_id))
+        if llama
+        else (to_hf_tensors(model), hf_config(model.cfg, tokenizer.eos_id))
+    )
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config, indent=2))
     written = list(HF_FILES)
     if tokenizer.kind == "bpe":  # a HF `tokenizers` BPE already: transformers loads it as a fast tokenizer
         (out / "tokenizer.json").write_text(tokenizer.to_json()["hf_tokenizer"])
-        (out / "tokenizer_config.json").write_text(json.dumps({
-            "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<EOS>", "pad_token": "<PAD>",
-            "additional_special_tokens": ["<GENAI>"], "model_max_length": model.cfg.context_size}, indent=2))
+        (out / "tokenizer_config.json").write_text(
+            json.dumps(
+                {
+                    "tokenizer_class": "PreTrainedTokenizerFast",
+                    "eos_token": "<EOS>",
+                    "pad_token": "<PAD>",
+                    "additional_special_tokens": ["<GENAI>"],
+                    "model_max_length": model.cfg.context_size,
+                },
+                indent=2,
+            )
+        )
         written += ["tokenizer.json", "tokenizer_config.json"]
     (out / "gpt_jax_tokenizer.json").write_text(json.dumps(tokenizer.to_json()))  # ours, to import back exactly
     return written + ["gpt_jax_tokenizer.json"]
@@ -145,8 +182,10 @@ def resolve_hf(name: str, cache_dir: str) -> Path:
     if local.is_dir():
         missing = [f for f in HF_FILES if not (local / f).exists()]
         if missing:
-            raise DataError(f"init_from=hf:{name}: the folder lacks {', '.join(missing)} (a transformers GPT-2 or "
-                            "Llama folder has config.json and model.safetensors)")
+            raise DataError(
+                f"init_from=hf:{name}: the folder lacks {', '.join(missing)} (a transformers GPT-2 or "
+                "Llama folder has config.json and model.safetensors)"
+            )
         return local
     from huggingface_hub import snapshot_download
 
@@ -156,8 +195,10 @@ def resolve_hf(name: str, cache_dir: str) -> Path:
         return Path(snapshot_download(name, allow_patterns=list(HF_FILES), cache_dir=str(Path(cache_dir) / "hf")))
     except Exception as e:  # connection, offline mode, not found, gated
         reason = first_line(e, 160)
-        raise DataError(f"init_from=hf:{name}: not a local folder, and the Hub download failed ({reason}); offline, "
-                        "pass a folder with config.json and model.safetensors") from None
+        raise DataError(
+            f"init_from=hf:{name}: not a local folder, and the Hub download failed ({reason}); offline, "
+            "pass a folder with config.json and model.safetensors"
+        ) from None
 
 
 def check_hf_config(folder: Path, model_cfg: Any) -> dict[str, Any]:
@@ -170,8 +211,10 @@ def check_hf_config(folder: Path, model_cfg: Any) -> dict[str, Any]:
     if config.get("model_type") != "gpt2":
         raise ConfigError(f"init_from=hf:{folder}: model_type {config.get('model_type')!r} is neither gpt2 nor llama")
     if (problem := gpt2_problem(cfg)) is not None:
-        raise ConfigError(f"init_from=hf:{folder}: a GPT-2 checkpoint, but the run's {problem}; choose a gpt2 preset "
-                          "(e.g. model=gpt2)")
+        raise ConfigError(
+            f"init_from=hf:{folder}: a GPT-2 checkpoint, but the run's {problem}; choose a gpt2 preset "
+            "(e.g. model=gpt2)"
+        )
     if config.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
         raise ConfigError(f"init_from=hf:{folder}: activation {config['activation_function']} is not GPT-2's tanh GELU")
     wanted = {"n_layer": model_cfg.n_layer, "n_head": model_cfg.n_head, "n_embd": model_cfg.n_embd}
@@ -183,8 +226,10 @@ def check_hf_config(folder: Path, model_cfg: Any) -> dict[str, Any]:
     if config.get("n_positions", 0) < model_cfg.context_size:
         wrong.append(f"n_positions={config.get('n_positions')} < model.context_size={model_cfg.context_size}")
     if wrong:
-        raise ConfigError(f"init_from=hf:{folder}: its {', '.join(wrong)}; choose the matching model preset "
-                          "(e.g. model=gpt2) or set model.n_layer / n_head / n_embd / context_size to match")
+        raise ConfigError(
+            f"init_from=hf:{folder}: its {', '.join(wrong)}; choose the matching model preset "
+            "(e.g. model=gpt2) or set model.n_layer / n_head / n_embd / context_size to match"
+        )
     return config
 
 
@@ -193,8 +238,10 @@ def from_hf_tensors(tensors: dict[str, np.ndarray], like: GPT, key: jax.Array) -
     cfg = like.cfg
     wte = tensors["transformer.wte.weight"]
     if wte.shape[0] > cfg.vocab_size:
-        raise DataError(f"the checkpoint has {wte.shape[0]} token rows, more than the tokenizer's {cfg.vocab_size}; "
-                        "use the tokenizer it was trained with (dataset.tokenizer=gpt2 for GPT-2)")
+        raise DataError(
+            f"the checkpoint has {wte.shape[0]} token rows, more than the tokenizer's {cfg.vocab_size}; "
+            "use the tokenizer it was trained with (dataset.tokenizer=gpt2 for GPT-2)"
+        )
     fresh = INIT_STD * np.asarray(jax.random.normal(key, (cfg.padded_vocab_size - wte.shape[0], cfg.n_embd)))
     wte = np.concatenate([wte, fresh.astype(np.float32)])
     wpe = tensors["transformer.wpe.weight"][: cfg.context_size]
@@ -208,10 +255,20 @@ def from_hf_tensors(tensors: dict[str, np.ndarray], like: GPT, key: jax.Array) -
 
     linear = lambda f: Linear(stacked(f, "weight"), stacked(f, "bias"))  # noqa: E731
     norm = lambda f: LayerNorm(stacked(f, "weight"), stacked(f, "bias"))  # noqa: E731
-    blocks = Block(ln1=norm("ln1"), qkv=linear("qkv"), attn_proj=linear("attn_proj"), ln2=norm("ln2"),
-                   fc=linear("fc"), mlp_proj=linear("mlp_proj"), q_norm=None, k_norm=None)
-    ln_f = LayerNorm(jnp.asarray(tensors["transformer.ln_f.weight"]),
-                     None if like.ln_f.bias is None else jnp.asarray(tensors["transformer.ln_f.bias"]))
+    blocks = Block(
+        ln1=norm("ln1"),
+        qkv=linear("qkv"),
+        attn_proj=linear("attn_proj"),
+        ln2=norm("ln2"),
+        fc=linear("fc"),
+        mlp_proj=linear("mlp_proj"),
+        q_norm=None,
+        k_norm=None,
+    )
+    ln_f = LayerNorm(
+        jnp.asarray(tensors["transformer.ln_f.weight"]),
+        None if like.ln_f.bias is None else jnp.asarray(tensors["transformer.ln_f.bias"]),
+    )
     return GPT(wte=jnp.asarray(wte), wpe=jnp.asarray(wpe), blocks=blocks, ln_f=ln_f, lm_head=None, cfg=cfg)
 
 

@@ -32,8 +32,10 @@ def llama_problem(cfg: GPTConfig) -> str | None:
         (not cfg.norm_weight, "model.norm_weight=false: Llama's RMSNorm has a learned weight"),
         (cfg.qk_norm, "model.qk_norm=true: Llama has no QK-norm"),
         (cfg.logit_softcap > 0, f"model.logit_softcap={cfg.logit_softcap}: Llama has no logit soft-cap"),
-        (cfg.width_multiplier != 1, "model.parametrization=mup away from its base width: Llama has no readout or "
-                                    "attention multipliers"),
+        (
+            cfg.width_multiplier != 1,
+            "model.parametrization=mup away from its base width: Llama has no readout or attention multipliers",
+        ),
     )
     return next((why for bad, why in problems if bad), None)
 
@@ -41,15 +43,29 @@ def llama_problem(cfg: GPTConfig) -> str | None:
 def llama_config(cfg: GPTConfig, eos_id: int) -> dict[str, Any]:
     theta = float(cfg.rope_theta)
     return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.n_embd, "intermediate_size": cfg.mlp_width, "num_hidden_layers": cfg.n_layer,
-        "num_attention_heads": cfg.n_head, "num_key_value_heads": cfg.kv_heads, "head_dim": cfg.head_dim,
-        "hidden_act": "silu", "max_position_embeddings": cfg.context_size, "rms_norm_eps": EPS,
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.n_embd,
+        "intermediate_size": cfg.mlp_width,
+        "num_hidden_layers": cfg.n_layer,
+        "num_attention_heads": cfg.n_head,
+        "num_key_value_heads": cfg.kv_heads,
+        "head_dim": cfg.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": cfg.context_size,
+        "rms_norm_eps": EPS,
         # transformers 5 reads rope_parameters, 4.x rope_theta (and rope_scaling: absent = none)
-        "rope_theta": theta, "rope_parameters": {"rope_type": "default", "rope_theta": theta},
-        "attention_bias": cfg.bias, "mlp_bias": cfg.bias, "attention_dropout": 0.0,
-        "tie_word_embeddings": cfg.tie_embeddings, "initializer_range": INIT_STD,
-        "bos_token_id": eos_id, "eos_token_id": eos_id, "torch_dtype": "float32",
+        "rope_theta": theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": theta},
+        "attention_bias": cfg.bias,
+        "mlp_bias": cfg.bias,
+        "attention_dropout": 0.0,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "initializer_range": INIT_STD,
+        "bos_token_id": eos_id,
+        "eos_token_id": eos_id,
+        "torch_dtype": "float32",
     }
 
 
@@ -72,17 +88,27 @@ def _fuse_qkv(q: np.ndarray, k: np.ndarray, v: np.ndarray, cfg: GPTConfig) -> np
 def _layer_names(i: int) -> dict[str, str]:
     p = f"model.layers.{i}."
     attention, mlp = p + "self_attn.", p + "mlp."
-    return {"ln1": p + "input_layernorm.weight", "ln2": p + "post_attention_layernorm.weight",
-            "q": attention + "q_proj", "k": attention + "k_proj", "v": attention + "v_proj", "o": attention + "o_proj",
-            "gate": mlp + "gate_proj", "up": mlp + "up_proj", "down": mlp + "down_proj"}
+    return {
+        "ln1": p + "input_layernorm.weight",
+        "ln2": p + "post_attention_layernorm.weight",
+        "q": attention + "q_proj",
+        "k": attention + "k_proj",
+        "v": attention + "v_proj",
+        "o": attention + "o_proj",
+        "gate": mlp + "gate_proj",
+        "up": mlp + "up_proj",
+        "down": mlp + "down_proj",
+    }
 
 
 def to_llama_tensors(model: GPT) -> dict[str, np.ndarray]:
     """float32 tensors under Llama's names (torch layout: Linear weights [out, in])."""
     cfg = model.cfg
     f32 = lambda x: np.asarray(x, np.float32)  # noqa: E731
-    tensors = {"model.embed_tokens.weight": f32(model.wte[: cfg.vocab_size]),
-               "model.norm.weight": f32(model.ln_f.weight)}
+    tensors = {
+        "model.embed_tokens.weight": f32(model.wte[: cfg.vocab_size]),
+        "model.norm.weight": f32(model.ln_f.weight),
+    }
     if model.lm_head is not None:  # tied: transformers takes the head from the embedding
         tensors["lm_head.weight"] = f32(model.lm_head[: cfg.vocab_size])
     blocks = jax.tree.map(f32, model.blocks)
@@ -91,8 +117,13 @@ def to_llama_tensors(model: GPT) -> dict[str, np.ndarray]:
         kinds = ("weight", "bias") if cfg.bias else ("weight",)
         for kind in kinds:
             qkv, fc = getattr(b.qkv, kind), getattr(b.fc, kind)
-            parts = dict(zip("qkv", _unfuse_qkv(qkv, cfg)), o=getattr(b.attn_proj, kind), gate=fc[..., 0],
-                         up=fc[..., 1], down=getattr(b.mlp_proj, kind))
+            parts = dict(
+                zip("qkv", _unfuse_qkv(qkv, cfg)),
+                o=getattr(b.attn_proj, kind),
+                gate=fc[..., 0],
+                up=fc[..., 1],
+                down=getattr(b.mlp_proj, kind),
+            )
             for name, x in parts.items():
                 tensors[f"{n[name]}.{kind}"] = np.ascontiguousarray(x.T)  # a bias's .T is itself
         tensors[n["ln1"]], tensors[n["ln2"]] = b.ln1.weight, b.ln2.weight
@@ -103,17 +134,21 @@ def check_llama_config(folder: Any, config: dict[str, Any], cfg: GPTConfig) -> N
     """The folder's Llama config against the run's model: one line naming every difference."""
     at = f"init_from=hf:{folder}"
     if not (Path(folder) / "gpt_jax_tokenizer.json").exists():
-        raise ConfigError(f"{at}: a Llama folder not exported by this pipeline (no gpt_jax_tokenizer.json): its "
-                          "tokenizer is none this pipeline has; export Llama-style runs with scripts/export_hf.py")
+        raise ConfigError(
+            f"{at}: a Llama folder not exported by this pipeline (no gpt_jax_tokenizer.json): its "
+            "tokenizer is none this pipeline has; export Llama-style runs with scripts/export_hf.py"
+        )
     if (problem := llama_problem(cfg)) is not None:
-        raise ConfigError(f"{at}: a Llama checkpoint, but the run's {problem}; choose a llama preset "
-                          "(e.g. model=llama-124m)")
+        raise ConfigError(
+            f"{at}: a Llama checkpoint, but the run's {problem}; choose a llama preset (e.g. model=llama-124m)"
+        )
     if config.get("hidden_act", "silu") != "silu":
         raise ConfigError(f"{at}: hidden_act {config['hidden_act']} is not SwiGLU's silu")
     rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
     if rope.get("rope_type", rope.get("type", "default")) != "default":
-        raise ConfigError(f"{at}: its rope scaling {rope.get('rope_type', rope.get('type'))!r} is not supported "
-                          "(plain rotary only)")
+        raise ConfigError(
+            f"{at}: its rope scaling {rope.get('rope_type', rope.get('type'))!r} is not supported (plain rotary only)"
+        )
     heads = config.get("num_attention_heads")
     hidden = config.get("hidden_size")
     theirs = {
@@ -121,11 +156,17 @@ def check_llama_config(folder: Any, config: dict[str, Any], cfg: GPTConfig) -> N
         "num_attention_heads": ("model.n_head", heads, cfg.n_head),
         "num_key_value_heads": ("model.n_kv_head", config.get("num_key_value_heads", heads), cfg.kv_heads),
         "hidden_size": ("model.n_embd", hidden, cfg.n_embd),
-        "head_dim": ("model.n_embd / model.n_head", config.get("head_dim") or (hidden // heads if heads else None),
-                     cfg.head_dim),
+        "head_dim": (
+            "model.n_embd / model.n_head",
+            config.get("head_dim") or (hidden // heads if heads else None),
+            cfg.head_dim,
+        ),
         "intermediate_size": ("model.mlp_hidden", config.get("intermediate_size"), cfg.mlp_width),
-        "rope_theta": ("model.rope_theta", float(rope.get("rope_theta", config.get("rope_theta", 10000.0))),
-                       float(cfg.rope_theta)),
+        "rope_theta": (
+            "model.rope_theta",
+            float(rope.get("rope_theta", config.get("rope_theta", 10000.0))),
+            float(cfg.rope_theta),
+        ),
         "tie_word_embeddings": ("model.tie_embeddings", config.get("tie_word_embeddings", False), cfg.tie_embeddings),
         "attention_bias": ("model.bias", config.get("attention_bias", False), cfg.bias),
         "mlp_bias": ("model.bias", config.get("mlp_bias", False), cfg.bias),
@@ -144,8 +185,10 @@ def from_llama_tensors(tensors: dict[str, np.ndarray], like: GPT, key: jax.Array
     def vocab(name: str, k: jax.Array) -> jax.Array:
         rows = tensors[name]
         if rows.shape[0] > cfg.vocab_size:
-            raise DataError(f"the checkpoint has {rows.shape[0]} token rows, more than the tokenizer's "
-                            f"{cfg.vocab_size}; use the tokenizer it was trained with")
+            raise DataError(
+                f"the checkpoint has {rows.shape[0]} token rows, more than the tokenizer's "
+                f"{cfg.vocab_size}; use the tokenizer it was trained with"
+            )
         fresh = INIT_STD * np.asarray(jax.random.normal(k, (cfg.padded_vocab_size - rows.shape[0], cfg.n_embd)))
         return jnp.asarray(np.concatenate([rows, fresh.astype(np.float32)]))
 
@@ -168,12 +211,21 @@ def from_llama_tensors(tensors: dict[str, np.ndarray], like: GPT, key: jax.Array
         return Linear(make("weight"), make("bias") if cfg.bias else None)
 
     blocks = Block(
-        ln1=RMSNorm(jnp.asarray(stacked("ln1"))), qkv=linear(qkv),
+        ln1=RMSNorm(jnp.asarray(stacked("ln1"))),
+        qkv=linear(qkv),
         attn_proj=linear(lambda kind: jnp.asarray(stacked("o", kind))),
-        ln2=RMSNorm(jnp.asarray(stacked("ln2"))), fc=linear(swiglu),
+        ln2=RMSNorm(jnp.asarray(stacked("ln2"))),
+        fc=linear(swiglu),
         mlp_proj=linear(lambda kind: jnp.asarray(stacked("down", kind))),
-        q_norm=None, k_norm=None,
+        q_norm=None,
+        k_norm=None,
     )
     head = None if cfg.tie_embeddings else vocab("lm_head.weight", k_head)
-    return GPT(wte=vocab("model.embed_tokens.weight", k_wte), wpe=None, blocks=blocks,
-               ln_f=RMSNorm(jnp.asarray(tensors["model.norm.weight"])), lm_head=head, cfg=cfg)
+    return GPT(
+        wte=vocab("model.embed_tokens.weight", k_wte),
+        wpe=None,
+        blocks=blocks,
+        ln_f=RMSNorm(jnp.asarray(tensors["model.norm.weight"])),
+        lm_head=head,
+        cfg=cfg,
+    )

@@ -26,11 +26,14 @@ class LayerCache(eqx.Module):
     start: jax.Array
     empty: bool = eqx.field(static=True)
 
-    def attend(self, q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array, implementation: str
-               ) -> tuple[jax.Array, LayerCache]:
+    def attend(
+        self, q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array, implementation: str
+    ) -> tuple[jax.Array, LayerCache]:
         """Write the new keys and values at their rows' positions, then attend from each new token to every
         position up to its own."""
-        write = jax.vmap(lambda cache, new, s: jax.lax.dynamic_update_slice_in_dim(cache, new.astype(cache.dtype), s, 0))
+        write = jax.vmap(
+            lambda cache, new, s: jax.lax.dynamic_update_slice_in_dim(cache, new.astype(cache.dtype), s, 0)
+        )
         k_BCKH, v_BCKH = write(self.k, k_BTKH, self.start), write(self.v, v_BTKH, self.start)
         if self.empty:
             y_BTNH = causal_attention(q_BTNH, k_BTKH, v_BTKH, implementation)

@@ -55,8 +55,9 @@ def chunk_length(batch: int, time: int, chunk_tokens: int) -> int:
     return max(t for t in range(1, time + 1) if time % t == 0 and t <= most)
 
 
-def chunked_log_z_and_target_logit(h_BTD: jax.Array, w_VD: jax.Array, targets_BT: jax.Array, vocab_size: int,
-                                   chunk_tokens: int, softcap: float = 0.0) -> tuple[jax.Array, jax.Array]:
+def chunked_log_z_and_target_logit(
+    h_BTD: jax.Array, w_VD: jax.Array, targets_BT: jax.Array, vocab_size: int, chunk_tokens: int, softcap: float = 0.0
+) -> tuple[jax.Array, jax.Array]:
     """log Z and the target's logit ([B, T] float32 each) without the [B, T, V] logits; equal to
     `log_z_and_target_logit(masked_logits(...), targets)` up to float rounding, and so are their gradients."""
     B, T = targets_BT.shape
@@ -109,8 +110,9 @@ def _chunked_bwd(vocab_size, t, softcap, residuals, cotangents):
             d_logits_BtV = d_logits_BtV * (1.0 - jnp.square(logits_BtV / softcap))
         d_logits_BtV = d_logits_BtV.astype(w_op.dtype)
         dh_BtD = jnp.einsum("btv,vd->btd", d_logits_BtV, w_op, preferred_element_type=jnp.float32)
-        dw_VD = dw_VD + jnp.einsum("btv,btd->vd", d_logits_BtV, h_BtD.astype(w_op.dtype),
-                                   preferred_element_type=jnp.float32)
+        dw_VD = dw_VD + jnp.einsum(
+            "btv,btd->vd", d_logits_BtV, h_BtD.astype(w_op.dtype), preferred_element_type=jnp.float32
+        )
         return dw_VD, dh_BtD.astype(h_BTD.dtype)
 
     xs = tuple(_to_chunks(x, t) for x in (h_op, targets_BT, log_z_BT, d_log_z_BT, d_target_BT))

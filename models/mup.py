@@ -35,4 +35,3 @@ def attention_multiplier(cfg: Any) -> float:
 def output_multiplier(cfg: Any) -> float:
     """The readout's 1/m."""
     return 1.0 / cfg.width_multiplier
-

@@ -20,8 +20,9 @@ class LayerNorm(eqx.Module):
 
     @staticmethod
     def init(d: int, bias: bool, weight: bool = True) -> LayerNorm:
-        return LayerNorm(jnp.ones((d,), jnp.float32) if weight else None,
-                         jnp.zeros((d,), jnp.float32) if bias else None)
+        return LayerNorm(
+            jnp.ones((d,), jnp.float32) if weight else None, jnp.zeros((d,), jnp.float32) if bias else None
+        )
 
     def __call__(self, x: jax.Array) -> jax.Array:
         x32 = x.astype(jnp.float32)

@@ -14,8 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 
 
-def sample_logits(logits_BV: jax.Array, key: jax.Array, temperature: float, top_k: int | None, top_p: float | None
-                  ) -> jax.Array:
+def sample_logits(
+    logits_BV: jax.Array, key: jax.Array, temperature: float, top_k: int | None, top_p: float | None
+) -> jax.Array:
     """One token id per row. temperature 0 = greedy; top_k / top_p keep the k most likely ids / the smallest set
     whose probability reaches p."""
     logits_BV = logits_BV.astype(jnp.float32)
@@ -36,16 +37,31 @@ def sample_logits(logits_BV: jax.Array, key: jax.Array, temperature: float, top_
 
 
 @eqx.filter_jit
-def _next_token(model: Any, window_BC: jax.Array, lengths_B: jax.Array, key: jax.Array, temperature: float,
-                top_k: int | None, top_p: float | None) -> jax.Array:
+def _next_token(
+    model: Any,
+    window_BC: jax.Array,
+    lengths_B: jax.Array,
+    key: jax.Array,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+) -> jax.Array:
     logits_BCV = model(window_BC)
     last_BV = jnp.take_along_axis(logits_BCV, (lengths_B - 1)[:, None, None], axis=1)[:, 0]
     return sample_logits(last_BV, key, temperature, top_k, top_p)
 
 
-def generate_no_cache(model: Any, prompts: list[list[int]], max_new_tokens: int, *, temperature: float = 1.0,
-                      top_k: int | None = None, top_p: float | None = None, seed: int = 0,
-                      eos_id: int | None = None) -> list[list[int]]:
+def generate_no_cache(
+    model: Any,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int = 0,
+    eos_id: int | None = None,
+) -> list[list[int]]:
     """Continue each prompt by up to `max_new_tokens` ids (fewer once a row emits `eos_id`). Prompts may differ in
     length; when a sequence outgrows the context, the model sees its last `context_size` tokens."""
     context = model.cfg.context_size
@@ -67,4 +83,4 @@ def generate_no_cache(model: Any, prompts: list[list[int]], max_new_tokens: int,
                 done[row] = eos_id is not None and int(token) == eos_id
         if all(done):
             break
-    return [seq[len(p):] for seq, p in zip(sequences, prompts)]
+    return [seq[len(p) :] for seq, p in zip(sequences, prompts)]

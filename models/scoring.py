@@ -37,8 +37,9 @@ def padded_rows(n: int, most: int) -> int:
 
 
 @eqx.filter_jit
-def _score_rows(model: Any, inputs_BL: jax.Array, targets_BL: jax.Array, first_B: jax.Array, end_B: jax.Array
-                ) -> tuple[jax.Array, jax.Array]:
+def _score_rows(
+    model: Any, inputs_BL: jax.Array, targets_BL: jax.Array, first_B: jax.Array, end_B: jax.Array
+) -> tuple[jax.Array, jax.Array]:
     """Per row: the summed log-probability of the targets at positions [first, end), and whether each of them is
     the most likely token there."""
     logits_BLV = model(inputs_BL).astype(jnp.float32)
@@ -51,8 +52,9 @@ def _score_rows(model: Any, inputs_BL: jax.Array, targets_BL: jax.Array, first_B
     return logprob_B, jnp.all(greedy_BL | ~scored_BL, axis=1)
 
 
-def continuation_logprobs(model: Any, requests: Sequence[tuple[Sequence[int], Sequence[int]]],
-                          batch_tokens: int = DEFAULT_BATCH_TOKENS) -> list[tuple[float, bool]]:
+def continuation_logprobs(
+    model: Any, requests: Sequence[tuple[Sequence[int], Sequence[int]]], batch_tokens: int = DEFAULT_BATCH_TOKENS
+) -> list[tuple[float, bool]]:
     """(log P(continuation | context), is the continuation greedy) for each (context ids, continuation ids).
 
     Every context needs at least one token (e.g. <EOS> for "no context"); a continuation may be as long as the
@@ -61,9 +63,11 @@ def continuation_logprobs(model: Any, requests: Sequence[tuple[Sequence[int], Se
     rows = []  # (inputs, targets, first scored position)
     for context, continuation in requests:
         if not context or not continuation or len(continuation) > context_size:
-            raise ValueError(f"a request needs a context of at least one token and a continuation of 1 to "
-                             f"{context_size} tokens; got {len(context)} and {len(continuation)}")
-        window = (list(context) + list(continuation))[-(context_size + 1):]
+            raise ValueError(
+                f"a request needs a context of at least one token and a continuation of 1 to "
+                f"{context_size} tokens; got {len(context)} and {len(continuation)}"
+            )
+        window = (list(context) + list(continuation))[-(context_size + 1) :]
         rows.append((window[:-1], window[1:], len(window) - 1 - len(continuation)))
     lengths = padded_lengths(context_size)
     results: list[tuple[float, bool]] = [(0.0, False)] * len(rows)
@@ -74,16 +78,17 @@ def continuation_logprobs(model: Any, requests: Sequence[tuple[Sequence[int], Se
     for length, indices in by_length.items():
         most_rows = max(1, batch_tokens // length)
         for start in range(0, len(indices), most_rows):
-            chunk = indices[start:start + most_rows]
+            chunk = indices[start : start + most_rows]
             n_rows = padded_rows(len(chunk), most_rows)
             inputs, targets = np.zeros((n_rows, length), np.int32), np.zeros((n_rows, length), np.int32)
             first, end = np.zeros(n_rows, np.int32), np.zeros(n_rows, np.int32)  # padding rows score nothing
             for r, i in enumerate(chunk):
                 row_inputs, row_targets, row_first = rows[i]
-                inputs[r, :len(row_inputs)], targets[r, :len(row_targets)] = row_inputs, row_targets
+                inputs[r, : len(row_inputs)], targets[r, : len(row_targets)] = row_inputs, row_targets
                 first[r], end[r] = row_first, len(row_inputs)
-            logprob, greedy = _score_rows(model, jnp.asarray(inputs), jnp.asarray(targets), jnp.asarray(first),
-                                          jnp.asarray(end))
+            logprob, greedy = _score_rows(
+                model, jnp.asarray(inputs), jnp.asarray(targets), jnp.asarray(first), jnp.asarray(end)
+            )
             logprob, greedy = np.asarray(logprob), np.asarray(greedy)
             for r, i in enumerate(chunk):
                 results[i] = (float(logprob[r]), bool(greedy[r]))

@@ -34,9 +34,21 @@ from optimizers.registry import LR_USE, OPTIMIZERS, register
 from optimizers.schedules import build_schedule, own_warmups_in_steps
 from optimizers.wrappers import cautious
 
-__all__ = ["build_optimizer", "build_schedule", "own_warmups_in_steps", "geometry_groups", "grad_norm_of",
-           "applied_lr_of", "continue_schedule_at", "lr_schedule_of", "lr_step_of", "OPTIMIZERS", "lr_multipliers",
-           "eval_params", "register"]
+__all__ = [
+    "build_optimizer",
+    "build_schedule",
+    "own_warmups_in_steps",
+    "geometry_groups",
+    "grad_norm_of",
+    "applied_lr_of",
+    "continue_schedule_at",
+    "lr_schedule_of",
+    "lr_step_of",
+    "OPTIMIZERS",
+    "lr_multipliers",
+    "eval_params",
+    "register",
+]
 
 
 class GradNormState(NamedTuple):
@@ -132,8 +144,9 @@ def mup_lr_scale(model: Any) -> list[optax.GradientTransformation]:
     return [optax.masked(optax.scale(1.0 / m), fixed(hidden))]
 
 
-def build_optimizer(cfg: Any, schedule: optax.Schedule, model: Any,
-                    grad_accum_steps: int) -> optax.GradientTransformation:
+def build_optimizer(
+    cfg: Any, schedule: optax.Schedule, model: Any, grad_accum_steps: int
+) -> optax.GradientTransformation:
     """`cfg`: the `optimizer` config section; `model`: gives the weight-decay masks and the parameters' labels."""
     direction = build_grouped_direction(cfg, model)
     schedule = lr_schedule_of(cfg, schedule)

@@ -18,12 +18,30 @@ from optimizers.registry import register
 
 
 @register("adafactor")
-def adafactor(model, *, factored: bool, min_dim_size_to_factor: int, decay_rate: float, decay_offset: int,
-              multiply_by_parameter_scale: bool, clipping_threshold: float, momentum: float, eps: float,
-              weight_decay: float) -> optax.GradientTransformation:
+def adafactor(
+    model,
+    *,
+    factored: bool,
+    min_dim_size_to_factor: int,
+    decay_rate: float,
+    decay_offset: int,
+    multiply_by_parameter_scale: bool,
+    clipping_threshold: float,
+    momentum: float,
+    eps: float,
+    weight_decay: float,
+) -> optax.GradientTransformation:
     """clipping_threshold, momentum, weight_decay: 0 turns each off."""
     return optax.adafactor(
-        1.0, min_dim_size_to_factor=min_dim_size_to_factor, decay_rate=decay_rate, decay_offset=decay_offset,
-        multiply_by_parameter_scale=multiply_by_parameter_scale, clipping_threshold=clipping_threshold or None,
-        momentum=momentum or None, weight_decay_rate=weight_decay or None, eps=eps, factored=factored,
-        weight_decay_mask=fixed(model.weight_decay_mask()))
+        1.0,
+        min_dim_size_to_factor=min_dim_size_to_factor,
+        decay_rate=decay_rate,
+        decay_offset=decay_offset,
+        multiply_by_parameter_scale=multiply_by_parameter_scale,
+        clipping_threshold=clipping_threshold or None,
+        momentum=momentum or None,
+        weight_decay_rate=weight_decay or None,
+        eps=eps,
+        factored=factored,
+        weight_decay_mask=fixed(model.weight_decay_mask()),
+    )

@@ -94,8 +94,9 @@ class ScaleByAdamMiniState(NamedTuple):
     nu: Any  # second moment, one per block (shapes from each tensor's rule)
 
 
-def scale_by_adam_mini(roles: dict[str, Role], head_dim: int, vocab: int, beta1: float, beta2: float,
-                       eps: float) -> optax.GradientTransformation:
+def scale_by_adam_mini(
+    roles: dict[str, Role], head_dim: int, vocab: int, beta1: float, beta2: float, eps: float
+) -> optax.GradientTransformation:
     def rule(role, x):
         return block_rule(role, x.shape, head_dim, vocab)
 
@@ -104,18 +105,23 @@ def scale_by_adam_mini(roles: dict[str, Role], head_dim: int, vocab: int, beta1:
             shapes = jax.eval_shape(rule(role, p).mean_square, jax.ShapeDtypeStruct(p.shape, jnp.float32))
             return jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), shapes)
 
-        return ScaleByAdamMiniState(jnp.zeros([], jnp.int32), optax.tree.zeros_like(params, jnp.float32),
-                                    map_roles(zeros, roles, params))
+        return ScaleByAdamMiniState(
+            jnp.zeros([], jnp.int32), optax.tree.zeros_like(params, jnp.float32), map_roles(zeros, roles, params)
+        )
 
     def update(updates, state, params=None):
         del params
         count = optax.safe_increment(state.count)
         mu = optax.tree.update_moment(updates, state.mu, beta1, 1)
         nu = map_roles(
-            lambda role, g, v: jax.tree.map(lambda old, new: beta2 * old + (1 - beta2) * new, v,
-                                            rule(role, g).mean_square(g.astype(jnp.float32))),
-            roles, updates, state.nu)
-        bc1, bc2 = 1 - beta1 ** count, 1 - beta2 ** count
+            lambda role, g, v: jax.tree.map(
+                lambda old, new: beta2 * old + (1 - beta2) * new, v, rule(role, g).mean_square(g.astype(jnp.float32))
+            ),
+            roles,
+            updates,
+            state.nu,
+        )
+        bc1, bc2 = 1 - beta1**count, 1 - beta2**count
 
         def direction(role, g, m, v):
             v_hat = rule(role, g).per_entry(v, g.shape) / bc2
@@ -129,8 +135,9 @@ def scale_by_adam_mini(roles: dict[str, Role], head_dim: int, vocab: int, beta1:
 @register("adam_mini")
 def adam_mini(model, *, beta1: float, beta2: float, eps: float, weight_decay: float) -> optax.GradientTransformation:
     return optax.chain(
-        scale_by_adam_mini(roles_of(model), model.cfg.n_embd // model.cfg.n_head, model.cfg.padded_vocab_size,
-                           beta1, beta2, eps),
+        scale_by_adam_mini(
+            roles_of(model), model.cfg.n_embd // model.cfg.n_head, model.cfg.padded_vocab_size, beta1, beta2, eps
+        ),
         optax.add_decayed_weights(weight_decay, fixed(model.weight_decay_mask())),
         optax.scale(-1.0),
     )

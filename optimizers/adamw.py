@@ -23,9 +23,10 @@ class AdamAblationState(NamedTuple):
     nu: optax.Updates
 
 
-def scale_by_adam_ablation(beta1: float, beta2: float, eps: float, debias: bool,
-                           precondition: bool) -> optax.GradientTransformation:
-    """m / (sqrt(v) + eps), each moment bias-corrected when `debias`, v dropped (the step is m) unless `precondition`."""
+def scale_by_adam_ablation(
+    beta1: float, beta2: float, eps: float, debias: bool, precondition: bool
+) -> optax.GradientTransformation:
+    """m / (sqrt(v) + eps), moments bias-corrected when `debias`; v dropped (the step is m) unless `precondition`."""
 
     def init(params):
         zeros = jax.tree.map(jnp.zeros_like, params)
@@ -48,10 +49,21 @@ def scale_by_adam_ablation(beta1: float, beta2: float, eps: float, debias: bool,
 
 
 @register("adamw")
-def adamw(model, *, beta1: float, beta2: float, eps: float, weight_decay: float, debias: bool = True,
-          precondition: bool = True) -> optax.GradientTransformation:
+def adamw(
+    model,
+    *,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    debias: bool = True,
+    precondition: bool = True,
+) -> optax.GradientTransformation:
     mask = fixed(model.weight_decay_mask())
     if debias and precondition:
         return optax.adamw(1.0, beta1, beta2, eps, weight_decay=weight_decay, mask=mask)
-    return optax.chain(scale_by_adam_ablation(beta1, beta2, eps, debias, precondition),
-                       optax.add_decayed_weights(weight_decay, mask), optax.scale(-1.0))
+    return optax.chain(
+        scale_by_adam_ablation(beta1, beta2, eps, debias, precondition),
+        optax.add_decayed_weights(weight_decay, mask),
+        optax.scale(-1.0),
+    )

@@ -38,8 +38,25 @@ def beta3_schedule(beta_start: float, beta3: float, warmup: int) -> optax.Scalar
 
 
 @register("ademamix")
-def ademamix(model, *, beta1: float, beta2: float, beta3: float, alpha: float, alpha_warmup: int, beta3_warmup: int,
-             eps: float, weight_decay: float) -> optax.GradientTransformation:
-    return optax.contrib.ademamix(1.0, b1=beta1, b2=beta2, b3=beta3_schedule(beta1, beta3, beta3_warmup),
-                                  alpha=alpha_schedule(alpha, alpha_warmup), eps=eps, weight_decay=weight_decay,
-                                  mask=fixed(model.weight_decay_mask()))
+def ademamix(
+    model,
+    *,
+    beta1: float,
+    beta2: float,
+    beta3: float,
+    alpha: float,
+    alpha_warmup: int,
+    beta3_warmup: int,
+    eps: float,
+    weight_decay: float,
+) -> optax.GradientTransformation:
+    return optax.contrib.ademamix(
+        1.0,
+        b1=beta1,
+        b2=beta2,
+        b3=beta3_schedule(beta1, beta3, beta3_warmup),
+        alpha=alpha_schedule(alpha, alpha_warmup),
+        eps=eps,
+        weight_decay=weight_decay,
+        mask=fixed(model.weight_decay_mask()),
+    )

@@ -17,5 +17,6 @@ from optimizers.registry import register
 @register("cocob", lr="own")
 def cocob(model, *, alpha: float, eps: float, weight_decay: float) -> optax.GradientTransformation:
     """eps: the initial scale L_0 of each coordinate's gradients (keeps the first bet finite)."""
-    return optax.contrib.cocob(1.0, alpha=alpha, eps=eps, weight_decay=weight_decay,
-                               mask=fixed(model.weight_decay_mask()))
+    return optax.contrib.cocob(
+        1.0, alpha=alpha, eps=eps, weight_decay=weight_decay, mask=fixed(model.weight_decay_mask())
+    )

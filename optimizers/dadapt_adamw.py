@@ -42,8 +42,16 @@ class DAdaptState(NamedTuple):
     s: Any  # the dlr-weighted gradient sum
 
 
-def dadapt_direction(beta1: float, beta2: float, eps: float, d0: float, growth_rate: float, weight_decay: float,
-                     roles: dict[str, Role], bias_correction: bool) -> optax.GradientTransformationExtraArgs:
+def dadapt_direction(
+    beta1: float,
+    beta2: float,
+    eps: float,
+    d0: float,
+    growth_rate: float,
+    weight_decay: float,
+    roles: dict[str, Role],
+    bias_correction: bool,
+) -> optax.GradientTransformationExtraArgs:
     """The direction for a unit lr (already negated), weight decay on the tensors whose role is decayed."""
     b = math.sqrt(beta2)
 
@@ -51,8 +59,14 @@ def dadapt_direction(beta1: float, beta2: float, eps: float, d0: float, growth_r
         def zeros():
             return optax.tree.zeros_like(params, jnp.float32)
 
-        return DAdaptState(jnp.zeros([], jnp.int32), jnp.asarray(d0, jnp.float32), jnp.zeros([], jnp.float32),
-                           zeros(), zeros(), zeros())
+        return DAdaptState(
+            jnp.zeros([], jnp.int32),
+            jnp.asarray(d0, jnp.float32),
+            jnp.zeros([], jnp.float32),
+            zeros(),
+            zeros(),
+            zeros(),
+        )
 
     def update(updates, state, params=None, lr=None, **extra):
         del extra
@@ -63,8 +77,7 @@ def dadapt_direction(beta1: float, beta2: float, eps: float, d0: float, growth_r
         d, k = state.d, state.count.astype(jnp.float32)
         c = jnp.sqrt(1 - beta2 ** (k + 1)) / (1 - beta1 ** (k + 1)) if bias_correction else 1.0
         dlr = d * lr * c
-        along = optax.tree.sum(jax.tree.map(lambda gi, si, v: gi * si / (jnp.sqrt(v) + eps), g, state.s,
-                                            state.nu))
+        along = optax.tree.sum(jax.tree.map(lambda gi, si, v: gi * si / (jnp.sqrt(v) + eps), g, state.s, state.nu))
         numerator = b * state.numerator + (1 - b) * dlr * along
         mu = jax.tree.map(lambda m, gi: beta1 * m + dlr * (1 - beta1) * gi, state.mu, g)
         nu = jax.tree.map(lambda v, gi: beta2 * v + (1 - beta2) * gi * gi, state.nu, g)
@@ -77,9 +90,17 @@ def dadapt_direction(beta1: float, beta2: float, eps: float, d0: float, growth_r
         # the reference's step is m / a + dlr * decay * x; the pipeline multiplies by lr afterwards
         safe_lr = jnp.where(lr > 0, lr, 1.0)
         direction = map_roles(
-            lambda role, m, v, xi: -(m / (safe_lr * (jnp.sqrt(v) + eps))
-                                     + (weight_decay * d * c * xi.astype(jnp.float32) if role.decayed else 0.0)),
-            roles, mu, nu, params)
+            lambda role, m, v, xi: (
+                -(
+                    m / (safe_lr * (jnp.sqrt(v) + eps))
+                    + (weight_decay * d * c * xi.astype(jnp.float32) if role.decayed else 0.0)
+                )
+            ),
+            roles,
+            mu,
+            nu,
+            params,
+        )
         direction = jax.tree.map(lambda u, o: u.astype(o.dtype), direction, updates)
         return direction, DAdaptState(state.count + 1, new_d, numerator, mu, nu, s)
 
@@ -87,8 +108,17 @@ def dadapt_direction(beta1: float, beta2: float, eps: float, d0: float, growth_r
 
 
 @register("dadapt_adamw", lr="shape")
-def dadapt_adamw(model, *, beta1: float, beta2: float, eps: float, d0: float, weight_decay: float,
-                 growth_rate: float = math.inf, bias_correction: bool = False) -> optax.GradientTransformation:
+def dadapt_adamw(
+    model,
+    *,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    d0: float,
+    weight_decay: float,
+    growth_rate: float = math.inf,
+    bias_correction: bool = False,
+) -> optax.GradientTransformation:
     """growth_rate: the most d may grow in a step (inf: unbounded; ~1.02 acts as a warmup). bias_correction: Adam's
     (off, as the reference)."""
     return dadapt_direction(beta1, beta2, eps, d0, growth_rate, weight_decay, roles_of(model), bias_correction)

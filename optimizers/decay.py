@@ -3,7 +3,8 @@ lr, beside the adaptive update: AdamW, Lion, Muon) or as L2, added to the gradie
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import optax
 
@@ -19,8 +20,9 @@ def l2(weight_decay: float, decay_mask: Any) -> optax.GradientTransformation:
     return optax.add_decayed_weights(weight_decay, fixed(decay_mask)) if weight_decay > 0 else optax.identity()
 
 
-def with_decay_mode(mode: str, weight_decay: float, decay_mask: Any,
-                    build: Callable[[float], optax.GradientTransformation]) -> optax.GradientTransformation:
+def with_decay_mode(
+    mode: str, weight_decay: float, decay_mask: Any, build: Callable[[float], optax.GradientTransformation]
+) -> optax.GradientTransformation:
     """`optimizer.weight_decay_mode`: `native` keeps the optimizer's own decay (`build(weight_decay)`); `l2` adds
     weight_decay x w to the gradient before the optimizer; `decoupled` subtracts it beside the optimizer's direction
     (then scaled by the lr, as AdamW's). The two set the optimizer's own decay to 0 (`build(0)`)."""

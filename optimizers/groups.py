@@ -25,12 +25,14 @@ import optax
 
 from core.errors import ConfigError
 from optimizers.decay import fixed, with_decay_mode
-from optimizers.registry import (LR_USE, OPTIMIZERS, RESERVED, build_direction, hyper_parameter_values,
-                                 hyper_parameters)
+from optimizers.registry import LR_USE, OPTIMIZERS, RESERVED, build_direction, hyper_parameter_values, hyper_parameters
 
 LABELS = ("token_embedding", "head", "position", "attn_qkv", "attn_out", "mlp_in", "mlp_out", "norm", "bias")
-COARSE = {"matrix": ("attn_qkv", "attn_out", "mlp_in", "mlp_out"), "vector": ("norm", "bias"),
-          "embedding": ("token_embedding", "head", "position")}
+COARSE = {
+    "matrix": ("attn_qkv", "attn_out", "mlp_in", "mlp_out"),
+    "vector": ("norm", "bias"),
+    "embedding": ("token_embedding", "head", "position"),
+}
 GROUP_KEYS = ("name", "labels", "lr_multiplier")  # a group's own keys, beside its optimizer's hyper-parameters
 REST = ""  # the partition's name for the parameters of no group (no group name in what they report)
 
@@ -46,8 +48,11 @@ def group_labels(name: str, group: Any) -> tuple[str, ...]:
     fine: list[str] = []
     for label in named:
         if label not in LABELS and label not in COARSE:
-            _fail(name, f"{label!r} is no parameter label; labels: {', '.join(LABELS)}; coarse: {', '.join(COARSE)}"
-                        " (a group named otherwise lists its labels: {labels: [...]})")
+            _fail(
+                name,
+                f"{label!r} is no parameter label; labels: {', '.join(LABELS)}; coarse: {', '.join(COARSE)}"
+                " (a group named otherwise lists its labels: {labels: [...]})",
+            )
         fine += COARSE.get(label, (label,))
     return tuple(dict.fromkeys(fine))
 
@@ -66,8 +71,11 @@ def check_groups(optimizer_cfg: Any) -> None:
         if optimizer not in OPTIMIZERS:
             _fail(f"{name}.name", f"must be one of {', '.join(sorted(OPTIMIZERS))}; got {optimizer!r}")
         if LR_USE.get(optimizer, "schedule") != "schedule" and optimizer != optimizer_cfg.name:
-            _fail(f"{name}.name", f"{optimizer} sets its own step size (and schedule-free its own evaluation weights): "
-                                  "it runs as optimizer.name, for every parameter, not in a group")
+            _fail(
+                f"{name}.name",
+                f"{optimizer} sets its own step size (and schedule-free its own evaluation weights): "
+                "it runs as optimizer.name, for every parameter, not in a group",
+            )
         allowed = set(GROUP_KEYS) | set(hyper_parameters(OPTIMIZERS[optimizer]))
         for key in group:
             if key not in allowed or key in RESERVED and key != "name":
@@ -82,8 +90,11 @@ def check_labels_present(optimizer_cfg: Any, present: set[str]) -> None:
     """Each group names at least one label the model has (`present`: the labels of its parameters)."""
     for name, group in (optimizer_cfg.groups or {}).items():
         if not present & set(group_labels(name, group)):
-            _fail(name, f"the model has no parameter labelled {' or '.join(group_labels(name, group))} (its labels: "
-                        f"{', '.join(l for l in LABELS if l in present)})")
+            _fail(
+                name,
+                f"the model has no parameter labelled {' or '.join(group_labels(name, group))} (its labels: "
+                f"{', '.join(label for label in LABELS if label in present)})",
+            )
 
 
 def group_config(optimizer_cfg: Any, group: Any) -> Any:
@@ -115,28 +126,36 @@ class _GroupView:
 
 def directed(optimizer_cfg: Any, model: Any) -> optax.GradientTransformation:
     """One optimizer's direction with its weight decay as `optimizer.weight_decay_mode` says (optimizers/decay.py)."""
-    return with_decay_mode(optimizer_cfg.weight_decay_mode, optimizer_cfg.weight_decay, model.weight_decay_mask(),
-                           lambda wd: build_direction(dataclasses.replace(optimizer_cfg, weight_decay=wd), model))
+    return with_decay_mode(
+        optimizer_cfg.weight_decay_mode,
+        optimizer_cfg.weight_decay,
+        model.weight_decay_mask(),
+        lambda wd: build_direction(dataclasses.replace(optimizer_cfg, weight_decay=wd), model),
+    )
 
 
 def assignment_of(optimizer_cfg: Any, model: Any) -> Any:
     """Each parameter's group (REST for none), as a tree shaped like the model's parameter labels."""
     labels = model.parameter_labels()
     check_labels_present(optimizer_cfg, set(jax.tree.leaves(labels)))
-    membership = {label: name for name, group in (optimizer_cfg.groups or {}).items()
-                  for label in group_labels(name, group)}
+    membership = {
+        label: name for name, group in (optimizer_cfg.groups or {}).items() for label in group_labels(name, group)
+    }
     return jax.tree.map(lambda label: membership.get(label, REST), labels)
 
 
-def geometry_groups(optimizer_cfg: Any, model: Any, whole: str = "model", rest: str = "rest"
-                    ) -> tuple[tuple[str, str], ...]:
+def geometry_groups(
+    optimizer_cfg: Any, model: Any, whole: str = "model", rest: str = "rest"
+) -> tuple[tuple[str, str], ...]:
     """(parameter path, its group) for every parameter, as the update geometry reports them
     (training/step/geometry.py): the optimizer's groups, `rest` for the parameters of none; every parameter `whole`'s
     when there are no groups."""
     tree = assignment_of(optimizer_cfg, model)
     paths = jax.tree_util.tree_flatten_with_path(tree)[0]
-    return tuple((jax.tree_util.keystr(path, simple=True, separator="."),
-                  whole if not optimizer_cfg.groups else (name or rest)) for path, name in paths)
+    return tuple(
+        (jax.tree_util.keystr(path, simple=True, separator="."), whole if not optimizer_cfg.groups else (name or rest))
+        for path, name in paths
+    )
 
 
 def build_grouped_direction(optimizer_cfg: Any, model: Any) -> optax.GradientTransformation:

@@ -74,6 +74,7 @@ def side_kind(size: int, max_size_triangular: int, is_matrix: bool) -> str | Non
 class Side(eqx.Module):
     """One side's factor Q: `tri` [B, s, s] upper triangular, `diag` [B, s], or none (q is None). The kind is static,
     so a list of sides passes through lax.cond as it is."""
+
     kind: str | None = eqx.field(static=True)
     q: Any
 
@@ -94,10 +95,11 @@ class Side(eqx.Module):
         if self.kind == "diag":
             return x / (self.q[:, :, None] if left else self.q[:, None, :])
         # one matrix per call on CPU, where jaxlib's batched kernels can deadlock XLA's thread pool (optimizers/soap.py)
-        return per_pair(lambda q, y: jax.lax.linalg.triangular_solve(q, y, left_side=left, lower=False,
-                                                                     transpose_a=left), self.q, x)
+        return per_pair(
+            lambda q, y: jax.lax.linalg.triangular_solve(q, y, left_side=left, lower=False, transpose_a=left), self.q, x
+        )
 
-    def refit(self, a: jax.Array, b: jax.Array, left: bool, precond_lr: float) -> "Side":
+    def refit(self, a: jax.Array, b: jax.Array, left: bool, precond_lr: float) -> Side:
         """One whitening step of this side from A = Q_l H Q_r^T and B = Q_l^{-T} V Q_r^{-1}."""
         if self.kind is None:
             return self
@@ -117,7 +119,7 @@ class Side(eqx.Module):
         """max|Q| per matrix, [B]."""
         return jnp.max(jnp.abs(self.q), axis=tuple(range(1, self.q.ndim)))
 
-    def scaled(self, c: jax.Array) -> "Side":
+    def scaled(self, c: jax.Array) -> Side:
         return Side(self.kind, self.q * c.reshape((-1,) + (1,) * (self.q.ndim - 1)))
 
 
@@ -165,17 +167,26 @@ def leaf_draws(leaf_key: jax.Array, name: str, shape: tuple[int, ...]) -> tuple[
     return jax.random.normal(k_probe, shape, jnp.float32), jax.random.normal(k_noise, shape, jnp.float32)
 
 
-def draws(key: jax.Array, shapes: dict[str, tuple[int, ...]]
-          ) -> tuple[jax.Array, dict[str, jax.Array], dict[str, jax.Array]]:
+def draws(
+    key: jax.Array, shapes: dict[str, tuple[int, ...]]
+) -> tuple[jax.Array, dict[str, jax.Array], dict[str, jax.Array]]:
     """Every draw of a step at once: the refit draw, and the probes and noise by parameter path."""
     u, leaf_key = refit_draw(key)
     pairs = {name: leaf_draws(leaf_key, name, shape) for name, shape in shapes.items()}
     return u, {name: v for name, (v, _) in pairs.items()}, {name: z for name, (_, z) in pairs.items()}
 
 
-def kron_direction(roles: dict[str, Role], beta1: float, weight_decay: float, precond_lr: float,
-                   precond_update_probability: float, max_size_triangular: int, precond_init_scale: float,
-                   momentum_into_precond: bool, seed: int = 0) -> optax.GradientTransformation:
+def kron_direction(
+    roles: dict[str, Role],
+    beta1: float,
+    weight_decay: float,
+    precond_lr: float,
+    precond_update_probability: float,
+    max_size_triangular: int,
+    precond_init_scale: float,
+    momentum_into_precond: bool,
+    seed: int = 0,
+) -> optax.GradientTransformation:
     """The whole step for a unit lr, weight decay included, already negated."""
 
     def kinds(role: Role, x: jax.Array) -> tuple[str | None, str | None]:
@@ -188,12 +199,20 @@ def kron_direction(roles: dict[str, Role], beta1: float, weight_decay: float, pr
             kind, size = kinds(role, p)[0 if left else 1], (m if left else n)
             if kind is None:
                 return None
-            return jnp.broadcast_to(jnp.eye(size, dtype=jnp.float32), (b, size, size)) if kind == "tri" else \
-                jnp.ones((b, size), jnp.float32)
+            return (
+                jnp.broadcast_to(jnp.eye(size, dtype=jnp.float32), (b, size, size))
+                if kind == "tri"
+                else jnp.ones((b, size), jnp.float32)
+            )
 
-        return KronState(jnp.zeros([], jnp.int32), jax.random.PRNGKey(seed), optax.tree.zeros_like(params, jnp.float32),
-                         map_roles(lambda r, p: factor(r, p, True), roles, params),
-                         map_roles(lambda r, p: factor(r, p, False), roles, params), jnp.ones([], jnp.float32))
+        return KronState(
+            jnp.zeros([], jnp.int32),
+            jax.random.PRNGKey(seed),
+            optax.tree.zeros_like(params, jnp.float32),
+            map_roles(lambda r, p: factor(r, p, True), roles, params),
+            map_roles(lambda r, p: factor(r, p, False), roles, params),
+            jnp.ones([], jnp.float32),
+        )
 
     def update(updates, state, params=None):
         if params is None:
@@ -203,22 +222,26 @@ def kron_direction(roles: dict[str, Role], beta1: float, weight_decay: float, pr
         mu_hat = optax.tree.bias_correction(mu, beta1, count)
         fitted = mu_hat if momentum_into_precond else jax.tree.map(lambda g: g.astype(jnp.float32), updates)
 
-        names = [jax.tree_util.keystr(p, simple=True, separator=".")
-                 for p, _ in jax.tree_util.tree_flatten_with_path(updates)[0]]
+        names = [
+            jax.tree_util.keystr(p, simple=True, separator=".")
+            for p, _ in jax.tree_util.tree_flatten_with_path(updates)[0]
+        ]
         leaves_g = jax.tree.leaves(fitted)
         key, step_key = jax.random.split(state.key)
         u, leaf_key = refit_draw(step_key)
         treedef = jax.tree.structure(updates)
         lefts = treedef.flatten_up_to(state.q_left)
         rights = treedef.flatten_up_to(state.q_right)
-        sides = [(Side(kl, ql), Side(kr, qr)) for (kl, kr), ql, qr in
-                 zip((kinds(roles[n], g) for n, g in zip(names, leaves_g)), lefts, rights)]
+        sides = [
+            (Side(kl, ql), Side(kr, qr))
+            for (kl, kr), ql, qr in zip((kinds(roles[n], g) for n, g in zip(names, leaves_g)), lefts, rights)
+        ]
 
         def start_scale(h: jax.Array) -> jax.Array:
             """[B]: the start scale of P's factors for matrices h [B, m, n]."""
             if precond_init_scale > 0:
                 return jnp.full(h.shape[:1], precond_init_scale, jnp.float32)
-            s = jnp.mean(h ** 4, axis=(1, 2)) ** (-1 / 8)
+            s = jnp.mean(h**4, axis=(1, 2)) ** (-1 / 8)
             return jnp.where(jnp.isfinite(s) & (s > 0), s, 1.0)
 
         def first(sides_now):
@@ -249,14 +272,18 @@ def kron_direction(roles: dict[str, Role], beta1: float, weight_decay: float, pr
 
         keep = lambda sides_now: sides_now  # noqa: E731
         sides = jax.lax.cond(state.count == 0, first, keep, sides)
-        probability = update_probability(count) if precond_update_probability < 0 else \
-            jnp.asarray(precond_update_probability, jnp.float32)
+        probability = (
+            update_probability(count)
+            if precond_update_probability < 0
+            else jnp.asarray(precond_update_probability, jnp.float32)
+        )
         sides = jax.lax.cond(u < probability, refit, keep, sides)
 
         directions = []
         decayed = [roles[n].decayed for n in names]
-        for (left, right), m, g, p, n, d in zip(sides, jax.tree.leaves(mu_hat), jax.tree.leaves(updates),
-                                                jax.tree.leaves(params), names, decayed):
+        for (left, right), m, g, p, n, d in zip(
+            sides, jax.tree.leaves(mu_hat), jax.tree.leaves(updates), jax.tree.leaves(params), names, decayed
+        ):
             x = as_matrices(m, roles[n])
             x = right.apply(left.apply(x, left=True), left=False)  # Q_l M Q_r^T
             x = right.apply(left.apply(x, left=True, transpose=True), left=False, transpose=True)  # Q_l^T . Q_r
@@ -275,21 +302,40 @@ def kron_direction(roles: dict[str, Role], beta1: float, weight_decay: float, pr
 
 
 @register("kron")
-def kron(model, *, beta1: float, weight_decay: float, precond_lr: float = 0.1,
-         precond_update_probability: float = -1.0, max_size_triangular: int = 8192, precond_init_scale: float = 0.0,
-         momentum_into_precond: bool = True) -> optax.GradientTransformation:
+def kron(
+    model,
+    *,
+    beta1: float,
+    weight_decay: float,
+    precond_lr: float = 0.1,
+    precond_update_probability: float = -1.0,
+    max_size_triangular: int = 8192,
+    precond_init_scale: float = 0.0,
+    momentum_into_precond: bool = True,
+) -> optax.GradientTransformation:
     if not 0 < precond_lr < 1:
         raise ConfigError(f"config: optimizer.precond_lr: must be in (0, 1); got {precond_lr}")
     if not (precond_update_probability < 0 or 0 < precond_update_probability <= 1):
-        raise ConfigError("config: optimizer.precond_update_probability: must be in (0, 1], or negative for the "
-                          f"decaying schedule; got {precond_update_probability}")
+        raise ConfigError(
+            "config: optimizer.precond_update_probability: must be in (0, 1], or negative for the "
+            f"decaying schedule; got {precond_update_probability}"
+        )
     if max_size_triangular < 1:
         raise ConfigError(f"config: optimizer.max_size_triangular: must be >= 1; got {max_size_triangular}")
     if precond_init_scale < 0:
-        raise ConfigError("config: optimizer.precond_init_scale: must be >= 0 (0: from the first gradient); got "
-                          f"{precond_init_scale}")
-    return kron_direction(roles_of(model), beta1, weight_decay, precond_lr, precond_update_probability,
-                          max_size_triangular, precond_init_scale, momentum_into_precond)
+        raise ConfigError(
+            f"config: optimizer.precond_init_scale: must be >= 0 (0: from the first gradient); got {precond_init_scale}"
+        )
+    return kron_direction(
+        roles_of(model),
+        beta1,
+        weight_decay,
+        precond_lr,
+        precond_update_probability,
+        max_size_triangular,
+        precond_init_scale,
+        momentum_into_precond,
+    )
 
 
 @reads(KronState)

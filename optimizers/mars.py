@@ -61,8 +61,9 @@ def scale_by_mars_correction(gamma: float, beta1: float, roles: dict[str, Role])
 
 
 @register("mars")
-def mars(model, *, gamma: float, beta1: float, beta2: float, eps: float,
-         weight_decay: float) -> optax.GradientTransformation:
+def mars(
+    model, *, gamma: float, beta1: float, beta2: float, eps: float, weight_decay: float
+) -> optax.GradientTransformation:
     if gamma < 0:
         raise ConfigError(f"config: optimizer.gamma: must be >= 0; got {gamma}")
     return optax.chain(

@@ -22,9 +22,18 @@ from optimizers.reporting import report, rms
 
 
 @register("muon")
-def muon(model, *, momentum: float, nesterov: bool, beta1: float, beta2: float, weight_decay: float,
-         ns_steps: int = 5, consistent_rms: Optional[float] = None,
-         orthogonalize_embeddings: bool = False) -> optax.GradientTransformation:
+def muon(
+    model,
+    *,
+    momentum: float,
+    nesterov: bool,
+    beta1: float,
+    beta2: float,
+    weight_decay: float,
+    ns_steps: int = 5,
+    consistent_rms: Optional[float] = None,
+    orthogonalize_embeddings: bool = False,
+) -> optax.GradientTransformation:
     """The matrices are stacked [layer, in, *out]: axis 1 is reduced, the rest are the output, the layer axis is a
     batch axis. `orthogonalize_embeddings`: the token and position embeddings [rows, D] this optimizer gets are
     orthogonalised too (rows as the output, D reduced: the tied head's layout), instead of taking the Adam fallback."""
@@ -34,6 +43,7 @@ def muon(model, *, momentum: float, nesterov: bool, beta1: float, beta2: float, 
 
     def dimensions(params):
         """Orthogonalise the blocks' matrices this optimizer gets (a parameter group's are a part of them)."""
+
         def spec(m, label, w):
             if not hasattr(w, "ndim"):
                 return None
@@ -44,7 +54,16 @@ def muon(model, *, momentum: float, nesterov: bool, beta1: float, beta2: float, 
         return jax.tree.map(spec, is_matrix, labels, params)
 
     muon_update = optax.contrib.muon(
-        1.0, ns_steps=ns_steps, beta=momentum, nesterov=nesterov, weight_decay=weight_decay,
-        weight_decay_mask=fixed(model.weight_decay_mask()), consistent_rms=consistent_rms,
-        adam_b1=beta1, adam_b2=beta2, adam_weight_decay=weight_decay, muon_weight_dimension_numbers=dimensions)
+        1.0,
+        ns_steps=ns_steps,
+        beta=momentum,
+        nesterov=nesterov,
+        weight_decay=weight_decay,
+        weight_decay_mask=fixed(model.weight_decay_mask()),
+        consistent_rms=consistent_rms,
+        adam_b1=beta1,
+        adam_b2=beta2,
+        adam_weight_decay=weight_decay,
+        muon_weight_dimension_numbers=dimensions,
+    )
     return optax.chain(muon_update, report("muon_update_rms", rms))  # logged as optimizer/muon_update_rms

@@ -11,7 +11,9 @@ from optimizers.registry import register
 
 
 @register("nadamw")
-def nadamw(model, *, beta1: float, beta2: float, eps: float, weight_decay: float,
-           nesterov: bool) -> optax.GradientTransformation:
-    return optax.nadamw(1.0, beta1, beta2, eps, weight_decay=weight_decay, mask=fixed(model.weight_decay_mask()),
-                        nesterov=nesterov)
+def nadamw(
+    model, *, beta1: float, beta2: float, eps: float, weight_decay: float, nesterov: bool
+) -> optax.GradientTransformation:
+    return optax.nadamw(
+        1.0, beta1, beta2, eps, weight_decay=weight_decay, mask=fixed(model.weight_decay_mask()), nesterov=nesterov
+    )

@@ -9,7 +9,8 @@ the leaves it does get are the model's own.
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 
@@ -38,12 +39,15 @@ def path_name(path: tuple) -> str:
 
 def roles_of(model: Any) -> dict[str, Role]:
     """Each parameter's path ("blocks.fc.weight") -> its role."""
+
     def by_path(tree: Any) -> dict[str, Any]:
         return {path_name(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
     decayed = by_path(model.weight_decay_mask())
-    return {name: Role(label, name.startswith("blocks."), bool(decayed[name]))
-            for name, label in by_path(model.parameter_labels()).items()}
+    return {
+        name: Role(label, name.startswith("blocks."), bool(decayed[name]))
+        for name, label in by_path(model.parameter_labels()).items()
+    }
 
 
 def map_roles(f: Callable[..., Any], roles: dict[str, Role], tree: Any, *rest: Any) -> Any:

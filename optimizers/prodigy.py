@@ -42,9 +42,19 @@ class ProdigyState(NamedTuple):
     x0: Any  # the parameters at the start
 
 
-def prodigy_direction(beta1: float, beta2: float, beta3: float, eps: float, d0: float, d_coef: float,
-                      growth_rate: float, weight_decay: float, roles: dict[str, Role], bias_correction: bool,
-                      safeguard_warmup: bool) -> optax.GradientTransformationExtraArgs:
+def prodigy_direction(
+    beta1: float,
+    beta2: float,
+    beta3: float,
+    eps: float,
+    d0: float,
+    d_coef: float,
+    growth_rate: float,
+    weight_decay: float,
+    roles: dict[str, Role],
+    bias_correction: bool,
+    safeguard_warmup: bool,
+) -> optax.GradientTransformationExtraArgs:
     """The direction for a unit lr (already negated), weight decay on the tensors whose role is decayed."""
     b3 = beta3 if beta3 > 0 else math.sqrt(beta2)
 
@@ -53,8 +63,16 @@ def prodigy_direction(beta1: float, beta2: float, beta3: float, eps: float, d0: 
             return optax.tree.zeros_like(params, jnp.float32)
 
         d = jnp.asarray(d0, jnp.float32)
-        return ProdigyState(jnp.zeros([], jnp.int32), d, d, jnp.zeros([], jnp.float32), zeros(), zeros(), zeros(),
-                            jax.tree.map(lambda p: p.astype(jnp.float32), params))
+        return ProdigyState(
+            jnp.zeros([], jnp.int32),
+            d,
+            d,
+            jnp.zeros([], jnp.float32),
+            zeros(),
+            zeros(),
+            zeros(),
+            jax.tree.map(lambda p: p.astype(jnp.float32), params),
+        )
 
     def update(updates, state, params=None, lr=None, **extra):
         del extra
@@ -83,25 +101,53 @@ def prodigy_direction(beta1: float, beta2: float, beta3: float, eps: float, d0: 
         new_d = jnp.where(moved, jnp.minimum(d_max, grown * growth_rate), d)
         step = d * c  # dlr without the lr, which the pipeline applies
         direction = map_roles(
-            lambda role, m, v, xi: -step * (m / (jnp.sqrt(v) + new_d * eps) + (weight_decay * xi if role.decayed
-                                                                               else 0.0)),
-            roles, mu, nu, x)
+            lambda role, m, v, xi: (
+                -step * (m / (jnp.sqrt(v) + new_d * eps) + (weight_decay * xi if role.decayed else 0.0))
+            ),
+            roles,
+            mu,
+            nu,
+            x,
+        )
         direction = jax.tree.map(lambda u, o: jnp.where(moved, u, 0.0).astype(o.dtype), direction, updates)
-        return direction, ProdigyState(state.count + moved.astype(jnp.int32), new_d, d_max, numerator, mu, nu, s,
-                                       state.x0)
+        return direction, ProdigyState(
+            state.count + moved.astype(jnp.int32), new_d, d_max, numerator, mu, nu, s, state.x0
+        )
 
     return optax.GradientTransformationExtraArgs(init, update)
 
 
 @register("prodigy", lr="shape")
-def prodigy(model, *, beta1: float, beta2: float, beta3: float = 0.0, eps: float, d0: float, d_coef: float,
-            safeguard_warmup: bool, weight_decay: float, growth_rate: float = math.inf,
-            bias_correction: bool = False) -> optax.GradientTransformation:
+def prodigy(
+    model,
+    *,
+    beta1: float,
+    beta2: float,
+    beta3: float = 0.0,
+    eps: float,
+    d0: float,
+    d_coef: float,
+    safeguard_warmup: bool,
+    weight_decay: float,
+    growth_rate: float = math.inf,
+    bias_correction: bool = False,
+) -> optax.GradientTransformation:
     """beta3: the decay of the estimate's sums; 0 (the default) = sqrt(beta2), the paper's. safeguard_warmup: leave
     the lr out of the gradient sum s (the reference's remedy for estimates that overshoot during a warmup).
     growth_rate: the most d may grow in a step (inf: unbounded). bias_correction: Adam's (off, as the reference)."""
-    return prodigy_direction(beta1, beta2, beta3, eps, d0, d_coef, growth_rate, weight_decay, roles_of(model),
-                             bias_correction, safeguard_warmup)
+    return prodigy_direction(
+        beta1,
+        beta2,
+        beta3,
+        eps,
+        d0,
+        d_coef,
+        growth_rate,
+        weight_decay,
+        roles_of(model),
+        bias_correction,
+        safeguard_warmup,
+    )
 
 
 @reads(ProdigyState)

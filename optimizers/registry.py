@@ -15,7 +15,8 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import typing
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any, Optional
 
 import optax
 
@@ -47,11 +48,14 @@ def register(name: str, lr: str = "schedule") -> Callable[[Builder], Builder]:
             raise TypeError(f"{where}: optimizer {name!r} is already registered by {OPTIMIZERS[name].__module__}")
         kinds = [p.kind for p in inspect.signature(builder).parameters.values()]
         if kinds[:1] != [inspect.Parameter.POSITIONAL_OR_KEYWORD] or set(kinds[1:]) - {inspect.Parameter.KEYWORD_ONLY}:
-            raise TypeError(f"{where}: a builder takes the model, then its hyper-parameters as keyword-only "
-                            "arguments: def build(model, *, beta1: float, ...)")
+            raise TypeError(
+                f"{where}: a builder takes the model, then its hyper-parameters as keyword-only "
+                "arguments: def build(model, *, beta1: float, ...)"
+            )
         if reserved := [k for k in hyper_parameters(builder) if k in RESERVED]:
-            raise TypeError(f"{where}: {', '.join(reserved)} belong to every optimizer (the wrapping), not to a "
-                            "builder")
+            raise TypeError(
+                f"{where}: {', '.join(reserved)} belong to every optimizer (the wrapping), not to a builder"
+            )
         OPTIMIZERS[name] = builder
         return builder
 
@@ -76,8 +80,10 @@ def with_hyper_parameters(schema: type) -> type:
                 continue
             annotation = hints.get(key, Any)
             if types.setdefault(key, annotation) != annotation:
-                raise TypeError(f"optimizer hyper-parameter {key!r}: {name} annotates it {annotation}, "
-                                f"{OWN_KEYS[key][0]} {types[key]}; one key has one type")
+                raise TypeError(
+                    f"optimizer hyper-parameter {key!r}: {name} annotates it {annotation}, "
+                    f"{OWN_KEYS[key][0]} {types[key]}; one key has one type"
+                )
             OWN_KEYS.setdefault(key, []).append(name)
     if not types:
         return schema
@@ -104,8 +110,10 @@ def hyper_parameter_values(optimizer_cfg: Any) -> dict[str, Any]:
     for key, parameter in hyper_parameters(OPTIMIZERS[name]).items():
         value = getattr(optimizer_cfg, key, None)
         if value is None and parameter.default is inspect.Parameter.empty:
-            raise ConfigError(f"config: optimizer.{key}: {name} needs a value; set it in conf/optimizer/{name}.yaml "
-                              f"or with optimizer.{key}=...")
+            raise ConfigError(
+                f"config: optimizer.{key}: {name} needs a value; set it in conf/optimizer/{name}.yaml "
+                f"or with optimizer.{key}=..."
+            )
         if value is not None or parameter.default is inspect.Parameter.empty:
             values[key] = value
     return values
@@ -114,11 +122,15 @@ def hyper_parameter_values(optimizer_cfg: Any) -> dict[str, Any]:
 def check_optimizer(optimizer_cfg: Any) -> None:
     """`optimizer.name` is a registered optimizer, and its builder gets every hyper-parameter it needs."""
     if optimizer_cfg.name not in OPTIMIZERS:
-        raise ConfigError(f"config: optimizer.name: must be one of {', '.join(sorted(OPTIMIZERS))}; got "
-                          f"{optimizer_cfg.name!r} (a new optimizer: a module in optimizers/ with @register(\"name\") "
-                          "and conf/optimizer/<name>.yaml)")
+        raise ConfigError(
+            f"config: optimizer.name: must be one of {', '.join(sorted(OPTIMIZERS))}; got "
+            f'{optimizer_cfg.name!r} (a new optimizer: a module in optimizers/ with @register("name") '
+            "and conf/optimizer/<name>.yaml)"
+        )
     for key, readers in OWN_KEYS.items():
         if getattr(optimizer_cfg, key, None) is not None and optimizer_cfg.name not in readers:
-            raise ConfigError(f"config: optimizer.{key}: {optimizer_cfg.name} does not take it (it is "
-                              f"{' and '.join(readers)}'s); leave it null")
+            raise ConfigError(
+                f"config: optimizer.{key}: {optimizer_cfg.name} does not take it (it is "
+                f"{' and '.join(readers)}'s); leave it null"
+            )
     hyper_parameter_values(optimizer_cfg)

@@ -13,7 +13,8 @@ state, for what no state holds already (Muon's update RMS).
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp

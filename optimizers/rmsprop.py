@@ -13,5 +13,6 @@ from optimizers.registry import register
 
 @register("rmsprop")
 def rmsprop(model, *, decay: float, eps: float, momentum: float, weight_decay: float) -> optax.GradientTransformation:
-    return optax.chain(l2(weight_decay, model.weight_decay_mask()),
-                       optax.rmsprop(1.0, decay=decay, eps=eps, momentum=momentum or None))
+    return optax.chain(
+        l2(weight_decay, model.weight_decay_mask()), optax.rmsprop(1.0, decay=decay, eps=eps, momentum=momentum or None)
+    )

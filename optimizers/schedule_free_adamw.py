@@ -36,16 +36,28 @@ def one_step_ahead(schedule: optax.ScalarOrSchedule) -> optax.ScalarOrSchedule:
 
 def require_positive_beta1(beta1: float, name: str, key: str) -> None:
     if beta1 <= 0:
-        raise ConfigError(f"config: optimizer.{key}: {name} needs it > 0 (x is recovered from y and z by dividing by "
-                          f"it); got {beta1}")
+        raise ConfigError(
+            f"config: optimizer.{key}: {name} needs it > 0 (x is recovered from y and z by dividing by it); got {beta1}"
+        )
 
 
 @register("schedule_free_adamw", lr="own")
-def schedule_free_adamw(model, *, sf_lr: float, sf_warmup: float, beta1: float, beta2: float, eps: float,
-                        weight_decay: float, weight_lr_power: float) -> optax.GradientTransformation:
+def schedule_free_adamw(
+    model,
+    *,
+    sf_lr: float,
+    sf_warmup: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    weight_lr_power: float,
+) -> optax.GradientTransformation:
     require_positive_beta1(beta1, "schedule_free_adamw", "beta1")
     lr = warmed_up(sf_lr, sf_warmup)
-    adam = optax.chain(optax.scale_by_rms(decay=beta2, eps=eps, eps_in_sqrt=False, bias_correction=True),
-                       optax.add_decayed_weights(weight_decay, fixed(model.weight_decay_mask())),
-                       optax.scale_by_learning_rate(one_step_ahead(lr)))
+    adam = optax.chain(
+        optax.scale_by_rms(decay=beta2, eps=eps, eps_in_sqrt=False, bias_correction=True),
+        optax.add_decayed_weights(weight_decay, fixed(model.weight_decay_mask())),
+        optax.scale_by_learning_rate(one_step_ahead(lr)),
+    )
     return optax.contrib.schedule_free(adam, lr, b1=beta1, weight_lr_power=weight_lr_power)

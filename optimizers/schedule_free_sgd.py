@@ -17,8 +17,9 @@ from optimizers.schedule_free_adamw import one_step_ahead, require_positive_beta
 
 
 @register("schedule_free_sgd", lr="own")
-def schedule_free_sgd(model, *, sf_lr: float, sf_warmup: float, momentum: float, weight_decay: float,
-                      weight_lr_power: float) -> optax.GradientTransformation:
+def schedule_free_sgd(
+    model, *, sf_lr: float, sf_warmup: float, momentum: float, weight_decay: float, weight_lr_power: float
+) -> optax.GradientTransformation:
     require_positive_beta1(momentum, "schedule_free_sgd", "momentum")
     lr = warmed_up(sf_lr, sf_warmup)
     sgd = optax.chain(l2(weight_decay, model.weight_decay_mask()), optax.sgd(one_step_ahead(lr)))

@@ -32,10 +32,14 @@ def own_warmups_in_steps(optimizer_cfg: Any, total_steps: int) -> Any:
     """The `optimizer` section (a dataclass) with the warmups its method runs inside itself (`sf_warmup` of the
     schedule-free methods: any hyper-parameter named `*_warmup`) in steps: like `lr_config.warmup`, a value below 1
     is that fraction of `total_steps` (rounded, at least 1)."""
-    warmups = {f.name: getattr(optimizer_cfg, f.name) for f in dataclasses.fields(optimizer_cfg)
-               if f.name.endswith("_warmup")}
-    fractions = {name: max(1, round(value * total_steps)) for name, value in warmups.items()
-                 if isinstance(value, (int, float)) and 0 < value < 1}
+    warmups = {
+        f.name: getattr(optimizer_cfg, f.name) for f in dataclasses.fields(optimizer_cfg) if f.name.endswith("_warmup")
+    }
+    fractions = {
+        name: max(1, round(value * total_steps))
+        for name, value in warmups.items()
+        if isinstance(value, (int, float)) and 0 < value < 1
+    }
     return dataclasses.replace(optimizer_cfg, **fractions) if fractions else optimizer_cfg
 
 

@@ -33,7 +33,7 @@ variant's shrink rate. The reference's nanoGPT run: lr 3.6e-4 with scale_hidden 
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -60,8 +60,15 @@ def rms_normalise(d: jax.Array) -> jax.Array:
     return d / (jnp.sqrt(jnp.mean(jnp.square(d), axis=-1, keepdims=True)) + RMS_EPS)
 
 
-def lmo_of(role: Role, tied: bool, d_model: int, scale_hidden: float, scale_embed: float, scale_input: float,
-           scale_vector: float) -> Callable[[jax.Array], jax.Array]:
+def lmo_of(
+    role: Role,
+    tied: bool,
+    d_model: int,
+    scale_hidden: float,
+    scale_embed: float,
+    scale_input: float,
+    scale_vector: float,
+) -> Callable[[jax.Array], jax.Array]:
     """radius x lmo(d) for a tensor of this role (the step subtracts it, as the reference's does)."""
     if role.label in BLOCK_MATRICES:
         # [L, in, *out]: the input axis is reduced; qkv's [3, D] output is three matrices (its 3 is a batch axis).
@@ -82,22 +89,41 @@ def lmo_of(role: Role, tied: bool, d_model: int, scale_hidden: float, scale_embe
     return lambda d: scale_vector * rms_normalise(d)  # norm, bias
 
 
-def scale_by_scion_lmo(roles: dict[str, Role], d_model: int, scale_hidden: float, scale_embed: float,
-                       scale_input: float, scale_vector: float) -> optax.GradientTransformation:
+def scale_by_scion_lmo(
+    roles: dict[str, Role],
+    d_model: int,
+    scale_hidden: float,
+    scale_embed: float,
+    scale_input: float,
+    scale_vector: float,
+) -> optax.GradientTransformation:
     """Stateless: each tensor's radius x lmo of its (momentum-averaged) gradient."""
     tied = not any(role.label == "head" for role in roles.values())  # no head of its own: the embedding is the head
 
     def update(updates, state, params=None):
         del params
-        return map_roles(lambda role, d: lmo_of(role, tied, d_model, scale_hidden, scale_embed, scale_input,
-                                                scale_vector)(d).astype(d.dtype), roles, updates), state
+        return map_roles(
+            lambda role, d: lmo_of(role, tied, d_model, scale_hidden, scale_embed, scale_input, scale_vector)(d).astype(
+                d.dtype
+            ),
+            roles,
+            updates,
+        ), state
 
     return optax.GradientTransformation(optax.init_empty_state, update)
 
 
 @register("scion")
-def scion(model, *, momentum: float, scale_hidden: float, scale_embed: float, scale_input: float,
-          scale_vector: float, unconstrained: bool) -> optax.GradientTransformation:
+def scion(
+    model,
+    *,
+    momentum: float,
+    scale_hidden: float,
+    scale_embed: float,
+    scale_input: float,
+    scale_vector: float,
+    unconstrained: bool,
+) -> optax.GradientTransformation:
     radii = dict(scale_hidden=scale_hidden, scale_embed=scale_embed, scale_input=scale_input, scale_vector=scale_vector)
     for key, radius in radii.items():
         if radius < 0:

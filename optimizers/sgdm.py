@@ -10,5 +10,6 @@ from optimizers.registry import register
 
 @register("sgdm")
 def sgdm(model, *, momentum: float, nesterov: bool, weight_decay: float) -> optax.GradientTransformation:
-    return optax.chain(l2(weight_decay, model.weight_decay_mask()),
-                       optax.sgd(1.0, momentum=momentum or None, nesterov=nesterov))
+    return optax.chain(
+        l2(weight_decay, model.weight_decay_mask()), optax.sgd(1.0, momentum=momentum or None, nesterov=nesterov)
+    )

@@ -13,5 +13,9 @@ from optimizers.registry import register
 
 @register("signum")
 def signum(model, *, momentum: float, weight_decay: float) -> optax.GradientTransformation:
-    return optax.chain(optax.ema(momentum, debias=False), optax.scale_by_sign(),
-                       optax.add_decayed_weights(weight_decay, fixed(model.weight_decay_mask())), optax.scale(-1.0))
+    return optax.chain(
+        optax.ema(momentum, debias=False),
+        optax.scale_by_sign(),
+        optax.add_decayed_weights(weight_decay, fixed(model.weight_decay_mask())),
+        optax.scale(-1.0),
+    )

@@ -33,7 +33,8 @@ The pipeline's lr is the paper's learning rate (the reference recommends 3e-3 wi
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -117,8 +118,9 @@ def eigenbasis(gg: jax.Array | None) -> jax.Array | None:
     return None if gg is None else per_matrix(lambda m: jnp.linalg.eigh(m)[1][..., ::-1], gg)
 
 
-def refreshed(gg: jax.Array | None, q: jax.Array | None, nu: jax.Array, axis: int
-              ) -> tuple[jax.Array | None, jax.Array]:
+def refreshed(
+    gg: jax.Array | None, q: jax.Array | None, nu: jax.Array, axis: int
+) -> tuple[jax.Array | None, jax.Array]:
     """One power iteration and a QR from the current basis, its columns (and nu's coordinates along `axis`, 1 = rows,
     2 = columns of [B, m, n]) first sorted by the estimated eigenvalues diag(Q^T GG Q), largest first."""
     if gg is None:
@@ -141,17 +143,23 @@ class SoapState(NamedTuple):
     q_right: Any  # [B, n, n] eigenbasis of gg_right
 
 
-def soap_direction(roles: dict[str, Role], beta1: float, beta2: float, eps: float, weight_decay: float,
-                   precondition_frequency: int, max_precond_dim: int, shampoo_beta: float
-                   ) -> optax.GradientTransformation:
+def soap_direction(
+    roles: dict[str, Role],
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    precondition_frequency: int,
+    max_precond_dim: int,
+    shampoo_beta: float,
+) -> optax.GradientTransformation:
     """The whole step for a unit lr, weight decay included, already negated. The first call moves nothing (weight
     decay included), as in the reference."""
     s = beta2 if shampoo_beta < 0 else shampoo_beta
 
     def each(f: Callable, tree: Any, *rest: Any) -> Any:
         """f(layout, role, leaf, *the other trees' leaves or subtrees there) over the leaves of `tree`."""
-        return map_roles(lambda role, x, *r: f(Layout(role, x.shape, max_precond_dim), role, x, *r), roles, tree,
-                         *rest)
+        return map_roles(lambda role, x, *r: f(Layout(role, x.shape, max_precond_dim), role, x, *r), roles, tree, *rest)
 
     def pick(tree: Any, pairs: Any, i: int) -> Any:
         """The i-th of the tuples `pairs` holds at each leaf of `tree`."""
@@ -165,6 +173,7 @@ def soap_direction(roles: dict[str, Role], beta1: float, beta2: float, eps: floa
 
         gl = each(lambda lay, role, p: zeros(lay, role, p, "left"), params)
         gr = each(lambda lay, role, p: zeros(lay, role, p, "right"), params)
+
         def moment():
             return jax.tree.map(lambda p: jnp.zeros(p.shape, wide(p.dtype)), params)
 
@@ -185,7 +194,7 @@ def soap_direction(roles: dict[str, Role], beta1: float, beta2: float, eps: floa
     def step(updates, state, params):
         t = state.count  # Adam's step: the first call took none
         mu = optax.tree.update_moment(updates, state.mu, beta1, 1)
-        step_size = jnp.sqrt(1 - beta2 ** t) / (1 - beta1 ** t)
+        step_size = jnp.sqrt(1 - beta2**t) / (1 - beta1**t)
 
         def adam(lay, role, g, m, v, ql, qr, p):
             g = g.astype(wide(g.dtype))
@@ -205,8 +214,10 @@ def soap_direction(roles: dict[str, Role], beta1: float, beta2: float, eps: floa
 
         def moving_average(lay, role, g, old_left, old_right):
             left, right = grams(lay, role, g)
-            return (None if left is None else s * old_left + (1 - s) * left,
-                    None if right is None else s * old_right + (1 - s) * right)
+            return (
+                None if left is None else s * old_left + (1 - s) * left,
+                None if right is None else s * old_right + (1 - s) * right,
+            )
 
         pairs = each(moving_average, updates, state.gg_left, state.gg_right)
         gl, gr = pick(updates, pairs, 0), pick(updates, pairs, 1)
@@ -223,8 +234,9 @@ def soap_direction(roles: dict[str, Role], beta1: float, beta2: float, eps: floa
             out = each(one, updates, gl, gr, *bases)
             return tuple(pick(updates, out, i) for i in range(3))
 
-        ql, qr, nu = jax.lax.cond(t % precondition_frequency == 0, refresh, lambda bases: bases,
-                                  (state.q_left, state.q_right, nu))
+        ql, qr, nu = jax.lax.cond(
+            t % precondition_frequency == 0, refresh, lambda bases: bases, (state.q_left, state.q_right, nu)
+        )
         return directions, SoapState(state.count + 1, mu, nu, gl, gr, ql, qr)
 
     def update(updates, state, params=None):
@@ -236,17 +248,28 @@ def soap_direction(roles: dict[str, Role], beta1: float, beta2: float, eps: floa
 
 
 @register("soap")
-def soap(model, *, beta1: float, beta2: float, eps: float, weight_decay: float, precondition_frequency: int,
-         max_precond_dim: int, shampoo_beta: float) -> optax.GradientTransformation:
+def soap(
+    model,
+    *,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    precondition_frequency: int,
+    max_precond_dim: int,
+    shampoo_beta: float,
+) -> optax.GradientTransformation:
     if precondition_frequency < 1:
         raise ConfigError(f"config: optimizer.precondition_frequency: must be >= 1; got {precondition_frequency}")
     if max_precond_dim < 1:
         raise ConfigError(f"config: optimizer.max_precond_dim: must be >= 1; got {max_precond_dim}")
     if not (shampoo_beta < 0 or 0 <= shampoo_beta < 1):
-        raise ConfigError(f"config: optimizer.shampoo_beta: must be in [0, 1), or negative for beta2; got "
-                          f"{shampoo_beta}")
-    return soap_direction(roles_of(model), beta1, beta2, eps, weight_decay, precondition_frequency, max_precond_dim,
-                          shampoo_beta)
+        raise ConfigError(
+            f"config: optimizer.shampoo_beta: must be in [0, 1), or negative for beta2; got {shampoo_beta}"
+        )
+    return soap_direction(
+        roles_of(model), beta1, beta2, eps, weight_decay, precondition_frequency, max_precond_dim, shampoo_beta
+    )
 
 
 @reads(SoapState)

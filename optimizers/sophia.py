@@ -25,12 +25,29 @@ from optimizers.reporting import report
 
 
 @register("sophia")
-def sophia(model, *, beta1: float, beta2: float, eps: float, weight_decay: float, gamma: float = 0.01,
-           clip_threshold: float = 1.0, update_interval: int = 10) -> optax.GradientTransformation:
+def sophia(
+    model,
+    *,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    gamma: float = 0.01,
+    clip_threshold: float = 1.0,
+    update_interval: int = 10,
+) -> optax.GradientTransformation:
     # optax.contrib.sophia at lr 1, its decay added after the clip share is measured on its clipped ratios (negated)
     return optax.chain(
-        optax.contrib.sophia(1.0, b1=beta1, b2=beta2, eps=eps, weight_decay=0.0, gamma=gamma,
-                             clip_threshold=clip_threshold, update_interval=update_interval),
+        optax.contrib.sophia(
+            1.0,
+            b1=beta1,
+            b2=beta2,
+            eps=eps,
+            weight_decay=0.0,
+            gamma=gamma,
+            clip_threshold=clip_threshold,
+            update_interval=update_interval,
+        ),
         report("sophia_clipped", lambda u: clipped_share(u, clip_threshold)),
         optax.add_decayed_weights(-weight_decay, fixed(model.weight_decay_mask())),
     )

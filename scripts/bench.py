@@ -67,8 +67,10 @@ def bench(overrides: list[str], steps: int, warmup: int) -> dict:
         "ms_per_step_min": round(1000 * min(times), 2),
         "ms_per_step_max": round(1000 * max(times), 2),
         "compile_s": round(compile_s, 2),
-        **{key: _round(mfu(tokens_per_s, flops_per_token(state.model, context, convention), peak, mesh.devices.size))
-           for key, convention in (("mfu", "palm"), ("mfu_llmc", "llmc"))},
+        **{
+            key: _round(mfu(tokens_per_s, flops_per_token(state.model, context, convention), peak, mesh.devices.size))
+            for key, convention in (("mfu", "palm"), ("mfu_llmc", "llmc"))
+        },
         "mfu_formulas": {"mfu": MFU_FORMULA["palm"], "mfu_llmc": MFU_FORMULA["llmc"]},
         "peak_memory_bytes": stats.get("peak_bytes_in_use"),  # devices that report it (GPUs)
         "peak_host_memory_bytes": host_peak,
@@ -77,14 +79,22 @@ def bench(overrides: list[str], steps: int, warmup: int) -> dict:
         "steps_timed": steps,
         "loss_last": float(metrics["loss"]),
         "config": {
-            "model": cfg.model.name, "n_layer": cfg.model.n_layer, "n_embd": cfg.model.n_embd,
-            "n_head": cfg.model.n_head, "context": context, "vocab": p.tokenizer.vocab_size,
+            "model": cfg.model.name,
+            "n_layer": cfg.model.n_layer,
+            "n_embd": cfg.model.n_embd,
+            "n_head": cfg.model.n_head,
+            "context": context,
+            "vocab": p.tokenizer.vocab_size,
             "params": count_params(state.model),
             "flops_per_token": {c: flops_per_token(state.model, context, c) for c in ("palm", "llmc")},
-            "global_batch": data.train.global_batch, "grad_accum_steps": cfg.train.grad_accum_steps,
-            "dtype": cfg.system.dtype, "sharding": cfg.system.sharding, "mesh_model": cfg.system.mesh_model,
+            "global_batch": data.train.global_batch,
+            "grad_accum_steps": cfg.train.grad_accum_steps,
+            "dtype": cfg.system.dtype,
+            "sharding": cfg.system.sharding,
+            "mesh_model": cfg.system.mesh_model,
             "remat": cfg.model.remat,
-            "scan_layers": cfg.model.scan_layers, "attention": state.model.cfg.attention,
+            "scan_layers": cfg.model.scan_layers,
+            "attention": state.model.cfg.attention,
             "optimizer": cfg.optimizer.name,
         },
     }
@@ -104,8 +114,13 @@ def bench_loader(overrides: list[str], steps: int) -> dict:
         jax.block_until_ready(put_batch(p.data.train.batch(s), p.mesh))
     seconds = (time.perf_counter() - t0) / steps
     tokens = p.data.train.global_batch * config_lib.context_size(cfg)
-    return {"loader_tokens_per_s": round(tokens / seconds, 1), "ms_per_batch": round(1000 * seconds, 3),
-            "tokens_per_batch": tokens, "steps": steps, "model": cfg.model.name}
+    return {
+        "loader_tokens_per_s": round(tokens / seconds, 1),
+        "ms_per_batch": round(1000 * seconds, 3),
+        "tokens_per_batch": tokens,
+        "steps": steps,
+        "model": cfg.model.name,
+    }
 
 
 def bench_compile(overrides: list[str], vocab: int) -> dict:
@@ -125,15 +140,19 @@ def bench_compile(overrides: list[str], vocab: int) -> dict:
     model = eqx.filter_eval_shape(init_model, cfg, vocab, jax.random.PRNGKey(0))
     schedule = init_scheduler(cfg)
     optimizer = init_optimizer(cfg, schedule, model)
-    state = eqx.filter_eval_shape(TrainState.create, model, optimizer, jax.random.PRNGKey(0), dtype,
-                                  fp8_history=fp8_history)
+    state = eqx.filter_eval_shape(
+        TrainState.create, model, optimizer, jax.random.PRNGKey(0), dtype, fp8_history=fp8_history
+    )
     shardings = state_shardings(state, mesh, cfg.system.sharding)
     state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, shardings)
     shape = (cfg.train.grad_accum_steps, cfg.train.batch_size, config_lib.context_size(cfg))
-    batch = {k: jax.ShapeDtypeStruct(shape, dt) for k, dt in
-             (("inputs", jax.numpy.int32), ("targets", jax.numpy.int32), ("loss_mask", jax.numpy.float32))}
-    step = make_train_step(optimizer, lr_schedule_of(cfg.optimizer, schedule), shardings, dtype, jit=False,
-                           z_loss=cfg.train.z_loss)
+    batch = {
+        k: jax.ShapeDtypeStruct(shape, dt)
+        for k, dt in (("inputs", jax.numpy.int32), ("targets", jax.numpy.int32), ("loss_mask", jax.numpy.float32))
+    }
+    step = make_train_step(
+        optimizer, lr_schedule_of(cfg.optimizer, schedule), shardings, dtype, jit=False, z_loss=cfg.train.z_loss
+    )
     arrays, static = eqx.partition(state, lambda x: isinstance(x, jax.ShapeDtypeStruct))
     compiled_step = jax.jit(lambda arrays, batch, lr: step(eqx.combine(arrays, static), batch, lr), donate_argnums=0)
     t0 = time.perf_counter()
@@ -142,12 +161,22 @@ def bench_compile(overrides: list[str], vocab: int) -> dict:
     compiled = lowered.compile()
     t2 = time.perf_counter()
     memory = compiled.memory_analysis()  # XLA's plan for this backend: what the step's buffers take
-    return {"model": cfg.model.name, "params": count_params(model), "scan_layers": cfg.model.scan_layers,
-            "trace_and_lower_s": round(t1 - t0, 2), "compile_s": round(t2 - t1, 2),
-            **{f"{kind}_bytes": getattr(memory, f"{kind}_size_in_bytes", None)
-               for kind in ("argument", "output", "temp", "alias")},
-            "batch": list(shape), "dtype": cfg.system.dtype, "head_loss": cfg.model.head_loss,
-            "remat": cfg.model.remat, "device_kind": jax.devices()[0].device_kind}
+    return {
+        "model": cfg.model.name,
+        "params": count_params(model),
+        "scan_layers": cfg.model.scan_layers,
+        "trace_and_lower_s": round(t1 - t0, 2),
+        "compile_s": round(t2 - t1, 2),
+        **{
+            f"{kind}_bytes": getattr(memory, f"{kind}_size_in_bytes", None)
+            for kind in ("argument", "output", "temp", "alias")
+        },
+        "batch": list(shape),
+        "dtype": cfg.system.dtype,
+        "head_loss": cfg.model.head_loss,
+        "remat": cfg.model.remat,
+        "device_kind": jax.devices()[0].device_kind,
+    }
 
 
 def main(argv: list[str]) -> int:

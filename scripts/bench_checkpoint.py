@@ -58,12 +58,21 @@ def main(argv: list[str]) -> int:
         checkpointer.close()
     finally:
         shutil.rmtree(directory, ignore_errors=True)
-    print(json.dumps({
-        "model": cfg.model.name, "params": count_params(state.model), "state_bytes": state_bytes,
-        "saves": args.saves, "stall_ms_median": round(1000 * statistics.median(stalls), 1),
-        "stall_ms_max": round(1000 * max(stalls), 1), "commit_s_median": round(statistics.median(commits), 2),
-        "device_kind": jax.devices()[0].device_kind, "num_devices": len(mesh.devices.flat),
-    }))
+    print(
+        json.dumps(
+            {
+                "model": cfg.model.name,
+                "params": count_params(state.model),
+                "state_bytes": state_bytes,
+                "saves": args.saves,
+                "stall_ms_median": round(1000 * statistics.median(stalls), 1),
+                "stall_ms_max": round(1000 * max(stalls), 1),
+                "commit_s_median": round(statistics.median(commits), 2),
+                "device_kind": jax.devices()[0].device_kind,
+                "num_devices": len(mesh.devices.flat),
+            }
+        )
+    )
     return 0
 
 

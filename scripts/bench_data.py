@@ -73,12 +73,28 @@ def generate_corpus(out: Path, total_bytes: int) -> Path:
 
 def run_once(checkout: Path, corpus: Path, cache: Path, run_dir: Path, tokenizer: str) -> dict:
     """One training run of 2 steps; times from the process start to the log lines that mark its phases."""
-    cmd = [sys.executable, "-c", PEAK_RSS_AT_EXIT, "train_jax.py", "dataset=text_files", f"dataset.files=[{corpus}]",
-           f"dataset.tokenizer={tokenizer}",
-           "dataset.val_fraction=0.1", "dataset.test_fraction=0", f"dataset.cache_dir={cache}", "model=gpt2-tiny",
-           "train.max_steps=2", "optimizer.lr_config.warmup=0", "train.batch_size=4", "train.eval_interval=1000",
-           "train.eval_iters=1", "checkpoint.save=false", f"logging.run_dir={run_dir}", "logging.tensorboard=false",
-           "logging.wandb=disabled"]
+    cmd = [
+        sys.executable,
+        "-c",
+        PEAK_RSS_AT_EXIT,
+        "train_jax.py",
+        "dataset=text_files",
+        f"dataset.files=[{corpus}]",
+        f"dataset.tokenizer={tokenizer}",
+        "dataset.val_fraction=0.1",
+        "dataset.test_fraction=0",
+        f"dataset.cache_dir={cache}",
+        "model=gpt2-tiny",
+        "train.max_steps=2",
+        "optimizer.lr_config.warmup=0",
+        "train.batch_size=4",
+        "train.eval_interval=1000",
+        "train.eval_iters=1",
+        "checkpoint.save=false",
+        f"logging.run_dir={run_dir}",
+        "logging.tensorboard=false",
+        "logging.wandb=disabled",
+    ]
     t0 = time.perf_counter()
     # `python -c` puts the working directory first on sys.path: the checkout's modules, whatever is installed
     proc = subprocess.Popen(cmd, cwd=checkout, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -95,8 +111,11 @@ def run_once(checkout: Path, corpus: Path, cache: Path, run_dir: Path, tokenizer
             marks["peak_rss_mb"] = int(line.split("=")[1]) / 1024
     if proc.wait() != 0:
         raise SystemExit("run failed:\n" + "".join(lines[-20:]))
-    return {"wall_s": round(time.perf_counter() - t0, 2), **{k: round(v, 2) for k, v in marks.items()},
-            "fork_warning": any("os.fork()" in line for line in lines)}
+    return {
+        "wall_s": round(time.perf_counter() - t0, 2),
+        **{k: round(v, 2) for k, v in marks.items()},
+        "fork_warning": any("os.fork()" in line for line in lines),
+    }
 
 
 def store_tokens(cache: Path) -> int | None:
@@ -147,12 +166,24 @@ def main() -> None:
         tokens = store_tokens(cache) or parse_size(size)  # bytes = tokens for the byte tokenizer
         build = tokens / (first["ready_s"] - second["ready_s"])
         encode = encode_batch_rate(corpus, cache, args.tokenizer)
-        print(json.dumps({"corpus_bytes": size, "tokenizer": args.tokenizer, "tokens": tokens,
-                          "files": len(list(corpus.glob("part-*"))), **({"bpe_training_run": trained} if trained else {}),
-                          "first": first, "second": second, "build_tokens_per_s": round(build),
-                          "build_tokens_per_s_per_core": round(build / (os.cpu_count() or 1)),
-                          "encode_batch_tokens_per_s": round(encode),
-                          "encode_over_build": round(encode / build, 2)}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "corpus_bytes": size,
+                    "tokenizer": args.tokenizer,
+                    "tokens": tokens,
+                    "files": len(list(corpus.glob("part-*"))),
+                    **({"bpe_training_run": trained} if trained else {}),
+                    "first": first,
+                    "second": second,
+                    "build_tokens_per_s": round(build),
+                    "build_tokens_per_s_per_core": round(build / (os.cpu_count() or 1)),
+                    "encode_batch_tokens_per_s": round(encode),
+                    "encode_over_build": round(encode / build, 2),
+                }
+            ),
+            flush=True,
+        )
         shutil.rmtree(cache, ignore_errors=True)
 
 

@@ -29,8 +29,14 @@ def main(argv: list[str]) -> None:
     cfg = config_lib.load_config(overrides)
     model = MODEL_BUILDERS[cfg.model.arch](cfg, args.vocab, jax.random.PRNGKey(0))
     prompts = [[(7 * r + i) % args.vocab for i in range(args.prompt_len)] for r in range(args.batch)]
-    result = {"model": cfg.model.name, "context": cfg.model.context_size, "batch": args.batch,
-              "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "device_kind": jax.devices()[0].device_kind}
+    result = {
+        "model": cfg.model.name,
+        "context": cfg.model.context_size,
+        "batch": args.batch,
+        "prompt_len": args.prompt_len,
+        "new_tokens": args.new_tokens,
+        "device_kind": jax.devices()[0].device_kind,
+    }
     for name, fn in (("kv_cache", generate), ("no_cache", generate_no_cache)):
         started = time.perf_counter()
         fn(model, prompts, args.new_tokens, temperature=0.0)  # warm-up: compiles
@@ -39,8 +45,11 @@ def main(argv: list[str]) -> None:
         out = fn(model, prompts, args.new_tokens, temperature=0.0)
         seconds = time.perf_counter() - started
         tokens = sum(len(o) for o in out)
-        result[name] = {"tokens_per_s": round(tokens / seconds, 1), "seconds": round(seconds, 3),
-                        "compile_and_first_call_s": round(first, 2)}
+        result[name] = {
+            "tokens_per_s": round(tokens / seconds, 1),
+            "seconds": round(seconds, 3),
+            "compile_and_first_call_s": round(first, 2),
+        }
     result["speedup"] = round(result["kv_cache"]["tokens_per_s"] / result["no_cache"]["tokens_per_s"], 1)
     print(json.dumps(result))
 

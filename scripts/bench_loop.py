@@ -35,20 +35,43 @@ def free_port() -> int:
 def one_run(overrides: list[str], log_interval: int, steps: int, processes: int, devices: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
-        args = [*overrides, f"train.max_steps={steps}", f"train.log_interval={log_interval}",
-                f"train.eval_interval={steps}", "train.eval_iters=1", "checkpoint.save=false",
-                "logging.wandb=disabled", "logging.tensorboard=false", "logging.progress=lines",
-                f"logging.run_dir={run_dir}"]
+        args = [
+            *overrides,
+            f"train.max_steps={steps}",
+            f"train.log_interval={log_interval}",
+            f"train.eval_interval={steps}",
+            "train.eval_iters=1",
+            "checkpoint.save=false",
+            "logging.wandb=disabled",
+            "logging.tensorboard=false",
+            "logging.progress=lines",
+            f"logging.run_dir={run_dir}",
+        ]
         env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
         if processes > 1:
             port = free_port()
-            args += [f"system.num_processes={processes}", f"system.coordinator_address=127.0.0.1:{port}",
-                     f"system.cpu_devices_per_process={devices}"]
+            args += [
+                f"system.num_processes={processes}",
+                f"system.coordinator_address=127.0.0.1:{port}",
+                f"system.cpu_devices_per_process={devices}",
+            ]
         started = time.perf_counter()
-        procs = [subprocess.Popen([sys.executable, str(ROOT / "train_jax.py"), *args,
-                                   *([f"system.process_id={i}"] if processes > 1 else [])],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-                 for i in range(processes)]
+        procs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    str(ROOT / "train_jax.py"),
+                    *args,
+                    *([f"system.process_id={i}"] if processes > 1 else []),
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+                cwd=ROOT,
+            )
+            for i in range(processes)
+        ]
         outputs = [p.communicate() for p in procs]
         wall = time.perf_counter() - started
         for p, (_, err) in zip(procs, outputs):
@@ -56,11 +79,21 @@ def one_run(overrides: list[str], log_interval: int, steps: int, processes: int,
                 raise SystemExit(f"a run failed (exit {p.returncode}): {err.strip().splitlines()[-1:]}")
         summary = json.loads((run_dir / "summary.json").read_text())
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        ms = [r["ms_per_step"] for r in rows if r["split"] == "train" and isinstance(r.get("ms_per_step"), float)
-              and r["ms_per_step"] == r["ms_per_step"]]
-        return {"log_interval": log_interval, "processes": processes, "steps": steps,
-                "ms_per_step_median": round(statistics.median(ms), 2),
-                "tokens_per_s_median": round(summary["tokens_per_s_median"], 1), "wall_s": round(wall, 1)}
+        ms = [
+            r["ms_per_step"]
+            for r in rows
+            if r["split"] == "train"
+            and isinstance(r.get("ms_per_step"), float)
+            and r["ms_per_step"] == r["ms_per_step"]
+        ]
+        return {
+            "log_interval": log_interval,
+            "processes": processes,
+            "steps": steps,
+            "ms_per_step_median": round(statistics.median(ms), 2),
+            "tokens_per_s_median": round(summary["tokens_per_s_median"], 1),
+            "wall_s": round(wall, 1),
+        }
 
 
 def main(argv: list[str]) -> int:
@@ -73,8 +106,10 @@ def main(argv: list[str]) -> int:
     args, overrides = parser.parse_known_args(argv)
     for _ in range(args.repeats):
         for interval in (int(x) for x in args.log_intervals.split(",")):
-            print(json.dumps(one_run(overrides, interval, args.steps, args.processes, args.devices_per_process)),
-                  flush=True)
+            print(
+                json.dumps(one_run(overrides, interval, args.steps, args.processes, args.devices_per_process)),
+                flush=True,
+            )
     return 0
 
 

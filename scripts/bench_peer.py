@@ -35,14 +35,14 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, NoReturn, TextIO
+from typing import Any, NoReturn, TextIO
 
 ROOT = Path(__file__).resolve().parent.parent
 VOCAB = 50257  # GPT-2's tokens; both models pad their embedding to 50,304 rows
 PALM_ATTENTION_FLOPS = 12  # training/reporting/flops.py's palm `a` in 6N + a·L·C·T (that module imports JAX; here none)
 SIDES = ("ours", "nanogpt")
-
 
 
 class BenchError(Exception):
@@ -111,8 +111,10 @@ def gpu_problem() -> str | None:
 
 # ---- the workers: one process per side, commands on stdin, one JSON line per answer ----
 
-def serve(ready: dict, step: Callable[[], float], last: Callable[[], dict], warmup: int, commands: TextIO,
-          replies: TextIO) -> None:
+
+def serve(
+    ready: dict, step: Callable[[], float], last: Callable[[], dict], warmup: int, commands: TextIO, replies: TextIO
+) -> None:
     """Warm up (the first step compiles), say ready, then time `run N` commands until `quit` or end of input."""
     compile_s = step()
     warmup_s = sum(step() for _ in range(warmup - 1))
@@ -122,8 +124,12 @@ def serve(ready: dict, step: Callable[[], float], last: Callable[[], dict], warm
         if words == ["quit"]:
             return
         ok = len(words) == 2 and words[0] == "run" and words[1].isdigit()
-        _reply(replies, {"times": [step() for _ in range(int(words[1]))], **last()} if ok else
-               {"error": f"unknown command {line.strip()!r}"})
+        _reply(
+            replies,
+            {"times": [step() for _ in range(int(words[1]))], **last()}
+            if ok
+            else {"error": f"unknown command {line.strip()!r}"},
+        )
 
 
 def _reply(replies: TextIO, message: dict) -> None:
@@ -145,9 +151,16 @@ def ours(args: argparse.Namespace, commands: TextIO, replies: TextIO) -> None:
     if args.device == "gpu" and jax.default_backend() != "gpu":
         raise BenchError(f"JAX runs on {jax.default_backend()}, not the GPU: install jax[cuda12]")
     dtype_name = "bfloat16" if args.device == "gpu" else "float32"
-    overrides = [f"model={args.model}", f"system.dtype={dtype_name}", "model.attention=auto", "optimizer=adamw",
-                 f"train.batch_size={args.batch}", "system.num_devices=1",
-                 *([f"model.context_size={args.context}"] if args.context else []), *shlex.split(args.ours)]
+    overrides = [
+        f"model={args.model}",
+        f"system.dtype={dtype_name}",
+        "model.attention=auto",
+        "optimizer=adamw",
+        f"train.batch_size={args.batch}",
+        "system.num_devices=1",
+        *([f"model.context_size={args.context}"] if args.context else []),
+        *shlex.split(args.ours),
+    ]
     cfg = config_lib.load_config(overrides, jax.local_device_count())
     config_lib.check_devices(cfg, jax.local_device_count())
     mesh = init_mesh(cfg.system.num_devices, cfg.system.mesh_model)
@@ -175,14 +188,34 @@ def ours(args: argparse.Namespace, commands: TextIO, replies: TextIO) -> None:
         return {"loss": float(out["metrics"]["loss"]), "peak_memory_bytes": stats.get("peak_bytes_in_use")}
 
     m, o, device = model.cfg, cfg.optimizer, jax.devices()[0]
-    shape = {"n_layer": m.n_layer, "n_head": m.n_head, "n_embd": m.n_embd, "context": context, "bias": m.bias,
-             "dropout": m.dropout, "vocab": m.padded_vocab_size, "tokens": VOCAB, "batch": cfg.train.batch_size,
-             "grad_accum_steps": accum, "weight_decay": o.weight_decay, "betas": [o.beta1, o.beta2],
-             "grad_clip": o.grad_clip}
-    ready = {"shape": shape, "params": count_params(model), "flops_per_token": flops_per_token(model, context),
-             "peak_flops": peak_flops(device.device_kind, cfg.system.dtype, cfg.system.peak_flops),
-             "device_kind": device.device_kind, "dtype": cfg.system.dtype, "attention": m.attention,
-             "remat": m.remat, "scan_layers": m.scan_layers, "optimizer": o.name, "jax": jax.__version__}
+    shape = {
+        "n_layer": m.n_layer,
+        "n_head": m.n_head,
+        "n_embd": m.n_embd,
+        "context": context,
+        "bias": m.bias,
+        "dropout": m.dropout,
+        "vocab": m.padded_vocab_size,
+        "tokens": VOCAB,
+        "batch": cfg.train.batch_size,
+        "grad_accum_steps": accum,
+        "weight_decay": o.weight_decay,
+        "betas": [o.beta1, o.beta2],
+        "grad_clip": o.grad_clip,
+    }
+    ready = {
+        "shape": shape,
+        "params": count_params(model),
+        "flops_per_token": flops_per_token(model, context),
+        "peak_flops": peak_flops(device.device_kind, cfg.system.dtype, cfg.system.peak_flops),
+        "device_kind": device.device_kind,
+        "dtype": cfg.system.dtype,
+        "attention": m.attention,
+        "remat": m.remat,
+        "scan_layers": m.scan_layers,
+        "optimizer": o.name,
+        "jax": jax.__version__,
+    }
     del model  # the state holds the weights
     serve(ready, step, last, args.warmup, commands, replies)
 
@@ -207,9 +240,17 @@ def nanogpt(args: argparse.Namespace, commands: TextIO, replies: TextIO) -> None
     torch.manual_seed(1337)
     torch.backends.cuda.matmul.allow_tf32 = True  # as train.py sets them
     torch.backends.cudnn.allow_tf32 = True
-    model = GPT(GPTConfig(block_size=shape["context"], vocab_size=shape["vocab"], n_layer=shape["n_layer"],
-                          n_head=shape["n_head"], n_embd=shape["n_embd"], dropout=shape["dropout"],
-                          bias=shape["bias"])).to(device)
+    model = GPT(
+        GPTConfig(
+            block_size=shape["context"],
+            vocab_size=shape["vocab"],
+            n_layer=shape["n_layer"],
+            n_head=shape["n_head"],
+            n_embd=shape["n_embd"],
+            dropout=shape["dropout"],
+            bias=shape["bias"],
+        )
+    ).to(device)
     optimizer = model.configure_optimizers(shape["weight_decay"], 6e-4, tuple(shape["betas"]), device)
     compiled = torch.compile(model) if cuda else model  # CPU: no compiler needed, a smoke test only
     autocast = torch.autocast(device, dtype=torch.bfloat16) if cuda else contextlib.nullcontext()
@@ -236,12 +277,19 @@ def nanogpt(args: argparse.Namespace, commands: TextIO, replies: TextIO) -> None
         return time.perf_counter() - t
 
     def last() -> dict:
-        return {"loss": accum * float(out["loss"]),
-                "peak_memory_bytes": torch.cuda.max_memory_allocated() if cuda else None}
+        return {
+            "loss": accum * float(out["loss"]),
+            "peak_memory_bytes": torch.cuda.max_memory_allocated() if cuda else None,
+        }
 
-    ready = {"params": model.get_num_params(non_embedding=False), "params_flops": model.get_num_params(),
-             "fused_adamw": bool(optimizer.defaults.get("fused")), "compiled": cuda, "torch": torch.__version__,
-             "device_kind": torch.cuda.get_device_name() if cuda else "cpu"}
+    ready = {
+        "params": model.get_num_params(non_embedding=False),
+        "params_flops": model.get_num_params(),
+        "fused_adamw": bool(optimizer.defaults.get("fused")),
+        "compiled": cuda,
+        "torch": torch.__version__,
+        "device_kind": torch.cuda.get_device_name() if cuda else "cpu",
+    }
     serve(ready, step, last, args.warmup, commands, replies)
 
 
@@ -262,12 +310,27 @@ def worker(args: argparse.Namespace) -> int:
 
 # ---- the parent: start both workers, alternate rounds, summarise ----
 
+
 class Worker:
     def __init__(self, side: str, args: argparse.Namespace, extra: list[str], env: dict[str, str]):
         self.side = side
-        argv = [sys.executable, str(Path(__file__).resolve()), "--worker", side, "--model", args.model,
-                "--batch", str(args.batch), "--warmup", str(args.warmup), "--device", args.device,
-                f"--ours={args.ours}", f"--nanogpt={args.nanogpt}", *extra]
+        argv = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--worker",
+            side,
+            "--model",
+            args.model,
+            "--batch",
+            str(args.batch),
+            "--warmup",
+            str(args.warmup),
+            "--device",
+            args.device,
+            f"--ours={args.ours}",
+            f"--nanogpt={args.nanogpt}",
+            *extra,
+        ]
         if args.context:
             argv += ["--context", str(args.context)]
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
@@ -346,23 +409,40 @@ def summary(args: argparse.Namespace, shape: dict, ready: dict, times: dict, las
         median = statistics.median(flat)
         tokens_per_s = tokens_per_step / median
         sides[side] = {
-            "tokens_per_s": round(tokens_per_s, 1), "ms_per_step_median": round(1000 * median, 2),
-            "ms_per_step_min": round(1000 * min(flat), 2), "ms_per_step_max": round(1000 * max(flat), 2),
+            "tokens_per_s": round(tokens_per_s, 1),
+            "ms_per_step_median": round(1000 * median, 2),
+            "ms_per_step_min": round(1000 * min(flat), 2),
+            "ms_per_step_max": round(1000 * max(flat), 2),
             "ms_per_step_round_medians": [round(1000 * statistics.median(t), 2) for t in times[side]],
-            "compile_s": ready[side]["compile_s"], "warmup_s": ready[side]["warmup_s"],
-            "peak_memory_bytes": last[side]["peak_memory_bytes"], "loss_last": round(last[side]["loss"], 4),
-            "params": ready[side]["params"], "flops_per_token": flops[side],
-            "mfu": None if peak is None else round(tokens_per_s * flops[side] / peak, 4)}
+            "compile_s": ready[side]["compile_s"],
+            "warmup_s": ready[side]["warmup_s"],
+            "peak_memory_bytes": last[side]["peak_memory_bytes"],
+            "loss_last": round(last[side]["loss"], 4),
+            "params": ready[side]["params"],
+            "flops_per_token": flops[side],
+            "mfu": None if peak is None else round(tokens_per_s * flops[side] / peak, 4),
+        }
     sides["ours"].update({k: ready["ours"][k] for k in ("attention", "remat", "scan_layers", "optimizer", "jax")})
     sides["nanogpt"].update({k: ready["nanogpt"][k] for k in ("fused_adamw", "compiled", "torch", "device_kind")})
     return {
-        "ratio": round(sides["ours"]["tokens_per_s"] / sides["nanogpt"]["tokens_per_s"], 4), **sides,
-        "config": {"model": args.model, **{k: shape[k] for k in ("n_layer", "n_head", "n_embd", "context", "bias")},
-                   "batch": shape["batch"], "grad_accum_steps": shape["grad_accum_steps"],
-                   "tokens_per_step": tokens_per_step, "vocab": shape["vocab"], "dtype": ready["ours"]["dtype"],
-                   "device_kind": ready["ours"]["device_kind"], "steps_per_round": args.steps,
-                   "rounds": args.rounds, "warmup": args.warmup, "ours_overrides": args.ours,
-                   "jax_mem_fraction": args.jax_mem_fraction, "nanogpt": str(args.nanogpt)},
+        "ratio": round(sides["ours"]["tokens_per_s"] / sides["nanogpt"]["tokens_per_s"], 4),
+        **sides,
+        "config": {
+            "model": args.model,
+            **{k: shape[k] for k in ("n_layer", "n_head", "n_embd", "context", "bias")},
+            "batch": shape["batch"],
+            "grad_accum_steps": shape["grad_accum_steps"],
+            "tokens_per_step": tokens_per_step,
+            "vocab": shape["vocab"],
+            "dtype": ready["ours"]["dtype"],
+            "device_kind": ready["ours"]["device_kind"],
+            "steps_per_round": args.steps,
+            "rounds": args.rounds,
+            "warmup": args.warmup,
+            "ours_overrides": args.ours,
+            "jax_mem_fraction": args.jax_mem_fraction,
+            "nanogpt": str(args.nanogpt),
+        },
         "mfu_formula": "6N + 12*L*C*T (PaLM, nanoGPT; training/reporting/flops.py)",
         "peak_flops": peak,
     }

@@ -42,9 +42,16 @@ def val_curve(rows: list[dict]) -> list[dict[str, float]]:
         seconds.append(seconds[-1] + r["ms_per_step"] * (r["step"] - steps[-1]) / 1000)
         steps.append(r["step"])
     tokens_per_step = train[-1]["tokens_seen"] / train[-1]["step"]
-    return [{"step": r["step"], "tokens": r["step"] * tokens_per_step,
-             "seconds": interpolate(steps, seconds, r["step"]), "nats_per_byte": r["nats_per_byte"]}
-            for r in rows if r["split"] == SPLIT]
+    return [
+        {
+            "step": r["step"],
+            "tokens": r["step"] * tokens_per_step,
+            "seconds": interpolate(steps, seconds, r["step"]),
+            "nats_per_byte": r["nats_per_byte"],
+        }
+        for r in rows
+        if r["split"] == SPLIT
+    ]
 
 
 def read_run(run_dir: Path) -> dict[str, Any]:
@@ -54,9 +61,16 @@ def read_run(run_dir: Path) -> dict[str, Any]:
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     summary = json.loads((run_dir / "summary.json").read_text())
     curve = val_curve(latest_per_step(read_metrics(run_dir)))
-    return {"run": str(run_dir), "seed": config["train"]["seed"], "optimizer": config["optimizer"]["name"],
-            "parameters": summary["parameters"], "tokens_per_s": summary["tokens_per_s_median"], "curve": curve,
-            "training_s": curve[-1]["seconds"], "tokens": curve[-1]["tokens"]}
+    return {
+        "run": str(run_dir),
+        "seed": config["train"]["seed"],
+        "optimizer": config["optimizer"]["name"],
+        "parameters": summary["parameters"],
+        "tokens_per_s": summary["tokens_per_s_median"],
+        "curve": curve,
+        "training_s": curve[-1]["seconds"],
+        "tokens": curve[-1]["tokens"],
+    }
 
 
 def mean_and_half_gap(values: list[float | None]) -> tuple[float, float] | None:
@@ -70,8 +84,9 @@ def compare(out: Path) -> dict[str, Any]:
     """Every model under `out`: its runs, and the table's numbers."""
     models = {}
     for model_dir in sorted(p for p in out.iterdir() if p.is_dir()):
-        runs = [read_run(m.parent) for m in sorted(model_dir.rglob("metrics.jsonl"))
-                if (m.parent / "summary.json").exists()]
+        runs = [
+            read_run(m.parent) for m in sorted(model_dir.rglob("metrics.jsonl")) if (m.parent / "summary.json").exists()
+        ]
         if runs:
             models[model_dir.name] = sorted(runs, key=lambda r: r["seed"])
     if not models:
@@ -82,15 +97,24 @@ def compare(out: Path) -> dict[str, Any]:
     same_time = min(r["training_s"] for runs in models.values() for r in runs)
     rows = []
     for name, runs in models.items():
-        at_time = [interpolate([p["seconds"] for p in r["curve"]], [p["nats_per_byte"] for p in r["curve"]],
-                               same_time) for r in runs]
-        rows.append({"model": name, "optimizer": runs[0]["optimizer"], "parameters": runs[0]["parameters"],
-                     "seeds": [r["seed"] for r in runs],
-                     "at_budget": mean_and_half_gap([r["curve"][-1]["nats_per_byte"] for r in runs]),
-                     "at_budget_per_seed": [r["curve"][-1]["nats_per_byte"] for r in runs],
-                     "at_same_time": mean_and_half_gap(at_time), "at_same_time_per_seed": at_time,
-                     "tokens_per_s": sum(r["tokens_per_s"] for r in runs) / len(runs),
-                     "training_s": sum(r["training_s"] for r in runs) / len(runs)})
+        at_time = [
+            interpolate([p["seconds"] for p in r["curve"]], [p["nats_per_byte"] for p in r["curve"]], same_time)
+            for r in runs
+        ]
+        rows.append(
+            {
+                "model": name,
+                "optimizer": runs[0]["optimizer"],
+                "parameters": runs[0]["parameters"],
+                "seeds": [r["seed"] for r in runs],
+                "at_budget": mean_and_half_gap([r["curve"][-1]["nats_per_byte"] for r in runs]),
+                "at_budget_per_seed": [r["curve"][-1]["nats_per_byte"] for r in runs],
+                "at_same_time": mean_and_half_gap(at_time),
+                "at_same_time_per_seed": at_time,
+                "tokens_per_s": sum(r["tokens_per_s"] for r in runs) / len(runs),
+                "training_s": sum(r["training_s"] for r in runs) / len(runs),
+            }
+        )
     return {"tokens": budgets.pop(), "same_time_s": same_time, "rows": rows, "models": models}
 
 
@@ -100,15 +124,20 @@ def _cell(value: tuple[float, float] | None) -> str:
 
 def markdown(result: dict[str, Any]) -> str:
     tokens, seconds = f"{result['tokens']:,.0f}", f"{result['same_time_s']:.0f}"
-    lines = ["val: val nats/byte, the mean of the seeds ± half the gap between them. Training s: the steps' time",
-             f"alone (no compilation, no evaluation); {seconds} s of training: the shortest run's.", "",
-             f"| model | optimizer | parameters | seeds | val at {tokens} tokens | val at {seconds} s of training | "
-             "tokens/s | training s |",
-             "|---|---|--:|--:|--:|--:|--:|--:|"]
+    lines = [
+        "val: val nats/byte, the mean of the seeds ± half the gap between them. Training s: the steps' time",
+        f"alone (no compilation, no evaluation); {seconds} s of training: the shortest run's.",
+        "",
+        f"| model | optimizer | parameters | seeds | val at {tokens} tokens | val at {seconds} s of training | "
+        "tokens/s | training s |",
+        "|---|---|--:|--:|--:|--:|--:|--:|",
+    ]
     for r in result["rows"]:
-        lines.append(f"| {r['model']} | {r['optimizer']} | {r['parameters']:,} | {len(r['seeds'])} | "
-                     f"{_cell(r['at_budget'])} | {_cell(r['at_same_time'])} | {r['tokens_per_s']:,.0f} | "
-                     f"{r['training_s']:.0f} |")
+        lines.append(
+            f"| {r['model']} | {r['optimizer']} | {r['parameters']:,} | {len(r['seeds'])} | "
+            f"{_cell(r['at_budget'])} | {_cell(r['at_same_time'])} | {r['tokens_per_s']:,.0f} | "
+            f"{r['training_s']:.0f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -124,8 +153,13 @@ def plot(result: dict[str, Any], path: Path) -> None:
     for i, (name, runs) in enumerate(result["models"].items()):
         for j, r in enumerate(runs):
             nats = [p["nats_per_byte"] for p in r["curve"]]
-            style = {"color": f"C{i}", "marker": "o", "ms": 3, "ls": "-" if j == 0 else "--",
-                     "label": f"{name} ({r['optimizer']}), seed {r['seed']}"}
+            style = {
+                "color": f"C{i}",
+                "marker": "o",
+                "ms": 3,
+                "ls": "-" if j == 0 else "--",
+                "label": f"{name} ({r['optimizer']}), seed {r['seed']}",
+            }
             by_tokens.plot([p["tokens"] for p in r["curve"]], nats, **style)
             by_time.plot([p["seconds"] for p in r["curve"]], nats, **style)
     by_time.axvline(result["same_time_s"], color="grey", ls=":", lw=1, label="the same training time")
@@ -141,8 +175,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("out", nargs="?", default="runs/decoders",
-                        help="the comparison's directory (default: %(default)s)")
+    parser.add_argument(
+        "out", nargs="?", default="runs/decoders", help="the comparison's directory (default: %(default)s)"
+    )
     parser.add_argument("--docs", action="store_true", help="also copy decoders.md and .png into docs/")
     args = parser.parse_args(argv)
     out = Path(args.out)

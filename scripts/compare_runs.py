@@ -35,8 +35,10 @@ def main(argv: list[str]) -> int:
         return 1
     out = Path(args.out) if args.out else paths[0]
     text = write_comparison(runs, out, args.split)
-    print(text + f"\n{len(runs)} run(s); written: {out / 'comparison.md'}, {out / 'comparison.csv'}, "
-          f"{out / 'comparison.png'}")
+    print(
+        text + f"\n{len(runs)} run(s); written: {out / 'comparison.md'}, {out / 'comparison.csv'}, "
+        f"{out / 'comparison.png'}"
+    )
     return 0
 
 

@@ -31,8 +31,9 @@ def plot(results: list[dict], out: Path) -> None:
                 ax.plot(result["widths"], result["change"][name][t], marker="o", label=f"step {t}")
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
-            ax.set_title(f"{result['parametrization']}: {name} (x{growth(result, name):.2g} over the widths)",
-                         fontsize=9)
+            ax.set_title(
+                f"{result['parametrization']}: {name} (x{growth(result, name):.2g} over the widths)", fontsize=9
+            )
             ax.set_xlabel("width (n_embd)")
             ax.set_ylabel("mean |x_t - x_0|")
             ax.grid(alpha=0.3)
@@ -63,14 +64,19 @@ def main(argv: list[str]) -> int:
     if len(widths) < 2 or any(w % args.heads for w in widths) or args.steps < 1:
         print(f"error: --widths: two or more, each a multiple of --heads={args.heads}; --steps >= 1", file=sys.stderr)
         return 2
-    results = [coord_check(widths, p, args.steps, args.lr, args.layers, args.heads, optimizer=args.optimizer)
-               for p in ("standard", "mup")]
+    results = [
+        coord_check(widths, p, args.steps, args.lr, args.layers, args.heads, optimizer=args.optimizer)
+        for p in ("standard", "mup")
+    ]
     out = Path(args.out)
     plot(results, out)
     write_json(results, out.with_suffix(".json"))
     for r in results:
-        print(f"{r['parametrization']:>8}: " + ", ".join(f"{n} x{growth(r, n):.2f}" for n in r["change"])
-              + f" (change at step {r['steps']}, width {widths[-1]} over {widths[0]})")
+        print(
+            f"{r['parametrization']:>8}: "
+            + ", ".join(f"{n} x{growth(r, n):.2f}" for n in r["change"])
+            + f" (change at step {r['steps']}, width {widths[-1]} over {widths[0]})"
+        )
     print(f"{out} and {out.with_suffix('.json')}")
     return 0
 

@@ -52,15 +52,21 @@ def main(argv: list[str]) -> int:
         out = Path(args.out or run_dir_of(trained, args.path) / "harness" / results_name(trained, tasks, args))
         check_writable("--out", out.parent)
         lm = harness_lm(cast_floating(trained.model, COMPUTE_DTYPES[args.dtype]), trained.tokenizer, args.batch_tokens)
-        results = evaluate_tasks(lm, tasks, include_path=args.include_path, limit=args.limit,
-                                 num_fewshot=args.num_fewshot, seed=args.seed)
+        results = evaluate_tasks(
+            lm, tasks, include_path=args.include_path, limit=args.limit, num_fewshot=args.num_fewshot, seed=args.seed
+        )
     except PipelineError as e:
         return say(e)
     from lm_eval.utils import handle_non_serializable, make_table
 
-    record = {"command": shlex.join(["python", "scripts/eval_harness.py", *argv]),
-              "checkpoint": str(find_checkpoint_dir(args.path).absolute()), "step": trained.step,
-              "model": trained.cfg.model.name, "tokenizer": trained.tokenizer.kind, **results}
+    record = {
+        "command": shlex.join(["python", "scripts/eval_harness.py", *argv]),
+        "checkpoint": str(find_checkpoint_dir(args.path).absolute()),
+        "step": trained.step,
+        "model": trained.cfg.model.name,
+        "tokenizer": trained.tokenizer.kind,
+        **results,
+    }
     out.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(out, json.dumps(record, indent=2, default=handle_non_serializable))  # whole or not at all
     print(f"# {trained.cfg.model.name}, step {trained.step} of {args.path}")

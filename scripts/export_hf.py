@@ -24,17 +24,27 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_checkpoint_arguments(parser, "checkpoint")
     parser.add_argument("out_dir", help="the transformers folder to write")
-    parser.add_argument("--architecture", choices=ARCHITECTURES, default="auto",
-                        help="the transformers class to write: auto = gpt2 where it expresses the model, else llama")
+    parser.add_argument(
+        "--architecture",
+        choices=ARCHITECTURES,
+        default="auto",
+        help="the transformers class to write: auto = gpt2 where it expresses the model, else llama",
+    )
     args = parser.parse_args(argv)
     try:
         trained = load_trained(args.checkpoint, args.which)
         written = export_hf(trained.model, trained.tokenizer, args.out_dir, args.architecture)
     except PipelineError as e:
         return say(e)
-    note = "" if trained.tokenizer.kind == "bpe" else (
-        f" (a {trained.tokenizer.kind} tokenizer has no transformers form: ids 0..{trained.tokenizer.vocab_size - 1} "
-        "are this project's; gpt2's first 50,257 ids are GPT-2's own)")
+    note = (
+        ""
+        if trained.tokenizer.kind == "bpe"
+        else (
+            f" (a {trained.tokenizer.kind} tokenizer has no transformers form: "
+            f"ids 0..{trained.tokenizer.vocab_size - 1} "
+            "are this project's; gpt2's first 50,257 ids are GPT-2's own)"
+        )
+    )
     print(f"step {trained.step} of {args.checkpoint} -> {args.out_dir}: {', '.join(written)}{note}")
     return 0
 

@@ -31,10 +31,17 @@ from core.errors import CheckpointError, PipelineError, say
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run", help="run directory or checkpoint directory")
-    parser.add_argument("--step", default=None, help="latest, best or a step number (default: latest; with --plot "
-                                                     "alone, none is measured)")
-    parser.add_argument("--iters", type=int, default=None, help="Lanczos steps, one Hessian-vector product each "
-                                                                "(default: the run's logging.hessian_iters)")
+    parser.add_argument(
+        "--step",
+        default=None,
+        help="latest, best or a step number (default: latest; with --plot alone, none is measured)",
+    )
+    parser.add_argument(
+        "--iters",
+        type=int,
+        default=None,
+        help="Lanczos steps, one Hessian-vector product each (default: the run's logging.hessian_iters)",
+    )
     parser.add_argument("--seed", type=int, default=None, help="the starting vector's seed (default: the loop's)")
     parser.add_argument("--plot", default=None, metavar="FILE.png", help="draw the run's sharpness and 2/lr")
     args = parser.parse_args(argv)
@@ -64,9 +71,11 @@ def measure(args: argparse.Namespace) -> tuple[int, float]:
     seed = curvature.SEED if args.seed is None else args.seed
     extremes = curvature.sharpness_fn(iters)(trained.model, batch, jax.random.PRNGKey(seed))
     value, bottom, products = (x.item() for x in jax.device_get(extremes))
-    print(f"step {trained.step}: sharpness {value:.6g}, smallest {bottom:.6g} (the largest and smallest Hessian "
-          f"eigenvalues of the {data.main_split} loss on its first batch, {int(batch['loss_mask'].sum())} target "
-          f"tokens; Lanczos, {products} Hessian-vector products)")
+    print(
+        f"step {trained.step}: sharpness {value:.6g}, smallest {bottom:.6g} (the largest and smallest Hessian "
+        f"eigenvalues of the {data.main_split} loss on its first batch, {int(batch['loss_mask'].sum())} target "
+        f"tokens; Lanczos, {products} Hessian-vector products)"
+    )
     return trained.step, value
 
 
@@ -86,21 +95,44 @@ def plot_sharpness(run: str, out: Path, measured: tuple[int, float] | None = Non
     rows = latest_per_step(read_metrics(run_dir))
     logged = [r for r in rows if r["split"] == "curvature" and isinstance(r.get("sharpness"), (int, float))]
     if not logged and measured is None:
-        raise CheckpointError(f"--plot: {run_dir}/metrics.jsonl has no sharpness; train with "
-                              "logging.hessian_every=N, or add --step to measure a checkpoint")
-    lrs = [(r["step"], r["lr"]) for r in rows if r["split"] == "train" and isinstance(r.get("lr"), (int, float))
-           and r["lr"] > 0]
+        raise CheckpointError(
+            f"--plot: {run_dir}/metrics.jsonl has no sharpness; train with "
+            "logging.hessian_every=N, or add --step to measure a checkpoint"
+        )
+    lrs = [
+        (r["step"], r["lr"])
+        for r in rows
+        if r["split"] == "train" and isinstance(r.get("lr"), (int, float)) and r["lr"] > 0
+    ]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     if logged:
-        ax.plot([r["step"] for r in logged], [abs(r["sharpness"]) for r in logged], "o-", ms=3, color="C0",
-                label="sharpness (largest Hessian eigenvalue, logged)")
+        ax.plot(
+            [r["step"] for r in logged],
+            [abs(r["sharpness"]) for r in logged],
+            "o-",
+            ms=3,
+            color="C0",
+            label="sharpness (largest Hessian eigenvalue, logged)",
+        )
         negative = [r for r in logged if r["sharpness"] < 0]
         if negative:  # every eigenvalue negative (a maximum's neighbourhood): drawn at its magnitude, marked
-            ax.plot([r["step"] for r in negative], [-r["sharpness"] for r in negative], "x", ms=7, color="C2",
-                    label="negative: |eigenvalue| shown")
+            ax.plot(
+                [r["step"] for r in negative],
+                [-r["sharpness"] for r in negative],
+                "x",
+                ms=7,
+                color="C2",
+                label="negative: |eigenvalue| shown",
+            )
     if measured is not None:
-        ax.plot([measured[0]], [abs(measured[1])], "*", ms=12, color="C3",
-                label=f"{'|sharpness|' if measured[1] < 0 else 'sharpness'} at step {measured[0]} (scripts/hessian.py)")
+        ax.plot(
+            [measured[0]],
+            [abs(measured[1])],
+            "*",
+            ms=12,
+            color="C3",
+            label=f"{'|sharpness|' if measured[1] < 0 else 'sharpness'} at step {measured[0]} (scripts/hessian.py)",
+        )
     if lrs:
         ax.plot([s for s, _ in lrs], [2.0 / lr for _, lr in lrs], "--", color="C1", label="2 / lr (edge of stability)")
     ax.set_yscale("log")

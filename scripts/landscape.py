@@ -41,12 +41,21 @@ def main(argv: list[str]) -> int:
     how.add_argument("--last-update", action="store_true", help="first direction: theta_N - the previous checkpoint")
     how.add_argument("--pca", action="store_true", help="the trajectory's principal directions")
     parser.add_argument("--grid", type=int, default=21, help="points per direction")
-    parser.add_argument("--span", type=float, nargs=2, default=None, metavar=("LO", "HI"),
-                        help="coordinates along every direction (default: [-1, 1] and whatever holds the checkpoints)")
+    parser.add_argument(
+        "--span",
+        type=float,
+        nargs=2,
+        default=None,
+        metavar=("LO", "HI"),
+        help="coordinates along every direction (default: [-1, 1] and whatever holds the checkpoints)",
+    )
     parser.add_argument("--batches", type=int, default=1, help="validation batches the loss averages over")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random directions")
-    parser.add_argument("--include-vectors", action="store_true", help="random directions also move biases and "
-                                                                       "LayerNorm (by their own norm)")
+    parser.add_argument(
+        "--include-vectors",
+        action="store_true",
+        help="random directions also move biases and LayerNorm (by their own norm)",
+    )
     args = parser.parse_args(argv)
     if args.grid < 2 or args.batches < 1:
         parser.error("--grid must be >= 2 and --batches >= 1")
@@ -69,8 +78,10 @@ def landscape(args: argparse.Namespace) -> dict:
     centre = load_trained(args.run, args.step)
     checkpoints = find_checkpoint_dir(args.run)
     steps = Checkpointer(checkpoints, read_only=True).steps()
-    params = {s: L.params_of(load_trained(args.run, str(s)).model) if s != centre.step else L.params_of(centre.model)
-              for s in steps}
+    params = {
+        s: L.params_of(load_trained(args.run, str(s)).model) if s != centre.step else L.params_of(centre.model)
+        for s in steps
+    }
     offsets = {s: L.difference(p, params[centre.step]) for s, p in params.items() if s != centre.step}
     directions, names, spans = choose_directions(args, centre, params, offsets, checkpoints)
 
@@ -89,17 +100,22 @@ def landscape(args: argparse.Namespace) -> dict:
     out = Path(args.out) if args.out else run_dir / f"landscape-step{centre.step}.png"
     title = f"{data.main_split} loss around step {centre.step} of {run_dir.name} ({tokens} target tokens)"
     draw(out, grids, losses, names, placed, centre.step, title)
-    print(f"{out}: the {data.main_split} loss ({len(batches)} batch(es), {tokens} target tokens) at {points.shape[0]} "
-          f"points around step {centre.step}; " + "; ".join(f"direction {j + 1}: {n}" for j, n in enumerate(names)))
+    print(
+        f"{out}: the {data.main_split} loss ({len(batches)} batch(es), {tokens} target tokens) at {points.shape[0]} "
+        f"points around step {centre.step}; " + "; ".join(f"direction {j + 1}: {n}" for j, n in enumerate(names))
+    )
     print(f"  loss at the centre {at_centre:.4f}, lowest on the grid {losses.min():.4f}, highest {losses.max():.4f}")
     for s, (coords, residual) in sorted(placed.items()):
-        print(f"  step {s}: at ({', '.join(f'{c:.3g}' for c in coords)}), {residual:.0%} of its offset off the "
-              f"{'line' if args.dims == 1 else 'plane'}")
+        print(
+            f"  step {s}: at ({', '.join(f'{c:.3g}' for c in coords)}), {residual:.0%} of its offset off the "
+            f"{'line' if args.dims == 1 else 'plane'}"
+        )
     return {"out": out, "losses": losses, "placed": placed}
 
 
-def choose_directions(args: argparse.Namespace, centre, params: dict, offsets: dict, checkpoints: Path
-                      ) -> tuple[list, list[str], list[tuple[float, float] | None]]:
+def choose_directions(
+    args: argparse.Namespace, centre, params: dict, offsets: dict, checkpoints: Path
+) -> tuple[list, list[str], list[tuple[float, float] | None]]:
     """The directions the arguments ask for, a name for each, and each one's default span (None: the checkpoints')."""
     import jax
     import numpy as np
@@ -108,12 +124,16 @@ def choose_directions(args: argparse.Namespace, centre, params: dict, offsets: d
 
     key = jax.random.PRNGKey(args.seed)
     toward = args.to_step is not None or args.last_update
-    random = [L.filter_normalised(centre.model, jax.random.fold_in(key, j), args.include_vectors)
-              for j in range(0 if args.pca else args.dims - 1 if toward else args.dims)]
+    random = [
+        L.filter_normalised(centre.model, jax.random.fold_in(key, j), args.include_vectors)
+        for j in range(0 if args.pca else args.dims - 1 if toward else args.dims)
+    ]
     if args.pca:
         if len(offsets) < args.dims:
-            raise CheckpointError(f"--pca: {args.dims} directions need {args.dims} saved checkpoints besides the "
-                                  f"centre; {checkpoints} has {len(offsets)}")
+            raise CheckpointError(
+                f"--pca: {args.dims} directions need {args.dims} saved checkpoints besides the "
+                f"centre; {checkpoints} has {len(offsets)}"
+            )
         names = [f"principal direction {j + 1} of the trajectory" for j in range(args.dims)]
         return L.principal_directions(list(offsets.values()), args.dims), names, [None] * args.dims
     if not toward:
@@ -121,8 +141,10 @@ def choose_directions(args: argparse.Namespace, centre, params: dict, offsets: d
     steps = sorted(params)
     if args.to_step is not None:
         if args.to_step not in offsets:
-            raise CheckpointError(f"--to-step: step {args.to_step} is not a saved checkpoint other than the centre "
-                                  f"({centre.step}); saved: {', '.join(map(str, steps))}")
+            raise CheckpointError(
+                f"--to-step: step {args.to_step} is not a saved checkpoint other than the centre "
+                f"({centre.step}); saved: {', '.join(map(str, steps))}"
+            )
         first, names, spans = offsets[args.to_step], [f"toward step {args.to_step}"], [(-0.5, 1.5)]
     else:
         before = [s for s in steps if s < centre.step]
@@ -138,8 +160,7 @@ def choose_directions(args: argparse.Namespace, centre, params: dict, offsets: d
     return directions, names, spans
 
 
-def span_of(given: list[float] | None, coords: list[float], default: tuple[float, float] | None
-            ) -> tuple[float, float]:
+def span_of(given: list[float] | None, coords: list[float], default: tuple[float, float] | None) -> tuple[float, float]:
     """`given`, else `default` widened (with a margin) to hold the centre and every checkpoint's coordinate."""
     if given is not None:
         return float(given[0]), float(given[1])
@@ -165,8 +186,9 @@ def draw(out: Path, grids: list, losses, names: list[str], placed: dict, centre:
         xs = [placed[s][0][0] for s in order]
         ax.plot(xs, np.interp(xs, grids[0], losses), "o", color="C3", ms=5, label="checkpoints, projected")
         for s, x in zip(order, xs):
-            ax.annotate(str(s), (x, np.interp(x, grids[0], losses)), fontsize=7, xytext=(3, 3),
-                        textcoords="offset points")
+            ax.annotate(
+                str(s), (x, np.interp(x, grids[0], losses)), fontsize=7, xytext=(3, 3), textcoords="offset points"
+            )
         ax.plot([0], [np.interp(0.0, grids[0], losses)], "*", ms=12, color="k", label=f"step {centre} (centre)")
         ax.set(xlabel=f"direction 1: {names[0]}", ylabel="loss per token")
     else:
@@ -176,11 +198,24 @@ def draw(out: Path, grids: list, losses, names: list[str], placed: dict, centre:
         fig.colorbar(filled, ax=ax, label="loss per token")
         path = sorted([*order, centre])
         xy = {s: (0.0, 0.0) if s == centre else tuple(placed[s][0]) for s in path}
-        ax.plot([xy[s][0] for s in path], [xy[s][1] for s in path], "o-", color="C3", ms=4, lw=1,
-                label="checkpoints, projected (by step)")
+        ax.plot(
+            [xy[s][0] for s in path],
+            [xy[s][1] for s in path],
+            "o-",
+            color="C3",
+            ms=4,
+            lw=1,
+            label="checkpoints, projected (by step)",
+        )
         for s in order:
-            ax.annotate(str(s), xy[s], fontsize=7, xytext=(3, 3), textcoords="offset points",
-                        bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.6})
+            ax.annotate(
+                str(s),
+                xy[s],
+                fontsize=7,
+                xytext=(3, 3),
+                textcoords="offset points",
+                bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.6},
+            )
         ax.plot([0], [0], "*", ms=14, color="k", mec="white", label=f"step {centre} (centre)")
         ax.set(xlabel=f"direction 1: {names[0]}", ylabel=f"direction 2: {names[1]}")
     ax.set_title(title, fontsize=9)

@@ -19,26 +19,51 @@ from pathlib import Path
 from training.cli.sweep import run_sweep
 
 ROOT = Path(__file__).resolve().parent.parent
-RUN = ["model=gpt2-tiny", "model.n_head=4", "dataset.tokenizer=byte", "train.batch_size=16", "train.eval_iters=4",
-       "optimizer=adamw", "optimizer.lr_config.warmup=10", "checkpoint.save=false", "logging.wandb=disabled",
-       "logging.plot=false", "logging.tensorboard=false", "logging.progress=lines"]
+RUN = [
+    "model=gpt2-tiny",
+    "model.n_head=4",
+    "dataset.tokenizer=byte",
+    "train.batch_size=16",
+    "train.eval_iters=4",
+    "optimizer=adamw",
+    "optimizer.lr_config.warmup=10",
+    "checkpoint.save=false",
+    "logging.wandb=disabled",
+    "logging.plot=false",
+    "logging.tensorboard=false",
+    "logging.progress=lines",
+]
 
 
 def sweep(out: Path, parametrization: str, widths: list[int], lrs: list[float], steps: int, extra: list[str]) -> list:
-    jobs = run_sweep(out / parametrization, [
-        *RUN, f"train.max_steps={steps}", f"train.eval_interval={steps}", f"model.parametrization={parametrization}",
-        f"model.mup_base_width={widths[0]}", "model.n_embd=" + ",".join(map(str, widths)),
-        "optimizer.lr_config.lr=" + ",".join(map(repr, lrs)), *extra])["jobs"]
+    jobs = run_sweep(
+        out / parametrization,
+        [
+            *RUN,
+            f"train.max_steps={steps}",
+            f"train.eval_interval={steps}",
+            f"model.parametrization={parametrization}",
+            f"model.mup_base_width={widths[0]}",
+            "model.n_embd=" + ",".join(map(str, widths)),
+            "optimizer.lr_config.lr=" + ",".join(map(repr, lrs)),
+            *extra,
+        ],
+    )["jobs"]
     table = []
     for job in jobs:
         values = dict(o.split("=", 1) for o in job["overrides"])
-        table.append({"width": int(values["model.n_embd"]), "lr": float(values["optimizer.lr_config.lr"]),
-                      "val_loss": job.get("val_loss") if job["status"] == "completed" else None})
+        table.append(
+            {
+                "width": int(values["model.n_embd"]),
+                "lr": float(values["optimizer.lr_config.lr"]),
+                "val_loss": job.get("val_loss") if job["status"] == "completed" else None,
+            }
+        )
     return table
 
 
 def main(argv: list[str]) -> int:
-    argv, extra = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    argv, extra = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--widths", default="64,256", help="n_embd values; the first is μP's base width")
     parser.add_argument("--lrs", default="1e-3,3e-3,1e-2,3e-2,1e-1")
@@ -58,8 +83,10 @@ def main(argv: list[str]) -> int:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
-    lines = ["| parametrization | width | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " | best lr |",
-             "|---|--:|" + "--:|" * len(lrs) + "--:|"]
+    lines = [
+        "| parametrization | width | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " | best lr |",
+        "|---|--:|" + "--:|" * len(lrs) + "--:|",
+    ]
     for ax, (parametrization, table) in zip(axes, results.items()):
         for width in widths:
             row = {r["lr"]: r["val_loss"] for r in table if r["width"] == width}

@@ -35,11 +35,27 @@ ROOT = Path(__file__).resolve().parent.parent
 # The board's runs: gpt2-micro on pystdlib, context 128, batch 8 (1,024 tokens a step), no checkpoints; the budget
 # (steps) is a flag, each preset's own schedule (its warmup and floor are fractions of the run). Evaluations every
 # quarter of the run give the curves.
-CPU_RUN = ["model=gpt2-micro", "dataset.context_size=128", "train.batch_size=8", "train.eval_iters=4",
-           "checkpoint.save=false", "logging.wandb=disabled", "logging.plot=false", "logging.tensorboard=false",
-           "logging.progress=lines"]
-GPU_RUN = ["model=gpt2-mini", "train.batch_size=32", "train.eval_iters=20", "checkpoint.save=false",
-           "logging.wandb=disabled", "logging.plot=false", "logging.progress=lines", "system.dtype=bfloat16"]
+CPU_RUN = [
+    "model=gpt2-micro",
+    "dataset.context_size=128",
+    "train.batch_size=8",
+    "train.eval_iters=4",
+    "checkpoint.save=false",
+    "logging.wandb=disabled",
+    "logging.plot=false",
+    "logging.tensorboard=false",
+    "logging.progress=lines",
+]
+GPU_RUN = [
+    "model=gpt2-mini",
+    "train.batch_size=32",
+    "train.eval_iters=20",
+    "checkpoint.save=false",
+    "logging.wandb=disabled",
+    "logging.plot=false",
+    "logging.progress=lines",
+    "system.dtype=bfloat16",
+]
 SEEDS = (0, 1)  # the grids run the first; the winner runs every one
 LR = "optimizer.lr_config.lr"
 
@@ -49,6 +65,7 @@ class Plan:
     """How an optimizer is tuned: the key of its step size, then its most sensitive other knob, stepped as `scale`
     says: "log" (x2), "beta" (1 - value x2: a momentum or averaging constant), or "choice" (the preset's value and
     `choices`)."""
+
     step: str
     knob: str | None = None
     scale: str = "log"
@@ -85,8 +102,8 @@ PLANS = {
 def ladder(centre: float, scale: str, k: int) -> float | None:
     """The k-th point from the centre of a grid (None past the knob's range)."""
     if scale == "log":
-        return centre * 2.0 ** k
-    value = 1 - (1 - centre) * 2.0 ** k  # "beta"
+        return centre * 2.0**k
+    value = 1 - (1 - centre) * 2.0**k  # "beta"
     return value if 0 <= value < 1 else None
 
 
@@ -126,8 +143,7 @@ def loss_of(job: dict | None) -> float:
     return job["val_loss"] if job and job.get("status") == "completed" and math.isfinite(job["val_loss"]) else math.inf
 
 
-def grid(out: Path, tag: str, base: list[str], key: str, centre: float, scale: str, points: int,
-         grow: int) -> dict:
+def grid(out: Path, tag: str, base: list[str], key: str, centre: float, scale: str, points: int, grow: int) -> dict:
     """A grid of `key` around `centre` (`points` points), grown by a point past a winning edge up to `grow` times
     per side. Returns {"best": job, "points": [[value, val loss], ...] in order, "edge": None when the best point is
     interior, "range" when it is the knob's last valid value, "grid" when the growth ran out}."""
@@ -146,8 +162,12 @@ def grid(out: Path, tag: str, base: list[str], key: str, centre: float, scale: s
         best = min(jobs, key=lambda k: loss_of(jobs[k]))
         side = -1 if best == min(jobs) else 1 if best == max(jobs) else 0
         nxt = best + side
-        if side == 0 or grown[side] >= grow or ladder(centre, scale, nxt) is None or not math.isfinite(
-                loss_of(jobs[best])):
+        if (
+            side == 0
+            or grown[side] >= grow
+            or ladder(centre, scale, nxt) is None
+            or not math.isfinite(loss_of(jobs[best]))
+        ):
             break
         grown[side] += 1
         run([nxt], f"{tag}{nxt:+d}")
@@ -159,8 +179,11 @@ def grid(out: Path, tag: str, base: list[str], key: str, centre: float, scale: s
 def choose(out: Path, tag: str, base: list[str], key: str, values: tuple) -> dict:
     """A choice between values of `key` (the preset's is already run)."""
     summary = sweep(out, tag, [*base, f"{key}={','.join(map(str, values))}"])
-    return {"best": summary.get("best"), "points": [[value_of(j, key), loss_of(j)] for j in summary["jobs"]],
-            "edge": None}
+    return {
+        "best": summary.get("best"),
+        "points": [[value_of(j, key), loss_of(j)] for j in summary["jobs"]],
+        "edge": None,
+    }
 
 
 def tune(out: Path, name: str, centres: tuple, run: list[str], points: int, grow: int) -> dict | None:
@@ -181,19 +204,26 @@ def tune(out: Path, name: str, centres: tuple, run: list[str], points: int, grow
     knob_grid = None
     if plan.knob is not None:
         at = [*base, best_step]
-        knob_grid = (choose(out, f"{name}-knob", at, plan.knob, plan.choices) if plan.scale == "choice" else
-                     grid(out, f"{name}-knob", at, plan.knob, knob_centre, plan.scale, points, grow))
+        knob_grid = (
+            choose(out, f"{name}-knob", at, plan.knob, plan.choices)
+            if plan.scale == "choice"
+            else grid(out, f"{name}-knob", at, plan.knob, knob_centre, plan.scale, points, grow)
+        )
     winner = min([g["best"] for g in (step_grid, knob_grid) if g and g["best"]], key=loss_of)
     tuned = [o for o in winner["overrides"] if o.split("=")[0] in (plan.step, plan.knob)]
     if plan.knob is not None and not any(o.startswith(plan.knob + "=") for o in tuned):
         tuned.append(f"{plan.knob}={knob_centre}")
     overrides = [o for o in winner["overrides"] if not o.startswith("train.seed=")]
-    seeds = [winner] + [sweep(out, f"{name}-seed{s}", [*overrides, f"train.seed={s}"]).get("best")
-                        for s in SEEDS[1:]]
-    record = {"optimizer": name, "overrides": overrides, "tuned": tuned, "step_grid": step_grid,
-              "knob_grid": knob_grid, "seeds": [{"seed": s, "run_dir": j and j["run_dir"], "val_loss": loss_of(j)}
-                                                for s, j in zip(SEEDS, seeds)],
-              "wall_s": round(time.time() - started, 1)}
+    seeds = [winner] + [sweep(out, f"{name}-seed{s}", [*overrides, f"train.seed={s}"]).get("best") for s in SEEDS[1:]]
+    record = {
+        "optimizer": name,
+        "overrides": overrides,
+        "tuned": tuned,
+        "step_grid": step_grid,
+        "knob_grid": knob_grid,
+        "seeds": [{"seed": s, "run_dir": j and j["run_dir"], "val_loss": loss_of(j)} for s, j in zip(SEEDS, seeds)],
+        "wall_s": round(time.time() - started, 1),
+    }
     record_path.write_text(json.dumps(record, indent=1))
     print(f"{name}: tuned {' '.join(tuned)} in {record['wall_s']:.0f} s", flush=True)
     return record
@@ -225,13 +255,20 @@ def summarize(out: Path, tokens_per_step: int, steps: int) -> dict:
         finals = [curve(Path(s["run_dir"]))[-1][2] for s in r["seeds"] if s["run_dir"]]
         points = curve(Path(r["seeds"][0]["run_dir"]))
         summary = json.loads((Path(r["seeds"][0]["run_dir"]) / "summary.json").read_text())
-        rows.append({"optimizer": r["optimizer"], "val_nats_per_byte": sum(finals) / len(finals),
-                     "spread": max(finals) - min(finals), "seeds": finals, "tuned": r["tuned"],
-                     "step": grid_text(r["step_grid"], plan.step),
-                     "knob": grid_text(r["knob_grid"], plan.knob) if plan.knob else "",
-                     "edge": r["step_grid"]["edge"] == "grid" or bool(r["knob_grid"] and
-                                                                     r["knob_grid"]["edge"] == "grid"),
-                     "tokens_per_s": summary.get("tokens_per_s_median"), "curve": points})
+        rows.append(
+            {
+                "optimizer": r["optimizer"],
+                "val_nats_per_byte": sum(finals) / len(finals),
+                "spread": max(finals) - min(finals),
+                "seeds": finals,
+                "tuned": r["tuned"],
+                "step": grid_text(r["step_grid"], plan.step),
+                "knob": grid_text(r["knob_grid"], plan.knob) if plan.knob else "",
+                "edge": r["step_grid"]["edge"] == "grid" or bool(r["knob_grid"] and r["knob_grid"]["edge"] == "grid"),
+                "tokens_per_s": summary.get("tokens_per_s_median"),
+                "curve": points,
+            }
+        )
     rows.sort(key=lambda r: r["val_nats_per_byte"])
     adamw = next((r for r in rows if r["optimizer"] == "adamw"), None)
     target = adamw["curve"][-1][1] if adamw else None
@@ -239,24 +276,30 @@ def summarize(out: Path, tokens_per_step: int, steps: int) -> dict:
         reached = next((s for s, loss, _ in r["curve"] if target is not None and loss <= target), None)
         r["tokens_to_adamw_final"] = None if reached is None else reached * tokens_per_step
     for above, below in zip(rows, rows[1:]):  # within noise: the gap is below either row's spread over seeds
-        above["noise_with_next"] = below["val_nats_per_byte"] - above["val_nats_per_byte"] < max(above["spread"],
-                                                                                              below["spread"])
+        above["noise_with_next"] = below["val_nats_per_byte"] - above["val_nats_per_byte"] < max(
+            above["spread"], below["spread"]
+        )
     (out / "leaderboard.json").write_text(json.dumps(rows, indent=1))
     spreads = sorted(r["spread"] for r in rows)
     seeds = ", ".join(map(str, SEEDS))
-    lines = [f"{len(rows)} optimizers, each at its tuned values, {steps} steps of {tokens_per_step:,} tokens "
-             f"({steps * tokens_per_step:,} tokens a run); val nats/byte: the mean over seeds {seeds} of the final "
-             "`val` loss; spread: the largest minus the smallest (median over the board "
-             f"{spreads[len(spreads) // 2]:.4f}). `~`: within noise of the next row (their gap is below the larger "
-             "spread of the two).", "",
-             "| # | optimizer | val nats/byte | spread | noise | step size (grid points: range) | "
-             "knob (grid points: range) | tokens to AdamW's final loss | tokens/s |",
-             "|---|---|--:|--:|---|---|---|--:|--:|"]
+    lines = [
+        f"{len(rows)} optimizers, each at its tuned values, {steps} steps of {tokens_per_step:,} tokens "
+        f"({steps * tokens_per_step:,} tokens a run); val nats/byte: the mean over seeds {seeds} of the final "
+        "`val` loss; spread: the largest minus the smallest (median over the board "
+        f"{spreads[len(spreads) // 2]:.4f}). `~`: within noise of the next row (their gap is below the larger "
+        "spread of the two).",
+        "",
+        "| # | optimizer | val nats/byte | spread | noise | step size (grid points: range) | "
+        "knob (grid points: range) | tokens to AdamW's final loss | tokens/s |",
+        "|---|---|--:|--:|---|---|---|--:|--:|",
+    ]
     for i, r in enumerate(rows, 1):
         tokens = "not reached" if r["tokens_to_adamw_final"] is None else f"{r['tokens_to_adamw_final']:,}"
         rate = "" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:,.0f}"
-        lines.append(f"| {i} | {r['optimizer']} | {r['val_nats_per_byte']:.4f} | {r['spread']:.4f} | "
-                     f"{'~' if r.get('noise_with_next') else ''} | {r['step']} | {r['knob']} | {tokens} | {rate} |")
+        lines.append(
+            f"| {i} | {r['optimizer']} | {r['val_nats_per_byte']:.4f} | {r['spread']:.4f} | "
+            f"{'~' if r.get('noise_with_next') else ''} | {r['step']} | {r['knob']} | {tokens} | {rate} |"
+        )
     (out / "leaderboard.md").write_text("\n".join(lines) + "\n")
     _plot(rows, tokens_per_step, out / "leaderboard.png")
     print("\n".join(lines))
@@ -296,8 +339,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--summarize", metavar="OUT", help="only rebuild the table and plot of a board in OUT")
     parser.add_argument("--docs", action="store_true", help="also copy leaderboard.md and .png into docs/")
     args, extra = parser.parse_known_args(argv)
-    run = [*(GPU_RUN if args.gpu else CPU_RUN), f"train.max_steps={args.steps}",
-           f"train.eval_interval={max(args.steps // 4, 1)}", *extra]
+    run = [
+        *(GPU_RUN if args.gpu else CPU_RUN),
+        f"train.max_steps={args.steps}",
+        f"train.eval_interval={max(args.steps // 4, 1)}",
+        *extra,
+    ]
     context, batch = (256, 32) if args.gpu else (128, 8)
     tokens_per_step = context * batch
     out = Path(args.summarize or args.out)
@@ -305,8 +352,10 @@ def main(argv: list[str]) -> int:
         names = [n for n in (args.only.split(",") if args.only else PLANS) if n]
         unknown = [n for n in names if n not in PLANS or n not in OPTIMIZERS]
         if unknown:
-            print(f"error: --only: no tuning plan for {', '.join(unknown)}; plans exist for {', '.join(PLANS)}",
-                  file=sys.stderr)
+            print(
+                f"error: --only: no tuning plan for {', '.join(unknown)}; plans exist for {', '.join(PLANS)}",
+                file=sys.stderr,
+            )
             return 2
         out.mkdir(parents=True, exist_ok=True)
         centres = preset_centres(names)

@@ -31,12 +31,16 @@ def plot_geometry(run_dir: Path, out: Path) -> list[str]:
     rows = [r for r in latest_per_step(read_metrics(run_dir)) if r["split"] == "train"]
     groups = sorted({k.split("/")[1] for r in rows for k in r if k.startswith("geometry/") and k.count("/") == 2})
     if not groups:
-        raise SystemExit(f"error: {run_dir}/metrics.jsonl has no geometry/ metrics; train with "
-                         "logging.update_geometry=true")
+        raise SystemExit(
+            f"error: {run_dir}/metrics.jsonl has no geometry/ metrics; train with logging.update_geometry=true"
+        )
     fig, axes = plt.subplots(2, 2, figsize=(12, 7.5))
     panels = [
-        (axes[0, 0], [("grad_dot_update_sum", "-", "Σ <g_n, Δ_n+1>"), ("grad_dot_last_update_sum", "--",
-                                                                        "Σ <g_n, Δ_n>")], "running sums"),
+        (
+            axes[0, 0],
+            [("grad_dot_update_sum", "-", "Σ <g_n, Δ_n+1>"), ("grad_dot_last_update_sum", "--", "Σ <g_n, Δ_n>")],
+            "running sums",
+        ),
         (axes[0, 1], [("cos_update_last_update", "-", "cos(Δ_n+1, Δ_n)")], "successive updates"),
         (axes[1, 0], [("cos_grad_last_update", "-", "cos(g_n, Δ_n)")], "gradient against the last update"),
         (axes[1, 1], [("update_l2", "-", "|Δ_n+1|_2")], "update length"),

@@ -1,6 +1,6 @@
 """Overlay runs: loss per split, learning rate and tokens/s against step, from each run's metrics.jsonl.
 
-    python scripts/plot_runs.py RUN_DIR [RUN_DIR ...] [--out comparison.png] [--labels a,b]
+python scripts/plot_runs.py RUN_DIR [RUN_DIR ...] [--out comparison.png] [--labels a,b]
 """
 
 from __future__ import annotations

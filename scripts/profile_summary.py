@@ -22,8 +22,9 @@ import json
 import re
 import sys
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator, NamedTuple
+from typing import Any, NamedTuple
 
 MODULE, CALL = "jit_train_step", "PjitFunction(train_step)"
 CATEGORIES = {
@@ -37,11 +38,26 @@ CATEGORIES = {
     "host_gaps": "host gaps (no op running: the device waits for the host)",
 }
 SCOPES = ("attention", "lm_head_loss", "optimizer")
-COLLECTIVE = re.compile(r"all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute|collective-broadcast|nccl",
-                        re.I)
+COLLECTIVE = re.compile(
+    r"all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute|collective-broadcast|nccl", re.I
+)
 GEMM = re.compile(r"gemm|cublas|cutlass|xmma|matmul", re.I)  # GPU GEMM kernels and custom-call targets
-MOVEMENT = {"convert", "copy", "copy-start", "copy-done", "transpose", "reshape", "broadcast", "slice", "dynamic-slice",
-            "dynamic-update-slice", "concatenate", "pad", "reverse", "bitcast-convert"}
+MOVEMENT = {
+    "convert",
+    "copy",
+    "copy-start",
+    "copy-done",
+    "transpose",
+    "reshape",
+    "broadcast",
+    "slice",
+    "dynamic-slice",
+    "dynamic-update-slice",
+    "concatenate",
+    "pad",
+    "reverse",
+    "bitcast-convert",
+}
 STRUCTURAL = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast", "fusion"}
 
 
@@ -68,7 +84,7 @@ def _fields(buf: memoryview) -> Iterator[tuple[int, Any]]:
             value, i = _varint(buf, i)
         elif key & 7 == 2:
             size, i = _varint(buf, i)
-            value, i = buf[i:i + size], i + size
+            value, i = buf[i : i + size], i + size
         else:  # fixed 64 or 32 bits: no field read here has them
             value, i = None, i + (8 if key & 7 == 1 else 4)
         yield key >> 3, value
@@ -114,15 +130,21 @@ def _instructions(module: dict) -> dict[str, tuple[str, set[str], str]]:
     arithmetic of its slices (so that a fused copy still reads as a copy)."""
     computations = {}
     for comp in map(_message, module[3]):  # HloModuleProto.computations: id 5, instructions 2
-        computations[comp[5][0] if comp[5] else 0] = [(  # name 1, opcode 2, shape 3, op_name 7.2, target 28, calls 38
-            _text(inst[1]), _text(inst[2]), _text(_message(inst[7][0])[2]) if inst[7] else "", _text(inst[28]),
-            [v for c in inst[38] for v in ([c] if isinstance(c, int) else _packed(c))],
-            bool(inst[3]) and not {3, 4} & _message(inst[3][0]).keys())  # ShapeProto: dimensions 3, tuple shapes 4
-            for inst in map(_message, comp[2])]
+        computations[comp[5][0] if comp[5] else 0] = [
+            (  # name 1, opcode 2, shape 3, op_name 7.2, target 28, calls 38
+                _text(inst[1]),
+                _text(inst[2]),
+                _text(_message(inst[7][0])[2]) if inst[7] else "",
+                _text(inst[28]),
+                [v for c in inst[38] for v in ([c] if isinstance(c, int) else _packed(c))],
+                bool(inst[3]) and not {3, 4} & _message(inst[3][0]).keys(),
+            )  # ShapeProto: dimensions 3, tuple shapes 4
+            for inst in map(_message, comp[2])
+        ]
 
     def body(called: list[int]) -> tuple[str, set[str], str]:
         path, opcodes, targets = "", set(), ""
-        for name, opcode, op_name, target, inner, scalar in (i for c in called for i in computations.get(c, [])):
+        for _name, opcode, op_name, target, inner, scalar in (i for c in called for i in computations.get(c, [])):
             sub = body(inner) if opcode == "fusion" else ("", set(), "")
             path, targets = path or op_name or sub[0], targets + target + sub[2]
             opcodes |= sub[1] | (set() if scalar else {opcode})
@@ -178,10 +200,20 @@ def read_ops(xplane: Path) -> tuple[list[Op], list[tuple[float, float]]]:
                     continue  # a device's memcpys have none, but keep it busy
                 path = str(stats.get("op_name") or stats.get("name") or stats.get("tf_op") or "")
                 program = stats.get("program_id")
-                (device_ops if on_device else host_ops).append(Op(
-                    event.start_ns, event.end_ns, (plane.name, line.name), (plane.name, stats.get("device_ordinal", 0)),
-                    str(stats.get("hlo_op", event.name)), str(stats.get("hlo_module", "")),
-                    None if program is None else int(program), stats.get("run_id"), event.name, path))
+                (device_ops if on_device else host_ops).append(
+                    Op(
+                        event.start_ns,
+                        event.end_ns,
+                        (plane.name, line.name),
+                        (plane.name, stats.get("device_ordinal", 0)),
+                        str(stats.get("hlo_op", event.name)),
+                        str(stats.get("hlo_module", "")),
+                        None if program is None else int(program),
+                        stats.get("run_id"),
+                        event.name,
+                        path,
+                    )
+                )
     calls.sort()
     outermost = [c for i, c in enumerate(calls) if not any(o[0] <= c[0] and c[1] <= o[1] for o in calls[:i])]
     return device_ops or host_ops, outermost
@@ -205,8 +237,9 @@ def attribute(ops: list[Op], start: float, end: float) -> tuple[dict[int, float]
             stack.append([i, op_end, ops[i].start])
         while stack:
             _close(stack, segments)
-    points = sorted(p for a, b, i in segments if min(b, end) > max(a, start)
-                    for p in ((max(a, start), 1, i), (min(b, end), -1, i)))
+    points = sorted(
+        p for a, b, i in segments if min(b, end) > max(a, start) for p in ((max(a, start), 1, i), (min(b, end), -1, i))
+    )
     share, active, idle, previous = defaultdict(float), Counter(), 0.0, start
     for t, delta, i in points:
         if t > previous:
@@ -282,24 +315,49 @@ def summarize(xplane: Path, top: int = 0) -> dict:
             ms = share.get(k, 0.0) / 1e6 / len(devices)
             rows[categories[i]]["ms"] += ms
             rows[categories[i]]["ops"] += 1
-            entry = per_op.setdefault(ops[i].hlo_op, {"op": ops[i].hlo_op, "category": categories[i], "ms": 0.0,
-                                                      "runs": 0, "path": paths[i]})
+            entry = per_op.setdefault(
+                ops[i].hlo_op, {"op": ops[i].hlo_op, "category": categories[i], "ms": 0.0, "runs": 0, "path": paths[i]}
+            )
             entry["ms"], entry["runs"] = entry["ms"] + ms, entry["runs"] + 1 / len(devices)  # per device, as ms
     window_ms = (end - start) / 1e6
     for name, row in rows.items():
-        row.update(category=name, label=CATEGORIES[name], ops=round(row["ops"] / len(devices)),
-                   **_times(row["ms"], steps, window_ms))
-    notes = [f"no op carries the named scope `{s}`: its ops are counted in the other rows" for s in SCOPES
-             if s not in categories] if any(paths) else [
-        "no op in this trace has a named-scope path (no HLO proto, no op_name stats): attention, the LM head and loss "
-        "and the optimizer cannot be separated from the other rows"]
+        row.update(
+            category=name,
+            label=CATEGORIES[name],
+            ops=round(row["ops"] / len(devices)),
+            **_times(row["ms"], steps, window_ms),
+        )
+    notes = (
+        [
+            f"no op carries the named scope `{s}`: its ops are counted in the other rows"
+            for s in SCOPES
+            if s not in categories
+        ]
+        if any(paths)
+        else [
+            "no op in this trace has a named-scope path (no HLO proto, no op_name stats): attention, the LM head "
+            "and loss and the optimizer cannot be separated from the other rows"
+        ]
+    )
     if looked_up < len(ops):
         notes.append(f"{len(ops) - looked_up} of {len(ops)} ops are not in the trace's HLO: classified by their names")
-    top_ops = [dict(e, runs=round(e["runs"]), **_times(e["ms"], steps, window_ms))
-               for e in sorted(per_op.values(), key=lambda e: -e["ms"])]
-    return {"trace": str(xplane), "module": MODULE, "steps": steps, "step_ms": round(window_ms / steps, 4),
-            "window_ms": round(window_ms, 4), "devices": len(devices), "ops": len(ops), "ops_with_hlo": looked_up,
-            "rows": list(rows.values()), "notes": notes, "top": top_ops[:top]}
+    top_ops = [
+        dict(e, runs=round(e["runs"]), **_times(e["ms"], steps, window_ms))
+        for e in sorted(per_op.values(), key=lambda e: -e["ms"])
+    ]
+    return {
+        "trace": str(xplane),
+        "module": MODULE,
+        "steps": steps,
+        "step_ms": round(window_ms / steps, 4),
+        "window_ms": round(window_ms, 4),
+        "devices": len(devices),
+        "ops": len(ops),
+        "ops_with_hlo": looked_up,
+        "rows": list(rows.values()),
+        "notes": notes,
+        "top": top_ops[:top],
+    }
 
 
 def _times(ms: float, steps: int, window_ms: float) -> dict[str, float]:
@@ -310,17 +368,27 @@ def to_markdown(summary: dict) -> str:
     s, rows = summary, summary["rows"]
     total_ms = sum(r["ms"] for r in rows)
     total = {"label": "total", "ops": sum(r["ops"] for r in rows), **_times(total_ms, s["steps"], s["window_ms"])}
-    lines = [f"trace: {s['trace']}", f"{s['steps']} steps of {s['module']}, {s['step_ms']:.2f} ms per step "
-             f"({s['window_ms']:.2f} ms in all), {s['devices']} device(s); time is wall time, each instant split among "
-             "the ops running then", "", "| category | ms | ms/step | % of step | ops |", "|---|--:|--:|--:|--:|"]
-    lines += [f"| {r['label']} | {r['ms']:.2f} | {r['ms_per_step']:.2f} | {r['share']:.1f} | {r['ops']} |"
-              for r in [*rows, total]]
+    lines = [
+        f"trace: {s['trace']}",
+        f"{s['steps']} steps of {s['module']}, {s['step_ms']:.2f} ms per step "
+        f"({s['window_ms']:.2f} ms in all), {s['devices']} device(s); time is wall time, each instant split among "
+        "the ops running then",
+        "",
+        "| category | ms | ms/step | % of step | ops |",
+        "|---|--:|--:|--:|--:|",
+    ]
+    lines += [
+        f"| {r['label']} | {r['ms']:.2f} | {r['ms_per_step']:.2f} | {r['share']:.1f} | {r['ops']} |"
+        for r in [*rows, total]
+    ]
     lines += [f"note: {n}" for n in summary["notes"]]
     if summary["top"]:
         lines += ["", "| op | category | ms/step | % of step | runs | scope path |", "|---|---|--:|--:|--:|---|"]
         for e in summary["top"]:
-            lines.append(f"| {e['op']} | {e['category']} | {e['ms_per_step']:.3f} | "
-                         f"{e['share']:.1f} | {e['runs']} | {e['path'].removeprefix('jit(train_step)/')[-70:]} |")
+            lines.append(
+                f"| {e['op']} | {e['category']} | {e['ms_per_step']:.3f} | "
+                f"{e['share']:.1f} | {e['runs']} | {e['path'].removeprefix('jit(train_step)/')[-70:]} |"
+            )
     return "\n".join(lines)
 
 
@@ -332,8 +400,11 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     traces = sorted((Path(args.run_dir) / "profile").glob("plugins/profile/*/*.xplane.pb"))
     if not traces:
-        print(f"error: no profile in {args.run_dir}: a run traces steps a..b into <run_dir>/profile when trained with "
-              f"system.profile_steps=[a,b]", file=sys.stderr)
+        print(
+            f"error: no profile in {args.run_dir}: a run traces steps a..b into <run_dir>/profile when trained with "
+            f"system.profile_steps=[a,b]",
+            file=sys.stderr,
+        )
         return 2
     try:
         summary = summarize(traces[-1], args.top)

@@ -54,8 +54,16 @@ def sample_text(trained: Trained, args: argparse.Namespace) -> int:
     tok = trained.tokenizer
     texts = args.prompt or [""]
     prompts = [[tok.eos_id] + tok.encode(text) for text in texts for _ in range(args.num_samples)]
-    continuations = generate(trained.model, prompts, args.max_new_tokens, temperature=args.temperature,
-                                      top_k=args.top_k, top_p=args.top_p, seed=args.seed, eos_id=tok.eos_id)
+    continuations = generate(
+        trained.model,
+        prompts,
+        args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        eos_id=tok.eos_id,
+    )
     print(f"# {trained.cfg.model.name}, step {trained.step}, temperature {args.temperature}")
     for prompt_ids, ids in zip(prompts, continuations):
         print("-" * 60)
@@ -82,22 +90,42 @@ def sample_notes(trained: Trained, args: argparse.Namespace) -> int:
     if len(given) == 0:
         raise DataError(f"the prompt ({source}) has no notes")
     prompt = note_prompt(task, given, tok)
-    generated = generate(trained.model, [prompt] * args.num_samples, args.max_new_tokens,
-                                  temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                                  eos_id=tok.eos_id)
+    generated = generate(
+        trained.model,
+        [prompt] * args.num_samples,
+        args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        eos_id=tok.eos_id,
+    )
     out = Path(args.out or Path(trained.meta.get("run_dir") or Path(args.path)) / "samples")
     quantised = tok.quantise(given)
-    draw_piano_roll(quantised, quantised, write_midi(quantised, out / "prompt.mid").with_suffix(".png"),
-                    f"prompt: {len(given)} notes of {source}")
-    print(f"# {cfg.model.name}, step {trained.step}, {task or 'next-token continuation'}, prompt: {len(given)} notes "
-          f"of {source}, temperature {args.temperature}")
+    draw_piano_roll(
+        quantised,
+        quantised,
+        write_midi(quantised, out / "prompt.mid").with_suffix(".png"),
+        f"prompt: {len(given)} notes of {source}",
+    )
+    print(
+        f"# {cfg.model.name}, step {trained.step}, {task or 'next-token continuation'}, prompt: {len(given)} notes "
+        f"of {source}, temperature {args.temperature}"
+    )
     for i, ids in enumerate(generated):
         piece = notes_from_generation(task, given, ids, tok)
         path = write_midi(piece, out / f"sample-{i}.mid")
-        draw_piano_roll(piece, quantised, path.with_suffix(".png"), f"sample {i}: {task or 'continuation'}, "
-                        f"step {trained.step}", dynamics=task == DYNAMICS)
-        print(f"{path} (+ .png, its piano roll): {len(piece)} notes, {piece.end.max():.1f} s ({len(ids)} tokens "
-              "generated)")
+        draw_piano_roll(
+            piece,
+            quantised,
+            path.with_suffix(".png"),
+            f"sample {i}: {task or 'continuation'}, step {trained.step}",
+            dynamics=task == DYNAMICS,
+        )
+        print(
+            f"{path} (+ .png, its piano roll): {len(piece)} notes, {piece.end.max():.1f} s ({len(ids)} tokens "
+            "generated)"
+        )
     return 0
 
 
@@ -111,8 +139,17 @@ def _first_record(cfg, tok, split: str | None):
     corpus = load_corpus(cfg.dataset)
     if split not in corpus:
         raise DataError(f"--prompt-split: {split!r} is not a split of {cfg.dataset.name}; it has {', '.join(corpus)}")
-    records = NoteRecords(corpus[split], tok, cfg.data.notes_per_record, cfg.dataset.pause_detection_threshold,
-                          cfg.model.context_size, [], [], 0, [])
+    records = NoteRecords(
+        corpus[split],
+        tok,
+        cfg.data.notes_per_record,
+        cfg.dataset.pause_detection_threshold,
+        cfg.model.context_size,
+        [],
+        [],
+        0,
+        [],
+    )
     return records.notes(0), f"{cfg.dataset.name}/{split}, record 0"
 
 

@@ -59,9 +59,13 @@ def schedule_overrides(lrs: list[float], segment_steps: int, warmup: int) -> lis
             values.append(lr)
         boundaries.append((i + 1) * segment_steps - warmup)
         values.append(lr)
-    return ["optimizer/lr_config=piecewise_linear", f"optimizer.lr_config.lr={lrs[0]!r}",
-            f"optimizer.lr_config.warmup={warmup}", f"optimizer.lr_config.boundaries=[{','.join(map(str, boundaries))}]",
-            f"optimizer.lr_config.boundary_lrs=[{','.join(repr(v) for v in values)}]"]
+    return [
+        "optimizer/lr_config=piecewise_linear",
+        f"optimizer.lr_config.lr={lrs[0]!r}",
+        f"optimizer.lr_config.warmup={warmup}",
+        f"optimizer.lr_config.boundaries=[{','.join(map(str, boundaries))}]",
+        f"optimizer.lr_config.boundary_lrs=[{','.join(repr(v) for v in values)}]",
+    ]
 
 
 def train_losses(run_dir: Path) -> dict[int, float]:
@@ -86,7 +90,7 @@ def multirun(sweep_dir: Path, overrides: list[str]) -> list[dict]:
 
 def moving_average(values: list[float], window: int) -> list[float]:
     """The mean of each value and the up to window - 1 before it."""
-    return [sum(values[max(0, i - window + 1):i + 1]) / (i + 1 - max(0, i - window + 1)) for i in range(len(values))]
+    return [sum(values[max(0, i - window + 1) : i + 1]) / (i + 1 - max(0, i - window + 1)) for i in range(len(values))]
 
 
 def plot_search(result: dict, out: Path, window: int = 1) -> None:
@@ -108,8 +112,14 @@ def plot_search(result: dict, out: Path, window: int = 1) -> None:
             name = f"lr {candidate['lr']:.3g}"
             new = name not in colour
             colour.setdefault(name, palette[len(colour) % len(palette)])
-            loss_ax.plot(steps, moving_average([losses[s] for s in steps], window), color=colour[name], lw=2.2 if won else 0.8,
-                         alpha=1.0 if won else 0.6, label=name if new else None)
+            loss_ax.plot(
+                steps,
+                moving_average([losses[s] for s in steps], window),
+                color=colour[name],
+                lw=2.2 if won else 0.8,
+                alpha=1.0 if won else 0.6,
+                label=name if new else None,
+            )
         loss_ax.axvline(seg["steps"][1] + 0.5, color="grey", lw=0.5, ls=":")
     steps = sorted(int(s) for s in result["train_losses"])
     lrs = [result["lrs"][min((s - 1) // result["segment_steps"], len(result["lrs"]) - 1)] for s in steps]
@@ -128,20 +138,26 @@ def plot_search(result: dict, out: Path, window: int = 1) -> None:
 
 
 def main(argv: list[str]) -> int:
-    argv, extra = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    argv, extra = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--segments", type=int, default=4, help="segments of the schedule")
     parser.add_argument("--segment-steps", type=int, default=50, help="optimizer steps per segment")
     parser.add_argument("--lrs", default="1e-3,3e-3,1e-2", help="the first segment's candidate lrs")
     parser.add_argument("--factors", default="0.5,1", help="later segments' candidates: these x the last winner's lr")
-    parser.add_argument("--smooth", type=int, default=0, help="steps of the segment's end whose mean train loss "
-                                                              "ranks the candidates (default: a quarter segment)")
+    parser.add_argument(
+        "--smooth",
+        type=int,
+        default=0,
+        help="steps of the segment's end whose mean train loss ranks the candidates (default: a quarter segment)",
+    )
     parser.add_argument("--warmup", type=int, default=0, help="warmup steps of the first segment, ramping to its lr")
     parser.add_argument("--out", default="runs/schedule_search", help="directory of the search's runs and results")
     parser.add_argument("--verify", action="store_true", help="also run the found schedule from scratch and compare")
-    parser.add_argument("--plot", action="store_true", help="also draw <out>/schedule.png: the candidates' losses "
-                                                            "and the found lr")
+    parser.add_argument(
+        "--plot", action="store_true", help="also draw <out>/schedule.png: the candidates' losses and the found lr"
+    )
     args = parser.parse_args(argv)
     if args.segments < 1 or args.segment_steps < 1:
         return fail("--segments and --segment-steps: at least 1")
@@ -154,8 +170,13 @@ def main(argv: list[str]) -> int:
     out = Path(args.out).absolute()
     out.mkdir(parents=True, exist_ok=True)
     S = args.segment_steps
-    common = [*extra, "train.log_interval=1", f"train.eval_interval={args.segments * S}", "checkpoint.save=true",
-              "checkpoint.save_steps=null"]
+    common = [
+        *extra,
+        "train.log_interval=1",
+        f"train.eval_interval={args.segments * S}",
+        "checkpoint.save=true",
+        "checkpoint.save_steps=null",
+    ]
 
     found: list[float] = []
     segments, parent = [], None
@@ -171,15 +192,24 @@ def main(argv: list[str]) -> int:
         if i == 0:
             overrides[4] = "optimizer.lr_config.boundary_lrs=[${optimizer.lr_config.lr}]"
         # each job continues the winner's checkpoint at the segment's start into its own run directory
-        resume = [] if parent is None else ["checkpoint.load=true", f"checkpoint.load_path='{parent}'",
-                                            f"checkpoint.load_file={i * S}", "checkpoint.overwrite_config=true",
-                                            "checkpoint.save_path=${logging.run_dir}/checkpoints"]
+        resume = (
+            []
+            if parent is None
+            else [
+                "checkpoint.load=true",
+                f"checkpoint.load_path='{parent}'",
+                f"checkpoint.load_file={i * S}",
+                "checkpoint.overwrite_config=true",
+                "checkpoint.save_path=${logging.run_dir}/checkpoints",
+            ]
+        )
         jobs = multirun(out / f"segment{i}", [*common, *overrides, f"train.max_steps={(i + 1) * S}", *resume])
         ranked = []
         for lr, job in zip(candidates, sorted(jobs, key=lambda j: j["job"])):
             loss = smoothed_loss(train_losses(Path(job["run_dir"])), (i + 1) * S, smooth)
-            ranked.append({"lr": lr, "smoothed_loss": loss if job["status"] == "completed" else None,
-                           "run_dir": job["run_dir"]})
+            ranked.append(
+                {"lr": lr, "smoothed_loss": loss if job["status"] == "completed" else None, "run_dir": job["run_dir"]}
+            )
         finished = [r for r in ranked if r["smoothed_loss"] is not None]
         if not finished:
             return fail(f"segment {i}: no candidate finished (see {out / f'segment{i}'})")
@@ -187,27 +217,51 @@ def main(argv: list[str]) -> int:
         found.append(best["lr"])
         parent = best["run_dir"]
         segments.append({"segment": i, "steps": [i * S + 1, (i + 1) * S], "candidates": ranked, "best": best})
-        print(f"segment {i} (steps {i * S + 1}-{(i + 1) * S}): " + ", ".join(
-            f"lr {r['lr']:.3g} -> {r['smoothed_loss']:.4f}" if r["smoothed_loss"] is not None else
-            f"lr {r['lr']:.3g} -> failed" for r in ranked) + f"; best {best['lr']:.3g}", flush=True)
+        print(
+            f"segment {i} (steps {i * S + 1}-{(i + 1) * S}): "
+            + ", ".join(
+                f"lr {r['lr']:.3g} -> {r['smoothed_loss']:.4f}"
+                if r["smoothed_loss"] is not None
+                else f"lr {r['lr']:.3g} -> failed"
+                for r in ranked
+            )
+            + f"; best {best['lr']:.3g}",
+            flush=True,
+        )
 
     schedule = schedule_overrides(found, S, args.warmup)
     search_losses: dict[int, float] = {}
     for seg in segments:
         losses = train_losses(Path(seg["best"]["run_dir"]))
         search_losses |= {s: losses[s] for s in range(seg["steps"][0], seg["steps"][1] + 1) if s in losses}
-    result = {"lrs": found, "segment_steps": S, "smooth": smooth, "overrides": [*schedule, f"train.max_steps={args.segments * S}"],
-              "segments": segments, "train_losses": search_losses}
+    result = {
+        "lrs": found,
+        "segment_steps": S,
+        "smooth": smooth,
+        "overrides": [*schedule, f"train.max_steps={args.segments * S}"],
+        "segments": segments,
+        "train_losses": search_losses,
+    }
     if args.verify:
         run_dir = out / "from_scratch"
-        command = [sys.executable, "-m", "train_jax", *common, *result["overrides"], f"logging.run_dir={run_dir}",
-                   "checkpoint.save=false"]
+        command = [
+            sys.executable,
+            "-m",
+            "train_jax",
+            *common,
+            *result["overrides"],
+            f"logging.run_dir={run_dir}",
+            "checkpoint.save=false",
+        ]
         print("$ python train_jax.py", " ".join(command[3:]), flush=True)
         if subprocess.run(command).returncode != 0:
             return fail("the run from scratch failed (see its output above)")
         scratch = train_losses(run_dir)
-        result["from_scratch"] = {"run_dir": str(run_dir), "same_losses": scratch == search_losses,
-                                  "differing_steps": sorted(s for s in search_losses if scratch.get(s) != search_losses[s])}
+        result["from_scratch"] = {
+            "run_dir": str(run_dir),
+            "same_losses": scratch == search_losses,
+            "differing_steps": sorted(s for s in search_losses if scratch.get(s) != search_losses[s]),
+        }
     (out / "schedule.json").write_text(json.dumps(result, indent=1))
     if args.plot:
         plot_search(result, out / "schedule.png", smooth)
@@ -215,8 +269,10 @@ def main(argv: list[str]) -> int:
     print("run it from scratch: python train_jax.py " + " ".join(extra + result["overrides"]))
     if args.verify:
         same = result["from_scratch"]["same_losses"]
-        print(f"from scratch: {'the same train losses at every step' if same else 'DIFFERENT losses at steps '}"
-              f"{'' if same else result['from_scratch']['differing_steps'][:10]}")
+        print(
+            f"from scratch: {'the same train losses at every step' if same else 'DIFFERENT losses at steps '}"
+            f"{'' if same else result['from_scratch']['differing_steps'][:10]}"
+        )
         return 0 if same else 1
     return 0
 

@@ -23,17 +23,31 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def tiny(workdir: Path, steps: int, save_every: int) -> list[str]:
-    return ["model=gpt2-tiny", "dataset.tokenizer=byte", "dataset.max_documents=24", "dataset.num_proc=1",
-            f"dataset.cache_dir={workdir / 'cache'}", f"system.compilation_cache_dir={workdir / 'cache' / 'jax'}",
-            "train.batch_size=8", f"train.max_steps={steps}", "train.eval_interval=40", "train.eval_iters=2",
-            "train.log_interval=1", f"checkpoint.save_steps={save_every}", "checkpoint.max_to_keep=2",
-            "system.num_devices=1", "logging.wandb=disabled", "logging.progress=lines"]
+    return [
+        "model=gpt2-tiny",
+        "dataset.tokenizer=byte",
+        "dataset.max_documents=24",
+        "dataset.num_proc=1",
+        f"dataset.cache_dir={workdir / 'cache'}",
+        f"system.compilation_cache_dir={workdir / 'cache' / 'jax'}",
+        "train.batch_size=8",
+        f"train.max_steps={steps}",
+        "train.eval_interval=40",
+        "train.eval_iters=2",
+        "train.log_interval=1",
+        f"checkpoint.save_steps={save_every}",
+        "checkpoint.max_to_keep=2",
+        "system.num_devices=1",
+        "logging.wandb=disabled",
+        "logging.progress=lines",
+    ]
 
 
 def start(args: list[str], log: Path) -> subprocess.Popen:
     with open(log, "a") as out:
-        return subprocess.Popen([sys.executable, str(ROOT / "train_jax.py"), *args], stdout=out,
-                                stderr=subprocess.STDOUT, cwd=ROOT)
+        return subprocess.Popen(
+            [sys.executable, str(ROOT / "train_jax.py"), *args], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT
+        )
 
 
 def logged(run_dir: Path) -> list[dict]:
@@ -58,8 +72,9 @@ def saves_under_way(run_dir: Path) -> set[str]:
     return {p.name for p in directory.iterdir() if ".orbax-checkpoint-tmp" in p.name} if directory.is_dir() else set()
 
 
-def kill_at_random_moment(proc: subprocess.Popen, run_dir: Path, rng: random.Random, steps: int,
-                          during_save: bool) -> tuple[str, int] | None:
+def kill_at_random_moment(
+    proc: subprocess.Popen, run_dir: Path, rng: random.Random, steps: int, during_save: bool
+) -> tuple[str, int] | None:
     """Wait for a random step (and, if `during_save`, for a save to be under way) and kill -9; None if the run
     ended first."""
     target = min(last_step(run_dir) + rng.randint(1, 12), steps - 1)
@@ -114,8 +129,10 @@ def main() -> int:
                 print(f"segment {segments}: killed {outcome[0]} at logged step {outcome[1]}", flush=True)
                 continue
         if proc.wait() != 0:
-            print(f"error: segment {segments} failed (exit {proc.returncode}); see {workdir / 'killed.log'}",
-                  file=sys.stderr)
+            print(
+                f"error: segment {segments} failed (exit {proc.returncode}); see {workdir / 'killed.log'}",
+                file=sys.stderr,
+            )
             return 1
         print(f"segment {segments}: ran to the end", flush=True)
         break
@@ -123,16 +140,23 @@ def main() -> int:
     rows = [r for r in logged(soaked) if isinstance(r.get("loss"), float)]
     differences = [r for r in rows if want.get((r["split"], r["step"])) != r["loss"]]
     summary = {
-        "kills": kills, "kills_during_a_save": during_saves, "resumes": segments - 1,
-        "losses_compared": len(rows), "train_steps_compared": sum(r["split"] == "train" for r in rows),
+        "kills": kills,
+        "kills_during_a_save": during_saves,
+        "resumes": segments - 1,
+        "losses_compared": len(rows),
+        "train_steps_compared": sum(r["split"] == "train" for r in rows),
         "distinct_train_steps": len({r["step"] for r in rows if r["split"] == "train"}),
-        "differences": len(differences), "last_step": last_step(soaked), "max_steps": args.steps,
+        "differences": len(differences),
+        "last_step": last_step(soaked),
+        "max_steps": args.steps,
         "wall_s": round(time.time() - started, 1),
     }
     print(json.dumps(summary))
     for r in differences[:5]:
-        print(f"differs: {r['split']} step {r['step']}: {r['loss']} vs {want.get((r['split'], r['step']))}",
-              file=sys.stderr)
+        print(
+            f"differs: {r['split']} step {r['step']}: {r['loss']} vs {want.get((r['split'], r['step']))}",
+            file=sys.stderr,
+        )
     return 0 if not differences and summary["last_step"] == args.steps else 1
 
 

@@ -1,7 +1,7 @@
 """Per-device bytes of the train state (parameters + optimizer state) for every data x model layout, from shapes and
 shardings.
 
-    python scripts/state_memory.py --devices 8 --vocab 50257 model=gpt2-xl [optimizer=adamw train.grad_accum_steps=4 ...]
+    python scripts/state_memory.py --devices 8 --vocab 50257 model=gpt2-xl [optimizer=adamw ...]
 
 For each size of the mesh's `model` axis (tensor parallelism: 1, 2, 4, ... up to --devices, where it divides the
 heads) and each `data` layout (dp: replicated, fsdp: sharded), the bytes the most loaded device holds. Nothing is
@@ -37,10 +37,19 @@ def main() -> int:
     model = eqx.filter_eval_shape(init_model, cfg, args.vocab, jax.random.PRNGKey(0))
     optimizer = init_optimizer(cfg, init_scheduler(cfg), model)
     state = eqx.filter_eval_shape(TrainState.create, model, optimizer, jax.random.PRNGKey(0))
-    report = {"model": cfg.model.name, "params": count_params(model), "optimizer": cfg.optimizer.name,
-              "grad_accum_steps": cfg.train.grad_accum_steps, "devices": args.devices, "layouts": []}
-    model_sizes = [m for m in range(1, args.devices + 1) if args.devices % m == 0 and cfg.model.n_head % m == 0
-                   and cfg.model.vocab_multiple % m == 0]
+    report = {
+        "model": cfg.model.name,
+        "params": count_params(model),
+        "optimizer": cfg.optimizer.name,
+        "grad_accum_steps": cfg.train.grad_accum_steps,
+        "devices": args.devices,
+        "layouts": [],
+    }
+    model_sizes = [
+        m
+        for m in range(1, args.devices + 1)
+        if args.devices % m == 0 and cfg.model.n_head % m == 0 and cfg.model.vocab_multiple % m == 0
+    ]
     for m in model_sizes:
         mesh = init_mesh(args.devices, m)
         row = {"data": args.devices // m, "model": m}

@@ -4,5 +4,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source activate_env.sh test  # training's packages + requirements-test.txt (torch, transformers, pytest, ...)
 python check_env.py --test
+# Lint first: a style or import error fails in seconds, before the tests' minutes.
+ruff check .
+ruff format --check .
 # Two workers: most tests wait on subprocess start-up and compilation, which a second core overlaps.
 python -m pytest -n "${PYTEST_WORKERS:-2}" "$@"

@@ -10,8 +10,14 @@ import socket
 # (gpt2-tiny's train step compiles in 0.7-1.2 s instead of 3.9-4.0 s at XLA's defaults and its steps take 66-78 ms
 # instead of 20 ms, with the same losses: these settings change how XLA:CPU generates machine code, not what it
 # computes). BENCHMARKS.md has the figures.
-os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), "--xla_force_host_platform_device_count=8",
-                                    "--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false"]).strip()
+os.environ["XLA_FLAGS"] = " ".join(
+    [
+        os.environ.get("XLA_FLAGS", ""),
+        "--xla_force_host_platform_device_count=8",
+        "--xla_backend_optimization_level=0",
+        "--xla_cpu_use_fusion_emitters=false",
+    ]
+).strip()
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Before datasets / huggingface_hub are imported: the Hub is never contacted (not even probed), here or in the

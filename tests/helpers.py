@@ -15,10 +15,10 @@ from typing import Any
 import jax
 
 import train_jax
-from training.pipeline import build as pipeline_build
 from training import config as config_lib
 from training.checkpoints.resume import Source
 from training.distributed.sharding import put_batch
+from training.pipeline import build as pipeline_build
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -26,8 +26,9 @@ ROOT = Path(__file__).resolve().parent.parent
 def xla_flags_without_device_count() -> str:
     """The suite's XLA_FLAGS (tests/conftest.py) for a process whose devices come from
     system.cpu_devices_per_process."""
-    return " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
-                    if not f.startswith("--xla_force_host_platform_device_count"))
+    return " ".join(
+        f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")
+    )
 
 
 def tiny_overrides(cache_dir: str, *extra: str) -> list[str]:
@@ -108,15 +109,30 @@ def communicate(proc: subprocess.Popen, timeout: float) -> subprocess.CompletedP
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
-        raise AssertionError(f"{' '.join(map(str, proc.args))} ran past {timeout} s; killed.\n{(err or '')[-3000:]}")
+        raise AssertionError(
+            f"{' '.join(map(str, proc.args))} ran past {timeout} s; killed.\n{(err or '')[-3000:]}"
+        ) from None
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-def run_cli(args: list[str], timeout: float = 300, env: dict | None = None, cwd: Path | None = None,
-            script: str = "train_jax.py", preexec_fn: Any = None) -> subprocess.CompletedProcess:
+def run_cli(
+    args: list[str],
+    timeout: float = 300,
+    env: dict | None = None,
+    cwd: Path | None = None,
+    script: str = "train_jax.py",
+    preexec_fn: Any = None,
+) -> subprocess.CompletedProcess:
     """Run a project script in a fresh Python process, as a user would (`preexec_fn`: set limits in the child)."""
-    proc = spawn([sys.executable, str(ROOT / script), *args], env=env, cwd=cwd, stdout=subprocess.PIPE,
-                 stderr=subprocess.PIPE, text=True, preexec_fn=preexec_fn)
+    proc = spawn(
+        [sys.executable, str(ROOT / script), *args],
+        env=env,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=preexec_fn,
+    )
     return communicate(proc, timeout)
 
 
@@ -157,8 +173,16 @@ def script_in_process(name: str, args: list[str], monkeypatch: Any, capsys: Any)
 def repo_copy(dest: Path) -> Path:
     """A copy of the checkout's files (tracked, and untracked ones git does not ignore) at `dest`: for tests that add
     files to the project as a user would, which must never write into the checkout."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                            check=True, capture_output=True).stdout.decode().split("\0")
+    listed = (
+        subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     for name in filter(None, listed):
         if (ROOT / name).is_file():  # a file deleted in the working tree is still listed until the change is staged
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
@@ -173,8 +197,13 @@ def read_metrics(run_dir: Path, split: str | None = None) -> list[dict]:
 
 def start(args: list[str], env: dict | None = None) -> subprocess.Popen:
     """train_jax.py in the background (stdout and stderr piped), for tests that signal or kill it."""
-    return spawn([sys.executable, str(ROOT / "train_jax.py"), *args], env=env, stdout=subprocess.PIPE,
-                 stderr=subprocess.PIPE, text=True)
+    return spawn(
+        [sys.executable, str(ROOT / "train_jax.py"), *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: float = 120) -> None:

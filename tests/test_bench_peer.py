@@ -59,12 +59,15 @@ def test_bad_options_are_one_line(tmp_path, monkeypatch, capsys):
     assert "unrecognized arguments: --bogus" in refused(["--nanogpt", path, "--bogus"], monkeypatch, capsys)
 
 
-@pytest.mark.parametrize("nvidia_smi, visible, says", [
-    (None, None, "nvidia-smi is not on PATH"),
-    ("exit 9", None, "`nvidia-smi -L` lists none (exit 9)"),
-    ("echo 'No devices were found'", None, "`nvidia-smi -L` lists none (exit 0)"),
-    ("echo 'GPU 0: NVIDIA H100 (UUID: GPU-0)'", "", "CUDA_VISIBLE_DEVICES hides every GPU"),
-])
+@pytest.mark.parametrize(
+    "nvidia_smi, visible, says",
+    [
+        (None, None, "nvidia-smi is not on PATH"),
+        ("exit 9", None, "`nvidia-smi -L` lists none (exit 9)"),
+        ("echo 'No devices were found'", None, "`nvidia-smi -L` lists none (exit 0)"),
+        ("echo 'GPU 0: NVIDIA H100 (UUID: GPU-0)'", "", "CUDA_VISIBLE_DEVICES hides every GPU"),
+    ],
+)
 def test_without_a_gpu_it_says_so_before_starting_a_worker(tmp_path, monkeypatch, capsys, nvidia_smi, visible, says):
     monkeypatch.setenv("PATH", no_gpu_path(tmp_path, nvidia_smi))
     if visible is None:
@@ -77,14 +80,21 @@ def test_without_a_gpu_it_says_so_before_starting_a_worker(tmp_path, monkeypatch
 
 def test_the_parent_imports_neither_jax_nor_torch(tmp_path):
     """Either library, started in the parent, could take the GPU the workers are timed on."""
-    check = ("import runpy, sys\n"
-             f"sys.argv = [{str(SCRIPT)!r}, '--nanogpt', {str(nanogpt_lookalike(tmp_path))!r}]\n"
-             "try:\n"
-             f"    runpy.run_path({str(SCRIPT)!r}, run_name='__main__')\n"
-             "except SystemExit as e:\n"
-             "    print(e.code, sorted(m for m in ('jax', 'torch', 'numpy') if m in sys.modules))\n")
-    proc = spawn([sys.executable, "-c", check], env={"PATH": no_gpu_path(tmp_path, None)}, stdout=subprocess.PIPE,
-                 stderr=subprocess.PIPE, text=True)
+    check = (
+        "import runpy, sys\n"
+        f"sys.argv = [{str(SCRIPT)!r}, '--nanogpt', {str(nanogpt_lookalike(tmp_path))!r}]\n"
+        "try:\n"
+        f"    runpy.run_path({str(SCRIPT)!r}, run_name='__main__')\n"
+        "except SystemExit as e:\n"
+        "    print(e.code, sorted(m for m in ('jax', 'torch', 'numpy') if m in sys.modules))\n"
+    )
+    proc = spawn(
+        [sys.executable, "-c", check],
+        env={"PATH": no_gpu_path(tmp_path, None)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     result = communicate(proc, timeout=60)
     assert result.stdout.split("\n")[0] == "2 []", result
     assert "no NVIDIA GPU" in result.stderr
@@ -94,14 +104,34 @@ def test_our_worker_answers_each_command_with_a_json_line():
     """The worker's protocol on the CPU, in this process: ready (with the shape nanoGPT's side is built to), the
     times of `run N`, an error for anything else; `quit` ends it."""
     bench_peer = runpy.run_path(str(SCRIPT))
-    args = bench_peer["parse"](["--worker", "ours", "--device", "cpu", "--model", "gpt2-tiny", "--batch", "2",
-                                "--context", "16", "--warmup", "1"])
+    args = bench_peer["parse"](
+        [
+            "--worker",
+            "ours",
+            "--device",
+            "cpu",
+            "--model",
+            "gpt2-tiny",
+            "--batch",
+            "2",
+            "--context",
+            "16",
+            "--warmup",
+            "1",
+        ]
+    )
     replies = io.StringIO()
     bench_peer["ours"](args, io.StringIO("run 2\nwalk 2\nquit\nrun 1\n"), replies)
     ready, ran, error = [json.loads(line) for line in replies.getvalue().splitlines()]
     assert ready["ready"] and ready["compile_s"] > 0 and ready["dtype"] == "float32"
     assert {k: ready["shape"][k] for k in ("n_layer", "n_embd", "context", "vocab", "tokens", "batch")} == {
-        "n_layer": 2, "n_embd": 64, "context": 16, "vocab": 50304, "tokens": 50257, "batch": 2}
+        "n_layer": 2,
+        "n_embd": 64,
+        "context": 16,
+        "vocab": 50304,
+        "tokens": 50257,
+        "batch": 2,
+    }
     assert len(ran["times"]) == 2 and all(t > 0 for t in ran["times"])
     assert abs(ran["loss"] - math.log(50257)) < 1.0  # random tokens, a fresh model
     assert error == {"error": "unknown command 'walk 2'"}

@@ -63,9 +63,13 @@ def test_a_checkpoint_holds_the_whole_state_and_restores_it(tmp_path):
         grads = jax.tree.map(lambda x: jax.random.normal(jax.random.PRNGKey(i), x.shape), params)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
-    saved = TrainState(step=jnp.asarray(5, jnp.int32), model=eqx.combine(params, model), opt_state=opt_state,
-                       key=jax.random.PRNGKey(7), loss_scale=LossScale(jnp.asarray(1024.0), jnp.asarray(7, jnp.int32),
-                                                                       jnp.asarray(2, jnp.int32)))
+    saved = TrainState(
+        step=jnp.asarray(5, jnp.int32),
+        model=eqx.combine(params, model),
+        opt_state=opt_state,
+        key=jax.random.PRNGKey(7),
+        loss_scale=LossScale(jnp.asarray(1024.0), jnp.asarray(7, jnp.int32), jnp.asarray(2, jnp.int32)),
+    )
     fresh = TrainState.create(GPT.init(model.cfg, jax.random.PRNGKey(3)), optimizer, jax.random.PRNGKey(4))
     saved_leaves, fresh_leaves = (jax.tree.leaves(eqx.filter(s, eqx.is_array)) for s in (saved, fresh))
     assert len(saved_leaves) == len(fresh_leaves)

@@ -13,13 +13,17 @@ def fake_run(root, name, optimizer, lr, val_losses, finished=True):
     """A run directory as train_jax.py leaves it: config.yaml, metrics.jsonl, and summary.json when it finished."""
     run = root / name
     run.mkdir(parents=True)
-    config = {"optimizer": {"name": optimizer, "lr_config": {"lr": lr}, "beta1": 0.9},
-              "logging": {"run_dir": str(run)}, "train": {"max_steps": 2 * len(val_losses)}}
+    config = {
+        "optimizer": {"name": optimizer, "lr_config": {"lr": lr}, "beta1": 0.9},
+        "logging": {"run_dir": str(run)},
+        "train": {"max_steps": 2 * len(val_losses)},
+    }
     (run / "config.yaml").write_text(yaml.safe_dump(config))
     rows = []
     for i, loss in enumerate(val_losses, 1):
-        rows.append({"step": 2 * i, "split": "train", "loss": loss + 0.1, "tokens_per_s": 1000.0 * i,
-                     "tokens_seen": 512 * i})
+        rows.append(
+            {"step": 2 * i, "split": "train", "loss": loss + 0.1, "tokens_per_s": 1000.0 * i, "tokens_seen": 512 * i}
+        )
         rows += [{"step": 2 * i, "split": "val", "loss": loss}, {"step": 2 * i, "split": "json", "loss": loss + 1}]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     if finished:
@@ -37,8 +41,20 @@ def test_the_table_names_what_differs_and_each_splits_final_and_best_loss(tmp_pa
     runs = find_runs([sweep])
     assert [r.name for r in runs] == ["a", "b", "c"]
     columns, rows = table([run_record(r) for r in runs])
-    assert columns == ["run", "optimizer.lr_config.lr", "optimizer.name", "train.max_steps", "val final", "val best",
-                       "json final", "json best", "tokens seen", "tokens/s (median)", "wall s", "stopped"]
+    assert columns == [
+        "run",
+        "optimizer.lr_config.lr",
+        "optimizer.name",
+        "train.max_steps",
+        "val final",
+        "val best",
+        "json final",
+        "json best",
+        "tokens seen",
+        "tokens/s (median)",
+        "wall s",
+        "stopped",
+    ]
     a, b, c = rows
     assert (a["val final"], a["val best"], a["json final"]) == (4.5, 4.0, 5.5)
     assert (a["tokens seen"], a["tokens/s (median)"], a["wall s"], a["stopped"]) == (1536, 2000.0, 12.5, "max_steps")
@@ -47,8 +63,10 @@ def test_the_table_names_what_differs_and_each_splits_final_and_best_loss(tmp_pa
 
 
 def test_the_figure_has_a_line_per_optimizer_over_learning_rates(tmp_path):
-    runs = [fake_run(tmp_path, f"{o}-{lr}", o, lr, [5.0, loss])
-            for o, lr, loss in [("adamw", 3e-3, 4.1), ("adamw", 1e-3, 4.3), ("lion", 1e-3, 4.0)]]
+    runs = [
+        fake_run(tmp_path, f"{o}-{lr}", o, lr, [5.0, loss])
+        for o, lr, loss in [("adamw", 3e-3, 4.1), ("adamw", 1e-3, 4.3), ("lion", 1e-3, 4.0)]
+    ]
     points = plot_sweep([run_record(r) for r in runs], tmp_path / "f.png")
     assert points == {"adamw": [(1e-3, 4.3), (3e-3, 4.1)], "lion": [(1e-3, 4.0)]}
     assert (tmp_path / "f.png").stat().st_size > 10_000

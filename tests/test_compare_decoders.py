@@ -20,8 +20,15 @@ def write_run(run_dir, seed: int, ms_per_step: float, val: dict[int, float]) -> 
     run_dir.mkdir(parents=True)
     rows = []
     for step in range(10, 41, 10):
-        rows.append({"step": step, "split": "train", "loss": 5.0, "ms_per_step": ms_per_step,
-                     "tokens_seen": step * TOKENS_PER_STEP})
+        rows.append(
+            {
+                "step": step,
+                "split": "train",
+                "loss": 5.0,
+                "ms_per_step": ms_per_step,
+                "tokens_seen": step * TOKENS_PER_STEP,
+            }
+        )
         if step in val:
             rows.append({"step": step, "split": "val", "loss": 5.0, "nats_per_byte": val[step]})
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

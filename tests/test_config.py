@@ -9,8 +9,19 @@ from omegaconf import OmegaConf
 import train_jax
 from core.errors import ConfigError
 from helpers import run_cli, tiny_overrides
-from training.config import (Config, Dtype, LoadMode, as_dict, compose_config, evaluating, finish, init_from_dir,
-                             load_config, to_config, to_yaml)
+from training.config import (
+    Config,
+    Dtype,
+    LoadMode,
+    as_dict,
+    compose_config,
+    evaluating,
+    finish,
+    init_from_dir,
+    load_config,
+    to_config,
+    to_yaml,
+)
 
 BAD_CONFIGS = [
     (["train.foo=1"], "unknown key 'train.foo'"),
@@ -19,8 +30,10 @@ BAD_CONFIGS = [
     (["optimizer.lr_config.lr=-0.1"], "optimizer.lr_config.lr: must be >= 0"),
     (["model.n_head=5"], "model.n_embd: 64 is not divisible by model.n_head=5"),
     (["dataset.context_size=128"], "dataset.context_size: 128 must be in [1, model.context_size=64]"),
-    (["system.num_devices=null", "train.batch_size=12"],
-     "train.batch_size: 12 is not divisible by the 8 local devices"),
+    (
+        ["system.num_devices=null", "train.batch_size=12"],
+        "train.batch_size: 12 is not divisible by the 8 local devices",
+    ),
     (["train.grad_accum_steps=0"], "train.grad_accum_steps: must be >= 1"),
     (["model=gpt3"], "model=gpt3 does not exist; choose one of gpt2, gpt2-large"),
     (["optimizer=adamw", "optimizer/lr_config=exponential"], "optimizer/lr_config=exponential does not exist"),
@@ -29,13 +42,18 @@ BAD_CONFIGS = [
     (["checkpoint.save_steps=[10,-5]"], "checkpoint.save_steps"),
     (["checkpoint.load=True"], "checkpoint.load_path"),
     (["checkpoint.num_steps=0"], "checkpoint.num_steps: must be >= 1 (or null for up to train.max_steps); got 0"),
-    (["checkpoint.load_file=iter_x.ckpt"], "checkpoint.load_file: must be latest, best, a step number or "
-                                           "iter_<step>.ckpt; got 'iter_x.ckpt'"),
+    (
+        ["checkpoint.load_file=iter_x.ckpt"],
+        "checkpoint.load_file: must be latest, best, a step number or iter_<step>.ckpt; got 'iter_x.ckpt'",
+    ),
     (["system.dtype=fp4"], "system.dtype: 'fp4' is not one of float32, bfloat16, float16, fp8"),
     (["model.remat=True"], "model.remat: 'True' is not one of none, block, full"),
     (["checkpoint.load=maybe"], "checkpoint.load: must be true, false or auto; got 'maybe'"),
-    (["optimizer.lr_config.min_lr=2e-4"], "unknown key 'optimizer.lr_config.min_lr' (python train_jax.py --cfg lists "
-                                          "every key); it is now optimizer.lr_config.min_lr_ratio"),
+    (
+        ["optimizer.lr_config.min_lr=2e-4"],
+        "unknown key 'optimizer.lr_config.min_lr' (python train_jax.py --cfg lists "
+        "every key); it is now optimizer.lr_config.min_lr_ratio",
+    ),
     (["optimizer.lr_config.warmup=2.5"], "optimizer.lr_config.warmup: 1 or more is a number of steps, a whole one"),
     (["optimizer.lr_config.min_lr_ratio=2"], "optimizer.lr_config.min_lr_ratio: must be in [0, 1]"),
 ]
@@ -74,8 +92,15 @@ def test_bad_config_from_the_command_line_has_no_traceback(tmp_path):
 
 
 def test_overrides_and_groups_compose_like_hydra():
-    cfg = load_config(["model=gpt2", "optimizer=sgdm", "optimizer/lr_config=linear", "optimizer.lr_config.lr=0.5",
-                       "train.batch_size=4"])
+    cfg = load_config(
+        [
+            "model=gpt2",
+            "optimizer=sgdm",
+            "optimizer/lr_config=linear",
+            "optimizer.lr_config.lr=0.5",
+            "train.batch_size=4",
+        ]
+    )
     assert (cfg.model.n_layer, cfg.model.n_embd, cfg.model.context_size) == (12, 768, 1024)
     assert cfg.optimizer.name == "sgdm" and cfg.optimizer.momentum == 0.9
     assert cfg.optimizer.lr_config.name == "linear" and cfg.optimizer.lr_config.lr == 0.5
@@ -84,7 +109,7 @@ def test_overrides_and_groups_compose_like_hydra():
 
 def test_config_is_read_only_once_loaded():
     cfg = load_config([])
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.train.batch_size = 3
 
 
@@ -105,8 +130,9 @@ def test_the_code_receives_typed_sections_whose_choices_still_compare_as_strings
     assert cfg.optimizer.name == "lion" and cfg.optimizer.lr_config.name == "cosine"
 
 
-@pytest.mark.parametrize("spelling,mode", [("True", "true"), ("true", "true"), ("false", "false"),
-                                           ("False", "false"), ("auto", "auto")])
+@pytest.mark.parametrize(
+    "spelling,mode", [("True", "true"), ("true", "true"), ("false", "false"), ("False", "false"), ("auto", "auto")]
+)
 def test_checkpoint_load_takes_trainits_spellings_and_yamls_booleans(spelling, mode):
     cfg = load_config([f"checkpoint.load={spelling}", "checkpoint.load_path=runs/x"])
     assert cfg.checkpoint.load is LoadMode(mode)
@@ -119,17 +145,38 @@ def test_checkpoint_load_reads_the_booleans_of_earlier_saved_configs():
 
 def test_a_saved_config_reads_back_as_the_same_typed_config():
     """What a run writes (config.yaml; the checkpoint's JSON metadata) is what a resumed run or a script reads."""
-    cfg = load_config(["dataset=mixture", "dataset.tokenizer=byte", "system.dtype=bfloat16", "checkpoint.load=auto",
-                       "checkpoint.save_steps=[5,10]", "model.remat=block", "logging.wandb=disabled"])
+    cfg = load_config(
+        [
+            "dataset=mixture",
+            "dataset.tokenizer=byte",
+            "system.dtype=bfloat16",
+            "checkpoint.load=auto",
+            "checkpoint.save_steps=[5,10]",
+            "model.remat=block",
+            "logging.wandb=disabled",
+        ]
+    )
     assert to_config(as_dict(cfg)) == cfg
     assert finish(OmegaConf.create(yaml.safe_load(to_yaml(cfg)))) == cfg
     assert to_config(as_dict(cfg)) != load_config([])
 
 
-@pytest.mark.parametrize("overrides", [
-    [], ["dataset=mixture", "dataset.tokenizer=byte", "system.dtype=bfloat16", "checkpoint.save_steps=[5,10]",
-         "model.remat=block", "logging.wandb=disabled", "system.profile_steps=[3,4]"],
-    ["dataset=music21", "stage=piano_task", "tasks=[dynamics]", "init_from=runs/x", "optimizer=muon"]])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [],
+        [
+            "dataset=mixture",
+            "dataset.tokenizer=byte",
+            "system.dtype=bfloat16",
+            "checkpoint.save_steps=[5,10]",
+            "model.remat=block",
+            "logging.wandb=disabled",
+            "system.profile_steps=[3,4]",
+        ],
+        ["dataset=music21", "stage=piano_task", "tasks=[dynamics]", "init_from=runs/x", "optimizer=muon"],
+    ],
+)
 def test_the_config_as_data_is_omegaconfs_own_conversion(overrides):
     """as_dict / to_yaml walk the dataclasses directly (each checkpoint's metadata carries the config); they give
     what OmegaConf gives for the structured config, enums as names included."""

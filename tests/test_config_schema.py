@@ -128,8 +128,9 @@ def test_config_yaml_only_changes_the_presets_it_picks_each_on_purpose():
         elif in_preset and value == preset:
             problems.append(f"{key}: {value!r} repeats the preset's value")
         elif not explained.get(key):
-            problems.append(f"{key}: {value!r} differs from the dataclass default {default!r} without a comment "
-                            "saying why")
+            problems.append(
+                f"{key}: {value!r} differs from the dataclass default {default!r} without a comment saying why"
+            )
     assert not problems, "\n".join(problems)
 
 

@@ -27,8 +27,11 @@ def tiny_gpt_problem():
     tokens = np.random.default_rng(0).integers(0, 8, (4, 5))
     mask = np.ones((4, 4), np.float32)
     mask[0, :2] = 0
-    batch = {"inputs": jnp.asarray(tokens[:, :-1]), "targets": jnp.asarray(tokens[:, 1:]),
-             "loss_mask": jnp.asarray(mask)}
+    batch = {
+        "inputs": jnp.asarray(tokens[:, :-1]),
+        "targets": jnp.asarray(tokens[:, 1:]),
+        "loss_mask": jnp.asarray(mask),
+    }
     return curvature.model_loss(static), params, batch
 
 
@@ -90,9 +93,19 @@ def test_filter_normalised_directions_have_each_filters_norm_and_projections_rec
 def run_dir(tmp_path_factory, data_cache):
     """A tiny run measuring sharpness every 2 steps, with checkpoints at steps 2 and 4."""
     run_dir = tmp_path_factory.mktemp("curvature") / "run"
-    assert train_jax.command_line(tiny_overrides(data_cache, f"logging.run_dir={run_dir}", "train.max_steps=4",
-                                                 "train.eval_interval=2", "logging.hessian_every=2",
-                                                 "logging.hessian_iters=4")) == 0
+    assert (
+        train_jax.command_line(
+            tiny_overrides(
+                data_cache,
+                f"logging.run_dir={run_dir}",
+                "train.max_steps=4",
+                "train.eval_interval=2",
+                "logging.hessian_every=2",
+                "logging.hessian_iters=4",
+            )
+        )
+        == 0
+    )
     return run_dir
 
 
@@ -108,8 +121,7 @@ def test_hessian_every_logs_sharpness_into_metrics_jsonl(run_dir, tmp_path):
     assert not any("curvature" in name for name in curves)
 
 
-def test_hessian_script_prints_the_eigenvalue_the_loop_and_the_function_measure(run_dir, tmp_path, monkeypatch,
-                                                                                capsys):
+def test_hessian_script_prints_the_eigenvalue_the_loop_and_the_function_measure(run_dir, tmp_path, monkeypatch, capsys):
     from training.checkpoints.trained import load_trained, run_data
 
     png = tmp_path / "sharpness.png"
@@ -131,15 +143,20 @@ def test_hessian_script_prints_the_eigenvalue_the_loop_and_the_function_measure(
 
 def test_landscape_script_draws_a_contour_with_the_trajectory_and_a_line(run_dir, tmp_path, monkeypatch, capsys):
     contour = tmp_path / "plane.png"
-    result = script_in_process("landscape.py", [str(run_dir), "--out", str(contour), "--grid", "5"], monkeypatch,
-                               capsys)
+    result = script_in_process(
+        "landscape.py", [str(run_dir), "--out", str(contour), "--grid", "5"], monkeypatch, capsys
+    )
     assert result.returncode == 0, result.stderr
     assert "25 points around step 4" in result.stdout and "step 2: at (" in result.stdout
     assert contour.stat().st_size > 10_000
 
     line = tmp_path / "line.png"
-    result = script_in_process("landscape.py", [str(run_dir), "--out", str(line), "--dims", "1", "--last-update",
-                                                "--grid", "5"], monkeypatch, capsys)
+    result = script_in_process(
+        "landscape.py",
+        [str(run_dir), "--out", str(line), "--dims", "1", "--last-update", "--grid", "5"],
+        monkeypatch,
+        capsys,
+    )
     assert result.returncode == 0, result.stderr
     assert "step 2: at (-1), 0% of its offset off the line" in result.stdout  # the previous checkpoint, exactly
     assert line.stat().st_size > 10_000

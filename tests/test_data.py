@@ -128,8 +128,15 @@ def test_eval_windows_spread_over_the_whole_split():
 def test_text_files_source_reads_the_users_files(tmp_path, data_cache):
     for i in range(40):
         (tmp_path / f"doc{i}.txt").write_text(f"document number {i}\n" * 20)
-    cfg = load_config(["dataset=text_files", f"dataset.files=[{tmp_path}/*.txt]", f"dataset.cache_dir={data_cache}",
-                       "dataset.val_fraction=0.2", "dataset.test_fraction=0.1"])
+    cfg = load_config(
+        [
+            "dataset=text_files",
+            f"dataset.files=[{tmp_path}/*.txt]",
+            f"dataset.cache_dir={data_cache}",
+            "dataset.val_fraction=0.2",
+            "dataset.test_fraction=0.1",
+        ]
+    )
     corpus = load_corpus(cfg.dataset).datasets
     assert sum(len(v) for v in corpus.values()) == 40
     assert len(corpus["val"]) > 0 and len(corpus["train"]) > len(corpus["val"])

@@ -36,9 +36,9 @@ def greedy_by_hand(model, prompt: list[int], new_tokens: int) -> list[int]:
     for _ in range(new_tokens):
         tail = sequence[-context:]
         window = np.zeros((1, context), np.int32)
-        window[0, :len(tail)] = tail
+        window[0, : len(tail)] = tail
         sequence.append(int(np.argmax(np.asarray(logits(model, window))[0, len(tail) - 1])))
-    return sequence[len(prompt):]
+    return sequence[len(prompt) :]
 
 
 def test_past_the_context_the_decode_still_matches(model):
@@ -122,15 +122,26 @@ def test_top_k_and_top_p_sample_only_from_the_most_likely_tokens(model):
 # rotary positions of cached tokens, and decoding must still be the no-cache decoding.
 MODERN_OPTIONS = {
     "llama": dict(position="rope", norm="rmsnorm", mlp="swiglu", n_kv_head=2, tie_embeddings=False, bias=False),
-    "speedrun": dict(position="rope", rope_theta=500.0, norm="rmsnorm", norm_weight=False, mlp="relu2", n_kv_head=1,
-                     qk_norm=True, tie_embeddings=False, logit_softcap=5.0, mlp_hidden=48),
+    "speedrun": dict(
+        position="rope",
+        rope_theta=500.0,
+        norm="rmsnorm",
+        norm_weight=False,
+        mlp="relu2",
+        n_kv_head=1,
+        qk_norm=True,
+        tie_embeddings=False,
+        logit_softcap=5.0,
+        mlp_hidden=48,
+    ),
 }
 
 
 @pytest.mark.parametrize("options", MODERN_OPTIONS)
 def test_cached_decoding_equals_no_cache_decoding_for_every_option(options):
-    cfg = GPTConfig(vocab_size=50, n_layer=2, n_head=4, n_embd=32, context_size=32, scan_layers=False,
-                    **MODERN_OPTIONS[options])
+    cfg = GPTConfig(
+        vocab_size=50, n_layer=2, n_head=4, n_embd=32, context_size=32, scan_layers=False, **MODERN_OPTIONS[options]
+    )
     model = jax.tree.map(lambda x: 8.0 * x, GPT.init(cfg, jax.random.PRNGKey(3)))
     assert model.init_cache(1).k.shape == (2, 1, 32, cfg.kv_heads, 8)  # [L, B, C, K, H]: K heads, not N
 

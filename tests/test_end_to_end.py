@@ -1,4 +1,5 @@
-"""The command line end to end, in real subprocesses: train, log everywhere, sample; offline Hub datasets fail clearly."""
+"""The command line end to end, in real subprocesses: train, log everywhere, sample; offline Hub datasets fail
+clearly."""
 
 import json
 import subprocess
@@ -14,9 +15,18 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory, data_cache):
     run_dir = tmp_path_factory.mktemp("e2e") / "run"
-    result = run_cli(tiny_overrides(data_cache, f"logging.run_dir={run_dir}", "logging.wandb=offline",
-                                    "train.max_steps=40", "train.eval_interval=20", "train.log_interval=5", "logging.plot=true",
-                                    "optimizer.lr_config.lr=3e-3"))
+    result = run_cli(
+        tiny_overrides(
+            data_cache,
+            f"logging.run_dir={run_dir}",
+            "logging.wandb=offline",
+            "train.max_steps=40",
+            "train.eval_interval=20",
+            "train.log_interval=5",
+            "logging.plot=true",
+            "optimizer.lr_config.lr=3e-3",
+        )
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return run_dir, result
 
@@ -80,9 +90,11 @@ def test_tensorboard_is_written_without_importing_torch_which_stays_importable(t
         "writer.close()\n"
         "print('torch imported:', 'torch' in sys.modules)\n"
         "import torch\n"
-        "print('torch', torch.__version__)\n")
-    result = communicate(spawn([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
-                         timeout=120)
+        "print('torch', torch.__version__)\n"
+    )
+    result = communicate(
+        spawn([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), timeout=120
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "torch imported: False" in result.stdout and "torch 2." in result.stdout, result.stdout
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -98,22 +110,33 @@ def test_run_saves_config_and_checkpoint(tiny_run):
     steps = sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
     assert steps[-1] == 40
     meta = json.loads((run_dir / "checkpoints" / "40" / "meta" / "metadata").read_text())
-    assert meta["step"] == 40 and meta["tokenizer"] == {"kind": "byte"} and meta["config"]["model"]["name"] == "gpt2-tiny"
+    assert (
+        meta["step"] == 40 and meta["tokenizer"] == {"kind": "byte"} and meta["config"]["model"]["name"] == "gpt2-tiny"
+    )
 
 
 def test_sample_script_generates_from_the_run(tiny_run, monkeypatch, capsys):
     run_dir, _ = tiny_run
-    result = script_in_process("sample.py", [str(run_dir), "--prompt", "def ", "--max-new-tokens", "20", "--seed", "1"],
-                               monkeypatch, capsys)
+    result = script_in_process(
+        "sample.py", [str(run_dir), "--prompt", "def ", "--max-new-tokens", "20", "--seed", "1"], monkeypatch, capsys
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     body = result.stdout.split("-" * 60)[1]
     assert body.strip().startswith("def") and len(body.strip()) > len("def")
 
 
 def test_hub_dataset_offline_fails_with_one_line(tmp_path):
-    result = run_cli(["dataset=wikitext2", f"dataset.cache_dir={tmp_path}/cache", f"logging.run_dir={tmp_path}/run",
-                      "logging.wandb=disabled", "system.num_devices=1"], timeout=120,
-                     env={"HF_HUB_OFFLINE": "1"})
+    result = run_cli(
+        [
+            "dataset=wikitext2",
+            f"dataset.cache_dir={tmp_path}/cache",
+            f"logging.run_dir={tmp_path}/run",
+            "logging.wandb=disabled",
+            "system.num_devices=1",
+        ],
+        timeout=120,
+        env={"HF_HUB_OFFLINE": "1"},
+    )
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
@@ -142,13 +165,23 @@ def test_a_finished_run_writes_summary_and_plots(tiny_run, tmp_path):
     assert curves["loss per token/run: train"] == ([r["step"] for r in train], [r["loss"] for r in train])
     assert curves["loss per token/run: val"] == ([r["step"] for r in val], [r["loss"] for r in val])
     assert curves["learning rate/run"][1] == [r["lr"] for r in train]
-    assert set(k.split(": ")[-1] for k in curves if k.startswith("loss")) == {"train", "val", "email", "asyncio", "json"}
+    assert set(k.split(": ")[-1] for k in curves if k.startswith("loss")) == {
+        "train",
+        "val",
+        "email",
+        "asyncio",
+        "json",
+    }
 
 
 def test_plot_runs_overlays_several_runs(tiny_run, tmp_path, monkeypatch, capsys):
     run_dir, _ = tiny_run
-    result = script_in_process("plot_runs.py", [str(run_dir), str(run_dir), "--labels", "a,b", "--out",
-                                                str(tmp_path / "cmp.png")], monkeypatch, capsys)
+    result = script_in_process(
+        "plot_runs.py",
+        [str(run_dir), str(run_dir), "--labels", "a,b", "--out", str(tmp_path / "cmp.png")],
+        monkeypatch,
+        capsys,
+    )
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "cmp.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     bad = script_in_process("plot_runs.py", [str(tmp_path)], monkeypatch, capsys)

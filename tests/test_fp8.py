@@ -63,8 +63,9 @@ def bfloat16_curve(data_cache):
 
 
 def test_fp8_training_tracks_bfloat16_and_records_every_matmuls_amax(bfloat16_curve, data_cache):
-    parts = build(tiny_overrides(data_cache, f"train.max_steps={STEPS}", "system.dtype=fp8",
-                                 "system.fp8_amax_history=4"))
+    parts = build(
+        tiny_overrides(data_cache, f"train.max_steps={STEPS}", "system.dtype=fp8", "system.fp8_amax_history=4")
+    )
     n_layer = parts.cfg.model.n_layer
     assert parts.state.fp8.history.shape == (n_layer, 4, 3, 4) and not jnp.any(parts.state.fp8.history)
     with warnings.catch_warnings():
@@ -86,8 +87,15 @@ def test_fp8_training_tracks_bfloat16_and_records_every_matmuls_amax(bfloat16_cu
 
 def test_fp8_scales_are_checkpointed_and_a_resumed_run_equals_the_straight_one(data_cache, tmp_path, capsys):
     def run(run_dir, *extra):
-        args = tiny_overrides(data_cache, f"logging.run_dir={run_dir}", "system.dtype=fp8", "train.max_steps=8",
-                              "train.eval_interval=4", "logging.tensorboard=false", *extra)
+        args = tiny_overrides(
+            data_cache,
+            f"logging.run_dir={run_dir}",
+            "system.dtype=fp8",
+            "train.max_steps=8",
+            "train.eval_interval=4",
+            "logging.tensorboard=false",
+            *extra,
+        )
         result = run_in_process(args, capsys)
         assert result.returncode == 0, result.stderr[-2000:]
         return result

@@ -14,8 +14,8 @@ import pytest
 
 from helpers import build, read_metrics, run_cli, start, tiny_overrides, wait_for_step
 from training.distributed.sharding import put_batch
-from training.step.stats import statistics_of
 from training.step.losses import mean_loss
+from training.step.stats import statistics_of
 
 GEOMETRY = ("logging.update_geometry=true", "optimizer.groups={vector: {lr_multiplier: 0.5}}")
 VECTOR_LABELS = ("norm", "bias")
@@ -23,8 +23,10 @@ VECTOR_LABELS = ("norm", "bias")
 
 def flat(tree, keep) -> np.ndarray:
     """The float64 entries of the leaves `keep` (a tree of bools shaped like `tree`) selects, concatenated."""
-    return np.concatenate([np.ravel(np.asarray(x, np.float64)) for x, k in
-                           zip(jax.tree.leaves(tree), jax.tree.leaves(keep)) if k] or [np.zeros(0)])
+    return np.concatenate(
+        [np.ravel(np.asarray(x, np.float64)) for x, k in zip(jax.tree.leaves(tree), jax.tree.leaves(keep)) if k]
+        or [np.zeros(0)]
+    )
 
 
 def cos(a, b):
@@ -34,9 +36,11 @@ def cos(a, b):
 def test_every_quantity_matches_a_hand_computation_over_3_steps_with_two_groups(data_cache):
     parts = build(tiny_overrides(data_cache, *GEOMETRY))
     labels = parts.state.model.parameter_labels()
-    groups = {"vector": jax.tree.map(lambda label: label in VECTOR_LABELS, labels),
-              "rest": jax.tree.map(lambda label: label not in VECTOR_LABELS, labels),
-              "model": jax.tree.map(lambda label: True, labels)}
+    groups = {
+        "vector": jax.tree.map(lambda label: label in VECTOR_LABELS, labels),
+        "rest": jax.tree.map(lambda label: label not in VECTOR_LABELS, labels),
+        "model": jax.tree.map(lambda label: True, labels),
+    }
     loss_and_grad = eqx.filter_jit(eqx.filter_value_and_grad(mean_loss))
     last_update = {g: None for g in groups}
     sums = {g: [0.0, 0.0] for g in groups}
@@ -53,20 +57,40 @@ def test_every_quantity_matches_a_hand_computation_over_3_steps_with_two_groups(
             x, g = flat(params, keep), flat(eqx.filter(grads, eqx.is_array), keep)
             u = flat(new_params, keep) - x
             lu = last_update[group]
-            want = {"grad_dot_update": g @ u, "params_l2": np.linalg.norm(x), "params_l1": np.abs(x).sum(),
-                    "params_linf": np.abs(x).max(), "grads_l2": np.linalg.norm(g), "grads_l1": np.abs(g).sum(),
-                    "grads_linf": np.abs(g).max(), "update_l2": np.linalg.norm(u), "update_l1": np.abs(u).sum(),
-                    "update_linf": np.abs(u).max()}
+            want = {
+                "grad_dot_update": g @ u,
+                "params_l2": np.linalg.norm(x),
+                "params_l1": np.abs(x).sum(),
+                "params_linf": np.abs(x).max(),
+                "grads_l2": np.linalg.norm(g),
+                "grads_l1": np.abs(g).sum(),
+                "grads_linf": np.abs(g).max(),
+                "update_l2": np.linalg.norm(u),
+                "update_l1": np.abs(u).sum(),
+                "update_linf": np.abs(u).max(),
+            }
             scale = {"grad_dot_update": np.linalg.norm(g) * np.linalg.norm(u)}  # norms: 0, their rel is enough
             if lu is None:
-                for name in ("grad_dot_last_update", "cos_grad_last_update", "cos_update_last_update",
-                             "cos_params_last_params"):
+                for name in (
+                    "grad_dot_last_update",
+                    "cos_grad_last_update",
+                    "cos_update_last_update",
+                    "cos_params_last_params",
+                ):
                     assert got[f"geometry/{group}/{name}"] is None, (step, group, name)  # no previous step
             else:
-                want |= {"grad_dot_last_update": g @ lu, "cos_grad_last_update": cos(g, lu),
-                         "cos_update_last_update": cos(u, lu), "cos_params_last_params": cos(x, x - lu)}
-                scale |= {"grad_dot_last_update": np.linalg.norm(g) * np.linalg.norm(lu), "cos_grad_last_update": 1.0,
-                          "cos_update_last_update": 1.0, "cos_params_last_params": 1.0}
+                want |= {
+                    "grad_dot_last_update": g @ lu,
+                    "cos_grad_last_update": cos(g, lu),
+                    "cos_update_last_update": cos(u, lu),
+                    "cos_params_last_params": cos(x, x - lu),
+                }
+                scale |= {
+                    "grad_dot_last_update": np.linalg.norm(g) * np.linalg.norm(lu),
+                    "cos_grad_last_update": 1.0,
+                    "cos_update_last_update": 1.0,
+                    "cos_params_last_params": 1.0,
+                }
                 sums[group][0] += g @ lu
                 scales[group][0] += scale["grad_dot_last_update"]
             sums[group][1] += g @ u
@@ -78,7 +102,8 @@ def test_every_quantity_matches_a_hand_computation_over_3_steps_with_two_groups(
             # A dot product or cosine can cancel to ~0, where its rounding is still ~1e-6 of |a||b|: abs 1e-5 x it
             for name, value in want.items():
                 assert got[f"geometry/{group}/{name}"] == pytest.approx(
-                    value, rel=2e-4, abs=1e-5 * scale.get(name, 0.0) + 1e-9), (step, group, name)
+                    value, rel=2e-4, abs=1e-5 * scale.get(name, 0.0) + 1e-9
+                ), (step, group, name)
             last_update[group] = u
         if last_loss is None:
             assert got["geometry/loss_diff"] is None
@@ -91,11 +116,13 @@ def test_every_quantity_matches_a_hand_computation_over_3_steps_with_two_groups(
         last_loss = loss
     # the groups split the model: their inner products add up to the model's, up to float32 sums' order (~1e-7)
     assert got["geometry/model/grad_dot_update_sum"] == pytest.approx(
-        got["geometry/vector/grad_dot_update_sum"] + got["geometry/rest/grad_dot_update_sum"], rel=1e-5)
+        got["geometry/vector/grad_dot_update_sum"] + got["geometry/rest/grad_dot_update_sum"], rel=1e-5
+    )
 
 
 def test_off_leaves_the_state_and_the_compiled_step_as_they_were(data_cache):
     """Off (the default), the state holds no buffers and the step computes nothing of it; on, both change."""
+
     def lowered(parts):
         batch = put_batch(parts.data.train.batch(0), parts.mesh)
         module = parts.train_step.lower(parts.state, batch).lowered.compiler_ir("stablehlo")
@@ -112,18 +139,22 @@ def test_off_leaves_the_state_and_the_compiled_step_as_they_were(data_cache):
 @pytest.mark.e2e
 def test_running_sums_are_the_same_whatever_the_log_interval_and_across_a_kill_and_resume(data_cache, tmp_path):
     def command(run_dir, *extra):
-        return tiny_overrides(data_cache, *GEOMETRY, f"logging.run_dir={run_dir}", "train.max_steps=20",
-                              "train.eval_interval=20", *extra)
+        return tiny_overrides(
+            data_cache, *GEOMETRY, f"logging.run_dir={run_dir}", "train.max_steps=20", "train.eval_interval=20", *extra
+        )
 
     def sums(run_dir):
-        return {r["step"]: {k: v for k, v in r.items() if k.startswith("geometry/") and k.endswith("_sum")}
-                for r in read_metrics(run_dir, "train")}
+        return {
+            r["step"]: {k: v for k, v in r.items() if k.startswith("geometry/") and k.endswith("_sum")}
+            for r in read_metrics(run_dir, "train")
+        }
 
     every = tmp_path / "every"
     assert run_cli(command(every, "train.log_interval=1")).returncode == 0
     killed = tmp_path / "killed"
-    resumable = command(killed, "train.log_interval=10", "checkpoint.save_steps=1", "checkpoint.max_to_keep=2",
-                        "checkpoint.load=auto")
+    resumable = command(
+        killed, "train.log_interval=10", "checkpoint.save_steps=1", "checkpoint.max_to_keep=2", "checkpoint.load=auto"
+    )
     proc = start(resumable)
     wait_for_step(killed, 10, proc)
     proc.kill()

@@ -22,16 +22,28 @@ from helpers import ROOT, run_cli, tiny_overrides
 from models.decode import generate
 from models.gpt import GPT, GPTConfig
 from models.sampling import generate_no_cache
-from training.step.losses import token_losses
 from training.checkpoints.trained import load_trained
+from training.step.losses import token_losses
 
 CONTEXT = 64
-CODE = ["def main(argv):\n    return 0\n", "import os\nimport sys\n", "class Point:\n    x: int = 0\n",
-        "for i in range(10):\n    print(i)\n", "with open(path) as f:\n    text = f.read()\n"]
+CODE = [
+    "def main(argv):\n    return 0\n",
+    "import os\nimport sys\n",
+    "class Point:\n    x: int = 0\n",
+    "for i in range(10):\n    print(i)\n",
+    "with open(path) as f:\n    text = f.read()\n",
+]
 # (context, continuation) pairs of many lengths: empty context, a trailing space (lm-eval moves it to the
 # continuation), and a context far longer than the model's, which must lose its oldest tokens.
-PAIRS = [("def main", "(argv):"), ("import os\nimport", " sys"), ("", "return 0"), ("x = ", "1"),
-         ("\n".join(CODE) * 3, "    return x"), ("class Point:\n   ", " x: int"), (CODE[3], CODE[4])]
+PAIRS = [
+    ("def main", "(argv):"),
+    ("import os\nimport", " sys"),
+    ("", "return 0"),
+    ("x = ", "1"),
+    ("\n".join(CODE) * 3, "    return x"),
+    ("class Point:\n   ", " x: int"),
+    (CODE[3], CODE[4]),
+]
 
 
 @pytest.fixture
@@ -49,8 +61,12 @@ def tokenizer(request, monkeypatch):
     import tiktoken
 
     ranks = {bytes([b]): b for b in range(256)} | {b"  ": 256, b"    ": 257, b"re": 258, b"return": 259}
-    stand_in = tiktoken.Encoding(name="gpt2-stand-in", pat_str=r"""'s|'t| ?\w+| ?[^\s\w]+|\s+""",
-                                 mergeable_ranks=ranks, special_tokens={"<|endoftext|>": 260})
+    stand_in = tiktoken.Encoding(
+        name="gpt2-stand-in",
+        pat_str=r"""'s|'t| ?\w+| ?[^\s\w]+|\s+""",
+        mergeable_ranks=ranks,
+        special_tokens={"<|endoftext|>": 260},
+    )
     monkeypatch.setattr(tiktoken, "get_encoding", lambda name: stand_in)
     return Gpt2Tokenizer()
 
@@ -75,7 +91,7 @@ def encode_pair(tok, context: str, continuation: str) -> tuple[list[int], list[i
         return [tok.eos_id], tok.encode(continuation)
     stripped = context.rstrip()
     whole, context_ids = tok.encode(context + continuation), tok.encode(stripped)
-    return context_ids, whole[len(context_ids):]
+    return context_ids, whole[len(context_ids) :]
 
 
 @eqx.filter_jit
@@ -88,10 +104,10 @@ def own_loss(model: GPT, context: list[int], continuation: list[int]) -> tuple[f
     """-(the training loss code's summed loss over the continuation) on the last context+1 tokens of the text, and
     whether the model's argmax is the target at every continuation position. (One padded shape, one compilation:
     padding sits after the text and outside the loss mask.)"""
-    window = (context + continuation)[-(CONTEXT + 1):]
+    window = (context + continuation)[-(CONTEXT + 1) :]
     n = len(window) - 1
     inputs, targets, mask = np.zeros((3, 1, CONTEXT), np.int32)
-    inputs[0, :n], targets[0, :n], mask[0, n - len(continuation):n] = window[:-1], window[1:], 1
+    inputs[0, :n], targets[0, :n], mask[0, n - len(continuation) : n] = window[:-1], window[1:], 1
     nll, count, argmax = _loss_and_argmax(model, {"inputs": inputs, "targets": targets, "loss_mask": mask})
     assert int(count) == len(continuation)
     scored = mask[0].astype(bool)
@@ -141,12 +157,13 @@ def test_rolling_loglikelihood_predicts_every_token_once_in_full_windows(lm_eval
     expected, predicted = own_loss(model, [tokenizer.eos_id], ids[:CONTEXT])[0], CONTEXT
     while predicted < len(ids):
         end = min(predicted + CONTEXT, len(ids))
-        window = ids[end - CONTEXT - 1:end]  # a whole context of inputs, scored on the tokens not scored yet
-        expected += own_loss(model, window[:predicted - end], window[predicted - end:])[0]
+        window = ids[end - CONTEXT - 1 : end]  # a whole context of inputs, scored on the tokens not scored yet
+        expected += own_loss(model, window[: predicted - end], window[predicted - end :])[0]
         predicted = end
     short = own_loss(model, [tokenizer.eos_id], tokenizer.encode(texts[1]))[0]
     answers = harness_lm(model, tokenizer, batch_tokens=256).loglikelihood_rolling(
-        instances("loglikelihood_rolling", [(t,) for t in texts]))
+        instances("loglikelihood_rolling", [(t,) for t in texts])
+    )
     # rolling windows summed in float32 by the harness, in float64 here, over a few hundred tokens: ~1e-4 at most
     np.testing.assert_allclose(answers, [expected, short, 0.0], rtol=1e-5, atol=1e-3)
 
@@ -156,9 +173,11 @@ def test_a_task_whose_data_cannot_be_had_offline_is_one_line(lm_eval, tmp_path, 
     from training.evaluation.harness import evaluate_tasks, harness_lm
 
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-datasets"))  # nothing cached: the Hub would be asked
-    (tmp_path / "hub_task.yaml").write_text("task: hub_task\ndataset_path: someone/not-cached\n"
-                                            "output_type: loglikelihood\ntest_split: test\n"
-                                            'doc_to_text: "{{text}}"\ndoc_to_target: "{{answer}}"\n')
+    (tmp_path / "hub_task.yaml").write_text(
+        "task: hub_task\ndataset_path: someone/not-cached\n"
+        "output_type: loglikelihood\ntest_split: test\n"
+        'doc_to_text: "{{text}}"\ndoc_to_target: "{{answer}}"\n'
+    )
     with pytest.raises(DataError) as error:
         evaluate_tasks(harness_lm(tiny_model(), ByteTokenizer()), ["hub_task"], include_path=str(tmp_path))
     message = str(error.value)
@@ -177,13 +196,16 @@ def test_generation_is_greedy_decoding_cut_at_the_first_stop_string(lm_eval):
     from training.evaluation.harness import harness_lm
 
     tok = ByteTokenizer()
-    model = GPT.init(GPTConfig(vocab_size=tok.vocab_size, n_layer=2, n_head=2, n_embd=64, context_size=CONTEXT),
-                     jax.random.PRNGKey(0))
+    model = GPT.init(
+        GPTConfig(vocab_size=tok.vocab_size, n_layer=2, n_head=2, n_embd=64, context_size=CONTEXT),
+        jax.random.PRNGKey(0),
+    )
     # Freshly initialised, the tied embedding makes every greedy text one repeated byte; blocks 5x larger do not.
     model = eqx.tree_at(lambda m: m.blocks, model, jax.tree.map(lambda w: 5 * w, model.blocks))
     contexts = ["def main(", "import os\nimport sys\n", "class A:\n    def", ""]
-    alone = [generate(model, [tok.encode(c) or [tok.eos_id]], 16, temperature=0.0, eos_id=tok.eos_id)[0]
-             for c in contexts]
+    alone = [
+        generate(model, [tok.encode(c) or [tok.eos_id]], 16, temperature=0.0, eos_id=tok.eos_id)[0] for c in contexts
+    ]
     assert all(tok.eos_id not in ids for ids in alone)
     texts = [tok.decode(ids) for ids in alone]
     # Stop strings greedy decoding does produce, each first after a few characters of one text (a character new at
@@ -193,7 +215,7 @@ def test_generation_is_greedy_decoding_cut_at_the_first_stop_string(lm_eval):
     requests = [(c, {"until": stops, "max_gen_toks": 16, "do_sample": False}) for c in contexts]
     requests.append((contexts[0], {"until": ["never in the text"], "max_gen_toks": 5}))
     answers = harness_lm(model, tok).generate_until(instances("generate_until", requests))
-    expected = [t[:min(t.find(s) for s in stops if s in t)] for t in texts]
+    expected = [t[: min(t.find(s) for s in stops if s in t)] for t in texts]
     assert answers[:4] == expected and all(3 <= len(e) < len(t) for e, t in zip(expected, texts))
     assert answers[4] == tok.decode(alone[0][:5])  # max_gen_toks: the first 5 greedy tokens
 
@@ -203,8 +225,16 @@ def write_tasks(folder, lm, tok) -> dict:
     what the adapter itself answers, to compare with what the script reports."""
     folder.mkdir()
     docs = []
-    for i, (text, ending) in enumerate([("def main", "(argv):"), ("import", "os"), ("for i in", "range(3):"),
-                                        ("class", "Point:"), ("return", "None"), ("with open(", "path) as f:")]):
+    for i, (text, ending) in enumerate(
+        [
+            ("def main", "(argv):"),
+            ("import", "os"),
+            ("for i in", "range(3):"),
+            ("class", "Point:"),
+            ("return", "None"),
+            ("with open(", "path) as f:"),
+        ]
+    ):
         choices = [ending, "banana split", "7 7 7"]
         scores = [ll for ll, _ in lm.loglikelihood(instances("loglikelihood", [(text, " " + c) for c in choices]))]
         preferred = choices.pop(int(np.argmax(scores)))
@@ -214,13 +244,24 @@ def write_tasks(folder, lm, tok) -> dict:
     rolling = lm.loglikelihood_rolling(instances("loglikelihood_rolling", [(c,) for c in CODE]))
     common = "dataset_path: json\ntest_split: test\ndataset_kwargs:\n  data_files:\n    test: {file}\n"
     tasks = {
-        "tiny_choice": ("multiple_choice", docs, 'doc_to_text: "{{text}}"\ndoc_to_target: "{{label}}"\n'
-                        'doc_to_choice: "{{choices}}"\nmetric_list:\n  - metric: acc\n'),
-        "tiny_pages": ("loglikelihood_rolling", pages, 'doc_to_text: ""\ndoc_to_target: "{{page}}"\n'
-                       "metric_list:\n  - metric: bits_per_byte\n"),
-        "tiny_answer": ("generate_until", docs, 'doc_to_text: "{{text}}"\ndoc_to_target: "{{choices[label]}}"\n'
-                        'generation_kwargs:\n  until: ["\\n"]\n  max_gen_toks: 8\n  do_sample: false\n'
-                        "metric_list:\n  - metric: exact_match\n"),
+        "tiny_choice": (
+            "multiple_choice",
+            docs,
+            'doc_to_text: "{{text}}"\ndoc_to_target: "{{label}}"\n'
+            'doc_to_choice: "{{choices}}"\nmetric_list:\n  - metric: acc\n',
+        ),
+        "tiny_pages": (
+            "loglikelihood_rolling",
+            pages,
+            'doc_to_text: ""\ndoc_to_target: "{{page}}"\nmetric_list:\n  - metric: bits_per_byte\n',
+        ),
+        "tiny_answer": (
+            "generate_until",
+            docs,
+            'doc_to_text: "{{text}}"\ndoc_to_target: "{{choices[label]}}"\n'
+            'generation_kwargs:\n  until: ["\\n"]\n  max_gen_toks: 8\n  do_sample: false\n'
+            "metric_list:\n  - metric: exact_match\n",
+        ),
     }
     for name, (kind, rows, body) in tasks.items():
         (folder / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -259,10 +300,11 @@ def test_script_writes_lm_evals_results_beside_the_run_and_logs_them(lm_eval, tr
 def test_script_without_lm_eval_says_how_to_install_it_and_exits_2(trained, tmp_path):
     shadow = tmp_path / "shadow" / "lm_eval"
     shadow.mkdir(parents=True)
-    (shadow / "__init__.py").write_text('raise ImportError("No module named \'lm_eval\'")\n')
+    (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'lm_eval'\")\n")
     env = {"PYTHONPATH": os.pathsep.join([str(shadow.parent), str(ROOT)])}
     done = run_cli([str(trained), "--tasks", "hellaswag"], timeout=120, env=env, script="scripts/eval_harness.py")
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stderr.strip().splitlines() == [
-        "error: lm-eval is not installed (No module named 'lm_eval'): pip install -r requirements-eval.txt"]
+        "error: lm-eval is not installed (No module named 'lm_eval'): pip install -r requirements-eval.txt"
+    ]
     assert done.stdout == "" and not (trained / "harness" / "step4-hellaswag.json").exists()

@@ -72,9 +72,13 @@ def test_import_then_export_is_bit_exact(exported, data_cache, tmp_path):
     parts = build(overrides, plan.init_from)
     state = restore_state(parts.state, plan)
     assert int(state.step) == 0 and parts.tokenizer.to_json() == json.loads(
-        (exported / "export" / "gpt_jax_tokenizer.json").read_text())
+        (exported / "export" / "gpt_jax_tokenizer.json").read_text()
+    )
     export_hf(state.model, parts.tokenizer, tmp_path / "again")
-    first, again = load_file(str(exported / "export" / "model.safetensors")), load_file(str(tmp_path / "again" / "model.safetensors"))
+    first, again = (
+        load_file(str(exported / "export" / "model.safetensors")),
+        load_file(str(tmp_path / "again" / "model.safetensors")),
+    )
     assert sorted(first) == sorted(again)
     for name in first:
         assert first[name].dtype == again[name].dtype and np.array_equal(first[name], again[name]), name
@@ -82,8 +86,11 @@ def test_import_then_export_is_bit_exact(exported, data_cache, tmp_path):
 
 def test_fine_tuning_starts_from_imported_weights(exported, data_cache, tmp_path):
     run_dir = tmp_path / "ft"
-    result = run_cli(bpe_overrides(data_cache, f"init_from=hf:{exported / 'export'}", f"logging.run_dir={run_dir}",
-                                   "train.eval_at_start=true"))
+    result = run_cli(
+        bpe_overrides(
+            data_cache, f"init_from=hf:{exported / 'export'}", f"logging.run_dir={run_dir}", "train.eval_at_start=true"
+        )
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert f"weights from hf:{exported / 'export'}" in result.stdout
     start = read_metrics(run_dir, "val")[0]
@@ -102,18 +109,34 @@ def test_a_model_that_does_not_match_the_export_is_refused(exported, data_cache,
 
 
 def test_a_hub_id_offline_is_one_line(tmp_path):
-    result = run_cli(["model=gpt2", "dataset.tokenizer=gpt2", "init_from=hf:openai-community/gpt2-no-such",
-                      f"dataset.cache_dir={tmp_path}", "logging.wandb=disabled"], timeout=180)
+    result = run_cli(
+        [
+            "model=gpt2",
+            "dataset.tokenizer=gpt2",
+            "init_from=hf:openai-community/gpt2-no-such",
+            f"dataset.cache_dir={tmp_path}",
+            "logging.wandb=disabled",
+        ],
+        timeout=180,
+    )
     assert result.returncode == 1
-    assert result.stderr.strip().splitlines()[-1].startswith(
-        "error: init_from=hf:openai-community/gpt2-no-such: not a local folder, and the Hub download failed")
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            "error: init_from=hf:openai-community/gpt2-no-such: not a local folder, and the Hub download failed"
+        )
+    )
 
 
 def test_export_refuses_a_folder_in_use(exported, tmp_path):
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "keep.txt").write_text("mine")
     result = run_cli([str(exported / "run"), str(tmp_path / "busy")], script="scripts/export_hf.py")
-    assert result.returncode == 1 and result.stderr.strip() == f"error: {tmp_path / 'busy'} is not empty; choose a new folder for the export"
+    assert (
+        result.returncode == 1
+        and result.stderr.strip() == f"error: {tmp_path / 'busy'} is not empty; choose a new folder for the export"
+    )
     assert (tmp_path / "busy" / "keep.txt").read_text() == "mine"
 
 
@@ -157,7 +180,10 @@ def test_a_llama_run_exports_as_transformers_llama_with_the_same_logits_and_impo
     assert export_hf(model, ByteTokenizer(), tmp_path / "llama")[:2] == ["config.json", "model.safetensors"]
     hf = transformers.LlamaForCausalLM.from_pretrained(str(tmp_path / "llama")).eval()
     assert (hf.config.num_key_value_heads, hf.config.intermediate_size, hf.config.tie_word_embeddings) == (
-        2, 192, False)
+        2,
+        192,
+        False,
+    )
     tokens = np.random.default_rng(0).integers(0, 259, (2, 32)).astype(np.int32)
     forward = eqx.filter_jit(lambda m, x: m(x))
     ours = np.asarray(forward(model, tokens))[:, :, :259]
@@ -180,9 +206,19 @@ def test_a_transformers_llama_imports_with_the_same_logits_and_exports_back_bit_
     from models.hf import check_hf_config, export_hf, load_hf_model
 
     config = transformers.LlamaConfig(  # tied, with biases: what the export test's model is not
-        vocab_size=259, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, rms_norm_eps=1e-5, rope_theta=500.0, max_position_embeddings=32,
-        tie_word_embeddings=True, attention_bias=True, mlp_bias=True)
+        vocab_size=259,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-5,
+        rope_theta=500.0,
+        max_position_embeddings=32,
+        tie_word_embeddings=True,
+        attention_bias=True,
+        mlp_bias=True,
+    )
     torch.manual_seed(0)
     hf = transformers.LlamaForCausalLM(config).eval()
     with torch.no_grad():
@@ -190,26 +226,42 @@ def test_a_transformers_llama_imports_with_the_same_logits_and_exports_back_bit_
             p.add_(0.1 * torch.randn_like(p))  # norms and biases too
     hf.save_pretrained(str(tmp_path / "theirs"))
     (tmp_path / "theirs" / "gpt_jax_tokenizer.json").write_text(json.dumps(ByteTokenizer().to_json()))
-    overrides = LLAMA_TINY + ["model.mlp_hidden=96", "model.rope_theta=500", "model.tie_embeddings=true",
-                              "model.bias=true"]
+    overrides = LLAMA_TINY + [
+        "model.mlp_hidden=96",
+        "model.rope_theta=500",
+        "model.tie_embeddings=true",
+        "model.bias=true",
+    ]
     cfg = config_lib.load_config(overrides).model
     check_hf_config(tmp_path / "theirs", cfg)
     like = eqx.filter_jit(GPT.init)(gpt_config(cfg, 259), jax.random.PRNGKey(0))
     ours = load_hf_model(tmp_path / "theirs", like, jax.random.PRNGKey(1))
     assert jax.tree.structure(ours) == jax.tree.structure(like)
     tokens = np.random.default_rng(1).integers(0, 259, (2, 32)).astype(np.int32)
-    assert np.abs(np.asarray(eqx.filter_jit(lambda m, x: m(x))(ours, tokens))[:, :, :259]
-                  - torch_logits(hf, tokens)).max() <= 1e-4  # as above
+    assert (
+        np.abs(np.asarray(eqx.filter_jit(lambda m, x: m(x))(ours, tokens))[:, :, :259] - torch_logits(hf, tokens)).max()
+        <= 1e-4
+    )  # as above
     export_hf(ours, ByteTokenizer(), tmp_path / "again")
-    theirs, again = load_file(str(tmp_path / "theirs" / "model.safetensors")), load_file(
-        str(tmp_path / "again" / "model.safetensors"))
+    theirs, again = (
+        load_file(str(tmp_path / "theirs" / "model.safetensors")),
+        load_file(str(tmp_path / "again" / "model.safetensors")),
+    )
     assert sorted(theirs) == sorted(again)
     for name in theirs:
         assert np.array_equal(theirs[name], again[name]), name
-    with pytest.raises(ConfigError, match=r"its num_key_value_heads=2 \(run has model.n_kv_head=1\), "
-                                          r"intermediate_size=96 \(run has model.mlp_hidden=192\)"):
-        check_hf_config(tmp_path / "theirs", config_lib.load_config(LLAMA_TINY + [
-            "model.n_kv_head=1", "model.bias=true", "model.rope_theta=500", "model.tie_embeddings=true"]).model)
+    with pytest.raises(
+        ConfigError,
+        match=r"its num_key_value_heads=2 \(run has model.n_kv_head=1\), "
+        r"intermediate_size=96 \(run has model.mlp_hidden=192\)",
+    ):
+        check_hf_config(
+            tmp_path / "theirs",
+            config_lib.load_config(
+                LLAMA_TINY
+                + ["model.n_kv_head=1", "model.bias=true", "model.rope_theta=500", "model.tie_embeddings=true"]
+            ).model,
+        )
 
 
 def test_a_model_transformers_cannot_express_is_refused_in_one_line(tmp_path):
@@ -222,13 +274,17 @@ def test_a_model_transformers_cannot_express_is_refused_in_one_line(tmp_path):
     from models.hf import check_hf_config, export_hf
 
     def model(*overrides):
-        return eqx.filter_eval_shape(GPT.init, gpt_config(config_lib.load_config(list(overrides)).model, 259),
-                                     jax.random.PRNGKey(0))
+        return eqx.filter_eval_shape(
+            GPT.init, gpt_config(config_lib.load_config(list(overrides)).model, 259), jax.random.PRNGKey(0)
+        )
 
     with pytest.raises(ConfigError, match=r"^export as llama: model.position=learned: Llama has rotary positions only"):
         export_hf(model("model=gpt2-tiny"), ByteTokenizer(), tmp_path / "a", "llama")
-    with pytest.raises(ConfigError, match=r"^neither transformers' GPT-2 nor its Llama expresses this model: "
-                                          r"model.position=rope: .*; model.mlp=relu2: Llama's MLP is SwiGLU only"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^neither transformers' GPT-2 nor its Llama expresses this model: "
+        r"model.position=rope: .*; model.mlp=relu2: Llama's MLP is SwiGLU only",
+    ):
         export_hf(model("model=modern-gpt"), ByteTokenizer(), tmp_path / "b")
     with pytest.raises(ConfigError, match=r"^export as gpt2: model.position=rope"):
         export_hf(model(*LLAMA_TINY), ByteTokenizer(), tmp_path / "c", "gpt2")

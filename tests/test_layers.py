@@ -21,9 +21,19 @@ PACKAGES = ("core", "data", "models", "optimizers", "training")
 RANKS = {"core": 0, "data": 1, "models": 1, "optimizers": 1, "training": 2, "train_jax": 3, "scripts": 4}
 # training/'s sub-packages, by the same rule: a module imports its own sub-package and those of lower rank only. The
 # package face (training/__init__.py) stands above them all.
-SUBPACKAGE_RANKS = {"training.config": 0, "training.distributed": 0, "training.step": 1, "training.evaluation": 1,
-                    "training.analysis": 2, "training.checkpoints": 2, "training.reporting": 3, "training.pipeline": 3,
-                    "training.loop": 4, "training.cli": 4, "training": 5}
+SUBPACKAGE_RANKS = {
+    "training.config": 0,
+    "training.distributed": 0,
+    "training.step": 1,
+    "training.evaluation": 1,
+    "training.analysis": 2,
+    "training.checkpoints": 2,
+    "training.reporting": 3,
+    "training.pipeline": 3,
+    "training.loop": 4,
+    "training.cli": 4,
+    "training": 5,
+}
 # Known cycles still to be removed, each as the set of its modules; an entry that is no longer a cycle fails the
 # test until it is deleted.
 KNOWN_CYCLES: list[set[str]] = []
@@ -162,10 +172,13 @@ def test_the_graph_holds_every_layer_and_their_imports(graph):
 
 
 def test_no_module_imports_a_higher_layer_or_a_sibling_package(graph):
-    wrong = [f"{a} imports {b} ({module_files()[a].relative_to(ROOT)}:{line}): {layer(a)} may import only "
-             f"{', '.join(sorted(p for p, r in RANKS.items() if r < RANKS[layer(a)])) or 'nothing of the project'}"
-             for a, edges in sorted(graph.items()) for b, line in sorted(edges.items())
-             if layer(a) != layer(b) and RANKS[layer(b)] >= RANKS[layer(a)]]
+    wrong = [
+        f"{a} imports {b} ({module_files()[a].relative_to(ROOT)}:{line}): {layer(a)} may import only "
+        f"{', '.join(sorted(p for p, r in RANKS.items() if r < RANKS[layer(a)])) or 'nothing of the project'}"
+        for a, edges in sorted(graph.items())
+        for b, line in sorted(edges.items())
+        if layer(a) != layer(b) and RANKS[layer(b)] >= RANKS[layer(a)]
+    ]
     assert not wrong, "\n".join(wrong)
 
 
@@ -185,9 +198,14 @@ def test_training_holds_sub_packages_and_its_face_only():
 
 
 def test_no_training_module_imports_a_higher_or_sibling_sub_package(graph):
-    wrong = [f"{a} imports {b} ({module_files()[a].relative_to(ROOT)}:{line}): {subpackage(a)} may import only "
-             f"{', '.join(sorted(p for p, r in SUBPACKAGE_RANKS.items() if r < SUBPACKAGE_RANKS[subpackage(a)]))}"
-             for a, edges in sorted(graph.items()) if layer(a) == "training"
-             for b, line in sorted(edges.items()) if layer(b) == "training"
-             and subpackage(a) != subpackage(b) and SUBPACKAGE_RANKS[subpackage(b)] >= SUBPACKAGE_RANKS[subpackage(a)]]
+    wrong = [
+        f"{a} imports {b} ({module_files()[a].relative_to(ROOT)}:{line}): {subpackage(a)} may import only "
+        f"{', '.join(sorted(p for p, r in SUBPACKAGE_RANKS.items() if r < SUBPACKAGE_RANKS[subpackage(a)]))}"
+        for a, edges in sorted(graph.items())
+        if layer(a) == "training"
+        for b, line in sorted(edges.items())
+        if layer(b) == "training"
+        and subpackage(a) != subpackage(b)
+        and SUBPACKAGE_RANKS[subpackage(b)] >= SUBPACKAGE_RANKS[subpackage(a)]
+    ]
     assert not wrong, "\n".join(wrong)

@@ -15,8 +15,8 @@ import pytest
 from helpers import build, tiny_overrides
 from models.gpt import GPT, GPTConfig
 from models.lm_head import chunk_length, chunked_log_z_and_target_logit
-from training.step.precision import cast_floating
 from training.distributed.sharding import put_batch
+from training.step.precision import cast_floating
 
 # 259 real ids padded to 320 rows: 61 rows that must never receive probability.
 CFG = GPTConfig(vocab_size=259, n_layer=2, n_head=2, n_embd=32, context_size=16, vocab_multiple=64)
@@ -40,12 +40,15 @@ def loss_and_grads(head_loss, dtype, chunk=8192):
 
 # float32: dense and chunked are two programs (logsumexp over 259 logits, sums over 52 targets in other orders): each
 # a few ulp (~1e-7 relative) off the exact value; 1e-5 leaves ~100x. bfloat16: 8 mantissa bits, 2^-8 ~ 4e-3 a rounding
-@pytest.mark.parametrize("dtype, tolerance, chunk", [
-    (jnp.float32, 1e-5, 4),  # one position a chunk
-    (jnp.float32, 1e-5, 24),  # 6 positions fit; 4 divide the context
-    (jnp.float32, 1e-5, 64),  # the whole batch in one chunk
-    (jnp.bfloat16, 1e-2, 24),
-])
+@pytest.mark.parametrize(
+    "dtype, tolerance, chunk",
+    [
+        (jnp.float32, 1e-5, 4),  # one position a chunk
+        (jnp.float32, 1e-5, 24),  # 6 positions fit; 4 divide the context
+        (jnp.float32, 1e-5, 64),  # the whole batch in one chunk
+        (jnp.bfloat16, 1e-2, 24),
+    ],
+)
 def test_chunked_head_and_loss_equal_the_dense_ones_and_so_do_their_gradients(dtype, tolerance, chunk):
     dense_loss, dense_grads = loss_and_grads("dense", dtype)
     loss, grads = loss_and_grads("chunked", dtype, chunk)
@@ -55,15 +58,16 @@ def test_chunked_head_and_loss_equal_the_dense_ones_and_so_do_their_gradients(dt
         # relative to the gradient's norm: 16-bit rounding moves single small entries by more than 1e-2 of their own
         # size in either path (each is ~0.5% from the float32 gradient, measured)
         assert float(jnp.linalg.norm((g - dense_g).astype(jnp.float32))) <= tolerance * float(
-            jnp.linalg.norm(dense_g.astype(jnp.float32)))
+            jnp.linalg.norm(dense_g.astype(jnp.float32))
+        )
 
 
 def test_the_chunked_head_never_gives_a_padded_row_probability():
     _, grads = loss_and_grads("chunked", jnp.float32, chunk=8)
-    padded = grads.wte[CFG.vocab_size:]
+    padded = grads.wte[CFG.vocab_size :]
     assert padded.shape == (CFG.padded_vocab_size - CFG.vocab_size, CFG.n_embd)
     assert not jnp.any(padded)  # no logit of a padded row reached the loss
-    assert jnp.all(jnp.any(grads.wte[:CFG.vocab_size] != 0, axis=1))  # every real row did
+    assert jnp.all(jnp.any(grads.wte[: CFG.vocab_size] != 0, axis=1))  # every real row did
     # log Z is over the real rows only, even where a padded row's weights are large
     h = jax.random.normal(jax.random.PRNGKey(2), (2, 4, 8))
     w = jax.random.normal(jax.random.PRNGKey(3), (16, 8)).at[10:].set(100.0)
@@ -88,8 +92,11 @@ def float32_array_shapes(parts) -> set[tuple[int, ...]]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # lowering alone reports the donated buffers as unused
         text = parts.train_step.lower(parts.state, put_batch(parts.data.train.batch(0), parts.mesh)).as_text()
-    return {tuple(int(n) for n in dims.split("x")) for dims in re.findall(r"tensor<((?:\d+x)+)f32>", text)
-            for dims in [dims.rstrip("x")]}
+    return {
+        tuple(int(n) for n in dims.split("x"))
+        for dims in re.findall(r"tensor<((?:\d+x)+)f32>", text)
+        for dims in [dims.rstrip("x")]
+    }
 
 
 @pytest.mark.parametrize("head_loss", ["dense", "chunked"])

@@ -23,9 +23,11 @@ def counting_step(state, batch):
 def test_actions_fire_at_their_steps_and_at_the_end():
     fired = {"every3": [], "listed": [], "stopper": []}
     loop = LoopState(state=jnp.asarray(0), step=0, tokens_seen=0)
-    actions = [Action(lambda lp: fired["every3"].append(lp.step), every=3, at_end=True),
-               Action(lambda lp: fired["listed"].append(lp.step), steps=frozenset({1, 5})),
-               Action(lambda lp: fired["stopper"].append(lp.step), every=1, syncs=False)]
+    actions = [
+        Action(lambda lp: fired["every3"].append(lp.step), every=3, at_end=True),
+        Action(lambda lp: fired["listed"].append(lp.step), steps=frozenset({1, 5})),
+        Action(lambda lp: fired["stopper"].append(lp.step), every=1, syncs=False),
+    ]
     run_loop(loop, counting_step, lambda s: jnp.asarray(1), actions, end=10, tokens_per_step=7)
     assert fired == {"every3": [3, 6, 9, 10], "listed": [1, 5], "stopper": list(range(1, 11))}
     assert loop.step == 10 and loop.tokens_seen == 70 and int(loop.state) == 10 and len(loop.pending) == 10
@@ -54,16 +56,30 @@ def agree_every_step(lp):
 def test_the_guard_raises_on_a_transfer_at_a_step_with_no_syncing_action(read):
     loop = LoopState(state=jnp.asarray(0), step=0, tokens_seen=0)
     with pytest.raises(HostTransferError, match="Disallowed device-to-host transfer"):
-        run_loop(loop, counting_step, lambda s: jnp.asarray(1), [Action(read, every=1, syncs=False)],
-                 end=3, tokens_per_step=1, guard=True)
+        run_loop(
+            loop,
+            counting_step,
+            lambda s: jnp.asarray(1),
+            [Action(read, every=1, syncs=False)],
+            end=3,
+            tokens_per_step=1,
+            guard=True,
+        )
     assert loop.step == 1
 
 
 def test_a_due_syncing_action_may_transfer_and_the_guard_is_off_without_guard():
     for guard, syncs in ((True, True), (False, False)):
         loop = LoopState(state=jnp.asarray(0), step=0, tokens_seen=0)
-        run_loop(loop, counting_step, lambda s: jnp.asarray(1), [Action(fetch_every_step, every=1, syncs=syncs)],
-                 end=3, tokens_per_step=1, guard=guard)
+        run_loop(
+            loop,
+            counting_step,
+            lambda s: jnp.asarray(1),
+            [Action(fetch_every_step, every=1, syncs=syncs)],
+            end=3,
+            tokens_per_step=1,
+            guard=guard,
+        )
         assert loop.step == 3
     assert jax.config.jax_transfer_guard_device_to_host is None  # the guard does not outlive the loop
 
@@ -72,8 +88,15 @@ def test_the_time_limit_stops_the_run_with_an_evaluation_and_a_checkpoint(data_c
     """train.max_training_hours, counted from the start (set-up and compiling included): here already spent when the
     first step ends, which is not an evaluation step."""
     run_dir = tmp_path / "run"
-    code = train_jax.command_line(tiny_overrides(data_cache, f"logging.run_dir={run_dir}", "train.max_steps=40",
-                                                 "train.eval_interval=10", "train.max_training_hours=1e-9"))
+    code = train_jax.command_line(
+        tiny_overrides(
+            data_cache,
+            f"logging.run_dir={run_dir}",
+            "train.max_steps=40",
+            "train.eval_interval=10",
+            "train.max_training_hours=1e-9",
+        )
+    )
     out = capsys.readouterr().out
     assert code == 0
     stopped = int(re.search(r"stopped at step (\d+) \(time limit\); checkpoint saved to", out).group(1))

@@ -8,7 +8,7 @@ from core.errors import ConfigError
 from data.batches import EvalBatches, TrainBatches, allot
 from data.examples import Windows
 from data.mixture import MIXTURE_BLOCK, MixtureTrainBatches
-from helpers import ROOT, build, read_metrics, run_cli, tiny_overrides
+from helpers import ROOT, read_metrics, run_cli, tiny_overrides
 from training.config import load_config
 
 PAD = 257
@@ -20,10 +20,13 @@ def sources(n_sources=3, context=16):
 
 
 def mixture(weights, batch_size=8, accum=1, process=0, processes=1, seed=0, context=16):
-    trains = [TrainBatches(Windows(t, context, PAD), batch_size, accum, process, processes, (seed, i))
-              for i, t in enumerate(sources(len(weights), context))]
-    return MixtureTrainBatches([f"s{i}" for i in range(len(weights))], weights, trains, batch_size, accum, process,
-                               processes, seed)
+    trains = [
+        TrainBatches(Windows(t, context, PAD), batch_size, accum, process, processes, (seed, i))
+        for i, t in enumerate(sources(len(weights), context))
+    ]
+    return MixtureTrainBatches(
+        [f"s{i}" for i in range(len(weights))], weights, trains, batch_size, accum, process, processes, seed
+    )
 
 
 def test_allot_rounds_to_the_total_in_proportion():
@@ -36,9 +39,9 @@ def test_every_block_gives_each_source_its_share_exactly():
     mix = mixture([0.7, 0.2, 0.1])
     source, _ = mix.assign(np.arange(3 * MIXTURE_BLOCK))
     for b in range(3):
-        counts = np.bincount(source[b * MIXTURE_BLOCK:(b + 1) * MIXTURE_BLOCK], minlength=3)
+        counts = np.bincount(source[b * MIXTURE_BLOCK : (b + 1) * MIXTURE_BLOCK], minlength=3)
         assert counts.tolist() == allot([0.7, 0.2, 0.1], MIXTURE_BLOCK)
-    assert not np.array_equal(source[:MIXTURE_BLOCK], source[MIXTURE_BLOCK:2 * MIXTURE_BLOCK])  # shuffled per block
+    assert not np.array_equal(source[:MIXTURE_BLOCK], source[MIXTURE_BLOCK : 2 * MIXTURE_BLOCK])  # shuffled per block
 
 
 def test_each_source_reads_its_own_samples_in_order_without_gaps():
@@ -74,8 +77,9 @@ def test_rows_come_from_the_drawn_source_and_tokens_seen_counts_them():
 
 def test_a_mixed_evaluation_set_takes_each_sources_share_of_windows():
     a, b = sources(2)
-    ev = EvalBatches([Windows(a, 16, PAD), Windows(b, 16, PAD)], 4, num_batches=4, process_index=0, process_count=1,
-                     weights=[3, 1])
+    ev = EvalBatches(
+        [Windows(a, 16, PAD), Windows(b, 16, PAD)], 4, num_batches=4, process_index=0, process_count=1, weights=[3, 1]
+    )
     firsts = np.concatenate([batch["inputs"][:, 0] for batch in ev])
     assert np.bincount(firsts, minlength=2).tolist() == [12, 4]
 
@@ -86,23 +90,40 @@ def test_a_mixture_run_evaluates_each_source_and_resumes_bitwise(data_cache, tmp
     the run logs the same losses and tokens per source, bit for bit, as it did the first time."""
     run_dir = tmp_path / "run"
     mix = tiny_overrides(
-        data_cache, "dataset=mixture", "dataset.tokenizer=byte",
+        data_cache,
+        "dataset=mixture",
+        "dataset.tokenizer=byte",
         "dataset.mixture=[{dataset: pystdlib, weight: 3, name: code, max_documents: 24},"
         f" {{dataset: text_files, weight: 1, name: docs, files: [{ROOT}/README.md, {ROOT}/BENCHMARKS.md, {ROOT}/conf/],"
         " val_fraction: 0.3, test_fraction: 0}]",
-        "dataset.context_size=32", "train.max_steps=6", "train.eval_interval=3", "checkpoint.save_steps=3",
-        "train.batch_size=4", f"logging.run_dir={run_dir}")
+        "dataset.context_size=32",
+        "train.max_steps=6",
+        "train.eval_interval=3",
+        "checkpoint.save_steps=3",
+        "train.batch_size=4",
+        f"logging.run_dir={run_dir}",
+    )
     r = run_cli(mix)
     assert r.returncode == 0, r.stderr[-2000:]
     first = read_metrics(run_dir)
-    r = run_cli([*mix, "checkpoint.load=True", f"checkpoint.load_path={run_dir}", "checkpoint.load_file=3",
-                 "checkpoint.save=false"])
+    r = run_cli(
+        [
+            *mix,
+            "checkpoint.load=True",
+            f"checkpoint.load_path={run_dir}",
+            "checkpoint.load_file=3",
+            "checkpoint.save=false",
+        ]
+    )
     assert r.returncode == 0, r.stderr[-2000:]
-    again = read_metrics(run_dir)[len(first):]
+    again = read_metrics(run_dir)[len(first) :]
 
     def train_rows(rows):
-        return {row["step"]: {k: v for k, v in row.items() if k.startswith(("loss", "tokens_seen"))}
-                for row in rows if row["split"] == "train"}
+        return {
+            row["step"]: {k: v for k, v in row.items() if k.startswith(("loss", "tokens_seen"))}
+            for row in rows
+            if row["split"] == "train"
+        }
 
     want, got = train_rows(first), train_rows(again)
     assert sorted(got) == [4, 5, 6] and all(got[s] == want[s] for s in got)  # floats compared exactly
@@ -112,18 +133,23 @@ def test_a_mixture_run_evaluates_each_source_and_resumes_bitwise(data_cache, tmp
     assert splits == {"val", "code/val", "code/email", "code/asyncio", "code/json", "docs/val"}
 
 
-@pytest.mark.parametrize("override,named", [
-    ("dataset.mixture=[{dataset: pystdlib, weight: 0}]", "dataset.mixture[0].weight"),
-    ("dataset.mixture=[{dataset: nowhere, weight: 1}]", "dataset.mixture[0].dataset"),
-    ("dataset.mixture=[{dataset: pystdlib}]", "dataset.mixture[0]"),
-    ("dataset.mixture=[{dataset: pystdlib, weight: 1, tokenizer: gpt2}]", "dataset.mixture[0].tokenizer"),
-    ("dataset.mixture=[{dataset: pystdlib, weight: 1, no_such_key: 3}]", "dataset.mixture[0]"),
-    ("dataset.mixture=[{dataset: pystdlib, weight: 1}, {dataset: pystdlib, weight: 1}]", "dataset.mixture[1].name"),
-    ("dataset.mixture=[{dataset: music21, weight: 1}]", "dataset.mixture[0].dataset"),
-    ("dataset.mixture=[{dataset: text_files, weight: 1}]", "dataset.mixture[0].files"),
-    ("dataset.mixture=[{dataset: pystdlib, weight: 1}, {dataset: text_files, weight: 1e-6, files: [x]}]",
-     "dataset.mixture"),
-])
+@pytest.mark.parametrize(
+    "override,named",
+    [
+        ("dataset.mixture=[{dataset: pystdlib, weight: 0}]", "dataset.mixture[0].weight"),
+        ("dataset.mixture=[{dataset: nowhere, weight: 1}]", "dataset.mixture[0].dataset"),
+        ("dataset.mixture=[{dataset: pystdlib}]", "dataset.mixture[0]"),
+        ("dataset.mixture=[{dataset: pystdlib, weight: 1, tokenizer: gpt2}]", "dataset.mixture[0].tokenizer"),
+        ("dataset.mixture=[{dataset: pystdlib, weight: 1, no_such_key: 3}]", "dataset.mixture[0]"),
+        ("dataset.mixture=[{dataset: pystdlib, weight: 1}, {dataset: pystdlib, weight: 1}]", "dataset.mixture[1].name"),
+        ("dataset.mixture=[{dataset: music21, weight: 1}]", "dataset.mixture[0].dataset"),
+        ("dataset.mixture=[{dataset: text_files, weight: 1}]", "dataset.mixture[0].files"),
+        (
+            "dataset.mixture=[{dataset: pystdlib, weight: 1}, {dataset: text_files, weight: 1e-6, files: [x]}]",
+            "dataset.mixture",
+        ),
+    ],
+)
 def test_a_bad_mixture_is_one_config_error_naming_the_entry(override, named):
     with pytest.raises(ConfigError) as e:
         load_config(["dataset=mixture", "dataset.tokenizer=byte", override], num_local_devices=1)

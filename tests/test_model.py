@@ -127,14 +127,19 @@ def test_with_document_masking_a_documents_logits_ignore_what_precedes_it(attent
         atol = 3e-2
     rng, eos = np.random.default_rng(1), 256
     doc = rng.integers(0, 256, 149)
-    windows = np.stack([np.concatenate([rng.integers(0, 256, 106), [eos], doc, [eos]]),
-                        np.concatenate([rng.integers(0, 256, 50), [eos], doc, [eos], rng.integers(0, 256, 56)])])
+    windows = np.stack(
+        [
+            np.concatenate([rng.integers(0, 256, 106), [eos], doc, [eos]]),
+            np.concatenate([rng.integers(0, 256, 50), [eos], doc, [eos], rng.integers(0, 256, 56)]),
+        ]
+    )
     batch = token_batch(windows, pad_id=257, eos_id=eos)
     assert batch["segment_ids"][0, 106] == 0 and batch["segment_ids"][0, 107] == 1  # <EOS> ends its document
     masked = model(jnp.asarray(batch["inputs"]), segment_ids_BT=jnp.asarray(batch["segment_ids"]))
     plain = model(jnp.asarray(batch["inputs"]))
     first, second = slice(107, 256), slice(51, 200)  # `doc` in each window
     np.testing.assert_array_equal(batch["inputs"][0, first], batch["inputs"][1, second])
-    np.testing.assert_allclose(np.asarray(masked[0, first], np.float32), np.asarray(masked[1, second], np.float32),
-                               atol=atol)
+    np.testing.assert_allclose(
+        np.asarray(masked[0, first], np.float32), np.asarray(masked[1, second], np.float32), atol=atol
+    )
     assert float(jnp.abs(plain[0, first] - plain[1, second]).max()) > max(1e-2, 3 * atol)

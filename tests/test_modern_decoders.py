@@ -22,13 +22,25 @@ from models.mlp import mlp_activation
 from models.norms import RMSNorm
 from models.rope import apply_rotary, rotary_angles
 from training.config import load_config
-from training.reporting.flops import flops_per_token
 from training.distributed.sharding import MODEL_AXIS
+from training.reporting.flops import flops_per_token
 
-LLAMA = GPTConfig(vocab_size=259, n_layer=2, n_head=4, n_embd=64, context_size=64, position="rope", norm="rmsnorm",
-                  mlp="swiglu", n_kv_head=2, tie_embeddings=False, bias=False)
-SPEEDRUN = dataclasses.replace(LLAMA, mlp="relu2", n_kv_head=None, norm_weight=False, qk_norm=True,
-                               logit_softcap=2.0, rope_theta=1000.0)
+LLAMA = GPTConfig(
+    vocab_size=259,
+    n_layer=2,
+    n_head=4,
+    n_embd=64,
+    context_size=64,
+    position="rope",
+    norm="rmsnorm",
+    mlp="swiglu",
+    n_kv_head=2,
+    tie_embeddings=False,
+    bias=False,
+)
+SPEEDRUN = dataclasses.replace(
+    LLAMA, mlp="relu2", n_kv_head=None, norm_weight=False, qk_norm=True, logit_softcap=2.0, rope_theta=1000.0
+)
 
 
 def tokens(shape, vocab=259, seed=0):
@@ -56,11 +68,13 @@ def test_rotary_attention_scores_depend_only_on_the_distance_between_query_and_k
     assert float(jnp.abs(scores(0) - plain).max()) > 0.1  # the rotation does change them
     # a query and a key at the same position: no relative rotation; the same cos and sin on both sides, so only the
     # rotation's few roundings remain, ~1e-7 x |q||k| (<= 27): 1e-4 leaves ~30x
-    np.testing.assert_allclose(jnp.diagonal(scores(0), axis1=-2, axis2=-1), jnp.diagonal(plain, axis1=-2, axis2=-1),
-                               atol=1e-4)
+    np.testing.assert_allclose(
+        jnp.diagonal(scores(0), axis1=-2, axis2=-1), jnp.diagonal(plain, axis1=-2, axis2=-1), atol=1e-4
+    )
     cos, sin = rotary_angles(positions, 16, 10000.0)
-    np.testing.assert_allclose(jnp.linalg.norm(apply_rotary(q, cos, sin), axis=-1), jnp.linalg.norm(q, axis=-1),
-                               rtol=1e-5)  # a rotation: norms kept, up to its few float32 roundings (~1e-7)
+    np.testing.assert_allclose(
+        jnp.linalg.norm(apply_rotary(q, cos, sin), axis=-1), jnp.linalg.norm(q, axis=-1), rtol=1e-5
+    )  # a rotation: norms kept, up to its few float32 roundings (~1e-7)
 
 
 def test_rmsnorm_swiglu_and_relu2_match_their_formulas():
@@ -72,8 +86,9 @@ def test_rmsnorm_swiglu_and_relu2_match_their_formulas():
     np.testing.assert_allclose(RMSNorm.init(8, weight=False)(jnp.asarray(x, jnp.float32)), rms, rtol=1e-5)
     gate, up = x, np.flip(x, axis=-1)
     silu = gate / (1 + np.exp(-gate))
-    np.testing.assert_allclose(mlp_activation("swiglu", jnp.asarray(np.stack([gate, up], -1), jnp.float32)),
-                               silu * up, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        mlp_activation("swiglu", jnp.asarray(np.stack([gate, up], -1), jnp.float32)), silu * up, rtol=1e-5, atol=1e-6
+    )
     np.testing.assert_allclose(mlp_activation("relu2", jnp.asarray(x, jnp.float32)), np.maximum(x, 0) ** 2, rtol=1e-5)
     model = eqx.filter_eval_shape(GPT.init, LLAMA, jax.random.PRNGKey(0))
     # SwiGLU's gate and up: one [D, F, 2] matrix, 8/3 x D wide
@@ -91,8 +106,9 @@ def test_grouped_query_attention_is_multi_head_attention_with_shared_key_value_h
     q_LDNH = jnp.swapaxes(w[:, :, :2].reshape(2, 64, 2, 2, 16), 2, 3).reshape(2, 64, 64)  # query head n = 2 k + g
     repeat = lambda kv: jnp.repeat(kv.reshape(2, 64, 2, 16), 2, axis=2).reshape(2, 64, 64)  # noqa: E731
     qkv = jnp.stack([q_LDNH, repeat(w[:, :, 2]), repeat(w[:, :, 3])], axis=2)
-    mha = dataclasses.replace(gqa, blocks=eqx.tree_at(lambda b: b.qkv.weight, gqa.blocks, qkv),
-                              cfg=dataclasses.replace(LLAMA, n_kv_head=None))
+    mha = dataclasses.replace(
+        gqa, blocks=eqx.tree_at(lambda b: b.qkv.weight, gqa.blocks, qkv), cfg=dataclasses.replace(LLAMA, n_kv_head=None)
+    )
     # two programs (grouped heads, repeated heads), float32 logits < 1 (padded rows aside): a few ulp, ~1e-7; 1e-5
     np.testing.assert_allclose(logits(gqa, x), logits(mha, x), atol=1e-5)
     same = dataclasses.replace(mha, cfg=dataclasses.replace(LLAMA, n_kv_head=4))  # n_kv_head = n_head
@@ -112,8 +128,12 @@ def test_document_masking_restarts_rotary_positions_per_document(attention, monk
     model = jax.tree.map(lambda x: 4.0 * x, init(LLAMA, jax.random.PRNGKey(0)))
     model = dataclasses.replace(model, cfg=dataclasses.replace(LLAMA, attention=attention))
     doc = tokens((1, 20), seed=1)
-    windows = jnp.concatenate([jnp.concatenate([tokens((1, 12), seed=2), doc], 1),
-                               jnp.concatenate([tokens((1, 5), seed=3), doc, tokens((1, 7), seed=4)], 1)])
+    windows = jnp.concatenate(
+        [
+            jnp.concatenate([tokens((1, 12), seed=2), doc], 1),
+            jnp.concatenate([tokens((1, 5), seed=3), doc, tokens((1, 7), seed=4)], 1),
+        ]
+    )
     segments = jnp.asarray([[0] * 12 + [1] * 20, [0] * 5 + [1] * 20 + [2] * 7])
     masked = logits(model, windows, segments)
     alone = logits(model, jnp.tile(jnp.concatenate([doc, doc[:, :12]], 1), (2, 1)))[0, :20]  # windows' shape
@@ -168,8 +188,9 @@ def test_flops_per_token_counts_swiglu_gqa_and_an_untied_head():
     n = L * per_layer + d + V * d  # blocks, final norm, the untied head; the token embedding is a lookup
     assert model.lm_head.shape == model.wte.shape == (V, d) and model.wpe is None
     assert flops_per_token(model, T) == 6 * n + 12 * L * d * T  # attention: 12 heads x 64 query dims, as MHA
-    speedrun = eqx.filter_eval_shape(GPT.init, gpt_config(load_config(["model=modern-gpt"]).model, 50257),
-                                     jax.random.PRNGKey(0))
+    speedrun = eqx.filter_eval_shape(
+        GPT.init, gpt_config(load_config(["model=modern-gpt"]).model, 50257), jax.random.PRNGKey(0)
+    )
     n = L * (4 * d * d + 2 * 4 * d * d) + V * d  # qkv, out, ReLU^2 4x MLP; no norm weights, no biases
     assert flops_per_token(speedrun, T) == 6 * n + 12 * L * d * T
 
@@ -189,28 +210,45 @@ def test_parameter_labels_weight_decay_and_muon_matrices_cover_the_new_weights()
     qk = qk.parameter_labels()
     assert (qk.blocks.q_norm.weight, qk.blocks.k_norm.weight) == ("norm", "norm")
     assert parameter_labels(load_config(["model=llama-124m"]).model) == {
-        "token_embedding", "head", "attn_qkv", "attn_out", "mlp_in", "mlp_out", "norm"}
+        "token_embedding",
+        "head",
+        "attn_qkv",
+        "attn_out",
+        "mlp_in",
+        "mlp_out",
+        "norm",
+    }
 
 
 # gpt2-tiny's parameters as they were before the modern options existed: names, shapes and the sum of each at init
 # (key 0, vocab 259), recorded from the code of commit 593f5bc. Old checkpoints restore into this tree.
 GPT2_TINY = {
-    "wte": ((320, 64), -7.0245315295373985), "wpe": ((64, 64), 0.5009165780497824),
-    "blocks.ln1.weight": ((2, 64), 128.0), "blocks.ln1.bias": ((2, 64), 0.0),
-    "blocks.qkv.weight": ((2, 64, 3, 64), -3.646304360014014), "blocks.qkv.bias": ((2, 3, 64), 0.0),
-    "blocks.attn_proj.weight": ((2, 64, 64), -0.7279776611327406), "blocks.attn_proj.bias": ((2, 64), 0.0),
-    "blocks.ln2.weight": ((2, 64), 128.0), "blocks.ln2.bias": ((2, 64), 0.0),
-    "blocks.fc.weight": ((2, 64, 256), -0.43580821774588685), "blocks.fc.bias": ((2, 256), 0.0),
-    "blocks.mlp_proj.weight": ((2, 256, 64), 1.0353788893977764), "blocks.mlp_proj.bias": ((2, 64), 0.0),
-    "ln_f.weight": ((64,), 64.0), "ln_f.bias": ((64,), 0.0),
+    "wte": ((320, 64), -7.0245315295373985),
+    "wpe": ((64, 64), 0.5009165780497824),
+    "blocks.ln1.weight": ((2, 64), 128.0),
+    "blocks.ln1.bias": ((2, 64), 0.0),
+    "blocks.qkv.weight": ((2, 64, 3, 64), -3.646304360014014),
+    "blocks.qkv.bias": ((2, 3, 64), 0.0),
+    "blocks.attn_proj.weight": ((2, 64, 64), -0.7279776611327406),
+    "blocks.attn_proj.bias": ((2, 64), 0.0),
+    "blocks.ln2.weight": ((2, 64), 128.0),
+    "blocks.ln2.bias": ((2, 64), 0.0),
+    "blocks.fc.weight": ((2, 64, 256), -0.43580821774588685),
+    "blocks.fc.bias": ((2, 256), 0.0),
+    "blocks.mlp_proj.weight": ((2, 256, 64), 1.0353788893977764),
+    "blocks.mlp_proj.bias": ((2, 64), 0.0),
+    "ln_f.weight": ((64,), 64.0),
+    "ln_f.bias": ((64,), 0.0),
 }
 
 
 def test_gpt2_keeps_its_parameter_tree_init_and_numbers():
     cfg = load_config(["model=gpt2-tiny"]).model
     model = GPT.init(gpt_config(cfg, 259, "xla"), jax.random.PRNGKey(0))
-    got = {jax.tree_util.keystr(p, simple=True, separator="."): x
-           for p, x in jax.tree_util.tree_flatten_with_path(model)[0]}
+    got = {
+        jax.tree_util.keystr(p, simple=True, separator="."): x
+        for p, x in jax.tree_util.tree_flatten_with_path(model)[0]
+    }
     assert {name: x.shape for name, x in got.items()} == {name: shape for name, (shape, _) in GPT2_TINY.items()}
     for name, (_, recorded) in GPT2_TINY.items():
         x = np.asarray(got[name], np.float64)
@@ -220,13 +258,20 @@ def test_gpt2_keeps_its_parameter_tree_init_and_numbers():
             assert abs(x.sum() - recorded) <= 1e-6 * np.abs(x).sum(), (name, x.sum(), recorded)
     x = tokens((2, 33))
     loss, out = eqx.filter_jit(lambda m: (jnp.mean(jnp.subtract(*m.loss_terms(x[:, :-1], x[:, 1:]))), m(x[:, :-1])))(
-        model)
+        model
+    )
     # As recorded on another CPU (other compiled code, weights an ulp apart): the loss a few ulp (~5e-7) off; a
     # logit h.w is off by ~1e-6 of |h||w| ~ 1.3 (LayerNorm'd |h| = 8, |w| ~ 0.16) after 2 blocks' roundings: atol 1e-5
     assert float(loss) == pytest.approx(5.557269096374512, rel=1e-5)
-    np.testing.assert_allclose(out[0, :2, :3], [[-0.43342313170433044, 0.32107943296432495, 0.3442275822162628],
-                                                [-0.21488919854164124, -0.04899928718805313, -0.12281341105699539]],
-                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        out[0, :2, :3],
+        [
+            [-0.43342313170433044, 0.32107943296432495, 0.3442275822162628],
+            [-0.21488919854164124, -0.04899928718805313, -0.12281341105699539],
+        ],
+        rtol=1e-5,
+        atol=1e-5,
+    )
 
 
 def test_llama_presets_have_the_gpt2_presets_widths_and_depths():
@@ -234,35 +279,58 @@ def test_llama_presets_have_the_gpt2_presets_widths_and_depths():
         return yaml.safe_load((ROOT / "conf" / "model" / f"{name}.yaml").read_text())
 
     shape = lambda m: [m.get(k) for k in ("n_layer", "n_head", "n_embd", "context_size", "scan_layers")]  # noqa: E731
-    for llama, gpt2 in [("llama-micro", "gpt2-micro"), ("llama-mini", "gpt2-mini"), ("llama-124m", "gpt2"),
-                        ("llama-350m", "gpt2-medium"), ("llama-774m", "gpt2-large"), ("llama-1.5b", "gpt2-xl")]:
+    for llama, gpt2 in [
+        ("llama-micro", "gpt2-micro"),
+        ("llama-mini", "gpt2-mini"),
+        ("llama-124m", "gpt2"),
+        ("llama-350m", "gpt2-medium"),
+        ("llama-774m", "gpt2-large"),
+        ("llama-1.5b", "gpt2-xl"),
+    ]:
         m = preset(llama)
         assert shape(m) == shape(preset(gpt2)) and m["name"] == llama
         assert [m[k] for k in ("position", "norm", "mlp", "tie_embeddings", "bias")] == [
-            "rope", "rmsnorm", "swiglu", False, False]
+            "rope",
+            "rmsnorm",
+            "swiglu",
+            False,
+            False,
+        ]
         assert m["n_head"] % m["n_kv_head"] == 0 and m["n_kv_head"] < m["n_head"]
     modern = preset("modern-gpt")
-    assert [modern[k] for k in ("position", "norm", "norm_weight", "mlp", "qk_norm", "tie_embeddings",
-                                "logit_softcap")] == ["rope", "rmsnorm", False, "relu2", True, False, 30.0]
+    assert [
+        modern[k] for k in ("position", "norm", "norm_weight", "mlp", "qk_norm", "tie_embeddings", "logit_softcap")
+    ] == ["rope", "rmsnorm", False, "relu2", True, False, 30.0]
 
 
 def test_tensor_parallel_layouts_reproduce_the_1_device_curve_for_a_llama_preset(data_cache):
     """llama-tiny (4 query heads over 2 key/value heads, SwiGLU, untied head) on 1 device and on data=4 x model=2
     with FSDP and accumulation: the same losses, with the new matrices split Megatron's way."""
+
     def curve(*extra):
         overrides = [o if o != "model=gpt2-tiny" else "model=llama-tiny" for o in tiny_overrides(data_cache, *extra)]
         parts = build(overrides + ["train.max_steps=3"])
         return [float(parts.step(s)["loss"]) for s in range(3)], parts
 
     reference, _ = curve("system.num_devices=1", "train.batch_size=16")
-    losses, parts = curve("system.num_devices=8", "system.mesh_model=2", "system.sharding=fsdp", "train.batch_size=8",
-                          "train.grad_accum_steps=2")
+    losses, parts = curve(
+        "system.num_devices=8",
+        "system.mesh_model=2",
+        "system.sharding=fsdp",
+        "train.batch_size=8",
+        "train.grad_accum_steps=2",
+    )
     # two programs (sharded, accumulated) over 3 adamw steps: sums in other orders, ~1e-6 on losses ~5, grown by the
     # steps (Adam's m/sqrt(v) magnifies rounding in small gradients); 1e-4 as in tests/test_scale_out.py
     np.testing.assert_allclose(losses, reference, atol=1e-4)
     model = parts.state.model
-    for array, axis in ((model.blocks.qkv.weight, 3), (model.blocks.fc.weight, 2), (model.blocks.mlp_proj.weight, 1),
-                        (model.lm_head, 0), (model.wte, 0)):
+    for array, axis in (
+        (model.blocks.qkv.weight, 3),
+        (model.blocks.fc.weight, 2),
+        (model.blocks.mlp_proj.weight, 1),
+        (model.lm_head, 0),
+        (model.wte, 0),
+    ):
         spec = tuple(array.sharding.spec) + (None,) * array.ndim
         assert spec[axis] == MODEL_AXIS, (array.shape, spec)
         assert array.addressable_shards[0].data.shape[axis] == array.shape[axis] // 2
@@ -295,20 +363,28 @@ def test_a_gpt2_checkpoint_from_before_the_options_restores(tmp_path):
     for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(model)):
         np.testing.assert_array_equal(a, b)
     for other in (LLAMA, dataclasses.replace(model.cfg, bias=False)):  # the second: a subset of its arrays
-        like = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), eqx.filter_eval_shape(GPT.init, other,
-                                                                                         jax.random.PRNGKey(0)))
+        like = jax.tree.map(
+            lambda a: jnp.zeros(a.shape, a.dtype), eqx.filter_eval_shape(GPT.init, other, jax.random.PRNGKey(0))
+        )
         with pytest.raises(CheckpointError, match="its model does not restore"):
             Checkpointer(tmp_path / "old", read_only=True).restore_model(3, like)
 
 
-@pytest.mark.parametrize("overrides,message", [
-    (["model.n_kv_head=3"], "model.n_kv_head: 3 must divide model.n_head=2"),
-    (["model.position=rope", "model.n_head=8", "model.n_embd=72"],
-     "model.position: rope turns pairs of a head's dimensions: the head size n_embd / n_head = 72 / 8 = 9 must be "
-     "even"),
-    (["model.n_kv_head=1", "system.num_devices=2", "system.mesh_model=2"],
-     "system.mesh_model: 2 must divide model.n_kv_head=1"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["model.n_kv_head=3"], "model.n_kv_head: 3 must divide model.n_head=2"),
+        (
+            ["model.position=rope", "model.n_head=8", "model.n_embd=72"],
+            "model.position: rope turns pairs of a head's dimensions: the head size n_embd / n_head = 72 / 8 = 9 "
+            "must be even",
+        ),
+        (
+            ["model.n_kv_head=1", "system.num_devices=2", "system.mesh_model=2"],
+            "system.mesh_model: 2 must divide model.n_kv_head=1",
+        ),
+    ],
+)
 def test_a_bad_combination_is_one_config_line_and_exit_2(overrides, message, tmp_path, capsys, data_cache):
     code = train_jax.command_line(tiny_overrides(data_cache, f"logging.run_dir={tmp_path / 'run'}", *overrides))
     err = capsys.readouterr().err.strip()

@@ -10,8 +10,8 @@ from core.errors import ConfigError
 from models.gpt import GPT, GPTConfig
 from models.hf import gpt2_problem
 from optimizers import build_optimizer, build_schedule
-from training.config import load_config
 from training.analysis.coord_check import coord_check, growth
+from training.config import load_config
 
 WIDTHS = [16, 32, 64, 128]  # 8x from the narrowest (μP's base) to the widest
 
@@ -33,18 +33,29 @@ def test_mup_at_its_base_width_is_standard_gpt2_exactly():
     mup = GPT.init(GPTConfig(**base, parametrization="mup", mup_base_width=32), jax.random.PRNGKey(0))
     # exact on any CPU: at the base width every μP multiplier is exactly 1.0, XLA's simplifier drops x * 1.0, and
     # IEEE's x * 1.0 == x where it stays
-    for a, b in zip(jax.tree.leaves(eqx.filter(standard, eqx.is_array)), jax.tree.leaves(eqx.filter(mup, eqx.is_array))):
+    for a, b in zip(
+        jax.tree.leaves(eqx.filter(standard, eqx.is_array)), jax.tree.leaves(eqx.filter(mup, eqx.is_array))
+    ):
         assert jnp.array_equal(a, b)
     tokens = jnp.arange(32).reshape(2, 16) % 64
     assert jnp.array_equal(standard(tokens), mup(tokens))
     # away from it: hidden init / sqrt(m), scores and readout scaled, hidden lr / m (embeddings and vectors as they are)
-    wide = GPT.init(GPTConfig(**{**base, "n_embd": 128}, parametrization="mup", mup_base_width=32),
-                    jax.random.PRNGKey(0))
+    wide = GPT.init(
+        GPTConfig(**{**base, "n_embd": 128}, parametrization="mup", mup_base_width=32), jax.random.PRNGKey(0)
+    )
     # sample std of 131k (8k for wte below) normal draws: < 1% statistical spread; 5% tells 0.01 from 0.02
     assert float(jnp.std(wide.blocks.fc.weight)) == pytest.approx(0.02 / 2, rel=0.05)
     assert float(jnp.std(wide.wte)) == pytest.approx(0.02, rel=0.05)
-    cfg = load_config(["optimizer=adamw", "optimizer.grad_clip=0", "optimizer/lr_config=constant",
-                       "optimizer.lr_config.warmup=0", "optimizer.weight_decay=0"], num_local_devices=1)
+    cfg = load_config(
+        [
+            "optimizer=adamw",
+            "optimizer.grad_clip=0",
+            "optimizer/lr_config=constant",
+            "optimizer.lr_config.warmup=0",
+            "optimizer.weight_decay=0",
+        ],
+        num_local_devices=1,
+    )
     standard_wide = GPT.init(GPTConfig(**{**base, "n_embd": 128}), jax.random.PRNGKey(0))
     for model, hidden_step in ((wide, 1 / 4), (standard_wide, 1.0)):
         params = eqx.filter(model, eqx.is_array)
@@ -58,6 +69,7 @@ def test_mup_at_its_base_width_is_standard_gpt2_exactly():
 def test_mup_settings_checked_at_the_door():
     with pytest.raises(ConfigError, match="^config: model.mup_base_width: must be"):
         load_config(["model.parametrization=mup", "model.mup_base_width=0"], num_local_devices=1)
-    wide = GPTConfig(vocab_size=64, n_layer=1, n_head=2, n_embd=64, context_size=8, parametrization="mup",
-                     mup_base_width=32)
+    wide = GPTConfig(
+        vocab_size=64, n_layer=1, n_head=2, n_embd=64, context_size=8, parametrization="mup", mup_base_width=32
+    )
     assert "parametrization=mup" in gpt2_problem(wide)

@@ -34,7 +34,9 @@ def assert_round_trip(notes: Notes, tok: NotesTokenizer) -> None:
     assert np.abs(back.velocity - notes.velocity).max() <= 128 / tok.velocity_bins / 2 + 0.5
     # Decoding is exact on quantised notes: a second trip changes nothing.
     again = tok.decode_notes(tok.encode_notes(back))
-    for a, b in zip((again.pitch, again.velocity, again.start, again.end), (back.pitch, back.velocity, back.start, back.end)):
+    for a, b in zip(
+        (again.pitch, again.velocity, again.start, again.end), (back.pitch, back.velocity, back.start, back.end)
+    ):
         np.testing.assert_allclose(a, b, atol=1e-9)
 
 
@@ -48,8 +50,9 @@ def test_long_gaps_and_notes_take_several_tokens_and_come_back():
     tok = NotesTokenizer(time_step=0.01, max_shift_steps=100, max_duration_steps=100)
     notes = Notes.from_lists([60, 62], [64, 100], [0.0, 3.57], [2.5, 3.6])
     ids = tok.encode_notes(notes)
-    assert tok.decode(ids) == ("PITCH_60 VEL_16 DUR_100 DUR_100 DUR_50 SHIFT_100 SHIFT_100 SHIFT_100 SHIFT_57 PITCH_62 "
-                               "VEL_25 DUR_3")
+    assert tok.decode(ids) == (
+        "PITCH_60 VEL_16 DUR_100 DUR_100 DUR_50 SHIFT_100 SHIFT_100 SHIFT_100 SHIFT_57 PITCH_62 VEL_25 DUR_3"
+    )
     assert_round_trip(notes, tok)
 
 
@@ -67,8 +70,14 @@ def test_the_tokenizer_description_rebuilds_it():
 def test_decoding_tolerates_what_a_model_might_generate():
     tok = NotesTokenizer()
     # a pitch without velocity or length, a stray velocity, specials in between
-    ids = [tok.pitch_base + 60, tok.velocity_base + 3, tok.velocity_base + 9, tok.eos_id, tok.shift_base + 10,
-           tok.pitch_base + 64]
+    ids = [
+        tok.pitch_base + 60,
+        tok.velocity_base + 3,
+        tok.velocity_base + 9,
+        tok.eos_id,
+        tok.shift_base + 10,
+        tok.pitch_base + 64,
+    ]
     notes = tok.decode_notes(ids, default_velocity=70)
     np.testing.assert_array_equal(notes.pitch, [60, 64])
     np.testing.assert_array_equal(notes.velocity, [tok.bin_velocity(3), 70])

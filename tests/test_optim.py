@@ -16,8 +16,12 @@ PEAK, FLOOR, WARMUP, STEPS = 1e-3, 1e-4, 10, 100
 
 
 def schedule(name, **extra):
-    overrides = [f"optimizer/lr_config={name}", f"optimizer.lr_config.lr={PEAK}", f"optimizer.lr_config.warmup={WARMUP}",
-                 f"train.max_steps={STEPS}"] + [f"optimizer.lr_config.{k}={v}" for k, v in extra.items()]
+    overrides = [
+        f"optimizer/lr_config={name}",
+        f"optimizer.lr_config.lr={PEAK}",
+        f"optimizer.lr_config.warmup={WARMUP}",
+        f"train.max_steps={STEPS}",
+    ] + [f"optimizer.lr_config.{k}={v}" for k, v in extra.items()]
     cfg = load_config(overrides)
     return build_schedule(cfg.optimizer.lr_config, STEPS)
 
@@ -103,15 +107,30 @@ def test_every_optimizer_learns_what_the_context_predicts(name):
     """30 steps take every optimizer well below the best loss of a model blind to its input tokens (merely lowering
     the loss, as learning which ids occur does, proves little)."""
     model = tiny_model()
-    lr = {"sgdm": 0.3, "lion": 6e-3, "muon": 0.08, "rmsprop": 4e-3, "adafactor": 0.1, "scion": 3.6e-4,
-          "sophia": 1e-2}.get(name, 1e-2)
+    lr = {
+        "sgdm": 0.3,
+        "lion": 6e-3,
+        "muon": 0.08,
+        "rmsprop": 4e-3,
+        "adafactor": 0.1,
+        "scion": 3.6e-4,
+        "sophia": 1e-2,
+    }.get(name, 1e-2)
     own = {  # the methods that set their own step size: theirs, for 30 steps
-        "prodigy": ["optimizer.d0=1e-3"], "dadapt_adamw": ["optimizer.d0=3e-3"],  # no bias correction: starts slower
+        "prodigy": ["optimizer.d0=1e-3"],
+        "dadapt_adamw": ["optimizer.d0=3e-3"],  # no bias correction: starts slower
         "schedule_free_adamw": ["optimizer.sf_lr=1e-2", "optimizer.sf_warmup=0"],
         "schedule_free_sgd": ["optimizer.sf_lr=1.0", "optimizer.sf_warmup=5"],
     }.get(name, [])
-    cfg = load_config([f"optimizer={name}", "optimizer/lr_config=constant", f"optimizer.lr_config.lr={lr}",
-                       "optimizer.lr_config.warmup=0", *own])
+    cfg = load_config(
+        [
+            f"optimizer={name}",
+            "optimizer/lr_config=constant",
+            f"optimizer.lr_config.lr={lr}",
+            "optimizer.lr_config.warmup=0",
+            *own,
+        ]
+    )
     opt = build_optimizer(cfg.optimizer, build_schedule(cfg.optimizer.lr_config, 100), model, 1)
     batch, blind_loss = successor_batch()
 
@@ -137,14 +156,28 @@ def optax_reference(name, o, schedule, model):
     if name == "muon":
         matrices = model.block_matrices_mask()
         dims = lambda ps: jax.tree.map(  # noqa: E731
-            lambda w: optax.contrib.MuonDimensionNumbers(1, tuple(range(2, w.ndim))), ps)
+            lambda w: optax.contrib.MuonDimensionNumbers(1, tuple(range(2, w.ndim))), ps
+        )
         return optax.partition(
-            {"muon": optax.contrib.muon(schedule, beta=o.momentum, nesterov=o.nesterov, weight_decay=o.weight_decay,
-                                        muon_weight_dimension_numbers=dims),
-             "adamw": optax.adamw(lambda c: o.groups["adam"]["lr_multiplier"] * schedule(c), o.beta1, o.beta2, o.eps,
-                                  weight_decay=o.weight_decay,
-                                  mask=lambda p: jax.tree.map(lambda d, m: d and not m, decay(p), matrices))},
-            lambda p: jax.tree.map(lambda m: "muon" if m else "adamw", matrices))
+            {
+                "muon": optax.contrib.muon(
+                    schedule,
+                    beta=o.momentum,
+                    nesterov=o.nesterov,
+                    weight_decay=o.weight_decay,
+                    muon_weight_dimension_numbers=dims,
+                ),
+                "adamw": optax.adamw(
+                    lambda c: o.groups["adam"]["lr_multiplier"] * schedule(c),
+                    o.beta1,
+                    o.beta2,
+                    o.eps,
+                    weight_decay=o.weight_decay,
+                    mask=lambda p: jax.tree.map(lambda d, m: d and not m, decay(p), matrices),
+                ),
+            },
+            lambda p: jax.tree.map(lambda m: "muon" if m else "adamw", matrices),
+        )
     return {
         "adamw": lambda: optax.adamw(schedule, o.beta1, o.beta2, o.eps, weight_decay=o.weight_decay, mask=decay),
         "adam": lambda: optax.chain(l2, optax.adam(schedule, o.beta1, o.beta2, o.eps)),
@@ -171,14 +204,29 @@ def test_each_optimizer_is_optax_own_with_its_hyper_parameters_and_schedule(name
     hyper-parameter off its default, the parameters follow optax's own optimizer with the schedule inside it."""
     model = tiny_model()
     extra = ["optimizer.momentum=0"] if name == "rmsprop" else []  # RMSprop's momentum differs on purpose (docstring)
-    cfg = load_config([f"optimizer={name}", "optimizer.grad_clip=0", "optimizer.beta1=0.8", "optimizer.beta2=0.9",
-                       "optimizer.eps=1e-6", "optimizer.weight_decay=0.3", "optimizer.decay=0.8",
-                       "optimizer.nesterov=true", "optimizer.lr_config.lr=0.01",
-                       "optimizer.lr_config.warmup=2", "train.max_steps=6", *extra]
-                      + ([] if name == "rmsprop" else ["optimizer.momentum=0.7"])
-                      + (["optimizer.groups.adam.lr_multiplier=0.5"] if name == "muon" else []))
+    cfg = load_config(
+        [
+            f"optimizer={name}",
+            "optimizer.grad_clip=0",
+            "optimizer.beta1=0.8",
+            "optimizer.beta2=0.9",
+            "optimizer.eps=1e-6",
+            "optimizer.weight_decay=0.3",
+            "optimizer.decay=0.8",
+            "optimizer.nesterov=true",
+            "optimizer.lr_config.lr=0.01",
+            "optimizer.lr_config.warmup=2",
+            "train.max_steps=6",
+            *extra,
+        ]
+        + ([] if name == "rmsprop" else ["optimizer.momentum=0.7"])
+        + (["optimizer.groups.adam.lr_multiplier=0.5"] if name == "muon" else [])
+    )
     schedule = build_schedule(cfg.optimizer.lr_config, 6)
-    ours, theirs = build_optimizer(cfg.optimizer, schedule, model, 1), optax_reference(name, cfg.optimizer, schedule, model)
+    ours, theirs = (
+        build_optimizer(cfg.optimizer, schedule, model, 1),
+        optax_reference(name, cfg.optimizer, schedule, model),
+    )
     params = eqx.filter(model, eqx.is_array)
     (p_ours, s_ours), (p_theirs, _) = (follow(optimizer, params) for optimizer in (ours, theirs))
     moved = max(float(jnp.abs(a - b).max()) for a, b in zip(jax.tree.leaves(p_ours), jax.tree.leaves(params)))
@@ -192,9 +240,18 @@ def test_each_optimizer_is_optax_own_with_its_hyper_parameters_and_schedule(name
 def test_rmsprops_momentum_is_optax_own_at_a_constant_lr():
     """The one hyper-parameter the test above holds at 0: RMSprop's momentum, where the two agree (constant lr)."""
     model = tiny_model()
-    cfg = load_config(["optimizer=rmsprop", "optimizer.grad_clip=0", "optimizer.momentum=0.7", "optimizer.decay=0.8",
-                       "optimizer.eps=1e-6", "optimizer/lr_config=constant", "optimizer.lr_config.lr=0.01",
-                       "optimizer.lr_config.warmup=0"])
+    cfg = load_config(
+        [
+            "optimizer=rmsprop",
+            "optimizer.grad_clip=0",
+            "optimizer.momentum=0.7",
+            "optimizer.decay=0.8",
+            "optimizer.eps=1e-6",
+            "optimizer/lr_config=constant",
+            "optimizer.lr_config.lr=0.01",
+            "optimizer.lr_config.warmup=0",
+        ]
+    )
     schedule = build_schedule(cfg.optimizer.lr_config, 6)
     ours = build_optimizer(cfg.optimizer, schedule, model, 1)
     theirs = optax.rmsprop(0.01, decay=0.8, eps=1e-6, momentum=0.7)
@@ -208,8 +265,17 @@ def test_gradient_clipping_scales_a_large_gradient_down_to_the_threshold():
     """optimizer.grad_clip: a gradient whose global norm is above it is scaled to that norm, one below it is left
     alone; the logged gradient norm is the norm before clipping. (Plain SGD: the update is -lr x the gradient.)"""
     model = tiny_model()
-    cfg = load_config(["optimizer=sgdm", "optimizer.momentum=0", "optimizer.weight_decay=0", "optimizer.grad_clip=0.5",
-                       "optimizer/lr_config=constant", "optimizer.lr_config.lr=0.1", "optimizer.lr_config.warmup=0"])
+    cfg = load_config(
+        [
+            "optimizer=sgdm",
+            "optimizer.momentum=0",
+            "optimizer.weight_decay=0",
+            "optimizer.grad_clip=0.5",
+            "optimizer/lr_config=constant",
+            "optimizer.lr_config.lr=0.1",
+            "optimizer.lr_config.warmup=0",
+        ]
+    )
     opt = build_optimizer(cfg.optimizer, build_schedule(cfg.optimizer.lr_config, 10), model, 1)
     params = eqx.filter(model, eqx.is_array)
     grads = jax.tree.map(lambda x: jax.random.normal(jax.random.PRNGKey(0), x.shape), params)
@@ -241,8 +307,11 @@ def test_every_optimizer_resumes_bitwise_from_a_checkpoint_of_its_whole_state(na
         grads = eqx.filter_grad(mean_loss)(state.model, batch, None, jnp.float32)
         loss_of = lambda p: mean_loss(eqx.combine(p, state.model), batch, None, jnp.float32)  # noqa: E731
         updates, opt_state = opt.update(grads, state.opt_state, eqx.filter(state.model, eqx.is_array), obj_fn=loss_of)
-        return eqx.tree_at(lambda s: (s.step, s.model, s.opt_state), state,
-                           (state.step + 1, eqx.apply_updates(state.model, updates), opt_state))
+        return eqx.tree_at(
+            lambda s: (s.step, s.model, s.opt_state),
+            state,
+            (state.step + 1, eqx.apply_updates(state.model, updates), opt_state),
+        )
 
     fresh = TrainState.create(model, opt, jax.random.PRNGKey(0))
     straight = fresh
@@ -252,8 +321,9 @@ def test_every_optimizer_resumes_bitwise_from_a_checkpoint_of_its_whole_state(na
     saver = Checkpointer(tmp_path / "ckpt")
     assert saver.save(state, {"step": 2})
     saver.close()
-    state = Checkpointer(tmp_path / "ckpt", read_only=True).restore(2, TrainState.create(model, opt,
-                                                                                         jax.random.PRNGKey(0)))
+    state = Checkpointer(tmp_path / "ckpt", read_only=True).restore(
+        2, TrainState.create(model, opt, jax.random.PRNGKey(0))
+    )
     resumed = step(step(state))
     leaves = jax.tree.leaves((eqx.filter(resumed.model, eqx.is_array), resumed.opt_state))
     for a, b in zip(leaves, jax.tree.leaves((eqx.filter(straight.model, eqx.is_array), straight.opt_state))):

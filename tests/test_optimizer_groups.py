@@ -35,24 +35,34 @@ def follow(optimizer, steps=4):
 
 
 def ours(*overrides):
-    cfg = load_config(["optimizer.grad_clip=0", "optimizer/lr_config=constant", "optimizer.lr_config.lr=0.01",
-                       "optimizer.lr_config.warmup=0", *overrides])
+    cfg = load_config(
+        [
+            "optimizer.grad_clip=0",
+            "optimizer/lr_config=constant",
+            "optimizer.lr_config.lr=0.01",
+            "optimizer.lr_config.warmup=0",
+            *overrides,
+        ]
+    )
     return build_optimizer(cfg.optimizer, build_schedule(cfg.optimizer.lr_config, 10), MODEL, 1)
 
 
 def subtree(params, labels):
     """The parameters whose label is one of `labels`, the others None."""
-    return jax.tree.map(lambda p, l: p if l in labels else None, params, MODEL.parameter_labels())
+    return jax.tree.map(lambda p, label: p if label in labels else None, params, MODEL.parameter_labels())
 
 
 def test_each_group_gets_exactly_optax_own_update_with_its_overrides():
-    got = follow(ours("optimizer=adamw", "optimizer.weight_decay=0.1",
-                      "optimizer.groups={matrix: {name: lion, beta1: 0.8}, "
-                      "vector: {weight_decay: 0.5, lr_multiplier: 0.5}}"))
+    got = follow(
+        ours(
+            "optimizer=adamw",
+            "optimizer.weight_decay=0.1",
+            "optimizer.groups={matrix: {name: lion, beta1: 0.8}, vector: {weight_decay: 0.5, lr_multiplier: 0.5}}",
+        )
+    )
     decay = fixed(MODEL.weight_decay_mask())
     by_hand = {  # each group run alone through optax, as its overrides say
-        ("attn_qkv", "attn_out", "mlp_in", "mlp_out"): optax.lion(0.01, b1=0.8, b2=0.95, weight_decay=0.1,
-                                                                  mask=decay),
+        ("attn_qkv", "attn_out", "mlp_in", "mlp_out"): optax.lion(0.01, b1=0.8, b2=0.95, weight_decay=0.1, mask=decay),
         ("norm", "bias"): optax.adamw(0.005, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.5),  # decays all its members
         ("token_embedding", "position"): optax.adamw(0.01, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1, mask=decay),
     }
@@ -76,11 +86,22 @@ def test_muon_through_groups_equals_the_muon_it_replaces_to_the_last_bit():
     matrices = MODEL.block_matrices_mask()
     dims = jax.tree.map(lambda w: optax.contrib.MuonDimensionNumbers(1, tuple(range(2, w.ndim))), PARAMS)
     decay_mask = jax.tree.map(lambda d, m: d and not m, MODEL.weight_decay_mask(), matrices)
-    before = optax.chain(optax.partition(
-        {"muon": optax.contrib.muon(1.0, beta=o.momentum, nesterov=o.nesterov, weight_decay=o.weight_decay,
-                                    muon_weight_dimension_numbers=lambda p: dims),
-         "adamw": optax.adamw(0.1, o.beta1, o.beta2, o.eps, weight_decay=o.weight_decay, mask=fixed(decay_mask))},
-        fixed(jax.tree.map(lambda m: "muon" if m else "adamw", matrices))), optax.scale(0.01))
+    before = optax.chain(
+        optax.partition(
+            {
+                "muon": optax.contrib.muon(
+                    1.0,
+                    beta=o.momentum,
+                    nesterov=o.nesterov,
+                    weight_decay=o.weight_decay,
+                    muon_weight_dimension_numbers=lambda p: dims,
+                ),
+                "adamw": optax.adamw(0.1, o.beta1, o.beta2, o.eps, weight_decay=o.weight_decay, mask=fixed(decay_mask)),
+            },
+            fixed(jax.tree.map(lambda m: "muon" if m else "adamw", matrices)),
+        ),
+        optax.scale(0.01),
+    )
     got, want = follow(ours("optimizer=muon")), follow(before)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         # exact on any CPU: run eagerly, each op is its own program, and both run the same ops in the same order
@@ -89,8 +110,16 @@ def test_muon_through_groups_equals_the_muon_it_replaces_to_the_last_bit():
 
 
 def test_each_groups_lr_is_logged_as_what_it_applied(data_cache):
-    parts = build(tiny_overrides(data_cache, "optimizer=sgdm", "optimizer.momentum=0", "optimizer.weight_decay=0",
-                                 "optimizer.grad_clip=0", "optimizer.groups={vector: {lr_multiplier: 0.25}}"))
+    parts = build(
+        tiny_overrides(
+            data_cache,
+            "optimizer=sgdm",
+            "optimizer.momentum=0",
+            "optimizer.weight_decay=0",
+            "optimizer.grad_clip=0",
+            "optimizer.groups={vector: {lr_multiplier: 0.25}}",
+        )
+    )
     assert not jnp.any(parts.state.model.ln_f.bias)  # starts at 0: its change after a step is exact
     grad = jax.grad(lambda b: _loss(parts, b))(parts.state.model.ln_f.bias)
     metrics = parts.step(0)
@@ -99,8 +128,9 @@ def test_each_groups_lr_is_logged_as_what_it_applied(data_cache):
     lr = float(metrics["lr/vector"])
     # the compiled step's gradient against an eager jax.grad (two programs): an entry sums 512 tokens' terms in
     # another order, off by ~1e-6 of the largest entries rather than of its own size: atol 1e-5 x lr x max|g|
-    np.testing.assert_allclose(parts.state.model.ln_f.bias, -lr * np.asarray(grad), rtol=1e-5,
-                               atol=1e-5 * lr * float(np.abs(grad).max()))
+    np.testing.assert_allclose(
+        parts.state.model.ln_f.bias, -lr * np.asarray(grad), rtol=1e-5, atol=1e-5 * lr * float(np.abs(grad).max())
+    )
 
 
 def _loss(parts, ln_f_bias):
@@ -112,34 +142,53 @@ def _loss(parts, ln_f_bias):
     return mean_loss(model, batch, None, jnp.float32)
 
 
-@pytest.mark.parametrize("groups, message", [
-    ("{attention: {lr_multiplier: 2}}", "optimizer.groups.attention: 'attention' is no parameter label"),
-    ("{matrix: {lr_multiplier: 2}, mlp: {labels: [mlp_in]}}", "optimizer.groups.mlp: mlp_in is also in group matrix"),
-    ("{vector: {momentum: 0.5}}", "optimizer.groups.vector.momentum: adamw has no such key"),
-    ("{vector: {grad_clip: 0.5}}", "optimizer.groups.vector.grad_clip: adamw has no such key"),
-    ("{vector: {name: nope}}", "optimizer.groups.vector.name: must be one of"),
-    ("{vector: {lr_multiplier: -1}}", "optimizer.groups.vector.lr_multiplier: must be a number >= 0"),
-])
+@pytest.mark.parametrize(
+    "groups, message",
+    [
+        ("{attention: {lr_multiplier: 2}}", "optimizer.groups.attention: 'attention' is no parameter label"),
+        (
+            "{matrix: {lr_multiplier: 2}, mlp: {labels: [mlp_in]}}",
+            "optimizer.groups.mlp: mlp_in is also in group matrix",
+        ),
+        ("{vector: {momentum: 0.5}}", "optimizer.groups.vector.momentum: adamw has no such key"),
+        ("{vector: {grad_clip: 0.5}}", "optimizer.groups.vector.grad_clip: adamw has no such key"),
+        ("{vector: {name: nope}}", "optimizer.groups.vector.name: must be one of"),
+        ("{vector: {lr_multiplier: -1}}", "optimizer.groups.vector.lr_multiplier: must be a number >= 0"),
+    ],
+)
 def test_a_bad_group_is_one_config_error(groups, message):
     with pytest.raises(ConfigError, match="^config: " + message.replace("[", r"\[")):
         load_config([f"optimizer.groups={groups}"])
 
 
 def test_a_label_the_model_lacks_exits_2_with_one_line(data_cache, tmp_path, capsys):
-    result = run_in_process(tiny_overrides(data_cache, f"logging.run_dir={tmp_path}/run",
-                                           "optimizer.groups={head: {lr_multiplier: 0.5}}"), capsys)
+    result = run_in_process(
+        tiny_overrides(data_cache, f"logging.run_dir={tmp_path}/run", "optimizer.groups={head: {lr_multiplier: 0.5}}"),
+        capsys,
+    )
     err = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(err) == 1, result.stderr
-    assert err[0].startswith("error: config: optimizer.groups.head: the model has no parameter labelled head "
-                             "(its labels: token_embedding, position, attn_qkv"), err
+    assert err[0].startswith(
+        "error: config: optimizer.groups.head: the model has no parameter labelled head "
+        "(its labels: token_embedding, position, attn_qkv"
+    ), err
 
 
 def test_what_an_optimizer_measures_reaches_the_log(data_cache, tmp_path, capsys):
     """Muon keeps its update's RMS in its state (optimizers/reporting.py); the loop logs it with the loss."""
     run_dir = tmp_path / "run"
-    result = run_in_process(tiny_overrides(data_cache, f"logging.run_dir={run_dir}", "optimizer=muon",
-                                           "train.max_steps=3", "train.eval_interval=100", "checkpoint.save=false",
-                                           "logging.tensorboard=false"), capsys)
+    result = run_in_process(
+        tiny_overrides(
+            data_cache,
+            f"logging.run_dir={run_dir}",
+            "optimizer=muon",
+            "train.max_steps=3",
+            "train.eval_interval=100",
+            "checkpoint.save=false",
+            "logging.tensorboard=false",
+        ),
+        capsys,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     rows = read_metrics(run_dir, "train")
     assert [r["step"] for r in rows] == [1, 2, 3]
@@ -153,8 +202,14 @@ def test_what_an_optimizer_measures_reaches_the_log(data_cache, tmp_path, capsys
 def test_weight_decay_mode_turns_adam_into_adamw_and_back():
     """decoupled: -wd x w beside the direction (Adam becomes AdamW); l2: wd x w in the gradient (AdamW becomes Adam)."""
     mask = fixed(MODEL.weight_decay_mask())
-    adam_decoupled = follow(ours("optimizer=adam", "optimizer.beta2=0.95", "optimizer.weight_decay=0.5",
-                                 "optimizer.weight_decay_mode=decoupled"))
+    adam_decoupled = follow(
+        ours(
+            "optimizer=adam",
+            "optimizer.beta2=0.95",
+            "optimizer.weight_decay=0.5",
+            "optimizer.weight_decay_mode=decoupled",
+        )
+    )
     adamw = follow(optax.adamw(0.01, 0.9, 0.95, 1e-8, weight_decay=0.5, mask=mask))
     adamw_l2 = follow(ours("optimizer=adamw", "optimizer.weight_decay=0.5", "optimizer.weight_decay_mode=l2"))
     adam = follow(optax.chain(optax.add_decayed_weights(0.5, mask), optax.adam(0.01, 0.9, 0.95, 1e-8)))
@@ -171,7 +226,7 @@ def test_cautious_keeps_the_downhill_entries_of_the_direction_rescaled():
     for i in range(3):  # the rule written out: the entries of Adam's step that descend, scaled by size / (kept + 1)
         grads = jax.tree.map(lambda x: jax.random.normal(jax.random.PRNGKey(i), x.shape), params)
         direction, state = adam.update(grads, state, params)
-        kept = jax.tree.map(lambda u, g: (np.asarray(u) * np.asarray(g) < 0), direction, grads)
+        kept = jax.tree.map(lambda u, g: np.asarray(u) * np.asarray(g) < 0, direction, grads)
         step = jax.tree.map(lambda u, k: 0.01 * np.asarray(u) * k * (k.size / (k.sum() + 1)), direction, kept)
         params = jax.tree.map(lambda p, s: p + s, params, step)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(params)):
@@ -182,8 +237,12 @@ def test_mechanic_wraps_the_optimizer_and_reports_its_scale():
     from optimizers.reporting import optimizer_metrics
 
     optimizer = ours("optimizer=adamw", "optimizer.mechanic=true")
-    by_hand = optax.contrib.mechanize(optax.chain(
-        optax.adamw(1.0, 0.9, 0.95, 1e-8, weight_decay=0.1, mask=fixed(MODEL.weight_decay_mask())), optax.scale(0.01)))
+    by_hand = optax.contrib.mechanize(
+        optax.chain(
+            optax.adamw(1.0, 0.9, 0.95, 1e-8, weight_decay=0.1, mask=fixed(MODEL.weight_decay_mask())),
+            optax.scale(0.01),
+        )
+    )
     for a, b in zip(jax.tree.leaves(follow(optimizer)), jax.tree.leaves(follow(by_hand))):
         # as CHAIN_TOLERANCE, but Mechanic's scale starts small: 4 steps move a weight by < 4e-8, so atol stays 1e-8
         # (~5 ulp of a 0.02 weight) or no step at all would pass
@@ -200,14 +259,21 @@ def test_schedule_free_evaluates_and_exports_its_averaged_weights(data_cache, tm
     holds; the checkpoint's export weights (what sampling and export_hf read) are x too."""
     from optimizers import eval_params
     from training.checkpoints.checkpointer import Checkpointer
+    from training.checkpoints.trained import load_trained
     from training.evaluation.splits import evaluate
     from training.step.state import eval_model
-    from training.checkpoints.trained import load_trained
 
     run_dir = tmp_path / "run"
-    args = tiny_overrides(data_cache, f"logging.run_dir={run_dir}", "optimizer=schedule_free_adamw",
-                          "optimizer.sf_lr=1e-2", "optimizer.sf_warmup=0", "train.max_steps=6", "train.eval_interval=6",
-                          "logging.tensorboard=false")
+    args = tiny_overrides(
+        data_cache,
+        f"logging.run_dir={run_dir}",
+        "optimizer=schedule_free_adamw",
+        "optimizer.sf_lr=1e-2",
+        "optimizer.sf_warmup=0",
+        "train.max_steps=6",
+        "train.eval_interval=6",
+        "logging.tensorboard=false",
+    )
     result = run_in_process(args, capsys)
     assert result.returncode == 0, result.stderr[-2000:]
     logged = {r["step"]: r["loss"] for r in read_metrics(run_dir, "val")}[6]
@@ -215,21 +281,32 @@ def test_schedule_free_evaluates_and_exports_its_averaged_weights(data_cache, tm
     state = Checkpointer(run_dir / "checkpoints", read_only=True).restore(6, parts.state)
     x, y = eval_model(state), state.model
     assert x is not y
-    loss_x, loss_y = (evaluate(parts.eval_step, m, parts.data.evals, parts.mesh, parts.data.token_bytes)["val"]["loss"]
-                      for m in (x, y))
+    loss_x, loss_y = (
+        evaluate(parts.eval_step, m, parts.data.evals, parts.mesh, parts.data.token_bytes)["val"]["loss"]
+        for m in (x, y)
+    )
     # the run's evaluation of x and this one: the same eval step on the same restored weights; rel 1e-6 is a few ulp
     assert logged == pytest.approx(loss_x, rel=1e-6) and abs(loss_x - loss_y) > 1e-4, (logged, loss_x, loss_y)
     exported = load_trained(str(run_dir)).model
-    for a, b in zip(jax.tree.leaves(eqx.filter(exported, eqx.is_array)),
-                    jax.tree.leaves(eval_params(state.opt_state, eqx.filter(state.model, eqx.is_array)))):
+    for a, b in zip(
+        jax.tree.leaves(eqx.filter(exported, eqx.is_array)),
+        jax.tree.leaves(eval_params(state.opt_state, eqx.filter(state.model, eqx.is_array))),
+    ):
         np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.parametrize("debias, precondition", [(False, True), (True, False), (False, False)])
 def test_adams_ablations_follow_their_formula(debias, precondition):
     """AdamW with the bias correction and/or the second moment switched off, against the rule written out."""
-    got = follow(ours("optimizer=adamw", "optimizer.weight_decay=0", f"optimizer.debias={debias}",
-                      f"optimizer.precondition={precondition}"), steps=3)
+    got = follow(
+        ours(
+            "optimizer=adamw",
+            "optimizer.weight_decay=0",
+            f"optimizer.debias={debias}",
+            f"optimizer.precondition={precondition}",
+        ),
+        steps=3,
+    )
     b1, b2, eps = 0.9, 0.95, 1e-8
     params = jax.tree.map(np.asarray, PARAMS)
     m = jax.tree.map(np.zeros_like, params)
@@ -248,6 +325,7 @@ def test_adams_ablations_follow_their_formula(debias, precondition):
 def test_muon_can_orthogonalise_the_embeddings():
     """With orthogonalize_embeddings, Muon's step for the token embedding is an orthogonalised matrix (its singular
     values all near one scale) instead of Adam's elementwise step."""
+
     def first_update(*overrides):
         optimizer = ours("optimizer=muon", "optimizer.weight_decay=0", *overrides)
         grads = jax.tree.map(lambda x: jax.random.normal(jax.random.PRNGKey(0), x.shape), PARAMS)
@@ -267,15 +345,25 @@ def test_sophia_gets_the_loss_from_the_train_step_and_equals_optax_own(data_cach
     """The step hands the optimizer the micro-batch's loss (obj_fn): Sophia's Hutchinson estimate runs inside the
     compiled step; and the builder is optax.contrib.sophia with the config's values."""
     parts = build(tiny_overrides(data_cache, "optimizer=sophia", "optimizer.update_interval=1"))
-    nu_before = [x for x in jax.tree.leaves(parts.state.opt_state) if getattr(x, "shape", None) ==
-                 parts.state.model.wte.shape]
+    nu_before = [
+        x for x in jax.tree.leaves(parts.state.opt_state) if getattr(x, "shape", None) == parts.state.model.wte.shape
+    ]
     metrics = parts.step(0)
     assert np.isfinite(float(metrics["loss"]))
-    nu_after = [x for x in jax.tree.leaves(parts.state.opt_state) if getattr(x, "shape", None) ==
-                parts.state.model.wte.shape]
+    nu_after = [
+        x for x in jax.tree.leaves(parts.state.opt_state) if getattr(x, "shape", None) == parts.state.model.wte.shape
+    ]
     assert any(not np.array_equal(a, b) for a, b in zip(nu_before, nu_after))  # the Hessian EMA moved
-    by_hand = optax.contrib.sophia(0.01, b1=0.965, b2=0.99, eps=1e-12, weight_decay=0.2, gamma=0.05,
-                                   weight_decay_mask=fixed(MODEL.weight_decay_mask()), update_interval=10)
+    by_hand = optax.contrib.sophia(
+        0.01,
+        b1=0.965,
+        b2=0.99,
+        eps=1e-12,
+        weight_decay=0.2,
+        gamma=0.05,
+        weight_decay_mask=fixed(MODEL.weight_decay_mask()),
+        update_interval=10,
+    )
     loss_of = lambda p: jnp.sum(jnp.square(jax.tree.leaves(p)[0]))  # noqa: E731
     results = []
     for optimizer in (ours("optimizer=sophia"), by_hand):
@@ -293,15 +381,17 @@ def test_sophia_reports_the_share_of_clipped_coordinates_and_prodigy_its_estimat
     """optimizer/sophia_clipped: at the first step the Hessian EMA is 0, so every coordinate with any momentum is
     clipped; it falls as the EMA fills (refreshed every step here). optimizer/prodigy_d and dadapt_d: the estimate d
     in the state, grown from d0."""
-    parts = build(tiny_overrides(data_cache, "optimizer=sophia", "optimizer.update_interval=1",
-                                 "model.head_loss=dense"))
+    parts = build(
+        tiny_overrides(data_cache, "optimizer=sophia", "optimizer.update_interval=1", "model.head_loss=dense")
+    )
     shares = [float(parts.step(s)["optimizer/sophia_clipped"]) for s in range(6)]
     assert shares[0] > 0.9 and shares[-1] < shares[0] - 0.1, shares
     for name, key in (("prodigy", "prodigy_d"), ("dadapt_adamw", "dadapt_d")):
         parts = build(tiny_overrides(data_cache, f"optimizer={name}"))
         metrics = [parts.step(s) for s in range(4)]
-        (state,) = [x for x in jax.tree.leaves(parts.state.opt_state, is_leaf=lambda x: hasattr(x, "d"))
-                    if hasattr(x, "d")]
+        (state,) = [
+            x for x in jax.tree.leaves(parts.state.opt_state, is_leaf=lambda x: hasattr(x, "d")) if hasattr(x, "d")
+        ]
         assert float(metrics[-1][f"optimizer/{key}"]) == float(state.d) > parts.cfg.optimizer.d0
 
 

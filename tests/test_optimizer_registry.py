@@ -48,22 +48,41 @@ def project(tmp_path_factory):
     (root / "optimizers" / "sign_momentum.py").write_text(SIGN_MOMENTUM)
     (root / "conf" / "optimizer" / "sign_momentum.yaml").write_text(SIGN_MOMENTUM_YAML)
     (root / "conf" / "optimizer" / "typo.yaml").write_text(
-        SIGN_MOMENTUM_YAML.replace("name: sign_momentum", "name: sign_momentum\nstep: 2"))
+        SIGN_MOMENTUM_YAML.replace("name: sign_momentum", "name: sign_momentum\nstep: 2")
+    )
     return root
 
 
 def run_in(project, args, timeout=300):
     """A command of the copied project, with only the copy on the import path."""
-    proc = spawn([sys.executable, *args], env={"PYTHONPATH": str(project)}, cwd=project, stdout=subprocess.PIPE,
-                 stderr=subprocess.PIPE, text=True)
+    proc = spawn(
+        [sys.executable, *args],
+        env={"PYTHONPATH": str(project)},
+        cwd=project,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     return communicate(proc, timeout)
 
 
 def test_an_optimizer_added_as_a_file_and_a_yaml_trains(project, data_cache, tmp_path):
     run_dir = tmp_path / "run"
-    result = run_in(project, ["train_jax.py", *tiny_overrides(
-        data_cache, "optimizer=sign_momentum", "optimizer.lr_config.lr=2e-3", "train.max_steps=12",
-        "train.eval_interval=12", "train.eval_at_start=true", f"logging.run_dir={run_dir}")])
+    result = run_in(
+        project,
+        [
+            "train_jax.py",
+            *tiny_overrides(
+                data_cache,
+                "optimizer=sign_momentum",
+                "optimizer.lr_config.lr=2e-3",
+                "train.max_steps=12",
+                "train.eval_interval=12",
+                "train.eval_at_start=true",
+                f"logging.run_dir={run_dir}",
+            ),
+        ],
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     saved = (run_dir / "config.yaml").read_text()
     assert "name: sign_momentum" in saved and "step_scale: 0.5" in saved
@@ -101,14 +120,14 @@ BUILT = textwrap.dedent("""
 
 MISTAKES = {
     "optimizer=sign_momentum optimizer.step_scale=null": "config: optimizer.step_scale: sign_momentum needs a value; "
-                                                         "set it in conf/optimizer/sign_momentum.yaml",
+    "set it in conf/optimizer/sign_momentum.yaml",
     "optimizer=adamw optimizer.step_scale=0.5": "config: optimizer.step_scale: adamw does not take it (it is "
-                                                "sign_momentum's); leave it null",
+    "sign_momentum's); leave it null",
     "optimizer=typo": "config: conf/optimizer/typo.yaml: optimizer.step: Key 'step' not in 'OptimizerConfig' (an "
-                      "optimizer's hyper-parameters are the keyword arguments of its builder in optimizers/)",
+    "optimizer's hyper-parameters are the keyword arguments of its builder in optimizers/)",
     # every optimizer of the project, and the copy's own
     "optimizer.name=sign_momentums": f"config: optimizer.name: must be one of "
-                                     f"{', '.join(sorted([*OPTIMIZERS, 'sign_momentum']))}; got 'sign_momentums'",
+    f"{', '.join(sorted([*OPTIMIZERS, 'sign_momentum']))}; got 'sign_momentums'",
     "optimizer=sign_momentum": None,
 }
 
@@ -126,9 +145,13 @@ def test_the_new_hyper_parameter_reaches_the_builder_and_mistakes_are_named(proj
 
 
 def test_a_wrong_type_for_the_new_key_exits_2_with_one_line(project, tmp_path):
-    result = run_in(project, ["train_jax.py", "optimizer=sign_momentum", "optimizer.step_scale=abc",
-                              f"logging.run_dir={tmp_path}/run"], timeout=120)
+    result = run_in(
+        project,
+        ["train_jax.py", "optimizer=sign_momentum", "optimizer.step_scale=abc", f"logging.run_dir={tmp_path}/run"],
+        timeout=120,
+    )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        "error: config: optimizer.step_scale: Value 'abc' of type 'str' could not be converted to Float"]
+        "error: config: optimizer.step_scale: Value 'abc' of type 'str' could not be converted to Float"
+    ]
     assert not (tmp_path / "run").exists()

@@ -16,8 +16,17 @@ from optimizers import OPTIMIZERS, build_optimizer, build_schedule
 from optimizers.registry import build_direction, hyper_parameter_values
 from training.config import load_config
 
-NEW = ["nadamw", "adafactor", "signum", "ademamix", "cocob", "dadapt_adamw", "prodigy", "schedule_free_adamw",
-       "schedule_free_sgd"]
+NEW = [
+    "nadamw",
+    "adafactor",
+    "signum",
+    "ademamix",
+    "cocob",
+    "dadapt_adamw",
+    "prodigy",
+    "schedule_free_adamw",
+    "schedule_free_sgd",
+]
 STEPS = 3
 
 MODEL = GPT.init(GPTConfig(vocab_size=16, n_layer=1, n_head=2, n_embd=8, context_size=8), jax.random.PRNGKey(0))
@@ -88,6 +97,7 @@ def decay(params, weight_decay):
 
 # --- Adam family ---------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("nesterov", [True, False])
 def test_nadamw_is_adam_with_a_nesterov_look_ahead_and_decoupled_decay(nesterov):
     hp = dict(beta1=0.8, beta2=0.9, eps=1e-6, weight_decay=0.3, nesterov=nesterov)
@@ -97,12 +107,14 @@ def test_nadamw_is_adam_with_a_nesterov_look_ahead_and_decoupled_decay(nesterov)
         m = [b1 * m + (1 - b1) * g for m, g in zip(per_leaf(s, "m", params), grads)]
         v = [b2 * v + (1 - b2) * g * g for v, g in zip(per_leaf(s, "v", params), grads)]
         if nesterov:  # Dozat (2016): b1 x the next step's bias-corrected momentum + (1 - b1) x this gradient's
-            m_hat = [b1 * m / (1 - b1 ** (k + 1)) + (1 - b1) * g / (1 - b1 ** k) for m, g in zip(m, grads)]
+            m_hat = [b1 * m / (1 - b1 ** (k + 1)) + (1 - b1) * g / (1 - b1**k) for m, g in zip(m, grads)]
         else:
-            m_hat = [m / (1 - b1 ** k) for m in m]
+            m_hat = [m / (1 - b1**k) for m in m]
         s.update(m=m, v=v)
-        return [p - mh / (np.sqrt(v / (1 - b2 ** k)) + hp["eps"]) - d
-                for p, mh, v, d in zip(params, m_hat, v, decay(params, hp["weight_decay"]))], s
+        return [
+            p - mh / (np.sqrt(v / (1 - b2**k)) + hp["eps"]) - d
+            for p, mh, v, d in zip(params, m_hat, v, decay(params, hp["weight_decay"]))
+        ], s
 
     assert_same_path(builder_path("nadamw", **hp)[0], formula_path(step)[0])
 
@@ -111,8 +123,17 @@ def test_adafactor_factors_clips_scales_by_the_weights_and_decays():
     """Shazeer & Stern (2018), Algorithms 4-5 with update clipping (RMS above 0.5 here: every step clips), the
     relative step (x RMS of the weights, at least 1e-3) and a first-moment EMA; every matrix here (two largest dims
     >= 4) is factored, the vectors are not."""
-    hp = dict(factored=True, min_dim_size_to_factor=4, decay_rate=0.8, decay_offset=0,
-              multiply_by_parameter_scale=True, clipping_threshold=0.5, momentum=0.5, eps=1e-30, weight_decay=0.2)
+    hp = dict(
+        factored=True,
+        min_dim_size_to_factor=4,
+        decay_rate=0.8,
+        decay_offset=0,
+        multiply_by_parameter_scale=True,
+        clipping_threshold=0.5,
+        momentum=0.5,
+        eps=1e-30,
+        weight_decay=0.2,
+    )
 
     def step(params, grads, k, s):
         rho = 1 - k ** -hp["decay_rate"]
@@ -154,13 +175,16 @@ def test_ademamix_mixes_a_slow_ema_with_alpha_and_beta3_warmed_up():
         m2 = [b3 * m + (1 - b3) * g for m, g in zip(per_leaf(s, "m2", params), grads)]
         nu = [b2 * v + (1 - b2) * g * g for v, g in zip(per_leaf(s, "nu", params), grads)]
         s.update(m1=m1, m2=m2, nu=nu)
-        return [p - (m1 / (1 - b1 ** k) + alpha * m2) / (np.sqrt(nu / (1 - b2 ** k)) + hp["eps"]) - d
-                for p, m1, m2, nu, d in zip(params, m1, m2, nu, decay(params, hp["weight_decay"]))], s
+        return [
+            p - (m1 / (1 - b1**k) + alpha * m2) / (np.sqrt(nu / (1 - b2**k)) + hp["eps"]) - d
+            for p, m1, m2, nu, d in zip(params, m1, m2, nu, decay(params, hp["weight_decay"]))
+        ], s
 
     assert_same_path(builder_path("ademamix", **hp)[0], formula_path(step)[0])
 
 
 # --- sign and betting ----------------------------------------------------------------------------------------------
+
 
 def test_signum_steps_by_the_sign_of_an_ema_with_decoupled_decay():
     hp = dict(momentum=0.6, weight_decay=0.3)
@@ -185,13 +209,16 @@ def test_cocob_bets_on_the_summed_negative_gradients():
         reward = [np.maximum(R - g * (p - p1), 0) for R, g, p, p1 in zip(per_leaf(s, "R", params), grads, params, w1)]
         theta = [th - g for th, g in zip(per_leaf(s, "theta", params), grads)]
         s.update(L=L, G=G, R=reward, theta=theta)
-        return [p1 + th / (L * np.maximum(G + L, hp["alpha"] * L)) * (L + R)
-                for p1, th, L, G, R in zip(w1, theta, L, G, reward)], s
+        return [
+            p1 + th / (L * np.maximum(G + L, hp["alpha"] * L)) * (L + R)
+            for p1, th, L, G, R in zip(w1, theta, L, G, reward)
+        ], s
 
     assert_same_path(builder_path("cocob", **hp)[0], formula_path(step)[0])
 
 
 # --- learning-rate-free Adam ---------------------------------------------------------------------------------------
+
 
 def l1(trees):
     return sum(np.abs(x).sum() for x in trees)
@@ -211,7 +238,7 @@ def test_dadapt_adamw_grows_its_step_size_from_the_weighted_gradient_sums():
 
     def step(params, grads, k, s):
         d = s.get("d", hp["d0"])
-        dlr = d * np.sqrt(1 - b2 ** k) / (1 - b1 ** k)
+        dlr = d * np.sqrt(1 - b2**k) / (1 - b1**k)
         v_old, s_old = per_leaf(s, "v", params), per_leaf(s, "s", params)
         numerator_step = dot(grads, [sk / (np.sqrt(v) + hp["eps"]) for sk, v in zip(s_old, v_old)])
         m = [b1 * m + (1 - b1) * dlr * g for m, g in zip(per_leaf(s, "m", params), grads)]
@@ -219,8 +246,10 @@ def test_dadapt_adamw_grows_its_step_size_from_the_weighted_gradient_sums():
         sums = [sb2 * sk + (1 - sb2) * dlr * g for sk, g in zip(s_old, grads)]
         r = sb2 * s.get("r", 0.0) + (1 - sb2) * dlr * numerator_step
         s.update(m=m, v=v, s=sums, r=r, d=max(d, r / ((1 - sb2) * l1(sums))))
-        return [p - m / (np.sqrt(v) + hp["eps"]) - dlr * dp
-                for p, m, v, dp in zip(params, m, v, decay(params, hp["weight_decay"]))], s
+        return [
+            p - m / (np.sqrt(v) + hp["eps"]) - dlr * dp
+            for p, m, v, dp in zip(params, m, v, decay(params, hp["weight_decay"]))
+        ], s
 
     ours, state = builder_path("dadapt_adamw", **hp)
     formula, expected = formula_path(step)
@@ -233,23 +262,33 @@ def test_prodigy_estimates_d_from_the_distance_travelled():
     """Mishchenko & Defazio (2023), Algorithm 4 (Prodigy, Adam version), beta3 = sqrt(beta2) by default, without
     safeguard warmup, with Adam's bias correction folded into the step (optax's form, the reference code's with
     use_bias_correction=True; without it, the preset's default: tests/test_optimizers_research.py)."""
-    hp = dict(beta1=0.8, beta2=0.9, eps=1e-6, d0=0.05, d_coef=1.5, safeguard_warmup=False, weight_decay=0.3,
-              bias_correction=True)
+    hp = dict(
+        beta1=0.8,
+        beta2=0.9,
+        eps=1e-6,
+        d0=0.05,
+        d_coef=1.5,
+        safeguard_warmup=False,
+        weight_decay=0.3,
+        bias_correction=True,
+    )
     b1, b2, d0 = hp["beta1"], hp["beta2"], hp["d0"]
     b3 = np.sqrt(b2)
     w0 = leaves64(PARAMS)
 
     def step(params, grads, k, s):
         d = s.get("d", d0)
-        dlr = d * np.sqrt(1 - b2 ** k) / (1 - b1 ** k)
+        dlr = d * np.sqrt(1 - b2**k) / (1 - b1**k)
         numerator_step = dot(grads, [p0 - p for p0, p in zip(w0, params)])
         m = [b1 * m + (1 - b1) * d * g for m, g in zip(per_leaf(s, "m", params), grads)]
         v = [b2 * v + (1 - b2) * d * d * g * g for v, g in zip(per_leaf(s, "v", params), grads)]
         sums = [b3 * sk + d / d0 * dlr * g for sk, g in zip(per_leaf(s, "s", params), grads)]
         r = b3 * s.get("r", 0.0) + d / d0 * dlr * numerator_step
         s.update(m=m, v=v, s=sums, r=r, d=max(d, hp["d_coef"] * r / l1(sums)))
-        return [p - dlr * m / (np.sqrt(v) + s["d"] * hp["eps"]) - dlr * dp  # eps x the new d, as the reference
-                for p, m, v, dp in zip(params, m, v, decay(params, hp["weight_decay"]))], s
+        return [
+            p - dlr * m / (np.sqrt(v) + s["d"] * hp["eps"]) - dlr * dp  # eps x the new d, as the reference
+            for p, m, v, dp in zip(params, m, v, decay(params, hp["weight_decay"]))
+        ], s
 
     ours, state = builder_path("prodigy", **hp)
     formula, expected = formula_path(step)
@@ -259,6 +298,7 @@ def test_prodigy_estimates_d_from_the_distance_travelled():
 
 
 # --- schedule-free -------------------------------------------------------------------------------------------------
+
 
 def schedule_free_step(z_step, sf_lr, warmup, b1, weight_lr_power):
     """Defazio et al. (2024), Algorithm 1: the weights are y; z_{k+1} = z_k - lr_k x z_step(g at y); x is z's average
@@ -286,12 +326,15 @@ def test_schedule_free_adamw_averages_adam_steps_and_evaluates_at_x():
     def adam_step(params, grads, k, s):
         v = [hp["beta2"] * v + (1 - hp["beta2"]) * g * g for v, g in zip(per_leaf(s, "v", params), grads)]
         s["v"] = v
-        return [g / (np.sqrt(v / (1 - hp["beta2"] ** k)) + hp["eps"]) + d
-                for g, v, d in zip(grads, v, decay(params, hp["weight_decay"]))]
+        return [
+            g / (np.sqrt(v / (1 - hp["beta2"] ** k)) + hp["eps"]) + d
+            for g, v, d in zip(grads, v, decay(params, hp["weight_decay"]))
+        ]
 
     ours, state = builder_path("schedule_free_adamw", **hp)
-    formula, expected = formula_path(schedule_free_step(adam_step, hp["sf_lr"], hp["sf_warmup"], hp["beta1"],
-                                                        hp["weight_lr_power"]))
+    formula, expected = formula_path(
+        schedule_free_step(adam_step, hp["sf_lr"], hp["sf_warmup"], hp["beta1"], hp["weight_lr_power"])
+    )
     assert_same_path(ours, formula)
     y = jax.tree.unflatten(TREEDEF, [jnp.asarray(p, jnp.float32) for p in ours[-1]])
     x = jax.jit(optax.contrib.schedule_free_eval_params)(optax.tree.get(state, "ScheduleFreeState"), y)
@@ -305,8 +348,9 @@ def test_schedule_free_sgd_averages_sgd_steps():
     def sgd_step(params, grads, k, s):
         return [g + d for g, d in zip(grads, decay(params, hp["weight_decay"]))]
 
-    formula, _ = formula_path(schedule_free_step(sgd_step, hp["sf_lr"], hp["sf_warmup"], hp["momentum"],
-                                                 hp["weight_lr_power"]))
+    formula, _ = formula_path(
+        schedule_free_step(sgd_step, hp["sf_lr"], hp["sf_warmup"], hp["momentum"], hp["weight_lr_power"])
+    )
     assert_same_path(builder_path("schedule_free_sgd", **hp)[0], formula)
 
 
@@ -325,11 +369,18 @@ def test_schedule_free_without_warmup_is_optax_own():
 
 def test_schedule_free_state_is_found_by_name_inside_the_pipeline():
     """Evaluation's recipe works on the pipeline's whole optimizer state (clipping, lr, MultiSteps around it)."""
-    cfg = load_config(["optimizer=schedule_free_sgd", "optimizer/lr_config=constant", "optimizer.lr_config.lr=1",
-                       "optimizer.lr_config.warmup=0"])
+    cfg = load_config(
+        [
+            "optimizer=schedule_free_sgd",
+            "optimizer/lr_config=constant",
+            "optimizer.lr_config.lr=1",
+            "optimizer.lr_config.warmup=0",
+        ]
+    )
     tx = build_optimizer(cfg.optimizer, build_schedule(cfg.optimizer.lr_config, 10), MODEL, 2)
-    x = jax.jit(lambda p: optax.contrib.schedule_free_eval_params(optax.tree.get(tx.init(p), "ScheduleFreeState"),
-                                                                  p))(PARAMS)
+    x = jax.jit(lambda p: optax.contrib.schedule_free_eval_params(optax.tree.get(tx.init(p), "ScheduleFreeState"), p))(
+        PARAMS
+    )
     for a, b in zip(jax.tree.leaves(x), jax.tree.leaves(PARAMS)):  # before any step, x = y = z
         np.testing.assert_allclose(a, b, rtol=1e-6)
 
@@ -343,12 +394,14 @@ def test_schedule_free_refuses_a_zero_interpolation(name, key):
 
 # --- every new optimizer -------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", NEW)
 def test_weight_decay_changes_the_matrices_only(name):
     """One step with the preset's values and weight_decay 0.5 against 0: only the masked leaves (matrices) differ."""
     preset = hyper_parameter_values(load_config([f"optimizer={name}"]).optimizer)
-    with_decay, without = first_updates(*(OPTIMIZERS[name](MODEL, **{**preset, "weight_decay": weight_decay})
-                                          for weight_decay in (0.5, 0.0)))
+    with_decay, without = first_updates(
+        *(OPTIMIZERS[name](MODEL, **{**preset, "weight_decay": weight_decay}) for weight_decay in (0.5, 0.0))
+    )
     for i, (a, b) in enumerate(zip(with_decay, without)):
         assert bool(np.any(a != b)) == DECAYED[i], (name, i)
 
@@ -382,8 +435,9 @@ def test_sophia_steps_as_its_authors_code_with_hutchinsons_estimate_of_the_hessi
     update = jax.jit(lambda g, s, p: tx.update(g, s, p, obj_fn=objective))
     params, state, ours = PARAMS, tx.init(PARAMS), []
     for k in range(steps):
-        grads = jax.tree.map(lambda g, n: g + jnp.asarray(n, g.dtype), jax.grad(objective)(params),
-                             jax.tree.unflatten(TREEDEF, noise[k]))
+        grads = jax.tree.map(
+            lambda g, n: g + jnp.asarray(n, g.dtype), jax.grad(objective)(params), jax.tree.unflatten(TREEDEF, noise[k])
+        )
         updates, state = update(grads, state, params)
         params = optax.apply_updates(params, updates)
         ours.append(leaves64(params))

@@ -28,13 +28,16 @@ DECAYED = ("wte",) + BLOCK_WEIGHTS  # the project's weight-decay mask
 
 def flat(tree) -> dict[str, np.ndarray]:
     """{"blocks.fc.weight": float64 array, ...}"""
-    return {jax.tree_util.keystr(path, simple=True, separator="."): np.asarray(x, np.float64)
-            for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+    return {
+        jax.tree_util.keystr(path, simple=True, separator="."): np.asarray(x, np.float64)
+        for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]
+    }
 
 
 def unflat(arrays: dict[str, np.ndarray], like=PARAMS):
     return jax.tree_util.tree_map_with_path(
-        lambda path, x: jnp.asarray(arrays[jax.tree_util.keystr(path, simple=True, separator=".")], x.dtype), like)
+        lambda path, x: jnp.asarray(arrays[jax.tree_util.keystr(path, simple=True, separator=".")], x.dtype), like
+    )
 
 
 def gradients(steps: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
@@ -44,7 +47,7 @@ def gradients(steps: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
     out = []
     for _ in range(steps):
         g = {name: 0.1 * rng.standard_normal(x.shape) for name, x in flat(PARAMS).items()}
-        g["wte"][CFG.vocab_size:] = 0.0
+        g["wte"][CFG.vocab_size :] = 0.0
         for name in g:
             if name.startswith("blocks."):
                 g[name][1] *= 0.05
@@ -52,8 +55,9 @@ def gradients(steps: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
     return out
 
 
-def directions(opt: str | optax.GradientTransformation, grads: list[dict[str, np.ndarray]], params=PARAMS,
-               **hyper) -> list[dict[str, np.ndarray]]:
+def directions(
+    opt: str | optax.GradientTransformation, grads: list[dict[str, np.ndarray]], params=PARAMS, **hyper
+) -> list[dict[str, np.ndarray]]:
     """The optimizer's direction at each step (a registered one built with `hyper`), the parameters (`params`, in
     their dtype) moving by LR x it."""
     opt = OPTIMIZERS[opt](MODEL, **hyper) if isinstance(opt, str) else opt
@@ -72,11 +76,13 @@ def assert_steps_match(got, expected, rtol=1e-4, atol=1e-6):
     covers entries near 0. Rules through matrix decompositions compare in scale (assert_steps_match_in_scale)."""
     for t, (step_got, step_expected) in enumerate(zip(got, expected, strict=True)):
         for name in step_expected:
-            np.testing.assert_allclose(step_got[name], step_expected[name], rtol=rtol, atol=atol,
-                                       err_msg=f"step {t + 1}, {name}")
+            np.testing.assert_allclose(
+                step_got[name], step_expected[name], rtol=rtol, atol=atol, err_msg=f"step {t + 1}, {name}"
+            )
 
 
 # ------------------------------------------------------------------------------------------------------------ MARS
+
 
 def mars_reference(grads, gamma, beta1, beta2, eps, weight_decay, vectors=None):
     """MARS-AdamW, approximate (arXiv:2411.10438; AGI-Arena/MARS mars.py): the corrected gradient,
@@ -95,7 +101,7 @@ def mars_reference(grads, gamma, beta1, beta2, eps, weight_decay, vectors=None):
             c = g[n].copy()
             if corrected:  # MARS: the corrected gradient, clipped
                 c = g[n] + gamma * beta1 / (1 - beta1) * (g[n] - previous[n])
-                for tensor in ([c[layer] for layer in range(c.shape[0])] if n.startswith("blocks.") else [c]):
+                for tensor in [c[layer] for layer in range(c.shape[0])] if n.startswith("blocks.") else [c]:
                     norm = np.linalg.norm(tensor)
                     norms.append(norm)
                     if norm > 1:
@@ -103,7 +109,7 @@ def mars_reference(grads, gamma, beta1, beta2, eps, weight_decay, vectors=None):
                 previous[n] = g[n]
             m[n] = b1 * m[n] + (1 - b1) * c
             v[n] = b2 * v[n] + (1 - b2) * c * c
-            step = (m[n] / (1 - b1 ** t)) / (np.sqrt(v[n] / (1 - b2 ** t)) + eps)
+            step = (m[n] / (1 - b1**t)) / (np.sqrt(v[n] / (1 - b2**t)) + eps)
             if n in DECAYED:
                 step = step + weight_decay * x[n]
             d[n] = -ratio * step
@@ -122,16 +128,26 @@ def test_mars_steps_follow_the_paper():
 
 def test_mars_preset_gives_the_vectors_to_adamw_as_the_paper_code_does():
     """The preset's group: LayerNorm and biases to AdamW, betas (0.9, 0.95), at half the lr (optimize_1d=False)."""
-    cfg = load_config(["optimizer=mars", "optimizer.grad_clip=0", "optimizer/lr_config=constant",
-                       "optimizer.lr_config.lr=1.0", "optimizer.lr_config.warmup=0"], num_local_devices=1).optimizer
+    cfg = load_config(
+        [
+            "optimizer=mars",
+            "optimizer.grad_clip=0",
+            "optimizer/lr_config=constant",
+            "optimizer.lr_config.lr=1.0",
+            "optimizer.lr_config.warmup=0",
+        ],
+        num_local_devices=1,
+    ).optimizer
     grads = gradients(3)
     got = directions(build_optimizer(cfg, build_schedule(cfg.lr_config, 10), MODEL, 1), grads)
-    expected, _ = mars_reference(grads, cfg.gamma, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay,
-                                 vectors=(0.9, 0.95, 0.5))
+    expected, _ = mars_reference(
+        grads, cfg.gamma, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay, vectors=(0.9, 0.95, 0.5)
+    )
     assert_steps_match(got, expected)
 
 
 # ------------------------------------------------------------------------------------------------------- Adam-mini
+
 
 def adam_mini_block(name: str, index: tuple[int, ...]):
     """The block an entry belongs to (Adam-mini v1.1's partition, arXiv:2406.16793 / zyushun/Adam-mini)."""
@@ -173,7 +189,7 @@ def adam_mini_reference(grads, beta1, beta2, eps, weight_decay):
             v_entry = np.empty_like(g[n])
             for index in np.ndindex(g[n].shape):
                 v_entry[index] = v[n][adam_mini_block(n, index)]
-            step = (m[n] / (1 - beta1 ** t)) / (np.sqrt(v_entry / (1 - beta2 ** t)) + eps)
+            step = (m[n] / (1 - beta1**t)) / (np.sqrt(v_entry / (1 - beta2**t)) + eps)
             d[n] = -(step + (weight_decay * x[n] if n in DECAYED else 0.0))
             x[n] = x[n] + LR * d[n]
         out.append(d)
@@ -191,21 +207,24 @@ def test_adam_mini_keeps_one_second_moment_per_block():
     opt = OPTIMIZERS["adam_mini"](MODEL, beta1=0.9, beta2=beta2, eps=1e-8, weight_decay=0.0)
     g = gradients(1)[0]
     _, state = jax.jit(opt.update)(unflat(g), opt.init(PARAMS), PARAMS)
-    kept = flat(jax.tree.map(lambda _, nu: jnp.concatenate([jnp.ravel(a) for a in jax.tree.leaves(nu)]),
-                             PARAMS, state[0].nu))
+    kept = flat(
+        jax.tree.map(lambda _, nu: jnp.concatenate([jnp.ravel(a) for a in jax.tree.leaves(nu)]), PARAMS, state[0].nu)
+    )
     sizes = {n: a.size for n, a in flat(PARAMS).items()}
     for n, values in kept.items():
         means = block_means(n, g[n])
         assert values.size == len(means), n  # one value per block, no more
         # one float32 mean of squares per block against float64: a sum's rounding, ~1e-7 relative; all values > 0
-        np.testing.assert_allclose(np.sort(values), np.sort((1 - beta2) * np.array(list(means.values()))),
-                                   rtol=1e-5, atol=1e-12, err_msg=n)
+        np.testing.assert_allclose(
+            np.sort(values), np.sort((1 - beta2) * np.array(list(means.values()))), rtol=1e-5, atol=1e-12, err_msg=n
+        )
     assert kept["blocks.qkv.weight"].size == CFG.n_layer * (2 * CFG.n_head + D)
     assert kept["wte"].size == CFG.padded_vocab_size and kept["wpe"].size == 1
     assert sum(a.size for a in kept.values()) < sum(sizes.values()) / 3
 
 
 # ------------------------------------------------------------------------------------------------------------ Scion
+
 
 def newton_schulz(x: np.ndarray) -> np.ndarray:
     """The paper code's zeropower_via_newtonschulz5 (5 quintic steps from x / ||x||_F), in float64."""
@@ -256,14 +275,16 @@ def scion_reference(grads, momentum, scale_hidden, scale_embed, scale_input, sca
 
 @pytest.mark.parametrize("unconstrained", [False, True])
 def test_scion_steps_follow_the_paper(unconstrained):
-    hyper = dict(momentum=0.9, scale_hidden=3.0, scale_embed=40.0, scale_input=0.5, scale_vector=2.0,
-                 unconstrained=unconstrained)
+    hyper = dict(
+        momentum=0.9, scale_hidden=3.0, scale_embed=40.0, scale_input=0.5, scale_vector=2.0, unconstrained=unconstrained
+    )
     grads = gradients(3)
     # Newton-Schulz in float32 (5 matmul iterations) against float64: looser than the elementwise rules
     assert_steps_match(directions("scion", grads, **hyper), scion_reference(grads, **hyper), rtol=2e-4, atol=2e-5)
 
 
 # ------------------------------------------------------------------------------------------------------------- SOAP
+
 
 class ReferenceSoapMatrix:
     """One [m, n] matrix as the paper's soap.py keeps it: exp_avg in the current eigenbasis (rotated back and forth
@@ -288,8 +309,9 @@ class ReferenceSoapMatrix:
         if self.q is not None:
             self.exp_avg = self.project_back(self.exp_avg)
         grams = (g @ g.T, g.T @ g)
-        self.gg = [None if gg is None else shampoo_beta * gg + (1 - shampoo_beta) * gram
-                   for gg, gram in zip(self.gg, grams)]
+        self.gg = [
+            None if gg is None else shampoo_beta * gg + (1 - shampoo_beta) * gram for gg, gram in zip(self.gg, grams)
+        ]
         if self.q is None:  # eigh, largest eigenvalue first
             self.q = [None if gg is None else np.linalg.eigh(gg)[1][:, ::-1] for gg in self.gg]
         if self.step > 0 and self.step % frequency == 0:  # one power iteration + QR, sorted by estimated eigenvalue
@@ -312,8 +334,8 @@ class ReferenceSoapMatrix:
         g_rot = self.project(g)
         self.step += 1
         self.exp_avg = beta1 * self.exp_avg + (1 - beta1) * g_rot
-        self.exp_avg_sq = beta2 * self.exp_avg_sq + (1 - beta2) * g_rot ** 2
-        step_size = np.sqrt(1 - beta2 ** self.step) / (1 - beta1 ** self.step)
+        self.exp_avg_sq = beta2 * self.exp_avg_sq + (1 - beta2) * g_rot**2
+        step_size = np.sqrt(1 - beta2**self.step) / (1 - beta1**self.step)
         n = step_size * self.project_back(self.exp_avg / (np.sqrt(self.exp_avg_sq) + eps))
         self.update_preconditioner(g, shampoo_beta, frequency)
         return n
@@ -333,14 +355,18 @@ def soap_reference(grads, beta1, beta2, eps, weight_decay, precondition_frequenc
     def shape_as(n, pieces):
         return np.stack(pieces).reshape(x[n].shape)
 
-    ref = {n: [ReferenceSoapMatrix(*mat.shape, max_precond_dim if n in MATRICES else 0) for mat in matrices(n, x[n])]
-           for n in x}
+    ref = {
+        n: [ReferenceSoapMatrix(*mat.shape, max_precond_dim if n in MATRICES else 0) for mat in matrices(n, x[n])]
+        for n in x
+    }
     out = []
     for g in grads:
         d = {}
         for n in x:
-            pieces = [r.direction(mat, beta1, beta2, eps, s, precondition_frequency)
-                      for r, mat in zip(ref[n], matrices(n, g[n]))]
+            pieces = [
+                r.direction(mat, beta1, beta2, eps, s, precondition_frequency)
+                for r, mat in zip(ref[n], matrices(n, g[n]))
+            ]
             first = ref[n][0].step == 0
             d[n] = -(shape_as(n, pieces) + (weight_decay * x[n] if n in DECAYED and not first else 0.0))
             x[n] = x[n] + LR * d[n]
@@ -348,8 +374,9 @@ def soap_reference(grads, beta1, beta2, eps, weight_decay, precondition_frequenc
     return out
 
 
-SOAP_HYPER = dict(beta1=0.95, beta2=0.9, eps=1e-8, weight_decay=0.1, precondition_frequency=2, max_precond_dim=D,
-                  shampoo_beta=0.8)
+SOAP_HYPER = dict(
+    beta1=0.95, beta2=0.9, eps=1e-8, weight_decay=0.1, precondition_frequency=2, max_precond_dim=D, shampoo_beta=0.8
+)
 
 
 @pytest.mark.parametrize("batched", [False, True], ids=["one_matrix_per_call", "batched"])
@@ -364,8 +391,9 @@ def test_soap_steps_follow_the_paper(batched, monkeypatch):
     monkeypatch.setattr(soap_module, "batched_decompositions", lambda: batched)
     grads = gradients(4)  # the first only builds L and R, the third step refreshes the bases, the fourth uses them
     with jax.enable_x64(True):
-        got = directions("soap", grads, params=jax.tree.map(lambda x: jnp.asarray(x, jnp.float64), PARAMS),
-                         **SOAP_HYPER)
+        got = directions(
+            "soap", grads, params=jax.tree.map(lambda x: jnp.asarray(x, jnp.float64), PARAMS), **SOAP_HYPER
+        )
     assert all(np.all(u == 0) for u in got[0].values())
     assert_steps_match_in_scale(got, soap_reference(grads, **SOAP_HYPER), 1e-9)
 
@@ -387,15 +415,24 @@ def assert_steps_match_in_scale(got, expected, tolerance):
         for name, want in step_expected.items():
             scale = np.abs(want).max()
             error = np.abs(step_got[name] - want).max()
-            assert error <= tolerance * scale, \
+            assert error <= tolerance * scale, (
                 f"step {t + 1}, {name}: off by {error:.3g}, {error / scale:.3g} of its scale"
+            )
 
 
 def test_soap_first_step_is_adam_rotated_into_the_eigenbases_of_the_first_gradient():
     """In float64 (as the paper test: the eigenvectors exact to ~1e-14, so 1e-9 of the scale is a wide margin)."""
     beta1, beta2, eps = 0.9, 0.99, 1e-8
-    opt = OPTIMIZERS["soap"](MODEL, beta1=beta1, beta2=beta2, eps=eps, weight_decay=0.0, precondition_frequency=1,
-                             max_precond_dim=D, shampoo_beta=-1.0)
+    opt = OPTIMIZERS["soap"](
+        MODEL,
+        beta1=beta1,
+        beta2=beta2,
+        eps=eps,
+        weight_decay=0.0,
+        precondition_frequency=1,
+        max_precond_dim=D,
+        shampoo_beta=-1.0,
+    )
     g1, g2 = gradients(2, seed=1)
     with jax.enable_x64(True):
         params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float64), PARAMS)
@@ -408,9 +445,10 @@ def test_soap_first_step_is_adam_rotated_into_the_eigenbases_of_the_first_gradie
         q_left, q_right = np.linalg.eigh(G1 @ G1.T)[1], np.linalg.eigh(G1.T @ G1)[1]
         rotated = q_left.T @ G2 @ q_right
         # Adam's first step (bias-corrected, eps added before the correction, as the paper's code) in that basis
-        adam = np.sqrt(1 - beta2) / (1 - beta1) * ((1 - beta1) * rotated) / (np.sqrt((1 - beta2) * rotated ** 2) + eps)
-        assert_steps_match_in_scale([{"w": flat(u2)["blocks.attn_proj.weight"][layer]}],
-                                    [{"w": -(q_left @ adam @ q_right.T)}], 1e-9)
+        adam = np.sqrt(1 - beta2) / (1 - beta1) * ((1 - beta1) * rotated) / (np.sqrt((1 - beta2) * rotated**2) + eps)
+        assert_steps_match_in_scale(
+            [{"w": flat(u2)["blocks.attn_proj.weight"][layer]}], [{"w": -(q_left @ adam @ q_right.T)}], 1e-9
+        )
 
 
 # ------------------------------------------------------------------------------------------------ all four: groups
@@ -419,16 +457,28 @@ HYPER = {
     "kron": dict(beta1=0.9, weight_decay=0.1, precond_lr=0.1, precond_update_probability=1.0, max_size_triangular=D),
     "mars": dict(gamma=0.025, beta1=0.95, beta2=0.99, eps=1e-8, weight_decay=0.1),
     "adam_mini": dict(beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1),
-    "scion": dict(momentum=0.9, scale_hidden=3.0, scale_embed=40.0, scale_input=0.5, scale_vector=2.0,
-                  unconstrained=False),
-    "soap": dict(beta1=0.95, beta2=0.95, eps=1e-8, weight_decay=0.1, precondition_frequency=1, max_precond_dim=D,
-                 shampoo_beta=-1.0),
+    "scion": dict(
+        momentum=0.9, scale_hidden=3.0, scale_embed=40.0, scale_input=0.5, scale_vector=2.0, unconstrained=False
+    ),
+    "soap": dict(
+        beta1=0.95,
+        beta2=0.95,
+        eps=1e-8,
+        weight_decay=0.1,
+        precondition_frequency=1,
+        max_precond_dim=D,
+        shampoo_beta=-1.0,
+    ),
 }
-REFERENCE = {"mars": lambda g, **h: mars_reference(g, **h)[0], "adam_mini": adam_mini_reference,
-             "scion": scion_reference, "soap": soap_reference,
-             # Kron's rule is checked on the whole model below; given a group, it must step the group's tensors as it
-             # steps them given the whole model (its draws go by each parameter's path)
-             "kron": lambda g, **h: directions("kron", g, **h)}
+REFERENCE = {
+    "mars": lambda g, **h: mars_reference(g, **h)[0],
+    "adam_mini": adam_mini_reference,
+    "scion": scion_reference,
+    "soap": soap_reference,
+    # Kron's rule is checked on the whole model below; given a group, it must step the group's tensors as it
+    # steps them given the whole model (its draws go by each parameter's path)
+    "kron": lambda g, **h: directions("kron", g, **h),
+}
 
 
 @pytest.mark.parametrize("name", sorted(HYPER))
@@ -437,8 +487,9 @@ def test_a_parameter_group_steps_as_the_paper_says(name):
     paper's rule, the others not at all: the rules go by each tensor's role, not by its place in a full tree."""
     mine = ("attn_qkv", "mlp_out", "token_embedding", "norm", "bias")
     labels = jax.tree.map(lambda label: "mine" if label in mine else "other", MODEL.parameter_labels())
-    part = optax.partition({"mine": OPTIMIZERS[name](MODEL, **HYPER[name]), "other": optax.set_to_zero()},
-                           fixed(labels))
+    part = optax.partition(
+        {"mine": OPTIMIZERS[name](MODEL, **HYPER[name]), "other": optax.set_to_zero()}, fixed(labels)
+    )
     grads = gradients(3)
     got, expected = directions(part, grads), REFERENCE[name](grads, **HYPER[name])
     is_mine = flat(jax.tree.map(lambda label: label == "mine", labels))
@@ -469,7 +520,9 @@ def test_soap_reports_its_preconditioners_condition_estimate():
     params = eqx.filter(model, eqx.is_array)
     grads = jax.tree.map(lambda x: jax.random.normal(jax.random.PRNGKey(1), x.shape), params)
     _, state = optimizer.update(grads, optimizer.init(params), params)
-    (soap,) = [s for s in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, SoapState)) if isinstance(s, SoapState)]
+    (soap,) = [
+        s for s in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, SoapState)) if isinstance(s, SoapState)
+    ]
     want = 0.0
     for gg in jax.tree.leaves((soap.gg_left, soap.gg_right)):
         for matrix in np.asarray(gg, np.float64):
@@ -483,6 +536,7 @@ def test_soap_reports_its_preconditioners_condition_estimate():
 
 # ------------------------------------------------------------------------------------------------------------- Kron
 
+
 def norm_lower_bound(a):
     """psgd-jax's spectral-norm estimate of a symmetric matrix: one power step from its largest row."""
     top = np.abs(a).max()
@@ -491,8 +545,16 @@ def norm_lower_bound(a):
     return top * np.linalg.norm((x / np.linalg.norm(x)) @ a)
 
 
-def kron_reference(grads, step_draws, beta1, weight_decay, precond_lr, precond_update_probability,
-                   max_size_triangular, momentum_into_precond=True):
+def kron_reference(
+    grads,
+    step_draws,
+    beta1,
+    weight_decay,
+    precond_lr,
+    precond_update_probability,
+    max_size_triangular,
+    momentum_into_precond=True,
+):
     """PSGD Kron (Li, arXiv:1512.04202 and 2402.11858; psgd-jax's kron) per layer's matrix [in, out] (a vector as a
     row [1, n]), in float64, the preconditioner's factors as full matrices (a diagonal factor as a diagonal matrix,
     refit by its own rule). `step_draws`: each step's refit draw, probes V and noise Z by parameter name."""
@@ -512,12 +574,12 @@ def kron_reference(grads, step_draws, beta1, weight_decay, precond_lr, precond_u
         d = {}
         for n in x:
             mu[n] = beta1 * mu[n] + (1 - beta1) * g[n]
-            fitted = matrices(n, mu[n] / (1 - beta1 ** t) if momentum_into_precond else g[n])
+            fitted = matrices(n, mu[n] / (1 - beta1**t) if momentum_into_precond else g[n])
             pieces = []
             for b, (h, (ql, qr)) in enumerate(zip(fitted, q[n])):
                 kinds = (kind(n, h.shape[0]), kind(n, h.shape[1]))
                 if t == 1:  # P starts at (mean h^4)^(-1/4): Q's scale split over the sides present
-                    c = np.mean(h ** 4) ** (-1 / 8)
+                    c = np.mean(h**4) ** (-1 / 8)
                     c = c ** (1 / sum(k is not None for k in kinds))
                     ql, qr = (ql * c if kinds[0] else ql), (qr * c if kinds[1] else qr)
                 if u < precond_update_probability:
@@ -526,8 +588,9 @@ def kron_reference(grads, step_draws, beta1, weight_decay, precond_lr, precond_u
                     a = ql @ hd @ qr.T
                     bb = np.linalg.inv(ql).T @ v @ np.linalg.inv(qr)
                     new = []
-                    for side, (qs, k, t1, t2) in enumerate(((ql, kinds[0], a @ a.T, bb @ bb.T),
-                                                            (qr, kinds[1], a.T @ a, bb.T @ bb))):
+                    for _side, (qs, k, t1, t2) in enumerate(
+                        ((ql, kinds[0], a @ a.T, bb @ bb.T), (qr, kinds[1], a.T @ a, bb.T @ bb))
+                    ):
                         if k == "tri":
                             qs = qs - precond_lr / norm_lower_bound(t1 + t2) * np.triu(t1 - t2) @ qs
                         elif k == "diag":
@@ -539,9 +602,9 @@ def kron_reference(grads, step_draws, beta1, weight_decay, precond_lr, precond_u
                         nl, nr = np.abs(ql).max(), np.abs(qr).max()
                         ql, qr = ql * np.sqrt(nl * nr) / nl, qr * np.sqrt(nl * nr) / nr
                 q[n][b] = [ql, qr]
-                m_hat = matrices(n, mu[n] / (1 - beta1 ** t))[b]
+                m_hat = matrices(n, mu[n] / (1 - beta1**t))[b]
                 p = ql.T @ ql @ m_hat @ qr.T @ qr
-                pieces.append(p * min(1.0, 1.1 / (np.sqrt(np.mean(p ** 2)) + 1e-12)))
+                pieces.append(p * min(1.0, 1.1 / (np.sqrt(np.mean(p**2)) + 1e-12)))
             d[n] = -(np.stack(pieces).reshape(x[n].shape) + (weight_decay * x[n] if n in DECAYED else 0.0))
             x[n] = x[n] + LR * d[n]
         out.append(d)
@@ -558,8 +621,14 @@ def test_kron_steps_follow_the_paper(momentum_into_precond):
     from optimizers.param_roles import roles_of
     from optimizers.reporting import optimizer_metrics
 
-    hyper = dict(beta1=0.9, weight_decay=0.1, precond_lr=0.1, precond_update_probability=0.5,
-                 max_size_triangular=D, momentum_into_precond=momentum_into_precond)
+    hyper = dict(
+        beta1=0.9,
+        weight_decay=0.1,
+        precond_lr=0.1,
+        precond_update_probability=0.5,
+        max_size_triangular=D,
+        momentum_into_precond=momentum_into_precond,
+    )
     opt = OPTIMIZERS["kron"](MODEL, **hyper)
     update = jax.jit(opt.update)
     roles = roles_of(MODEL)
@@ -661,12 +730,12 @@ def test_prodigy_without_bias_correction_grows_its_estimate_far_faster():
     d is ~100x larger than with Adam's correction, which optax.contrib.prodigy always applies."""
     x_star = {n: a + 0.5 * np.random.default_rng(3).standard_normal(a.shape) for n, a in flat(PARAMS).items()}
     hyper = dict(beta1=0.9, beta2=0.999, eps=1e-8, d0=1e-6, d_coef=1.0, weight_decay=0.0)
-    plain, corrected = (prodigy_reference(x_star, [1.0] * 12, bias_correction=b, **hyper)[1][-1]
-                        for b in (False, True))
+    plain, corrected = (prodigy_reference(x_star, [1.0] * 12, bias_correction=b, **hyper)[1][-1] for b in (False, True))
     assert plain > 30 * corrected, (plain, corrected)
 
 
 # ----------------------------------------------------------------------------------------------------- D-Adaptation
+
 
 def dadapt_reference(x_star, lrs, beta1, beta2, eps, d0, weight_decay, growth_rate=np.inf):
     """The authors' DAdaptAdam step (dadaptation, one parameter group, decouple=True, use_bias_correction=False), in
@@ -711,6 +780,7 @@ def test_dadapt_adamw_steps_follow_the_reference():
 
 # ------------------------------------------------------------------------------------------------------------- Muon
 
+
 def muon_reference(grads, momentum, weight_decay):
     """Muon as the pipeline runs it (optax.contrib.muon, float64 numpy), on each layer's block matrix [in, out]: an EMA
     of the gradient with Nesterov's look-ahead, both bias-corrected (m = b m + (1 - b) g; b m / (1 - b^(t+1)) +
@@ -725,7 +795,7 @@ def muon_reference(grads, momentum, weight_decay):
         d = {}
         for n in BLOCK_WEIGHTS:
             m[n] = momentum * m[n] + (1 - momentum) * g[n]
-            look = momentum * m[n] / (1 - momentum ** (t + 1)) + (1 - momentum) * g[n] / (1 - momentum ** t)
+            look = momentum * m[n] / (1 - momentum ** (t + 1)) + (1 - momentum) * g[n] / (1 - momentum**t)
             layers = []
             for layer in range(look.shape[0]):
                 a = look[layer].reshape(look.shape[1], -1)  # [in, out]

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from core.errors import ConfigError
-from data.notes import Notes
 from data.corpus import load_corpus
+from data.notes import Notes
 from helpers import build, read_metrics, run_cli, run_in_process, script_in_process, tiny_overrides
 from training import config as config_lib
 from training.checkpoints.checkpointer import Checkpointer
@@ -27,12 +27,22 @@ def piano_overrides(cache: str, run_dir, *extra: str) -> list[str]:
     """gpt2-tiny on a few music21 pieces per composer (the smallest three, one each for train, val and test: parsing
     is what costs, beethoven's quartets take 19 s), records of 12 notes (about 45 tokens), 8 a step."""
     return tiny_overrides(
-        cache, "dataset=music21", "dataset.tokenizer=notes", "dataset.composers=[bach,mozart,haydn]",
+        cache,
+        "dataset=music21",
+        "dataset.tokenizer=notes",
+        "dataset.composers=[bach,mozart,haydn]",
         "dataset.eval_composers=[bach,mozart,haydn]",
         "dataset.max_pieces_per_composer=3",
-        "data.notes_per_record=12", "train.batch_size=8", "train.max_steps=40", "train.eval_interval=20",
-        "train.eval_iters=2", "train.log_interval=10", "optimizer.lr_config.lr=3e-3", f"logging.run_dir={run_dir}",
-        *extra)
+        "data.notes_per_record=12",
+        "train.batch_size=8",
+        "train.max_steps=40",
+        "train.eval_interval=20",
+        "train.eval_iters=2",
+        "train.log_interval=10",
+        "optimizer.lr_config.lr=3e-3",
+        f"logging.run_dir={run_dir}",
+        *extra,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +56,17 @@ def pretrained(tmp_path_factory, data_cache):
 @pytest.fixture(scope="module")
 def finetuned(pretrained, data_cache):
     run_dir = pretrained.parent / "finetune"
-    result = run_cli(piano_overrides(data_cache, run_dir, f"init_from={pretrained}", "stage=piano_task",
-                                     "tasks=[dynamics]", "loss_masking=finetuning", "train.eval_at_start=true"))
+    result = run_cli(
+        piano_overrides(
+            data_cache,
+            run_dir,
+            f"init_from={pretrained}",
+            "stage=piano_task",
+            "tasks=[dynamics]",
+            "loss_masking=finetuning",
+            "train.eval_at_start=true",
+        )
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return run_dir, result
 
@@ -72,9 +91,20 @@ def test_fine_tuning_a_task_beats_the_pretrained_weights_on_its_target_tokens(fi
 
 def test_eval_only_scores_the_pretrained_weights_on_a_task(pretrained, finetuned, data_cache, capsys):
     run_dir, _ = finetuned
-    result = run_in_process(piano_overrides(data_cache, pretrained, "eval_only=true", "checkpoint.load=True",
-                                            f"checkpoint.load_path={pretrained}", "checkpoint.overwrite_config=True",
-                                            "stage=piano_task", "tasks=[dynamics]", "loss_masking=finetuning"), capsys)
+    result = run_in_process(
+        piano_overrides(
+            data_cache,
+            pretrained,
+            "eval_only=true",
+            "checkpoint.load=True",
+            f"checkpoint.load_path={pretrained}",
+            "checkpoint.overwrite_config=True",
+            "stage=piano_task",
+            "tasks=[dynamics]",
+            "loss_masking=finetuning",
+        ),
+        capsys,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     scores = json.loads((pretrained / "eval-step40.json").read_text())["results"]
     assert list(scores) == ["full", "bach", "mozart", "haydn", "test"]
@@ -85,8 +115,12 @@ def test_eval_only_scores_the_pretrained_weights_on_a_task(pretrained, finetuned
 
 def test_a_fine_tuned_model_writes_a_playable_midi(finetuned, tmp_path, monkeypatch, capsys):
     run_dir, _ = finetuned
-    result = script_in_process("sample.py", [str(run_dir), "--max-new-tokens", "30", "--out", str(tmp_path),
-                                             "--prompt-notes", "12"], monkeypatch, capsys)
+    result = script_in_process(
+        "sample.py",
+        [str(run_dir), "--max-new-tokens", "30", "--out", str(tmp_path), "--prompt-notes", "12"],
+        monkeypatch,
+        capsys,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "dynamics" in result.stdout
     midi = mido.MidiFile(str(tmp_path / "sample-0.mid"))
@@ -100,15 +134,31 @@ def test_a_pretrained_model_continues_a_midi_prompt(pretrained, tmp_path, bach_c
     from data.midi import write_midi
 
     prompt = write_midi(bach_chorale, tmp_path / "prompt-in.mid")
-    result = script_in_process("sample.py", [str(pretrained), "--prompt-midi", str(prompt), "--prompt-notes", "10",
-                                             "--max-new-tokens", "40", "--out", str(tmp_path / "out"), "--temperature",
-                                             "1.0"], monkeypatch, capsys)
+    result = script_in_process(
+        "sample.py",
+        [
+            str(pretrained),
+            "--prompt-midi",
+            str(prompt),
+            "--prompt-notes",
+            "10",
+            "--max-new-tokens",
+            "40",
+            "--out",
+            str(tmp_path / "out"),
+            "--temperature",
+            "1.0",
+        ],
+        monkeypatch,
+        capsys,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "next-token continuation" in result.stdout
     assert mido.MidiFile(str(tmp_path / "out" / "sample-0.mid")).length > 0
     assert len([m for m in mido.MidiFile(str(tmp_path / "out" / "prompt.mid")) if m.type == "note_on"]) == 10
-    notes = len([m for m in mido.MidiFile(str(tmp_path / "out" / "sample-0.mid")) if m.type == "note_on"
-                 and m.velocity > 0])
+    notes = len(
+        [m for m in mido.MidiFile(str(tmp_path / "out" / "sample-0.mid")) if m.type == "note_on" and m.velocity > 0]
+    )
     blue, orange = roll_colours(tmp_path / "out" / "sample-0.png")
     assert blue > 0 and (orange > 0) == (notes > 10)  # the prompt's notes blue, the model's orange
     assert roll_colours(tmp_path / "out" / "prompt.png")[1] == 0
@@ -129,8 +179,9 @@ def test_a_piano_roll_draws_the_prompt_and_the_model_in_two_colours(tmp_path):
     from data.piano_roll import draw_piano_roll, from_prompt
 
     prompt = Notes.from_lists([60, 64, 67], [40, 80, 120], [0.0, 0.5, 1.0], [0.5, 1.0, 1.5])
-    piece = Notes.from_lists([60, 64, 67, 72, 71], [40, 80, 120, 100, 60], [0.0, 0.5, 1.0, 1.5, 2.0],
-                             [0.5, 1.0, 1.5, 2.0, 2.5])
+    piece = Notes.from_lists(
+        [60, 64, 67, 72, 71], [40, 80, 120, 100, 60], [0.0, 0.5, 1.0, 1.5, 2.0], [0.5, 1.0, 1.5, 2.0, 2.5]
+    )
     assert from_prompt(piece, prompt).tolist() == [True, True, True, False, False]
     blue, orange = roll_colours(draw_piano_roll(piece, prompt, tmp_path / "roll.png"))
     assert blue > 500 and orange > 300
@@ -138,8 +189,14 @@ def test_a_piano_roll_draws_the_prompt_and_the_model_in_two_colours(tmp_path):
 
 
 def test_init_from_loads_the_weights_and_resets_optimizer_and_step(pretrained, data_cache):
-    overrides = piano_overrides(data_cache, pretrained.parent / "unused", f"init_from={pretrained}",
-                                "stage=piano_task", "tasks=[continuation]", "loss_masking=finetuning")
+    overrides = piano_overrides(
+        data_cache,
+        pretrained.parent / "unused",
+        f"init_from={pretrained}",
+        "stage=piano_task",
+        "tasks=[continuation]",
+        "loss_masking=finetuning",
+    )
     cfg = config_lib.load_config(overrides)
     plan = plan_run(cfg, overrides, 0)
     parts = build(overrides, plan.init_from)
@@ -155,8 +212,12 @@ def test_init_from_loads_the_weights_and_resets_optimizer_and_step(pretrained, d
 
 
 def test_init_from_with_another_notes_tokenizer_is_refused(pretrained, data_cache, tmp_path, capsys):
-    result = run_in_process(piano_overrides(data_cache, tmp_path / "run", f"init_from={pretrained}",
-                                            "dataset.notes_tokenizer.velocity_bins=16"), capsys)
+    result = run_in_process(
+        piano_overrides(
+            data_cache, tmp_path / "run", f"init_from={pretrained}", "dataset.notes_tokenizer.velocity_bins=16"
+        ),
+        capsys,
+    )
     assert result.returncode != 0
     lines = result.stderr.strip().splitlines()
     assert lines[-1].startswith("error: dataset.notes_tokenizer:") and "checkpoint" in lines[-1]
@@ -170,10 +231,20 @@ def write_maestro_layout(folder, pieces_per_split: dict[str, list[tuple[str, Not
     (folder / "data").mkdir(parents=True)
     for split, pieces in pieces_per_split.items():
         rows = {
-            "notes": [{"pitch": n.pitch.tolist(), "velocity": n.velocity.tolist(), "start": n.start.tolist(),
-                       "end": n.end.tolist(), "duration": (n.end - n.start).tolist()} for _, n in pieces],
-            "source": [json.dumps({"composer": c, "title": f"piece {i}", "midi_filename": f"{i}.midi"})
-                       for i, (c, _) in enumerate(pieces)],
+            "notes": [
+                {
+                    "pitch": n.pitch.tolist(),
+                    "velocity": n.velocity.tolist(),
+                    "start": n.start.tolist(),
+                    "end": n.end.tolist(),
+                    "duration": (n.end - n.start).tolist(),
+                }
+                for _, n in pieces
+            ],
+            "source": [
+                json.dumps({"composer": c, "title": f"piece {i}", "midi_filename": f"{i}.midi"})
+                for i, (c, _) in enumerate(pieces)
+            ],
         }
         datasets.Dataset.from_dict(rows).to_parquet(str(folder / "data" / f"{split}-00000-of-00001.parquet"))
 
@@ -187,13 +258,25 @@ def test_the_maestro_layout_loads_from_a_local_folder_through_the_hub_code_path(
     def piece(k: int) -> Notes:
         return pieces[k]
 
-    write_maestro_layout(tmp_path / "maestro", {
-        "train": [("Johann Sebastian Bach", piece(0)), ("Frédéric Chopin", piece(1)), ("Franz Liszt", piece(2))],
-        "validation": [("Johann Sebastian Bach", piece(3)), ("Frédéric Chopin", piece(4)), ("Franz Liszt", piece(5))],
-        "test": [("Wolfgang Amadeus Mozart", piece(6))],
-    })
-    cfg = config_lib.load_config(["dataset=maestro", f"dataset.base_dataset_name={tmp_path / 'maestro'}",
-                                  f"dataset.cache_dir={tmp_path / 'cache'}"])
+    write_maestro_layout(
+        tmp_path / "maestro",
+        {
+            "train": [("Johann Sebastian Bach", piece(0)), ("Frédéric Chopin", piece(1)), ("Franz Liszt", piece(2))],
+            "validation": [
+                ("Johann Sebastian Bach", piece(3)),
+                ("Frédéric Chopin", piece(4)),
+                ("Franz Liszt", piece(5)),
+            ],
+            "test": [("Wolfgang Amadeus Mozart", piece(6))],
+        },
+    )
+    cfg = config_lib.load_config(
+        [
+            "dataset=maestro",
+            f"dataset.base_dataset_name={tmp_path / 'maestro'}",
+            f"dataset.cache_dir={tmp_path / 'cache'}",
+        ]
+    )
     corpus = load_corpus(cfg.dataset)
     assert list(corpus) == ["train", "full", "bach", "chopin", "test"]
     assert [len(corpus[s]) for s in corpus] == [3, 3, 1, 1, 1]
@@ -206,9 +289,17 @@ def test_the_maestro_layout_loads_from_a_local_folder_through_the_hub_code_path(
 
 def test_an_unreachable_hub_dataset_is_one_clear_line(tmp_path, capsys):
     # in this process: test_end_to_end.py's offline Hub dataset runs in one of its own
-    result = run_in_process(["dataset=maestro", "dataset.base_dataset_name=epr-labs/no-such-piano-dataset",
-                             f"dataset.cache_dir={tmp_path}", "model=gpt2-tiny", "logging.wandb=disabled",
-                             f"logging.run_dir={tmp_path / 'run'}"], capsys)
+    result = run_in_process(
+        [
+            "dataset=maestro",
+            "dataset.base_dataset_name=epr-labs/no-such-piano-dataset",
+            f"dataset.cache_dir={tmp_path}",
+            "model=gpt2-tiny",
+            "logging.wandb=disabled",
+            f"logging.run_dir={tmp_path / 'run'}",
+        ],
+        capsys,
+    )
     assert result.returncode == 1
     line = result.stderr.strip().splitlines()[-1]
     assert line.startswith("error: dataset epr-labs/no-such-piano-dataset (validation): could not load it")
@@ -218,9 +309,16 @@ def test_an_unreachable_hub_dataset_is_one_clear_line(tmp_path, capsys):
 def test_text_fine_tuning_records_put_the_loss_on_the_completion_only(tmp_path, data_cache):
     rows = [{"question": f"What is {a} plus {b}?", "answer": f"{a + b}"} for a in range(12) for b in range(12)]
     (tmp_path / "qa.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
-    overrides = tiny_overrides(data_cache, "dataset=json_files", f"dataset.files=[{tmp_path / 'qa.jsonl'}]",
-                               "dataset.tokenizer=byte", "dataset.prompt_column=question",
-                               "dataset.completion_column=answer", "loss_masking=finetuning", "dataset.max_documents=null")
+    overrides = tiny_overrides(
+        data_cache,
+        "dataset=json_files",
+        f"dataset.files=[{tmp_path / 'qa.jsonl'}]",
+        "dataset.tokenizer=byte",
+        "dataset.prompt_column=question",
+        "dataset.completion_column=answer",
+        "loss_masking=finetuning",
+        "dataset.max_documents=null",
+    )
     parts = build(overrides)
     batch = parts.data.train.batch(0)
     tok = parts.tokenizer
@@ -234,14 +332,20 @@ def test_text_fine_tuning_records_put_the_loss_on_the_completion_only(tmp_path, 
     assert np.mean(first[-5:]) < np.mean(first[:5])
 
 
-@pytest.mark.parametrize("override, message", [
-    (["stage=piano_task", "tasks=[dynamics]"], "config: stage: piano_task needs a notes source"),
-    (["dataset=music21", "stage=piano_task"], "config: tasks: stage=piano_task needs at least one task"),
-    (["dataset=music21", "stage=piano_task", "tasks=[harmony]"], "config: tasks: unknown task 'harmony'"),
-    (["loss_masking=finetuning"], "config: loss_masking: finetuning puts the loss after <GENAI>"),
-    (["dataset=music21", "dataset.tokenizer=bpe"], "config: dataset.tokenizer: dataset.source=music21 needs"),
-    (["dataset=music21", "dataset.augmentation.max_pitch_shift=-1"], "config: dataset.augmentation.max_pitch_shift"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (["stage=piano_task", "tasks=[dynamics]"], "config: stage: piano_task needs a notes source"),
+        (["dataset=music21", "stage=piano_task"], "config: tasks: stage=piano_task needs at least one task"),
+        (["dataset=music21", "stage=piano_task", "tasks=[harmony]"], "config: tasks: unknown task 'harmony'"),
+        (["loss_masking=finetuning"], "config: loss_masking: finetuning puts the loss after <GENAI>"),
+        (["dataset=music21", "dataset.tokenizer=bpe"], "config: dataset.tokenizer: dataset.source=music21 needs"),
+        (
+            ["dataset=music21", "dataset.augmentation.max_pitch_shift=-1"],
+            "config: dataset.augmentation.max_pitch_shift",
+        ),
+    ],
+)
 def test_incoherent_stage_settings_fail_at_the_door(override, message):
     with pytest.raises(ConfigError) as e:
         config_lib.load_config(["model=gpt2-tiny", *override], num_local_devices=1)
@@ -252,4 +356,5 @@ def test_a_stage_error_is_one_line_and_exit_2(capsys):
     result = run_in_process(["model=gpt2-tiny", "stage=piano_task", "tasks=[dynamics]"], capsys)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        "error: config: stage: piano_task needs a notes source (dataset=music21, maestro or midi_files), not pystdlib"]
+        "error: config: stage: piano_task needs a notes source (dataset=music21, maestro or midi_files), not pystdlib"
+    ]

@@ -1,4 +1,5 @@
-"""Mixed precision, float16 loss scaling, skipped steps, remat / scanned layers, attention choice and the MFU formula."""
+"""Mixed precision, float16 loss scaling, skipped steps, remat / scanned layers, attention choice and the MFU
+formula."""
 
 import collections
 import dataclasses
@@ -17,10 +18,10 @@ from helpers import build, run_cli, tiny_overrides
 from models import gpt_config
 from models.gpt import GPT, GPTConfig
 from training.config import load_config
-from training.reporting.flops import flops_per_token, mfu, peak_flops
-from training.step.precision import SCALE_PERIOD, LossScale
 from training.distributed.sharding import put_batch
+from training.reporting.flops import flops_per_token, mfu, peak_flops
 from training.step.losses import mean_loss
+from training.step.precision import SCALE_PERIOD, LossScale
 
 STEPS = 20
 # Stated tolerances: mean absolute difference from the float32 curve over 20 steps of the tiny model.
@@ -32,8 +33,11 @@ def matmul_operand_types(parts) -> list[set[str]]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # lowering alone reports the donated buffers as unused
         text = parts.train_step.lower(parts.state, put_batch(parts.data.train.batch(0), parts.mesh)).as_text()
-    return [set(re.findall(r"x([a-z]+[0-9]*)>", line.split(" : (", 1)[1].split(") ->")[0]))
-            for line in text.splitlines() if "stablehlo.dot_general" in line]
+    return [
+        set(re.findall(r"x([a-z]+[0-9]*)>", line.split(" : (", 1)[1].split(") ->")[0]))
+        for line in text.splitlines()
+        if "stablehlo.dot_general" in line
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +64,10 @@ def test_16_bit_compute_tracks_the_float32_curve(dtype, float32_curve, data_cach
 
 
 def unchanged(a, b):
-    return all(bool(jnp.array_equal(x, y, equal_nan=True))
-               for x, y in zip(jax.tree.leaves(eqx.filter(a, eqx.is_array)), jax.tree.leaves(eqx.filter(b, eqx.is_array))))
+    return all(
+        bool(jnp.array_equal(x, y, equal_nan=True))
+        for x, y in zip(jax.tree.leaves(eqx.filter(a, eqx.is_array)), jax.tree.leaves(eqx.filter(b, eqx.is_array)))
+    )
 
 
 def test_float16_overflow_halves_the_scale_and_skips_the_step(data_cache):
@@ -113,8 +119,9 @@ def traced_ops(cfg: GPTConfig) -> collections.Counter:
     """How often each primitive occurs in the loss-and-gradient computation (scan bodies and remat regions
     included): what the compiler is asked to run."""
     params, static = eqx.partition(GPT.init(cfg, jax.random.PRNGKey(0)), eqx.is_array)
-    jaxpr = jax.make_jaxpr(jax.value_and_grad(lambda p: mean_loss(eqx.combine(p, static), knobs_batch(), None,
-                                                                  jnp.float32)))(params)
+    jaxpr = jax.make_jaxpr(
+        jax.value_and_grad(lambda p: mean_loss(eqx.combine(p, static), knobs_batch(), None, jnp.float32))
+    )(params)
     counts: collections.Counter = collections.Counter()
 
     def walk(j):
@@ -129,8 +136,9 @@ def traced_ops(cfg: GPTConfig) -> collections.Counter:
     return counts
 
 
-@pytest.mark.parametrize("scan,remat", [(s, r) for s in (True, False) for r in ("none", "block", "full")
-                                        if (s, r) != (False, "none")])
+@pytest.mark.parametrize(
+    "scan,remat", [(s, r) for s in (True, False) for r in ("none", "block", "full") if (s, r) != (False, "none")]
+)
 def test_remat_and_scanned_layers_give_the_plain_models_loss_and_gradients(scan, remat):
     variant = dataclasses.replace(PLAIN, scan_layers=scan, remat=remat)
     key = jax.random.PRNGKey(0)
@@ -148,8 +156,10 @@ def test_remat_and_scanned_layers_give_the_plain_models_loss_and_gradients(scan,
 def test_remat_recomputes_matmuls_in_the_backward_pass(scan):
     """`block` recomputes the attention's batched matmuls (it keeps the other matmuls' outputs), `full` every matmul
     the backward pass needs: the gradient's computation holds more matmuls than without remat, and more for `full`."""
-    matmuls = {remat: traced_ops(dataclasses.replace(PLAIN, scan_layers=scan, remat=remat))["dot_general"]
-               for remat in ("none", "block", "full")}
+    matmuls = {
+        remat: traced_ops(dataclasses.replace(PLAIN, scan_layers=scan, remat=remat))["dot_general"]
+        for remat in ("none", "block", "full")
+    }
     assert matmuls["none"] < matmuls["block"] < matmuls["full"], matmuls
 
 
@@ -161,8 +171,9 @@ def test_mfu_formula_matches_a_hand_count_for_gpt2_124m_under_both_conventions()
     n = V * d + L * per_layer + 2 * d  # token embedding (= head) + blocks + final LayerNorm; no position embedding
     assert flops_per_token(model, T) == flops_per_token(model, T, "palm") == 6 * n + 12 * L * d * T
     assert flops_per_token(model, T, "llmc") == 6 * n + 6 * L * d * T
-    assert flops_per_token(model, T, "llmc") == pytest.approx(6 * 124.4e6 - 6 * 1024 * 768 + 6 * 12 * 768 * 1024,
-                                                              rel=2e-3)
+    assert flops_per_token(model, T, "llmc") == pytest.approx(
+        6 * 124.4e6 - 6 * 1024 * 768 + 6 * 12 * 768 * 1024, rel=2e-3
+    )
     h100 = peak_flops("NVIDIA H100 80GB HBM3", "bfloat16")
     assert h100 == 989e12 and peak_flops("cpu", "float32") is None and peak_flops("cpu", "float32", 1e12) == 1e12
     assert mfu(100_000, 6 * n + 12 * L * d * T, h100, 2) == pytest.approx(100_000 * (6 * n + 12 * L * d * T) / 1978e12)
@@ -170,12 +181,14 @@ def test_mfu_formula_matches_a_hand_count_for_gpt2_124m_under_both_conventions()
 
 
 def test_cudnn_attention_on_cpu_is_one_clear_line(tmp_path, capsys, data_cache):
-    code = train_jax.command_line(tiny_overrides(data_cache, "model.attention=cudnn",
-                                                 f"logging.run_dir={tmp_path}/run"))
+    code = train_jax.command_line(
+        tiny_overrides(data_cache, "model.attention=cudnn", f"logging.run_dir={tmp_path}/run")
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1
-    assert err[0] == ("error: config: model.attention: cudnn is not available (the backend is cpu); "
-                      "use model.attention=auto or xla")
+    assert err[0] == (
+        "error: config: model.attention: cudnn is not available (the backend is cpu); use model.attention=auto or xla"
+    )
 
 
 def test_auto_attention_picks_the_blocked_kernel_on_cpu(data_cache):
@@ -207,15 +220,18 @@ def parameter_casts(parts) -> collections.Counter:
 
     def walk(j, params, where):
         for eqn in j.eqns:
-            if (eqn.primitive.name == "convert_element_type" and any(eqn.invars[0] is v for v in params)
-                    and eqn.outvars[0].aval.dtype == jnp.bfloat16):
+            if (
+                eqn.primitive.name == "convert_element_type"
+                and any(eqn.invars[0] is v for v in params)
+                and eqn.outvars[0].aval.dtype == jnp.bfloat16
+            ):
                 counts[where] += 1
             inner = "micro-batch loop" if eqn.primitive.name == "scan" and where == "step" else where
             for value in eqn.params.values():
                 for sub in value if isinstance(value, (list, tuple)) else [value]:
                     if isinstance(sub, (jax.extend.core.Jaxpr, jax.extend.core.ClosedJaxpr)):
                         sub = getattr(sub, "jaxpr", sub)
-                        operands = eqn.invars[len(eqn.invars) - len(sub.invars):]  # cond: the index comes first
+                        operands = eqn.invars[len(eqn.invars) - len(sub.invars) :]  # cond: the index comes first
                         walk(sub, [v for v, o in zip(sub.invars, operands) if any(o is p for p in params)], inner)
 
     walk(closed.jaxpr, params, "step")
@@ -232,21 +248,32 @@ def test_parameters_are_cast_to_the_compute_dtype_once_per_step_not_per_micro_ba
 @pytest.mark.e2e
 def test_xla_flags_reach_xla_before_its_backend_starts(data_cache, tmp_path):
     dump = tmp_path / "xla-dump"  # --xla_dump_to is a flag whose effect can be seen: XLA writes each program there
-    r = run_cli(tiny_overrides(data_cache, f"logging.run_dir={tmp_path}/run", "train.max_steps=2",
-                               "checkpoint.save=false", "train.eval_interval=100", "system.compilation_cache_dir=null",
-                               f"system.xla_flags=['--xla_dump_to={dump}']"))
+    r = run_cli(
+        tiny_overrides(
+            data_cache,
+            f"logging.run_dir={tmp_path}/run",
+            "train.max_steps=2",
+            "checkpoint.save=false",
+            "train.eval_interval=100",
+            "system.compilation_cache_dir=null",
+            f"system.xla_flags=['--xla_dump_to={dump}']",
+        )
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert any("train_step" in p.name for p in dump.iterdir())
 
 
 def test_xla_flags_in_a_process_whose_backend_runs_are_one_line(data_cache, tmp_path, capsys):
     jax.devices()  # this test process's backend is running
-    code = train_jax.command_line(tiny_overrides(data_cache, f"logging.run_dir={tmp_path}/run",
-                                                 "system.xla_flags=['--xla_gpu_autotune_level=0']"))
+    code = train_jax.command_line(
+        tiny_overrides(data_cache, f"logging.run_dir={tmp_path}/run", "system.xla_flags=['--xla_gpu_autotune_level=0']")
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and not (tmp_path / "run").exists()
-    assert err[0] == ("error: config: system.xla_flags: the XLA backend of this process has started already, so XLA "
-                      "would ignore them; set XLA_FLAGS='--xla_gpu_autotune_level=0' in the environment instead")
+    assert err[0] == (
+        "error: config: system.xla_flags: the XLA backend of this process has started already, so XLA "
+        "would ignore them; set XLA_FLAGS='--xla_gpu_autotune_level=0' in the environment instead"
+    )
 
 
 @pytest.mark.parametrize("flag", ["xla_gpu_autotune_level=0", "--xla_a=1 --xla_b=2"])

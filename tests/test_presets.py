@@ -53,8 +53,11 @@ def test_a_small_lr_is_valid_with_any_schedule(lr_config):
 def test_each_preset_applies_its_schedule_and_lowers_the_loss(name, data_cache):
     """12 steps of gpt2-tiny at the preset's own settings (its warmup a fraction of these 12 steps): the lr the step
     applied at each step is the preset's schedule there, and the train loss falls."""
-    overrides = [o for o in tiny_overrides(data_cache, f"optimizer={name}", f"train.max_steps={STEPS}")
-                 if not o.startswith("optimizer.lr_config.warmup")]
+    overrides = [
+        o
+        for o in tiny_overrides(data_cache, f"optimizer={name}", f"train.max_steps={STEPS}")
+        if not o.startswith("optimizer.lr_config.warmup")
+    ]
     parts = build(overrides)
     applied = lr_schedule_of(parts.cfg.optimizer, parts.schedule)
     metrics = [jax.device_get(parts.step(s)) for s in range(STEPS)]
@@ -72,8 +75,9 @@ def test_the_schedule_free_warmup_is_a_fraction_of_the_run_like_every_presets(da
     """sf_warmup (the warmup schedule-free runs inside itself) below 1 is a fraction of the run, as lr_config.warmup:
     the pipeline's optimizer with sf_warmup 0.5 of 20 steps steps exactly as one built with sf_warmup 10, and not as
     one built with the fraction read as steps (full lr from the first step)."""
-    parts = build(tiny_overrides(data_cache, "optimizer=schedule_free_adamw", "train.max_steps=20",
-                                 "optimizer.sf_warmup=0.5"))
+    parts = build(
+        tiny_overrides(data_cache, "optimizer=schedule_free_adamw", "train.max_steps=20", "optimizer.sf_warmup=0.5")
+    )
     assert parts.cfg.optimizer.sf_warmup == 0.5
     assert own_warmups_in_steps(parts.cfg.optimizer, 20).sf_warmup == 10
     assert own_warmups_in_steps(dataclasses.replace(parts.cfg.optimizer, sf_warmup=7), 20).sf_warmup == 7
@@ -85,6 +89,7 @@ def test_the_schedule_free_warmup_is_a_fraction_of_the_run_like_every_presets(da
 
     ours = first_updates(parts.optimizer)
     for sf_warmup, same in ((10, True), (0.5, False)):
-        other = build_optimizer(dataclasses.replace(parts.cfg.optimizer, sf_warmup=sf_warmup), parts.schedule,
-                                parts.state.model, 1)
+        other = build_optimizer(
+            dataclasses.replace(parts.cfg.optimizer, sf_warmup=sf_warmup), parts.schedule, parts.state.model, 1
+        )
         assert all(np.array_equal(a, b) for a, b in zip(ours, first_updates(other))) == same, sf_warmup

@@ -23,8 +23,16 @@ def outermost(events, name):
 @pytest.mark.e2e
 def test_the_trace_holds_the_named_steps_and_nothing_else(data_cache, tmp_path):
     run_dir = tmp_path / "run"
-    r = run_cli(tiny_overrides(data_cache, f"logging.run_dir={run_dir}", "train.max_steps=6", "train.eval_interval=100",
-                               "system.profile_steps=[3,5]", "checkpoint.save=false"))
+    r = run_cli(
+        tiny_overrides(
+            data_cache,
+            f"logging.run_dir={run_dir}",
+            "train.max_steps=6",
+            "train.eval_interval=100",
+            "system.profile_steps=[3,5]",
+            "checkpoint.save=false",
+        )
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     (trace_dir,) = (run_dir / "profile" / "plugins" / "profile").iterdir()
     assert list(trace_dir.glob("*.xplane.pb"))  # TensorBoard's profile plugin reads this one

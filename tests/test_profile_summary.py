@@ -24,17 +24,45 @@ def profiled_run(tmp_path_factory, data_cache):
     # from there under a program id the trace's HLO does not list, beside another train step this process compiled
     # (the summary must find the program's HLO by its instructions, not take any program of the same name).
     first = tmp_path_factory.mktemp("unprofiled") / "run"
-    done = run_cli(tiny_overrides(data_cache, f"logging.run_dir={first}", "train.max_steps=2", "checkpoint.save=false",
-                                  "logging.tensorboard=false"))
+    done = run_cli(
+        tiny_overrides(
+            data_cache,
+            f"logging.run_dir={first}",
+            "train.max_steps=2",
+            "checkpoint.save=false",
+            "logging.tensorboard=false",
+        )
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     other = tmp_path_factory.mktemp("other") / "run"
-    assert train_jax.command_line(tiny_overrides(data_cache, f"logging.run_dir={other}", "train.max_steps=2",
-                                                 "train.batch_size=4", "checkpoint.save=false",
-                                                 "logging.tensorboard=false")) == 0
+    assert (
+        train_jax.command_line(
+            tiny_overrides(
+                data_cache,
+                f"logging.run_dir={other}",
+                "train.max_steps=2",
+                "train.batch_size=4",
+                "checkpoint.save=false",
+                "logging.tensorboard=false",
+            )
+        )
+        == 0
+    )
     run_dir = tmp_path_factory.mktemp("profiled") / "run"
-    assert train_jax.command_line(tiny_overrides(data_cache, f"logging.run_dir={run_dir}", f"train.max_steps={LAST}",
-                                                 "train.eval_interval=100", f"system.profile_steps=[{FIRST},{LAST}]",
-                                                 "checkpoint.save=false", "logging.tensorboard=false")) == 0
+    assert (
+        train_jax.command_line(
+            tiny_overrides(
+                data_cache,
+                f"logging.run_dir={run_dir}",
+                f"train.max_steps={LAST}",
+                "train.eval_interval=100",
+                f"system.profile_steps=[{FIRST},{LAST}]",
+                "checkpoint.save=false",
+                "logging.tensorboard=false",
+            )
+        )
+        == 0
+    )
     return run_dir
 
 
@@ -56,8 +84,9 @@ def trace_window_and_op_time(run_dir) -> tuple[float, float]:
     the end of the last train-step op) and the time in it when at least one train-step op runs, in ms."""
     (perfetto,) = (run_dir / "profile").glob("plugins/profile/*/perfetto_trace.json.gz")
     events = [e for e in json.load(gzip.open(perfetto))["traceEvents"] if e.get("ph") == "X"]
-    ops = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
-                 if e.get("args", {}).get("hlo_module") == "jit_train_step")
+    ops = sorted(
+        (e["ts"], e["ts"] + e["dur"]) for e in events if e.get("args", {}).get("hlo_module") == "jit_train_step"
+    )
     end = max(b for _, b in ops)
     start = min(e["ts"] for e in events if e["name"] == "PjitFunction(train_step)")
     busy, reached = 0.0, start
@@ -105,17 +134,24 @@ def test_a_program_loaded_from_the_cache_gets_the_hlo_holding_all_its_ops():
     """Ops of program 3, which the trace's HLO does not list, and of program 4, which it lists for another program:
     the HLO of the same module holding every op name they ran (program 2, the smallest such), never one missing some
     (program 1) nor another module's."""
+
     class Op:
         def __init__(self, module, program, hlo_op):
             self.module, self.program, self.hlo_op = module, program, hlo_op
 
-    hlo = {("jit_train_step", 1): {"fusion.1": 1, "fusion.2": 1},
-           ("jit_train_step", 2): {"fusion.1": 2, "fusion.7": 2},
-           ("jit_train_step", 4): {"fusion.1": 4, "fusion.7": 4, "fusion.9": 4},
-           ("jit_eval_step", 5): {"fusion.1": 5, "fusion.7": 5}}
-    ops = [Op("jit_train_step", 3, "fusion.1"), Op("jit_train_step", 3, "fusion.7"),
-           Op("jit_train_step", 1, "fusion.2"), Op("jit_train_step", 6, "fusion.8"),
-           Op("jit_train_step", 5, "fusion.7")]
+    hlo = {
+        ("jit_train_step", 1): {"fusion.1": 1, "fusion.2": 1},
+        ("jit_train_step", 2): {"fusion.1": 2, "fusion.7": 2},
+        ("jit_train_step", 4): {"fusion.1": 4, "fusion.7": 4, "fusion.9": 4},
+        ("jit_eval_step", 5): {"fusion.1": 5, "fusion.7": 5},
+    }
+    ops = [
+        Op("jit_train_step", 3, "fusion.1"),
+        Op("jit_train_step", 3, "fusion.7"),
+        Op("jit_train_step", 1, "fusion.2"),
+        Op("jit_train_step", 6, "fusion.8"),
+        Op("jit_train_step", 5, "fusion.7"),
+    ]
     hlo[("jit_train_step", 5)] = {"fusion.1": 5}  # a program of this process under the id the loaded one carries
     programs = profile_summary.hlo_of_programs(hlo, ops)
     assert programs[("jit_train_step", 3)] is hlo[("jit_train_step", 2)]

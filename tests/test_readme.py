@@ -119,8 +119,9 @@ def check_train_jax(args: list[str]) -> None:
 @functools.cache
 def script_help(script: str) -> str:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    result = subprocess.run([sys.executable, script, "--help"], check=False, cwd=ROOT, env=env, capture_output=True,
-                            text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, script, "--help"], check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, f"{script} --help exited {result.returncode}: {result.stderr[-2000:]}"
     return result.stdout
 
@@ -128,7 +129,7 @@ def script_help(script: str) -> str:
 def check_python_script(script: str, args: list[str]) -> None:
     assert (ROOT / script).is_file(), f"{script}: no such file"
     if "--" in args:  # what follows a bare `--` goes to train_jax.py (scripts/schedule_search.py)
-        args, overrides = args[:args.index("--")], args[args.index("--") + 1:]
+        args, overrides = args[: args.index("--")], args[args.index("--") + 1 :]
         check_overrides(overrides, multirun=False)
     options = {a.split("=", 1)[0] for a in args if a.startswith("-")}
     helped = set(re.findall(r"(?<![\w-])(--?[A-Za-z][\w-]*)", script_help(script)))

@@ -19,11 +19,23 @@ import jax.numpy as jnp
 import optax
 import pytest
 
-from helpers import (ROOT, build, communicate, read_metrics, run_cli, run_command, run_in_process, script_in_process,
-                     spawn, start, tiny_overrides, wait_for_step)
+from helpers import (
+    ROOT,
+    build,
+    communicate,
+    read_metrics,
+    run_cli,
+    run_command,
+    run_in_process,
+    script_in_process,
+    spawn,
+    start,
+    tiny_overrides,
+    wait_for_step,
+)
 from optimizers import continue_schedule_at
-from training.config import load_config
 from training.checkpoints.resume import open_source, plan_run, restore_state
+from training.config import load_config
 
 pytestmark = pytest.mark.e2e
 STEPS = 40
@@ -34,8 +46,14 @@ def losses(run_dir, split="train"):
 
 
 def config(data_cache, run_dir, *extra):
-    return tiny_overrides(data_cache, f"logging.run_dir={run_dir}", f"train.max_steps={STEPS}", "train.eval_interval=10",
-                          "optimizer.lr_config.lr=3e-3", *extra)
+    return tiny_overrides(
+        data_cache,
+        f"logging.run_dir={run_dir}",
+        f"train.max_steps={STEPS}",
+        "train.eval_interval=10",
+        "optimizer.lr_config.lr=3e-3",
+        *extra,
+    )
 
 
 def ok(result):
@@ -129,8 +147,12 @@ time.sleep(120)
 
 def test_a_second_ctrl_c_aborts_at_once():
     """When the checkpoint after a first Ctrl-C is what hangs, a second one ends the process at once."""
-    proc = spawn([sys.executable, "-c", HANGING_SAVE.format(root=str(ROOT))], stdout=subprocess.PIPE,
-                 stderr=subprocess.PIPE, text=True)
+    proc = spawn(
+        [sys.executable, "-c", HANGING_SAVE.format(root=str(ROOT))],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout.readline() == "training\n"
     proc.send_signal(signal.SIGINT)
     assert proc.stdout.readline() == "stopping after SIGINT\n"
@@ -144,8 +166,15 @@ def test_kill_9_then_the_same_command_with_load_auto_continues_bitwise(straight,
     runs again; `checkpoint.load=auto` finds the run's last complete checkpoint and continues bit for bit."""
     run_dir, steps = tmp_path / "run", STEPS // 2
     # The first half of the reference's schedule, with a checkpoint at every step (each costs more than its step)
-    command = config(data_cache, run_dir, f"train.max_steps={steps}", f"optimizer.lr_config.max_steps={STEPS}",
-                     "checkpoint.save_steps=1", "checkpoint.max_to_keep=2", "checkpoint.load=auto")
+    command = config(
+        data_cache,
+        run_dir,
+        f"train.max_steps={steps}",
+        f"optimizer.lr_config.max_steps={STEPS}",
+        "checkpoint.save_steps=1",
+        "checkpoint.max_to_keep=2",
+        "checkpoint.load=auto",
+    )
     proc = start(command)
     wait_for_step(run_dir, 8, proc)
     proc.kill()  # SIGKILL: no handler runs, an async save may be half-written
@@ -186,8 +215,19 @@ def test_resume_on_8_devices_is_bitwise_and_restores_onto_1_device(data_cache, t
 
     # Saved with 8 devices, continued on 1: the same curve up to float reduction order.
     one = stopped_at(reference, 6, tmp_path / "one")
-    result = ok(run_in_process(resume_args(data_cache, one, "checkpoint.overwrite_config=True", *eight,
-                                           "system.num_devices=1", "optimizer.lr_config.lr=3e-3"), capsys))
+    result = ok(
+        run_in_process(
+            resume_args(
+                data_cache,
+                one,
+                "checkpoint.overwrite_config=True",
+                *eight,
+                "system.num_devices=1",
+                "optimizer.lr_config.lr=3e-3",
+            ),
+            capsys,
+        )
+    )
     assert f"resuming {one}/checkpoints at step 6" in result.stdout and "1 x cpu" in result.stdout
     got = losses(one)
     # two programs (8 devices, 1) for 6 adamw steps: sums in other orders, a few ulp of losses ~5 (~1e-6), which
@@ -198,16 +238,28 @@ def test_resume_on_8_devices_is_bitwise_and_restores_onto_1_device(data_cache, t
 def test_saved_config_wins_unless_overwrite_config(straight, data_cache, tmp_path, capsys):
     subprocess.run(["cp", "-r", str(straight), str(tmp_path / "a")], check=True)
     # nothing to train (the saved max_steps was reached): in this process
-    result = ok(run_in_process(resume_args(data_cache, tmp_path / "a", "optimizer.lr_config.lr=1.0",
-                                           "train.max_steps=44"), capsys))
+    result = ok(
+        run_in_process(
+            resume_args(data_cache, tmp_path / "a", "optimizer.lr_config.lr=1.0", "train.max_steps=44"), capsys
+        )
+    )
     note = next(line for line in result.stdout.splitlines() if line.startswith("note       ignored"))
     assert "optimizer.lr_config.lr=1.0" in note and "train.max_steps=44" in note and "the saved config wins" in note
     assert f"run        {tmp_path / 'a'}" in result.stdout  # a copied run continues where it now lives
     assert max(losses(tmp_path / "a")) == STEPS  # nothing to do: the saved max_steps (40) was reached
 
-    result = ok(resume(data_cache, tmp_path / "a", "checkpoint.overwrite_config=True", "train.max_steps=44",
-                       "optimizer/lr_config=constant", "optimizer.lr_config.lr=1e-4", "optimizer.lr_config.warmup=0",
-                       "train.eval_interval=10"))
+    result = ok(
+        resume(
+            data_cache,
+            tmp_path / "a",
+            "checkpoint.overwrite_config=True",
+            "train.max_steps=44",
+            "optimizer/lr_config=constant",
+            "optimizer.lr_config.lr=1e-4",
+            "optimizer.lr_config.warmup=0",
+            "train.eval_interval=10",
+        )
+    )
     rows = {r["step"]: r for r in read_metrics(tmp_path / "a", "train")}
     assert max(rows) == 44 and rows[44]["lr"] == pytest.approx(1e-4)  # float32 1e-4: within 1e-6 of float64's
 
@@ -228,8 +280,13 @@ def test_a_saved_config_that_no_longer_passes_its_checks_is_one_line(straight, d
 
 def test_overwrite_optimizer_starts_a_fresh_optimizer(straight, data_cache, tmp_path, capsys):
     subprocess.run(["cp", "-r", str(straight), str(tmp_path / "a")], check=True)
-    switch = ("checkpoint.overwrite_config=True", "optimizer=sgdm", "optimizer.lr_config.lr=0.05",
-              "train.max_steps=44", "train.eval_interval=10")
+    switch = (
+        "checkpoint.overwrite_config=True",
+        "optimizer=sgdm",
+        "optimizer.lr_config.lr=0.05",
+        "train.max_steps=44",
+        "train.eval_interval=10",
+    )
     result = run_in_process(resume_args(data_cache, tmp_path / "a", *switch), capsys)  # fails before it trains
     assert result.returncode == 1
     assert "its opt_state does not restore" in result.stderr and "checkpoint.overwrite_optimizer=True" in result.stderr
@@ -238,13 +295,16 @@ def test_overwrite_optimizer_starts_a_fresh_optimizer(straight, data_cache, tmp_
 
     # What the run starts from, with the same optimizer (where a restored optimizer state would go unnoticed): the
     # checkpoint's parameters, step and key, and a fresh optimizer state whose schedule continues at the step.
-    overrides = tiny_overrides(data_cache, "checkpoint.load=True", f"checkpoint.load_path={straight}",
-                               "checkpoint.overwrite_optimizer=True")
+    overrides = tiny_overrides(
+        data_cache, "checkpoint.load=True", f"checkpoint.load_path={straight}", "checkpoint.overwrite_optimizer=True"
+    )
     parts = build(overrides)
     state = restore_state(parts.state, plan_run(load_config(overrides), overrides, 0))
     saved = open_source(str(straight), "latest").reader.restore(STEPS, parts.state)
-    chex.assert_trees_all_equal((eqx.filter(state.model, eqx.is_array), state.step, state.key),
-                                (eqx.filter(saved.model, eqx.is_array), saved.step, saved.key))
+    chex.assert_trees_all_equal(
+        (eqx.filter(state.model, eqx.is_array), state.step, state.key),
+        (eqx.filter(saved.model, eqx.is_array), saved.step, saved.key),
+    )
     chex.assert_trees_all_equal(state.opt_state, continue_schedule_at(parts.state.opt_state, STEPS))
     assert max(float(jnp.abs(mu).max()) for mu in jax.tree.leaves(optax.tree.get(saved.opt_state, "mu"))) > 0
 
@@ -262,31 +322,71 @@ def test_best_checkpoint_can_be_named(straight, data_cache, tmp_path, monkeypatc
     """A run whose last evaluation is not its best: `--which best` and checkpoint.load_file=best take the best."""
     run_dir = tmp_path / "a"
     subprocess.run(["cp", "-r", str(straight), str(run_dir)], check=True)
-    ok(resume(data_cache, run_dir, "checkpoint.overwrite_config=True", "train.max_steps=44", "train.eval_interval=10",
-              "optimizer/lr_config=constant", "optimizer.lr_config.lr=0.03", "optimizer.lr_config.warmup=0"))
+    ok(
+        resume(
+            data_cache,
+            run_dir,
+            "checkpoint.overwrite_config=True",
+            "train.max_steps=44",
+            "train.eval_interval=10",
+            "optimizer/lr_config=constant",
+            "optimizer.lr_config.lr=0.03",
+            "optimizer.lr_config.warmup=0",
+        )
+    )
     vals = losses(run_dir, "val")
     best_step = min(vals, key=vals.get)
     assert max(vals) == 44 and best_step != 44  # the last evaluation, after steps at a far too high lr, is worse
-    result = ok(script_in_process("sample.py", [str(run_dir), "--which", "best", "--max-new-tokens", "5"],
-                                  monkeypatch, capsys))
+    result = ok(
+        script_in_process("sample.py", [str(run_dir), "--which", "best", "--max-new-tokens", "5"], monkeypatch, capsys)
+    )
     assert f"step {best_step}," in result.stdout
     assert open_source(str(run_dir), "best").step == best_step  # what checkpoint.load_file=best loads
 
 
 BAD_INPUTS = [  # (name, run dir -> (arguments, what the line says), in a process of its own)
     ("missing path", lambda d: (["checkpoint.load=True", f"checkpoint.load_path={d}/nope"], "does not exist"), False),
-    ("empty dir", lambda d: (["checkpoint.load=True", f"checkpoint.load_path={d}/empty"],
-                             "holds no complete checkpoint"), False),
-    ("corrupt", lambda d: (["checkpoint.load=True", f"checkpoint.load_path={d}/corrupt"], "does not restore"),
-     True),  # Orbax's and XLA's own output would show there
-    ("other model", lambda d: (["checkpoint.load=True", f"checkpoint.load_path={d}/good",
-                                "checkpoint.overwrite_config=True", "model.n_layer=3"],
-                               "holds a different model: n_layer 2 (checkpoint) vs 3"), False),
-    ("other tokenizer", lambda d: (["checkpoint.load=True", f"checkpoint.load_path={d}/good",
-                                    "checkpoint.overwrite_config=True", "dataset.tokenizer=bpe"],
-                                   "dataset.tokenizer: bpe does not match the checkpoint's byte"), False),
-    ("save path in the way", lambda d: ([f"checkpoint.save_path={d}/good/checkpoints"], "already holds another run"),
-     False),
+    (
+        "empty dir",
+        lambda d: (["checkpoint.load=True", f"checkpoint.load_path={d}/empty"], "holds no complete checkpoint"),
+        False,
+    ),
+    (
+        "corrupt",
+        lambda d: (["checkpoint.load=True", f"checkpoint.load_path={d}/corrupt"], "does not restore"),
+        True,
+    ),  # Orbax's and XLA's own output would show there
+    (
+        "other model",
+        lambda d: (
+            [
+                "checkpoint.load=True",
+                f"checkpoint.load_path={d}/good",
+                "checkpoint.overwrite_config=True",
+                "model.n_layer=3",
+            ],
+            "holds a different model: n_layer 2 (checkpoint) vs 3",
+        ),
+        False,
+    ),
+    (
+        "other tokenizer",
+        lambda d: (
+            [
+                "checkpoint.load=True",
+                f"checkpoint.load_path={d}/good",
+                "checkpoint.overwrite_config=True",
+                "dataset.tokenizer=bpe",
+            ],
+            "dataset.tokenizer: bpe does not match the checkpoint's byte",
+        ),
+        False,
+    ),
+    (
+        "save path in the way",
+        lambda d: ([f"checkpoint.save_path={d}/good/checkpoints"], "already holds another run"),
+        False,
+    ),
 ]
 
 
@@ -303,8 +403,9 @@ def damaged(straight, tmp_path_factory):
 
 
 @pytest.mark.parametrize("name,case,own_process", BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
-def test_bad_checkpoint_input_fails_with_one_line_and_touches_nothing(name, case, own_process, damaged, data_cache,
-                                                                     tmp_path, capsys):
+def test_bad_checkpoint_input_fails_with_one_line_and_touches_nothing(
+    name, case, own_process, damaged, data_cache, tmp_path, capsys
+):
     args, message = case(damaged)
     before = {p: p.stat().st_mtime_ns for p in damaged.rglob("*")}
     result = run_command(tiny_overrides(data_cache, f"logging.run_dir={tmp_path}/new", *args), capsys, own_process)
@@ -317,8 +418,19 @@ def test_bad_checkpoint_input_fails_with_one_line_and_touches_nothing(name, case
 
 
 def test_nonfinite_loss_stops_with_a_line_naming_the_step(data_cache, tmp_path):
-    result = run_cli(config(data_cache, tmp_path / "run", "optimizer=sgdm", "optimizer.grad_clip=0",
-                            "optimizer/lr_config=constant", "optimizer.lr_config.lr=1e30", "optimizer.lr_config.warmup=0"))
+    result = run_cli(
+        config(
+            data_cache,
+            tmp_path / "run",
+            "optimizer=sgdm",
+            "optimizer.grad_clip=0",
+            "optimizer/lr_config=constant",
+            "optimizer.lr_config.lr=1e30",
+            "optimizer.lr_config.warmup=0",
+        )
+    )
     assert result.returncode == 1
     line = result.stderr.strip().splitlines()[-1]
-    assert line.startswith("error: step ") and "the training loss is nan" in line and "train.skip_nonfinite=true" in line
+    assert (
+        line.startswith("error: step ") and "the training loss is nan" in line and "train.skip_nonfinite=true" in line
+    )

@@ -15,8 +15,16 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from helpers import (ROOT, build, communicate, read_metrics, run_cli, spawn, tiny_overrides,
-                     xla_flags_without_device_count)
+from helpers import (
+    ROOT,
+    build,
+    communicate,
+    read_metrics,
+    run_cli,
+    spawn,
+    tiny_overrides,
+    xla_flags_without_device_count,
+)
 from training.checkpoints.checkpointer import Checkpointer
 from training.config import load_config
 from training.distributed.sharding import FSDP_MIN_SIZE, init_distributed, init_mesh, per_device_bytes, state_shardings
@@ -41,17 +49,29 @@ def reference(data_cache):
 @pytest.mark.parametrize("model_axis", [1, 2, 4])
 def test_every_data_x_model_layout_reproduces_the_1_device_curve(model_axis, layout, reference, data_cache):
     """data=8, data=4 x model=2, data=2 x model=4, each with dp or fsdp on `data`, accumulating 2 micro-batches."""
-    losses, parts = curve(data_cache, "system.num_devices=8", f"system.mesh_model={model_axis}",
-                          f"system.sharding={layout}", f"train.batch_size={GLOBAL_BATCH // 2}", "train.grad_accum_steps=2")
+    losses, parts = curve(
+        data_cache,
+        "system.num_devices=8",
+        f"system.mesh_model={model_axis}",
+        f"system.sharding={layout}",
+        f"train.batch_size={GLOBAL_BATCH // 2}",
+        "train.grad_accum_steps=2",
+    )
     # two programs (1 device; 8, sharded and accumulating) over adamw steps: sums in other orders, a few ulp of
     # losses ~5 (~1e-6), grown by Adam's m/sqrt(v) in small gradients: 1e-4 (the same below)
     np.testing.assert_allclose(losses, reference, atol=1e-4)
     assert dict(parts.mesh.shape) == {"data": 8 // model_axis, "model": model_axis}
     model, mu = parts.state.model, optax.tree.get(parts.state.opt_state, "mu")  # Adam's first moment
     blocks = model.blocks  # stacked [layer, ...]: Megatron's columns and rows
-    for array, axis in ((blocks.qkv.weight, 3), (blocks.fc.weight, 2), (blocks.attn_proj.weight, 1),
-                        (blocks.mlp_proj.weight, 1), (model.wte, 0), (mu.blocks.fc.weight, 2),
-                        (parts.state.opt_state.acc_grads.blocks.qkv.weight, 3)):
+    for array, axis in (
+        (blocks.qkv.weight, 3),
+        (blocks.fc.weight, 2),
+        (blocks.attn_proj.weight, 1),
+        (blocks.mlp_proj.weight, 1),
+        (model.wte, 0),
+        (mu.blocks.fc.weight, 2),
+        (parts.state.opt_state.acc_grads.blocks.qkv.weight, 3),
+    ):
         spec = tuple(array.sharding.spec) + (None,) * array.ndim
         assert (spec[axis] == "model") == (model_axis > 1), (array.shape, spec)
         assert ("data" in spec) == (layout == "fsdp" and array.size >= FSDP_MIN_SIZE)
@@ -70,8 +90,11 @@ def test_a_checkpoint_saved_under_one_layout_continues_under_another(reference, 
     saver = Checkpointer(tmp_path / "ckpt")
     saver.save(first.state, {"step": 3})
     saver.close()
-    parts = build(tiny_overrides(data_cache, f"train.max_steps={STEPS}", HEADS, *accumulating, "system.mesh_model=4",
-                                 "system.sharding=dp"))
+    parts = build(
+        tiny_overrides(
+            data_cache, f"train.max_steps={STEPS}", HEADS, *accumulating, "system.mesh_model=4", "system.sharding=dp"
+        )
+    )
     parts.state = Checkpointer(tmp_path / "ckpt", read_only=True).restore(3, parts.state)
     assert int(parts.state.step) == 3
     assert parts.state.model.blocks.fc.weight.sharding == parts.shardings.model.blocks.fc.weight  # model=4, dp
@@ -85,8 +108,17 @@ def test_a_1_device_checkpoint_continues_on_8_devices(reference, data_cache, tmp
     saver = Checkpointer(tmp_path / "ckpt")
     saver.save(first.state, {"step": 3})
     saver.close()
-    parts = build(tiny_overrides(data_cache, f"train.max_steps={STEPS}", HEADS, f"train.batch_size={GLOBAL_BATCH}",
-                                 "system.num_devices=8", "system.mesh_model=2", "system.sharding=fsdp"))
+    parts = build(
+        tiny_overrides(
+            data_cache,
+            f"train.max_steps={STEPS}",
+            HEADS,
+            f"train.batch_size={GLOBAL_BATCH}",
+            "system.num_devices=8",
+            "system.mesh_model=2",
+            "system.sharding=fsdp",
+        )
+    )
     parts.state = Checkpointer(tmp_path / "ckpt", read_only=True).restore(3, parts.state)
     assert int(parts.state.step) == 3
     assert parts.state.model.blocks.fc.weight.sharding == parts.shardings.model.blocks.fc.weight
@@ -97,14 +129,29 @@ def test_a_1_device_checkpoint_continues_on_8_devices(reference, data_cache, tmp
 # What srun, mpirun (Open MPI 4) and a launcher setting JAX's variables put in each process's environment, and the
 # (coordinator, process count, process id) it means.
 LAUNCHERS = {
-    "slurm": ({"SLURM_JOB_ID": "4242", "SLURM_STEP_NODELIST": "node[007-010]", "SLURM_NTASKS": "4",
-               "SLURM_PROCID": "2", "SLURM_LOCALID": "0"},
-              ("node007:61586", 4, 2)),  # port: 61440 + job id mod 4096, as JAX picks it
-    "openmpi": ({"OMPI_MCA_orte_hnp_uri": "1531576320.0;tcp://10.96.0.1,10.148.0.1:34911", "OMPI_COMM_WORLD_SIZE": "4",
-                 "OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_LOCAL_RANK": "1"},
-                ("10.96.0.1:62624", 4, 3)),  # port: 61440 + (job id / 4096) mod 4096
-    "jax": ({"JAX_COORDINATOR_ADDRESS": "10.0.0.5:1234", "JAX_NUM_PROCESSES": "4", "JAX_PROCESS_ID": "1"},
-            ("10.0.0.5:1234", 4, 1)),
+    "slurm": (
+        {
+            "SLURM_JOB_ID": "4242",
+            "SLURM_STEP_NODELIST": "node[007-010]",
+            "SLURM_NTASKS": "4",
+            "SLURM_PROCID": "2",
+            "SLURM_LOCALID": "0",
+        },
+        ("node007:61586", 4, 2),
+    ),  # port: 61440 + job id mod 4096, as JAX picks it
+    "openmpi": (
+        {
+            "OMPI_MCA_orte_hnp_uri": "1531576320.0;tcp://10.96.0.1,10.148.0.1:34911",
+            "OMPI_COMM_WORLD_SIZE": "4",
+            "OMPI_COMM_WORLD_RANK": "3",
+            "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+        },
+        ("10.96.0.1:62624", 4, 3),
+    ),  # port: 61440 + (job id / 4096) mod 4096
+    "jax": (
+        {"JAX_COORDINATOR_ADDRESS": "10.0.0.5:1234", "JAX_NUM_PROCESSES": "4", "JAX_PROCESS_ID": "1"},
+        ("10.0.0.5:1234", 4, 1),
+    ),
 }
 
 
@@ -125,8 +172,11 @@ def test_a_launchers_environment_gives_the_process_layout(launcher, monkeypatch)
 
     def initialize(coordinator_address, num_processes, process_id, initialization_timeout, **_):
         address = coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS")  # as jax.distributed does
-        joined.append(clusters.ClusterEnv.auto_detect_unset_distributed_params(
-            address, num_processes, process_id, None, None, initialization_timeout)[:3])
+        joined.append(
+            clusters.ClusterEnv.auto_detect_unset_distributed_params(
+                address, num_processes, process_id, None, None, initialization_timeout
+            )[:3]
+        )
 
     monkeypatch.setattr(jax.distributed, "initialize", initialize)  # the real one would start joining
     init_distributed(load_config([]).system)
@@ -165,11 +215,24 @@ def launch(n: int, args: list[str], timeout: float = 240) -> list[subprocess.Com
     outlives `timeout` (the others when the test ends)."""
     port = free_port()
     procs = [
-        spawn([sys.executable, str(ROOT / "train_jax.py"), *args, "system.num_devices=null",
-               "system.distributed_timeout_s=60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-              env={"XLA_FLAGS": xla_flags_without_device_count(),  # devices: cpu_devices_per_process
-                   "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}", "JAX_NUM_PROCESSES": str(n),
-                   "JAX_PROCESS_ID": str(i)})
+        spawn(
+            [
+                sys.executable,
+                str(ROOT / "train_jax.py"),
+                *args,
+                "system.num_devices=null",
+                "system.distributed_timeout_s=60",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={
+                "XLA_FLAGS": xla_flags_without_device_count(),  # devices: cpu_devices_per_process
+                "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}",
+                "JAX_NUM_PROCESSES": str(n),
+                "JAX_PROCESS_ID": str(i),
+            },
+        )
         for i in range(n)
     ]
     return [communicate(proc, timeout) for proc in procs]
@@ -179,10 +242,24 @@ def launch_script(n: int, args: list[str], timeout: float = 240) -> subprocess.C
     """scripts/launch_multihost.sh with `n` processes (their output together), as docs/scaling.md says to run it;
     its activate_env.sh takes the checkout's .venv, or this Python when there is none."""
     here = str(Path(sys.executable).parent)
-    proc = spawn(["bash", str(ROOT / "scripts" / "launch_multihost.sh"), str(n), *args, "system.num_devices=null",
-                  "system.distributed_timeout_s=60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                 env={"XLA_FLAGS": xla_flags_without_device_count(), "PYTHON": sys.executable,
-                      "PATH": f"{here}{os.pathsep}{os.environ['PATH']}"})
+    proc = spawn(
+        [
+            "bash",
+            str(ROOT / "scripts" / "launch_multihost.sh"),
+            str(n),
+            *args,
+            "system.num_devices=null",
+            "system.distributed_timeout_s=60",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={
+            "XLA_FLAGS": xla_flags_without_device_count(),
+            "PYTHON": sys.executable,
+            "PATH": f"{here}{os.pathsep}{os.environ['PATH']}",
+        },
+    )
     return communicate(proc, timeout)
 
 
@@ -191,16 +268,30 @@ def test_2_processes_reproduce_the_1_device_curve_with_no_host_sync_between_log_
     """2 processes of 1 device each, accumulating 2 micro-batches, under system.transfer_guard. (2 processes of 2
     devices without accumulation: test_a_2_process_checkpoint_continues_in_1_process.)"""
     run_dir = tmp_path / "run"
-    results = launch(2, tiny_overrides(data_cache, f"logging.run_dir={run_dir}", f"train.max_steps={STEPS}", HEADS,
-                                       f"train.batch_size={GLOBAL_BATCH // 4}", "train.grad_accum_steps=2",
-                                       "system.cpu_devices_per_process=1", "checkpoint.save=false",
-                                       "train.log_interval=2", "system.transfer_guard=true"))
+    results = launch(
+        2,
+        tiny_overrides(
+            data_cache,
+            f"logging.run_dir={run_dir}",
+            f"train.max_steps={STEPS}",
+            HEADS,
+            f"train.batch_size={GLOBAL_BATCH // 4}",
+            "train.grad_accum_steps=2",
+            "system.cpu_devices_per_process=1",
+            "checkpoint.save=false",
+            "train.log_interval=2",
+            "system.transfer_guard=true",
+        ),
+    )
     for r in results:
         assert r.returncode == 0, r.stderr[-3000:]
     assert "in 2 process(es)" in results[0].stdout
     # Only process 0 talks; the one thing process 1 prints is gloo's own connection notice (C++, unconditional).
-    ours = [line for line in results[1].stdout.splitlines() if line.strip() and "Gloo" not in line
-            and "peer ranks" not in line]
+    ours = [
+        line
+        for line in results[1].stdout.splitlines()
+        if line.strip() and "Gloo" not in line and "peer ranks" not in line
+    ]
     assert ours == [], results[1].stdout
     # Logged at steps 2, 4 and 5 (the mean over each interval); under the transfer guard, step 3 (no log, no stop
     # agreement, no compile report) moved nothing from the devices to the host.
@@ -214,15 +305,32 @@ def test_2_processes_reproduce_the_1_device_curve_with_no_host_sync_between_log_
 def test_a_2_process_checkpoint_continues_in_1_process(reference, data_cache, tmp_path):
     schedule = (f"optimizer.lr_config.max_steps={STEPS}", "train.eval_interval=3", HEADS)
     run_dir = tmp_path / "two"
-    launched = launch_script(2, tiny_overrides(data_cache, f"logging.run_dir={run_dir}", "train.max_steps=3", *schedule,
-                                               f"train.batch_size={GLOBAL_BATCH // 2}",
-                                               "system.cpu_devices_per_process=2"))
+    launched = launch_script(
+        2,
+        tiny_overrides(
+            data_cache,
+            f"logging.run_dir={run_dir}",
+            "train.max_steps=3",
+            *schedule,
+            f"train.batch_size={GLOBAL_BATCH // 2}",
+            "system.cpu_devices_per_process=2",
+        ),
+    )
     assert launched.returncode == 0, launched.stderr[-3000:]
     assert "4 x cpu in 2 process(es)" in launched.stdout and (run_dir / "checkpoints" / "3").is_dir()
 
-    resumed = run_cli(tiny_overrides(data_cache, "checkpoint.load=True", f"checkpoint.load_path={run_dir}",
-                                     "checkpoint.overwrite_config=True", f"train.max_steps={STEPS}", *schedule,
-                                     f"train.batch_size={GLOBAL_BATCH}", "system.num_devices=1"))
+    resumed = run_cli(
+        tiny_overrides(
+            data_cache,
+            "checkpoint.load=True",
+            f"checkpoint.load_path={run_dir}",
+            "checkpoint.overwrite_config=True",
+            f"train.max_steps={STEPS}",
+            *schedule,
+            f"train.batch_size={GLOBAL_BATCH}",
+            "system.num_devices=1",
+        )
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     got = {r["step"]: r["loss"] for r in read_metrics(run_dir, "train")}  # steps 1-3 in 2 processes, 4-5 in 1
     np.testing.assert_allclose([got[s] for s in range(1, STEPS + 1)], reference, atol=1e-4)

@@ -12,10 +12,29 @@ from helpers import ROOT, read_metrics, run_cli, tiny_overrides
 @pytest.mark.e2e
 def test_the_found_schedule_reproduces_the_search_from_scratch(data_cache, tmp_path):
     out = tmp_path / "search"
-    overrides = [o for o in tiny_overrides(data_cache) if not o.startswith(("train.max_steps", "train.eval_interval",
-                                                                            "optimizer.lr_config.warmup"))]
-    result = run_cli(["--segments", "2", "--segment-steps", "3", "--lrs", "3e-3", "--factors", "0.2,0.5",
-                      "--out", str(out), "--verify", "--", *overrides], script="scripts/schedule_search.py")
+    overrides = [
+        o
+        for o in tiny_overrides(data_cache)
+        if not o.startswith(("train.max_steps", "train.eval_interval", "optimizer.lr_config.warmup"))
+    ]
+    result = run_cli(
+        [
+            "--segments",
+            "2",
+            "--segment-steps",
+            "3",
+            "--lrs",
+            "3e-3",
+            "--factors",
+            "0.2,0.5",
+            "--out",
+            str(out),
+            "--verify",
+            "--",
+            *overrides,
+        ],
+        script="scripts/schedule_search.py",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     found = json.loads((out / "schedule.json").read_text())
     first, second = found["segments"]

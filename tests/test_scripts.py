@@ -39,20 +39,33 @@ def test_bench_times_the_step_the_loader_and_a_compile(data_cache, monkeypatch, 
 
 
 def test_bench_decode_times_both_decoders(monkeypatch, capsys):
-    result = last_json(run_script("bench_decode.py", ["--new-tokens", "8", "--vocab", "259", "model=gpt2-tiny"],
-                                  monkeypatch, capsys))
+    result = last_json(
+        run_script("bench_decode.py", ["--new-tokens", "8", "--vocab", "259", "model=gpt2-tiny"], monkeypatch, capsys)
+    )
     assert result["new_tokens"] == 8 and result["kv_cache"]["tokens_per_s"] > 0 and result["no_cache"]["seconds"] > 0
 
 
 def test_bench_checkpoint_times_saves(monkeypatch, capsys):
-    result = last_json(run_script("bench_checkpoint.py", ["--saves", "2", "--vocab", "259", "model=gpt2-tiny",
-                                                          "system.num_devices=1"], monkeypatch, capsys))
+    result = last_json(
+        run_script(
+            "bench_checkpoint.py",
+            ["--saves", "2", "--vocab", "259", "model=gpt2-tiny", "system.num_devices=1"],
+            monkeypatch,
+            capsys,
+        )
+    )
     assert result["saves"] == 2 and result["state_bytes"] > 0 and result["commit_s_median"] >= 0
 
 
 def test_state_memory_lists_every_layout(monkeypatch, capsys):
-    result = last_json(run_script("state_memory.py", ["--devices", "8", "--vocab", "259", "model=gpt2-tiny",
-                                                      "model.n_head=4"], monkeypatch, capsys))
+    result = last_json(
+        run_script(
+            "state_memory.py",
+            ["--devices", "8", "--vocab", "259", "model=gpt2-tiny", "model.n_head=4"],
+            monkeypatch,
+            capsys,
+        )
+    )
     assert [(row["data"], row["model"]) for row in result["layouts"]] == [(8, 1), (4, 2), (2, 4)]
     assert all(row["fsdp_bytes_per_device"] <= row["dp_bytes_per_device"] for row in result["layouts"])
 
@@ -62,8 +75,9 @@ def test_sample_and_export_take_the_checkpoint_named_by_which(finished, tmp_path
 
     from training.checkpoints.trained import load_trained
 
-    out = run_script("sample.py", [str(finished), "--which", "4", "--prompt", "def ", "--max-new-tokens", "5"],
-                     monkeypatch, capsys)
+    out = run_script(
+        "sample.py", [str(finished), "--which", "4", "--prompt", "def ", "--max-new-tokens", "5"], monkeypatch, capsys
+    )
     assert out.startswith("# gpt2-tiny, step 4,")
     run_script("export_hf.py", [str(finished), str(tmp_path / "hf"), "--which", "4"], monkeypatch, capsys)
     exported = load_file(str(tmp_path / "hf" / "model.safetensors"))["transformer.wte.weight"]
@@ -82,12 +96,14 @@ def test_check_env_names_what_is_missing_in_one_line_and_exits_1(monkeypatch, ca
     assert check_env.main([]) == 1
     out, err = capsys.readouterr()
     assert "no-such-extra not installed (the test extra: source activate_env.sh test)" in out
-    assert err.splitlines() == ["error: missing packages: jax (ImportError: No module named 'jax_is_gone'). Run "
-                                "`source activate_env.sh`"]
+    assert err.splitlines() == [
+        "error: missing packages: jax (ImportError: No module named 'jax_is_gone'). Run `source activate_env.sh`"
+    ]
     assert check_env.main(["--test"]) == 1
     assert capsys.readouterr().err.splitlines() == [
         "error: missing packages: jax (ImportError: No module named 'jax_is_gone'); no-such-extra "
-        "(ModuleNotFoundError: No module named 'no_such_extra'). Run `source activate_env.sh test`"]
+        "(ModuleNotFoundError: No module named 'no_such_extra'). Run `source activate_env.sh test`"
+    ]
 
 
 def test_check_env_warns_in_one_line_when_a_gpu_is_here_but_jax_runs_on_the_cpu(tmp_path, monkeypatch, capsys):
@@ -103,7 +119,8 @@ def test_check_env_warns_in_one_line_when_a_gpu_is_here_but_jax_runs_on_the_cpu(
     assert check_env.main([]) == 0
     assert capsys.readouterr().err.splitlines() == [
         "warning: 1 NVIDIA GPU(s) here (GPU 0: NVIDIA H100 80GB HBM3) but JAX runs on the CPU: install JAX's CUDA build"
-        " (rm -rf .venv && source activate_env.sh, which detects the GPU; or pip install -e '.[gpu]')"]
+        " (rm -rf .venv && source activate_env.sh, which detects the GPU; or pip install -e '.[gpu]')"
+    ]
 
 
 ENV_FILES = ("activate_env.sh", "pyproject.toml", "requirements.txt", "requirements-test.txt", "requirements-eval.txt")
@@ -126,9 +143,19 @@ sys.meta_path.insert(0, Hide())
 def _activate(tmp_path, which: str, env: dict) -> subprocess.CompletedProcess:
     for name in ENV_FILES:
         shutil.copy(ROOT / name, tmp_path / name)
-    proc = spawn(["bash", "-c", f'source activate_env.sh {which} && echo "PYTHONPATH=$PYTHONPATH" && '
-                  'python -c "import training, models; print(training.__name__, models.__name__)"'], cwd=tmp_path,
-                 env={"PYTHON": sys.executable, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = spawn(
+        [
+            "bash",
+            "-c",
+            f'source activate_env.sh {which} && echo "PYTHONPATH=$PYTHONPATH" && '
+            'python -c "import training, models; print(training.__name__, models.__name__)"',
+        ],
+        cwd=tmp_path,
+        env={"PYTHON": sys.executable, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     return communicate(proc, timeout=120)
 
 
@@ -145,7 +172,8 @@ def test_activate_env_uses_a_python_that_already_has_everything(which, hidden, t
         env["PYTHONPATH"] = str(tmp_path / "hide")
     result = _activate(tmp_path, which, env)
     assert result.returncode == 0, result.stderr
-    assert result.stderr.strip() == (f"activate_env: using {sys.executable} (it has every package of the set; nothing "
-                                      "installed)")
+    assert result.stderr.strip() == (
+        f"activate_env: using {sys.executable} (it has every package of the set; nothing installed)"
+    )
     assert result.stdout.split() == [f"PYTHONPATH={env['PYTHONPATH'] or ''}", "training", "models"]
     assert sorted(p.name for p in tmp_path.iterdir() if p.name != "hide") == sorted(ENV_FILES)  # no .venv

@@ -12,12 +12,18 @@ from core.errors import ConfigError
 from helpers import build, tiny_overrides
 from training import config as config_lib
 from training.distributed.sharding import put_batch
-from training.step.stats import statistics_of
 from training.step.losses import mean_loss
+from training.step.stats import statistics_of
 
-ALL_KNOBS = ("logging.log_callback_data=true", "logging.store_last_grads=true", "logging.store_past_grads=true",
-             "logging.store_last_params=true", "logging.compute_last_loss=true", "logging.compute_last_grads=true",
-             "logging.running_stats_window=3")
+ALL_KNOBS = (
+    "logging.log_callback_data=true",
+    "logging.store_last_grads=true",
+    "logging.store_past_grads=true",
+    "logging.store_last_params=true",
+    "logging.compute_last_loss=true",
+    "logging.compute_last_grads=true",
+    "logging.running_stats_window=3",
+)
 
 
 def flat(tree) -> np.ndarray:
@@ -25,8 +31,12 @@ def flat(tree) -> np.ndarray:
 
 
 def layer_norms(tree) -> np.ndarray:
-    return np.sqrt(sum(np.sum(np.square(np.asarray(x, np.float64)), axis=tuple(range(1, x.ndim)))
-                       for x in jax.tree.leaves(tree.blocks)))
+    return np.sqrt(
+        sum(
+            np.sum(np.square(np.asarray(x, np.float64)), axis=tuple(range(1, x.ndim)))
+            for x in jax.tree.leaves(tree.blocks)
+        )
+    )
 
 
 def cos(a: np.ndarray, b: np.ndarray) -> float:
@@ -42,10 +52,16 @@ def test_every_statistic_matches_a_hand_computation(data_cache):
     def hand_loss_and_grad(params, batch):
         """f and ∇f over the step's two micro-batches, computed directly."""
         model = eqx.combine(params, model0)
-        losses, grads = zip(*[loss_and_grad(model, jax.tree.map(lambda x: x[i], batch), None, jnp.float32)
-                              for i in range(2)])
-        return float(np.mean(losses)), (flat(grads[0]) + flat(grads[1])) / 2, jax.tree.map(
-            lambda a, b: (a + b) / 2, eqx.filter(grads[0], eqx.is_array), eqx.filter(grads[1], eqx.is_array))
+        losses, grads = zip(
+            *[loss_and_grad(model, jax.tree.map(lambda x: x[i], batch), None, jnp.float32) for i in range(2)]
+        )
+        return (
+            float(np.mean(losses)),
+            (flat(grads[0]) + flat(grads[1])) / 2,
+            jax.tree.map(
+                lambda a, b: (a + b) / 2, eqx.filter(grads[0], eqx.is_array), eqx.filter(grads[1], eqx.is_array)
+            ),
+        )
 
     history = {name: [] for name in ("param_norm", "update_norm", "grad_dot_update")}
     past_grads, last_grad, last_params = [], None, None
@@ -56,8 +72,11 @@ def test_every_statistic_matches_a_hand_computation(data_cache):
         stats = statistics_of(jax.device_get(parts.step(step)))
         x, x_next = flat(params), flat(eqx.filter(parts.state.model, eqx.is_array))
         update = x_next - x
-        expected = {"param_norm": np.linalg.norm(x), "update_norm": np.linalg.norm(update),
-                    "grad_dot_update": g @ update}
+        expected = {
+            "param_norm": np.linalg.norm(x),
+            "update_norm": np.linalg.norm(update),
+            "grad_dot_update": g @ update,
+        }
         for i, v in enumerate(layer_norms(g_tree)):
             expected[f"grad_norm_layers/{i}"] = v
         for i, v in enumerate(layer_norms(params)):
@@ -65,20 +84,32 @@ def test_every_statistic_matches_a_hand_computation(data_cache):
         if step > 0:
             last_loss, last_g, _ = hand_loss_and_grad(last_params, batch)
             step_norm = np.linalg.norm(x - flat(last_params))
-            expected.update(cos_last_grad=cos(g, last_grad), cos_past_grads=cos(g, np.sum(past_grads, axis=0)),
-                            last_step_norm=step_norm, loss_diff=loss - last_loss,
-                            grad_diff_norm=np.linalg.norm(g - last_g),
-                            smoothness=np.linalg.norm(g - last_g) / step_norm)
+            expected.update(
+                cos_last_grad=cos(g, last_grad),
+                cos_past_grads=cos(g, np.sum(past_grads, axis=0)),
+                last_step_norm=step_norm,
+                loss_diff=loss - last_loss,
+                grad_diff_norm=np.linalg.norm(g - last_g),
+                smoothness=np.linalg.norm(g - last_g) / step_norm,
+            )
         else:
-            for name in ("cos_last_grad", "cos_past_grads", "last_step_norm", "loss_diff", "grad_diff_norm",
-                         "smoothness"):
+            for name in (
+                "cos_last_grad",
+                "cos_past_grads",
+                "last_step_norm",
+                "loss_diff",
+                "grad_diff_norm",
+                "smoothness",
+            ):
                 assert stats[name] is None  # no previous step yet
         # The step (float32, its own gradients, the update as applied) against float64 from eager gradients and
         # x' - x, which loses an ulp of x (1e-4 of a small update to a LayerNorm 1): rel 2e-4; abs 2e-6 for values
         # near 0. loss_diff: two float32 losses ~5 from other programs, each a few ulp (~5e-7) off: abs 1e-5
         for name, value in expected.items():
-            assert stats[name] == pytest.approx(value, rel=2e-4, abs=1e-5 if name == "loss_diff" else 2e-6), (step,
-                                                                                                             name)
+            assert stats[name] == pytest.approx(value, rel=2e-4, abs=1e-5 if name == "loss_diff" else 2e-6), (
+                step,
+                name,
+            )
         for name in history:
             history[name].append(expected[name])
             assert stats[f"{name}_avg"] == pytest.approx(np.mean(history[name][-3:]), rel=2e-4), (step, name)
@@ -86,13 +117,16 @@ def test_every_statistic_matches_a_hand_computation(data_cache):
         last_grad, last_params = g, params
 
 
-@pytest.mark.parametrize("knob, buffers", [
-    (None, None),
-    ("log_callback_data", {"count"}),
-    ("store_last_grads", {"count", "last_grads"}),
-    ("store_past_grads", {"count", "past_grads_sum"}),
-    ("store_last_params", {"count", "last_params"}),
-])
+@pytest.mark.parametrize(
+    "knob, buffers",
+    [
+        (None, None),
+        ("log_callback_data", {"count"}),
+        ("store_last_grads", {"count", "last_grads"}),
+        ("store_past_grads", {"count", "past_grads_sum"}),
+        ("store_last_params", {"count", "last_params"}),
+    ],
+)
 def test_a_knob_allocates_only_its_own_buffers(data_cache, knob, buffers):
     parts = build(tiny_overrides(data_cache, *([f"logging.{knob}=true"] if knob else [])))
     stats = parts.state.stats

@@ -12,10 +12,10 @@ import optax
 import pytest
 
 from helpers import build, tiny_overrides
-from training.loop.session import _token_weighted
 from training.checkpoints.checkpointer import Checkpointer
 from training.checkpoints.resume import RunPlan, Source, restore_state
 from training.distributed.sharding import put_batch
+from training.loop.session import _token_weighted
 from training.step.losses import mean_loss, token_losses
 
 
@@ -50,9 +50,16 @@ def test_a_step_is_the_same_program_whatever_the_schedule_does_after_it(data_cac
     compiled into the step, the two programs differ and XLA:CPU's code for them can round differently."""
     common = ["optimizer.lr_config.lr=3e-3", "optimizer.lr_config.warmup=0"]
     short = build(tiny_overrides(data_cache, *common, "train.max_steps=3", "optimizer/lr_config=constant"))
-    long = build(tiny_overrides(data_cache, *common, "train.max_steps=6", "optimizer/lr_config=piecewise_linear",
-                                "optimizer.lr_config.boundaries=[3,3,6]",
-                                "optimizer.lr_config.boundary_lrs=[3e-3,1.5e-3,1.5e-3]"))
+    long = build(
+        tiny_overrides(
+            data_cache,
+            *common,
+            "train.max_steps=6",
+            "optimizer/lr_config=piecewise_linear",
+            "optimizer.lr_config.boundaries=[3,3,6]",
+            "optimizer.lr_config.boundary_lrs=[3e-3,1.5e-3,1.5e-3]",
+        )
+    )
     batch = put_batch(short.data.train.batch(0), short.mesh)
     assert short.train_step.lower(short.state, batch).as_text() == long.train_step.lower(long.state, batch).as_text()
     short_metrics = [jax.device_get(short.step(s)) for s in range(3)]
@@ -80,10 +87,19 @@ def uneven_finetuning(tmp_path, data_cache, *extra):
     numbers of target tokens."""
     rows = [{"q": f"Say {i}:", "a": "a" if i % 2 else "ab" * 25} for i in range(64)]
     (tmp_path / "qa.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
-    return tiny_overrides(data_cache, "dataset=json_files", f"dataset.files=[{tmp_path / 'qa.jsonl'}]",
-                          "dataset.prompt_column=q", "dataset.completion_column=a", "loss_masking=finetuning",
-                          "dataset.max_documents=null", "optimizer=sgdm", "optimizer.lr_config.lr=0.5",
-                          "optimizer.grad_clip=0", *extra)
+    return tiny_overrides(
+        data_cache,
+        "dataset=json_files",
+        f"dataset.files=[{tmp_path / 'qa.jsonl'}]",
+        "dataset.prompt_column=q",
+        "dataset.completion_column=a",
+        "loss_masking=finetuning",
+        "dataset.max_documents=null",
+        "optimizer=sgdm",
+        "optimizer.lr_config.lr=0.5",
+        "optimizer.grad_clip=0",
+        *extra,
+    )
 
 
 def test_every_target_token_counts_once_whatever_the_accumulation(tmp_path, data_cache):
@@ -92,8 +108,10 @@ def test_every_target_token_counts_once_whatever_the_accumulation(tmp_path, data
     base = uneven_finetuning(tmp_path, data_cache)
     accumulated = build(base + ["train.batch_size=1", "train.grad_accum_steps=4"])
     batch = accumulated.data.train.batch(0)
-    sums = [token_losses(accumulated.state.model, jax.tree.map(lambda x: jnp.asarray(x[i]), batch), None, jnp.float32)
-            for i in range(4)]
+    sums = [
+        token_losses(accumulated.state.model, jax.tree.map(lambda x: jnp.asarray(x[i]), batch), None, jnp.float32)
+        for i in range(4)
+    ]
     nll, tokens = (np.array([float(s[i]) for s in sums]) for i in (0, 1))
     assert tokens.max() >= 4 * tokens.min() > 0, tokens  # the micro-batches really are uneven
     token_weighted, mean_of_means = nll.sum() / tokens.sum(), np.mean(nll / tokens)
@@ -115,16 +133,27 @@ def test_every_target_token_counts_once_whatever_the_accumulation(tmp_path, data
 
 
 def test_the_logged_interval_loss_weights_steps_by_their_target_tokens():
-    fetched = [{"loss": 2.0, "target_tokens": 300.0}, {"loss": 8.0, "target_tokens": 3.0},
-               {"loss": float("nan"), "target_tokens": 50.0}]  # a skipped step is left out
+    fetched = [
+        {"loss": 2.0, "target_tokens": 300.0},
+        {"loss": 8.0, "target_tokens": 3.0},
+        {"loss": float("nan"), "target_tokens": 50.0},
+    ]  # a skipped step is left out
     assert _token_weighted(fetched, "loss") == pytest.approx((2.0 * 300 + 8.0 * 3) / 303)  # float64, other order
 
 
 def sgd_overrides(data_cache, *extra):
     """Plain SGD (no momentum, decay or clipping) on a warmup: every step's lr differs and update = -lr x gradient."""
-    return tiny_overrides(data_cache, "optimizer=sgdm", "optimizer.momentum=0", "optimizer.weight_decay=0",
-                          "optimizer.grad_clip=0", "optimizer/lr_config=linear", "optimizer.lr_config.lr=0.5",
-                          "optimizer.lr_config.warmup=8", *extra)
+    return tiny_overrides(
+        data_cache,
+        "optimizer=sgdm",
+        "optimizer.momentum=0",
+        "optimizer.weight_decay=0",
+        "optimizer.grad_clip=0",
+        "optimizer/lr_config=linear",
+        "optimizer.lr_config.lr=0.5",
+        "optimizer.lr_config.warmup=8",
+        *extra,
+    )
 
 
 def applied_lr(parts, step):
@@ -134,8 +163,13 @@ def applied_lr(parts, step):
     grads = eqx.filter_grad(mean_loss)(parts.state.model, jax.tree.map(lambda x: x[0], batch), None, jnp.float32)
     metrics = parts.step(step)
     after = eqx.filter(parts.state.model, eqx.is_array)
-    delta, g = (np.concatenate([np.ravel(x) for x in jax.tree.leaves(t)]) for t in (
-        jax.tree.map(lambda a, b: np.asarray(a) - np.asarray(b), after, before), eqx.filter(grads, eqx.is_array)))
+    delta, g = (
+        np.concatenate([np.ravel(x) for x in jax.tree.leaves(t)])
+        for t in (
+            jax.tree.map(lambda a, b: np.asarray(a) - np.asarray(b), after, before),
+            eqx.filter(grads, eqx.is_array),
+        )
+    )
     return -float(delta @ g) / float(g @ g), metrics
 
 
@@ -163,8 +197,9 @@ def test_z_loss_adds_exactly_its_term(data_cache):
     nll, z_term = by_hand(model)
     grads = eqx.filter(eqx.filter_grad(objective)(model), eqx.is_array)
     before = jax.device_get(eqx.filter(model, eqx.is_array))
-    parts.state, metrics = parts.train_step(parts.state, put_batch(jax.tree.map(lambda x: np.asarray(x)[None], batch),
-                                                                   parts.mesh))
+    parts.state, metrics = parts.train_step(
+        parts.state, put_batch(jax.tree.map(lambda x: np.asarray(x)[None], batch), parts.mesh)
+    )
     # the step (float32) against the same formulas in float64 numpy from the float32 logits: ~1e-7 relative; 1e-5
     assert float(metrics["loss"]) == pytest.approx(nll, rel=1e-5)  # the cross-entropy, without the z term
     assert float(metrics["z_loss"]) == pytest.approx(z_term, rel=1e-5) and z_term > 1e-3
@@ -187,10 +222,18 @@ def test_the_logged_lr_is_the_one_applied_after_overwrite_optimizer_and_a_skippe
     saver.save(first.state, {"step": 3})
     saver.close()
     second = build(sgd_overrides(data_cache, "checkpoint.overwrite_optimizer=True", "train.skip_nonfinite=true"))
-    plan = RunPlan(second.cfg, tmp_path, tmp_path / "ckpt", Source(Checkpointer(tmp_path / "ckpt", read_only=True), 3, {}),
-                   None, [])
+    plan = RunPlan(
+        second.cfg,
+        tmp_path,
+        tmp_path / "ckpt",
+        Source(Checkpointer(tmp_path / "ckpt", read_only=True), 3, {}),
+        None,
+        [],
+    )
     second.state = restore_state(second.state, plan)
-    assert max_param_diff(eqx.filter(first.state.model, eqx.is_array), eqx.filter(second.state.model, eqx.is_array)) == 0
+    assert (
+        max_param_diff(eqx.filter(first.state.model, eqx.is_array), eqx.filter(second.state.model, eqx.is_array)) == 0
+    )
     assert int(second.state.step) == 3 and int(optax.tree.get(second.state.opt_state, "lr_step")) == 3
     measured, metrics = applied_lr(second, 3)
     # measured from p' - p, which loses p's low bits (an ulp of p against lr x g) and uses an eager gradient; over
@@ -214,10 +257,19 @@ def test_document_mask_reaches_the_train_and_eval_steps(data_cache, tmp_path):
         (tmp_path / f"doc{i}.txt").write_text(f"doc {i} " * (1 + i % 4))
     models = {}
     for masked in (False, True):
-        parts = build(tiny_overrides(data_cache, "dataset=text_files", f"dataset.files=[{tmp_path}]",
-                                     "dataset.max_documents=null", "dataset.test_fraction=0", "dataset.val_fraction=0.3",
-                                     f"dataset.document_mask={str(masked).lower()}",
-                                     "train.grad_accum_steps=2", "train.batch_size=4"))
+        parts = build(
+            tiny_overrides(
+                data_cache,
+                "dataset=text_files",
+                f"dataset.files=[{tmp_path}]",
+                "dataset.max_documents=null",
+                "dataset.test_fraction=0",
+                "dataset.val_fraction=0.3",
+                f"dataset.document_mask={str(masked).lower()}",
+                "train.grad_accum_steps=2",
+                "train.batch_size=4",
+            )
+        )
         batch = parts.data.train.batch(0)
         assert ("segment_ids" in batch) == masked
         if masked:

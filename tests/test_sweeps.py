@@ -32,21 +32,28 @@ def job_dirs(sweep_dir: Path) -> list[str]:
 
 def test_a_2x2_sweep_runs_four_jobs_each_in_its_own_run_directory_and_writes_a_summary(data_cache, tmp_path, capsys):
     sweep = tmp_path / "sweep"
-    assert train_jax.command_line(sweep_command(data_cache, sweep, "train.seed=0,1",
-                                                "optimizer.lr_config.lr=1e-3,3e-3")) == 0
+    assert (
+        train_jax.command_line(sweep_command(data_cache, sweep, "train.seed=0,1", "optimizer.lr_config.lr=1e-3,3e-3"))
+        == 0
+    )
     # named by what each job varies (the overrides every job shares are left out), numbered in Hydra's order
-    assert job_dirs(sweep) == [f"{i}-optimizer.lr_config.lr={lr},train.seed={seed}"
-                               for i, (seed, lr) in enumerate([(0, 0.001), (0, 0.003), (1, 0.001), (1, 0.003)])]
+    assert job_dirs(sweep) == [
+        f"{i}-optimizer.lr_config.lr={lr},train.seed={seed}"
+        for i, (seed, lr) in enumerate([(0, 0.001), (0, 0.003), (1, 0.001), (1, 0.003)])
+    ]
     summary = json.loads((sweep / "sweep.json").read_text())
     assert (summary["completed"], summary["failed"]) == (4, 0)
     for job in summary["jobs"]:
         run_dir = Path(job["run_dir"])
         assert run_dir.parent == sweep and run_dir.name.startswith(f"{job['job']}-")
         assert {"metrics.jsonl", "config.yaml", "summary.json", "checkpoints", "job.json"} <= {
-            p.name for p in run_dir.iterdir()}
+            p.name for p in run_dir.iterdir()
+        }
         config = yaml.safe_load((run_dir / "config.yaml").read_text())
         assert (config["train"]["seed"], config["optimizer"]["lr_config"]["lr"]) == (
-            job["job"] // 2, [1e-3, 3e-3][job["job"] % 2])
+            job["job"] // 2,
+            [1e-3, 3e-3][job["job"] % 2],
+        )
         assert config["logging"]["run_dir"] == str(run_dir)
         assert job["status"] == "completed" and job["val_loss"] == final_val_loss(run_dir)  # what the job returned
     assert summary["best"]["job"] == min(summary["jobs"], key=lambda j: j["val_loss"])["job"]
@@ -58,8 +65,9 @@ def test_a_2x2_sweep_runs_four_jobs_each_in_its_own_run_directory_and_writes_a_s
     assert f"sweep: 4 of 4 jobs completed; summary in {sweep / 'sweep.md'}" in capsys.readouterr().out
 
 
-def test_a_bad_value_fails_its_job_with_one_line_while_the_other_runs_and_the_sweep_exits_1(data_cache, tmp_path,
-                                                                                               capsys):
+def test_a_bad_value_fails_its_job_with_one_line_while_the_other_runs_and_the_sweep_exits_1(
+    data_cache, tmp_path, capsys
+):
     sweep = tmp_path / "sweep"
     code = train_jax.command_line(sweep_command(data_cache, sweep, "optimizer.lr_config.lr=-0.1,1e-3"))
     err = capsys.readouterr().err
@@ -67,7 +75,8 @@ def test_a_bad_value_fails_its_job_with_one_line_while_the_other_runs_and_the_sw
     assert "Traceback" not in err, err
     lines = err.strip().splitlines()
     assert [line for line in lines if line.startswith("error: sweep job")] == [
-        "error: sweep job 0 (optimizer.lr_config.lr=-0.1): config: optimizer.lr_config.lr: must be >= 0; got -0.1"]
+        "error: sweep job 0 (optimizer.lr_config.lr=-0.1): config: optimizer.lr_config.lr: must be >= 0; got -0.1"
+    ]
     assert lines[-1].startswith(f"error: sweep {sweep}: 1 of 2 jobs failed or did not finish (job 0)")
     failed, completed = json.loads((sweep / "sweep.json").read_text())["jobs"]
     assert failed["status"] == "failed" and failed["error"] == "config: optimizer.lr_config.lr: must be >= 0; got -0.1"
@@ -81,8 +90,11 @@ def test_submitit_local_runs_each_job_in_a_process_of_its_own(data_cache, tmp_pa
     """The jobs' processes start elsewhere (submitit's module, the test's scratch directory) and still import the
     project's modules: with no PYTHONPATH given, the one train_jax.py sets for them."""
     sweep = tmp_path / "sweep"
-    result = run_cli(sweep_command(data_cache, sweep, "hydra/launcher=submitit_local",
-                                   "optimizer.lr_config.lr=1e-3,3e-3"), env={"PYTHONPATH": None}, timeout=240)
+    result = run_cli(
+        sweep_command(data_cache, sweep, "hydra/launcher=submitit_local", "optimizer.lr_config.lr=1e-3,3e-3"),
+        env={"PYTHONPATH": None},
+        timeout=240,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert job_dirs(sweep) == ["0-optimizer.lr_config.lr=0.001", "1-optimizer.lr_config.lr=0.003"]
     jobs = json.loads((sweep / "sweep.json").read_text())["jobs"]
@@ -117,24 +129,52 @@ def test_the_slurm_launcher_submits_an_array_with_the_configured_nodes_tasks_and
     """What hydra/launcher=submitit_slurm hands to sbatch, written by submitit from the launcher's keys: one array
     task per job, each `nodes` x `tasks_per_node` processes started by srun (which give each its SLURM_PROCID)."""
     sweep = tmp_path / "sweep"
-    result = run_cli(["-m", "model=gpt2-tiny", f"hydra.sweep.dir={sweep}", "hydra/launcher=submitit_slurm",
-                      "hydra.launcher.nodes=2", "hydra.launcher.tasks_per_node=4", "hydra.launcher.gpus_per_node=4",
-                      "hydra.launcher.timeout_min=30", "hydra.launcher.partition=gpu", "hydra.job.name=lr-search",
-                      "optimizer.lr_config.lr=1e-3,3e-3"], env=fake_slurm(tmp_path), timeout=120)
+    result = run_cli(
+        [
+            "-m",
+            "model=gpt2-tiny",
+            f"hydra.sweep.dir={sweep}",
+            "hydra/launcher=submitit_slurm",
+            "hydra.launcher.nodes=2",
+            "hydra.launcher.tasks_per_node=4",
+            "hydra.launcher.gpus_per_node=4",
+            "hydra.launcher.timeout_min=30",
+            "hydra.launcher.partition=gpu",
+            "hydra.job.name=lr-search",
+            "optimizer.lr_config.lr=1e-3,3e-3",
+        ],
+        env=fake_slurm(tmp_path),
+        timeout=120,
+    )
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1] == "error: sweep: FailedJobError: sbatch: error: no cluster here"
     script = (tmp_path / "submitted.sh").read_text()
-    for line in ["#SBATCH --array=0-1%2", "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=4",
-                 "#SBATCH --gpus-per-node=4", "#SBATCH --time=30", "#SBATCH --partition=gpu",
-                 "#SBATCH --job-name=lr-search"]:
+    for line in [
+        "#SBATCH --array=0-1%2",
+        "#SBATCH --nodes=2",
+        "#SBATCH --ntasks-per-node=4",
+        "#SBATCH --gpus-per-node=4",
+        "#SBATCH --time=30",
+        "#SBATCH --partition=gpu",
+        "#SBATCH --job-name=lr-search",
+    ]:
         assert line in script.splitlines(), script
     srun = next(line for line in script.splitlines() if line.startswith("srun "))
     assert srun.endswith(f"{sys.executable} -u -m submitit.core._submit {sweep}/.submitit/%j"), srun
 
 
 def test_the_slurm_preset_starts_one_process_per_gpu(tmp_path):
-    result = run_cli(["-m", "model=gpt2-tiny", f"hydra.sweep.dir={tmp_path}/sweep", "hydra/launcher=slurm",
-                      "optimizer.lr_config.lr=1e-3,3e-3"], env=fake_slurm(tmp_path), timeout=120)
+    result = run_cli(
+        [
+            "-m",
+            "model=gpt2-tiny",
+            f"hydra.sweep.dir={tmp_path}/sweep",
+            "hydra/launcher=slurm",
+            "optimizer.lr_config.lr=1e-3,3e-3",
+        ],
+        env=fake_slurm(tmp_path),
+        timeout=120,
+    )
     assert result.returncode == 1, result.stderr[-2000:]
     lines = (tmp_path / "submitted.sh").read_text().splitlines()
     assert {"#SBATCH --nodes=1", "#SBATCH --gpus-per-node=8", "#SBATCH --ntasks-per-node=8"} <= set(lines)
@@ -142,12 +182,15 @@ def test_the_slurm_preset_starts_one_process_per_gpu(tmp_path):
 
 def test_an_optuna_study_of_3_trials_reports_the_lr_of_the_run_that_returned_the_lowest_loss(data_cache, tmp_path):
     sweep = tmp_path / "sweep"
-    assert train_jax.command_line(sweep_command(data_cache, sweep, "hydra/sweeper=lr_search",
-                                                "hydra.sweeper.n_trials=3")) == 0
+    assert (
+        train_jax.command_line(sweep_command(data_cache, sweep, "hydra/sweeper=lr_search", "hydra.sweeper.n_trials=3"))
+        == 0
+    )
     jobs = json.loads((sweep / "sweep.json").read_text())["jobs"]
     assert [j["status"] for j in jobs] == ["completed"] * 3
-    lrs = [yaml.safe_load((Path(j["run_dir"]) / "config.yaml").read_text())["optimizer"]["lr_config"]["lr"]
-           for j in jobs]
+    lrs = [
+        yaml.safe_load((Path(j["run_dir"]) / "config.yaml").read_text())["optimizer"]["lr_config"]["lr"] for j in jobs
+    ]
     assert len(set(lrs)) == 3 and all(1e-4 <= lr <= 3e-2 for lr in lrs)  # drawn from the preset's interval
     losses = [final_val_loss(Path(j["run_dir"])) for j in jobs]
     assert [j["val_loss"] for j in jobs] == losses  # each trial's value is its run's final val loss
@@ -160,11 +203,13 @@ def test_help_lists_the_groups_launchers_sweepers_and_every_key_with_its_type_de
     assert train_jax.command_line(["--help", "model=gpt2-tiny"]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
-    for line in ["model: gpt2, gpt2-large, gpt2-medium, gpt2-micro, gpt2-mini, gpt2-tiny, gpt2-xl, llama-1.5b, "
-                 "llama-124m, llama-350m, llama-774m, llama-micro, llama-mini, llama-tiny, modern-gpt",
-                 "optimizer/lr_config: constant, cosine, linear, piecewise_linear, trapezoid",
-                 "hydra/launcher: basic, joblib, slurm, submitit_local, submitit_slurm",
-                 "hydra/sweeper: basic, lr_search, optuna"]:
+    for line in [
+        "model: gpt2, gpt2-large, gpt2-medium, gpt2-micro, gpt2-mini, gpt2-tiny, gpt2-xl, llama-1.5b, "
+        "llama-124m, llama-350m, llama-774m, llama-micro, llama-mini, llama-tiny, modern-gpt",
+        "optimizer/lr_config: constant, cosine, linear, piecewise_linear, trapezoid",
+        "hydra/launcher: basic, joblib, slurm, submitit_local, submitit_slurm",
+        "hydra/sweeper: basic, lr_search, optuna",
+    ]:
         assert line in lines, out
     assert any(line.startswith("dataset: fineweb_edu, hf, json_files,") for line in lines)
 
@@ -174,14 +219,17 @@ def test_help_lists_the_groups_launchers_sweepers_and_every_key_with_its_type_de
 
     listed = {line.split(":")[0].strip() for line in lines if line.startswith("  ") and ": " in line}
     assert set(leaves(as_dict(load_config([])))) <= listed
-    for line in ["train.batch_size: int = 16 -- sequences per micro-batch per process, split over the process's "
-                 "devices",
-                 "model.n_layer: int = 6 (here: 2) -- transformer blocks",  # the default, then this command line's
-                 "dataset.context_size: int or null = null -- tokens per training window; null = model.context_size"]:
+    for line in [
+        "train.batch_size: int = 16 -- sequences per micro-batch per process, split over the process's devices",
+        "model.n_layer: int = 6 (here: 2) -- transformer blocks",  # the default, then this command line's
+        "dataset.context_size: int or null = null -- tokens per training window; null = model.context_size",
+    ]:
         assert "  " + line in lines, out
     assert "  system.dtype: float32 | bfloat16 | float16 | fp8 = float32 -- compute dtype" in lines, out  # a choice
-    assert any(line.startswith("  checkpoint.load: str = false -- true: resume from load_path; false: start fresh;")
-               for line in lines)  # a meaning written in the comment lines above the field
+    assert any(
+        line.startswith("  checkpoint.load: str = false -- true: resume from load_path; false: start fresh;")
+        for line in lines
+    )  # a meaning written in the comment lines above the field
 
 
 def test_a_fields_meaning_is_its_comment_lines_above_and_its_trailing_comment(tmp_path, monkeypatch):
@@ -190,12 +238,16 @@ def test_a_fields_meaning_is_its_comment_lines_above_and_its_trailing_comment(tm
         "    plain: int = 1\n"
         "    # first line above\n    # second line above\n    both: str = 'x'  # and beside\n"
         "\n    # a comment a blank line away belongs to no field\n\n"
-        "    beside: float = 0.5  # only beside (a # inside it stays)\n")
+        "    beside: float = 0.5  # only beside (a # inside it stays)\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     from schema_example import Example
 
-    assert field_meanings(Example) == {"plain": "", "both": "first line above second line above and beside",
-                                       "beside": "only beside (a # inside it stays)"}
+    assert field_meanings(Example) == {
+        "plain": "",
+        "both": "first line above second line above and beside",
+        "beside": "only beside (a # inside it stays)",
+    }
 
 
 def test_hydras_own_help_and_shell_completion_work(capsys, monkeypatch):
@@ -207,8 +259,9 @@ def test_hydras_own_help_and_shell_completion_work(capsys, monkeypatch):
     monkeypatch.setenv("COMP_LINE", line)
     monkeypatch.setenv("COMP_POINT", str(len(line)))
     assert train_jax.command_line(["-sc", "query=bash"]) == 0
-    assert capsys.readouterr().out.split() == [f"optimizer/lr_config={name}" for name in
-                                               ["constant", "cosine", "linear", "piecewise_linear", "trapezoid"]]
+    assert capsys.readouterr().out.split() == [
+        f"optimizer/lr_config={name}" for name in ["constant", "cosine", "linear", "piecewise_linear", "trapezoid"]
+    ]
     # bash's completion script only offers it for scripts whose source says @hydra.main
     assert "@hydra.main(" in (ROOT / "train_jax.py").read_text()
 
@@ -234,8 +287,10 @@ def test_a_list_valued_override_names_its_job_directory_without_brackets(tmp_pat
     from training.checkpoints.storage import check_writable
     from training.cli.sweep import job_dirname
 
-    assert job_dirname(1, "optimizer.lr_config.boundary_lrs=[0.003,0.001]") == \
-        "1-optimizer.lr_config.boundary_lrs=(0.003,0.001)"
+    assert (
+        job_dirname(1, "optimizer.lr_config.boundary_lrs=[0.003,0.001]")
+        == "1-optimizer.lr_config.boundary_lrs=(0.003,0.001)"
+    )
     check_writable("checkpoint.save_path", tmp_path / "1-x=(0.003,0.001)" / "checkpoints")
     with pytest.raises(ConfigError, match=r"^checkpoint.save_path: .* holds a bracketed name \(\[\.\.\.\]\)"):
         check_writable("checkpoint.save_path", tmp_path / "1-x=[0.003,0.001]" / "checkpoints")
@@ -258,6 +313,7 @@ def test_the_experiments_runner_runs_a_multirun_in_its_own_process_once_and_fail
     assert (sweep / "sweep.json").stat().st_mtime_ns == written
     with open(tmp_path / "bad.log", "w") as log, pytest.raises(PipelineError) as failure:
         run_sweep(tmp_path / "bad", [*tiny_overrides(data_cache, *SHORT), "optimizer=no_such_optimizer"], log)
-    assert str(failure.value) == (f"sweep: the multirun in {tmp_path / 'bad'} wrote no sweep.json (its output says "
-                                  "why)")
+    assert str(failure.value) == (
+        f"sweep: the multirun in {tmp_path / 'bad'} wrote no sweep.json (its output says why)"
+    )
     assert "no_such_optimizer" in (tmp_path / "bad.log").read_text()

@@ -56,15 +56,33 @@ def write_files(folder: Path, n: int, start: int = 0) -> None:
 
 
 def text_files(folder: Path, cache: Path, *extra: str) -> list[str]:
-    return ["dataset=text_files", f"dataset.files=[{folder}]", "dataset.tokenizer=byte", f"dataset.cache_dir={cache}",
-            "dataset.val_fraction=0.2", "dataset.test_fraction=0.1", *extra]
+    return [
+        "dataset=text_files",
+        f"dataset.files=[{folder}]",
+        "dataset.tokenizer=byte",
+        f"dataset.cache_dir={cache}",
+        "dataset.val_fraction=0.2",
+        "dataset.test_fraction=0.1",
+        *extra,
+    ]
 
 
 def streamed(jsonl: Path, cache: Path, *extra: str) -> list[str]:
     """A streamed corpus through the Hub loader's code path, from a local JSON-lines file (no network)."""
-    return ["dataset=hf", "dataset.hf_path=json", f"dataset.files=[{jsonl}]", "dataset.streaming=true",
-            "dataset.tokenizer=byte", "dataset.val_split=null", "dataset.test_split=null", "dataset.val_fraction=0.2",
-            "dataset.test_fraction=0.1", "dataset.max_tokens=1000000000", f"dataset.cache_dir={cache}", *extra]
+    return [
+        "dataset=hf",
+        "dataset.hf_path=json",
+        f"dataset.files=[{jsonl}]",
+        "dataset.streaming=true",
+        "dataset.tokenizer=byte",
+        "dataset.val_split=null",
+        "dataset.test_split=null",
+        "dataset.val_fraction=0.2",
+        "dataset.test_fraction=0.1",
+        "dataset.max_tokens=1000000000",
+        f"dataset.cache_dir={cache}",
+        *extra,
+    ]
 
 
 def write_jsonl(path: Path, n: int) -> None:
@@ -114,8 +132,13 @@ def test_a_stale_or_foreign_store_is_rebuilt_not_used(tmp_path):
     overrides = text_files(tmp_path / "docs", tmp_path / "cache")
     _, byte_store = build(overrides)
     reference = store_bytes(byte_store)
-    bpe = build_tokenizer("bpe", bpe_vocab_size=300, train_texts=lambda: ["some text " * 50],
-                          corpus_fingerprint="x", cache_dir=str(tmp_path / "cache"))
+    bpe = build_tokenizer(
+        "bpe",
+        bpe_vocab_size=300,
+        train_texts=lambda: ["some text " * 50],
+        corpus_fingerprint="x",
+        cache_dir=str(tmp_path / "cache"),
+    )
     _, bpe_store = build(overrides, bpe)
     assert bpe_store.root != byte_store.root and store_bytes(bpe_store) != reference
     # A store whose record names another tokenizer (copied, or half-overwritten) is not trusted: it is rebuilt.
@@ -135,8 +158,9 @@ def test_adding_a_file_moves_no_other_document_between_splits(tmp_path):
     write_files(tmp_path / "docs", 100)  # enough that every split holds some, whatever the temporary path
 
     def split_of_each_text(overrides):
-        return {t: split for split, ds in load_corpus(load_config(overrides).dataset).datasets.items()
-                for t in ds["text"]}
+        return {
+            t: split for split, ds in load_corpus(load_config(overrides).dataset).datasets.items() for t in ds["text"]
+        }
 
     before = split_of_each_text(text_files(tmp_path / "docs", tmp_path / "cache"))
     write_files(tmp_path / "docs", 1, start=100)
@@ -150,8 +174,17 @@ def test_two_processes_build_the_same_bytes_as_one(tmp_path):
     write_files(tmp_path / "docs", 40)
     _, single = build(text_files(tmp_path / "docs", tmp_path / "one", "dataset.docs_per_chunk=3"))
     overrides = text_files(tmp_path / "docs", tmp_path / "two", "dataset.docs_per_chunk=3")
-    children = [spawn([sys.executable, "-c", SLOW_BUILD.format(root=str(ROOT), delay=0.05, overrides=overrides,
-                                                                index=i, count=2)], cwd=tmp_path) for i in range(2)]
+    children = [
+        spawn(
+            [
+                sys.executable,
+                "-c",
+                SLOW_BUILD.format(root=str(ROOT), delay=0.05, overrides=overrides, index=i, count=2),
+            ],
+            cwd=tmp_path,
+        )
+        for i in range(2)
+    ]
     assert [c.wait(timeout=120) for c in children] == [0, 0]
     _, double = build(overrides)
     assert double.root.name == single.root.name and store_bytes(double) == store_bytes(single)
@@ -165,9 +198,16 @@ def test_two_runs_that_want_the_same_store_at_once_build_it_once(tmp_path):
     saying so) and then opens it; both succeed, with the bytes one build makes."""
     write_files(tmp_path / "docs", 40)
     overrides = text_files(tmp_path / "docs", tmp_path / "cache", "dataset.docs_per_chunk=3")
-    runs = [spawn([sys.executable, "-c", SLOW_BUILD.format(root=str(ROOT), delay=0.2, overrides=overrides, index=0,
-                                                           count=1)], cwd=tmp_path, stdout=subprocess.PIPE,
-                  stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    runs = [
+        spawn(
+            [sys.executable, "-c", SLOW_BUILD.format(root=str(ROOT), delay=0.2, overrides=overrides, index=0, count=1)],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
     results = [communicate(run, timeout=120) for run in runs]
     assert [r.returncode for r in results] == [0, 0], [r.stderr[-2000:] for r in results]
     assert sorted("another run is building" in r.stdout for r in results) == [False, True]
@@ -185,9 +225,14 @@ def test_a_build_killed_midway_ends_with_the_same_bytes(tmp_path, source):
         write_jsonl(tmp_path / "rows.jsonl", 60)
         make = lambda cache: streamed(tmp_path / "rows.jsonl", cache, "dataset.docs_per_chunk=3")  # noqa: E731
     _, reference = build(make(tmp_path / "reference"))
-    child = spawn([sys.executable, "-c", SLOW_BUILD.format(root=str(ROOT), delay=0.3,
-                                                           overrides=make(tmp_path / "cache"), index=0, count=1)],
-                  cwd=tmp_path)
+    child = spawn(
+        [
+            sys.executable,
+            "-c",
+            SLOW_BUILD.format(root=str(ROOT), delay=0.3, overrides=make(tmp_path / "cache"), index=0, count=1),
+        ],
+        cwd=tmp_path,
+    )
     stores = tmp_path / "cache" / "tokens"
     deadline = time.monotonic() + 120
     while len(list(stores.glob("*/chunk-*.json"))) < 3:
@@ -207,8 +252,9 @@ def test_a_build_killed_midway_ends_with_the_same_bytes(tmp_path, source):
 def test_a_streamed_build_stops_after_the_chunk_that_reaches_max_tokens(tmp_path):
     write_jsonl(tmp_path / "rows.jsonl", 200)
     _, whole = build(streamed(tmp_path / "rows.jsonl", tmp_path / "a", "dataset.docs_per_chunk=10"))
-    _, capped = build(streamed(tmp_path / "rows.jsonl", tmp_path / "b", "dataset.docs_per_chunk=10",
-                               "dataset.max_tokens=500"))
+    _, capped = build(
+        streamed(tmp_path / "rows.jsonl", tmp_path / "b", "dataset.docs_per_chunk=10", "dataset.max_tokens=500")
+    )
     total = lambda store: sum(len(store.tokens(s)) for s in store.splits)  # noqa: E731
     assert 500 <= total(capped) < 500 + 10 * 40 and total(whole) > 2 * total(capped)
     for split in whole.splits:  # the capped store is the start of the whole one
@@ -225,8 +271,10 @@ def test_num_proc_above_1_loads_the_same_store_without_forking(tmp_path, source)
         make = lambda cache, n: text_files(tmp_path / "docs", cache, f"dataset.num_proc={n}")  # noqa: E731
     else:
         write_jsonl(tmp_path / "rows.jsonl", 60)
-        make = lambda cache, n: [*streamed(tmp_path / "rows.jsonl", cache, f"dataset.num_proc={n}"),  # noqa: E731
-                                 "dataset.streaming=false"]
+        make = lambda cache, n: [  # noqa: E731
+            *streamed(tmp_path / "rows.jsonl", cache, f"dataset.num_proc={n}"),
+            "dataset.streaming=false",
+        ]
     _, one = build(make(tmp_path / "one", 1))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -241,7 +289,15 @@ def test_a_run_forks_no_process(tmp_path):
     JAX, so Python prints no os.fork() warning."""
     from helpers import run_cli, tiny_overrides
 
-    out = run_cli(tiny_overrides(str(tmp_path / "cache"), "dataset.max_documents=80", "dataset.num_proc=2",
-                                 "train.max_steps=2", "checkpoint.save=false", f"logging.run_dir={tmp_path}/run"))
+    out = run_cli(
+        tiny_overrides(
+            str(tmp_path / "cache"),
+            "dataset.max_documents=80",
+            "dataset.num_proc=2",
+            "train.max_steps=2",
+            "checkpoint.save=false",
+            f"logging.run_dir={tmp_path}/run",
+        )
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "step" in out.stdout and "os.fork()" not in out.stdout + out.stderr

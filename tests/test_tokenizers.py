@@ -19,8 +19,13 @@ TEXTS = [
 @pytest.fixture(scope="module")
 def bpe(tmp_path_factory):
     corpus = [t * 20 for t in TEXTS] + [open(json.__file__).read()]
-    return build_tokenizer("bpe", bpe_vocab_size=400, train_texts=lambda: corpus, corpus_fingerprint="test",
-                           cache_dir=str(tmp_path_factory.mktemp("tok")))
+    return build_tokenizer(
+        "bpe",
+        bpe_vocab_size=400,
+        train_texts=lambda: corpus,
+        corpus_fingerprint="test",
+        cache_dir=str(tmp_path_factory.mktemp("tok")),
+    )
 
 
 @pytest.mark.parametrize("kind", ["byte", "bpe"])
@@ -56,10 +61,14 @@ def test_bpe_compresses_and_is_cached(bpe, tmp_path):
     text = TEXTS[0] * 5
     assert len(bpe.encode(text)) < len(text.encode()) / 2
     cache = tmp_path / "cache"
-    first = build_tokenizer("bpe", bpe_vocab_size=300, train_texts=lambda: TEXTS * 10, corpus_fingerprint="c1", cache_dir=str(cache))
+    first = build_tokenizer(
+        "bpe", bpe_vocab_size=300, train_texts=lambda: TEXTS * 10, corpus_fingerprint="c1", cache_dir=str(cache)
+    )
     files = list((cache / "tokenizers").iterdir())
     assert len(files) == 1
-    second = build_tokenizer("bpe", bpe_vocab_size=300, train_texts=lambda: iter(()), corpus_fingerprint="c1", cache_dir=str(cache))
+    second = build_tokenizer(
+        "bpe", bpe_vocab_size=300, train_texts=lambda: iter(()), corpus_fingerprint="c1", cache_dir=str(cache)
+    )
     assert second.to_json() == first.to_json()  # read back, not retrained on the (empty) texts
 
 
@@ -95,8 +104,12 @@ def test_gpt2_tokenizer_puts_its_special_tokens_after_gpt2s_ids(monkeypatch):
     import tiktoken
 
     ranks = {bytes([b]): b for b in range(256)} | {b"re": 256, b"ret": 257, b"retu": 258, b"return": 259}
-    stand_in = tiktoken.Encoding(name="gpt2-stand-in", pat_str=r"""'s|'t| ?\w+| ?[^\s\w]+|\s+""",
-                                 mergeable_ranks=ranks, special_tokens={"<|endoftext|>": 260})
+    stand_in = tiktoken.Encoding(
+        name="gpt2-stand-in",
+        pat_str=r"""'s|'t| ?\w+| ?[^\s\w]+|\s+""",
+        mergeable_ranks=ranks,
+        special_tokens={"<|endoftext|>": 260},
+    )
     monkeypatch.setattr(tiktoken, "get_encoding", lambda name: stand_in)
     tok = Gpt2Tokenizer()
     assert (tok.eos_id, tok.pad_id, tok.genai_id, tok.vocab_size) == (260, 261, 262, 263)

@@ -14,8 +14,8 @@ import optax
 import pytest
 
 from helpers import ROOT, build, communicate, read_metrics, repo_copy, run_cli, spawn, tiny_overrides
-from training.config import load_config
 from training.checkpoints.resume import open_source, plan_run, restore_state
+from training.config import load_config
 
 pytestmark = pytest.mark.e2e
 
@@ -37,15 +37,26 @@ STEPS = 104
 
 def tiny(data_cache, *extra):
     # 2 sequences a step: 104 steps of 8 would cost three times as much, for nothing these tests check
-    return tiny_overrides(data_cache, f"train.max_steps={STEPS}", "train.eval_interval=52", "train.log_interval=4",
-                          "train.batch_size=2", *extra)
+    return tiny_overrides(
+        data_cache,
+        f"train.max_steps={STEPS}",
+        "train.eval_interval=52",
+        "train.log_interval=4",
+        "train.batch_size=2",
+        *extra,
+    )
 
 
 def in_shell(command, extra, cwd):
     """`command` run by bash in `cwd`, as a user's shell splits it, with `extra` arguments after it."""
     line = command.replace("python train_jax.py", f"{shlex.quote(sys.executable)} {ROOT / 'train_jax.py'}", 1)
-    proc = spawn(["bash", "-c", f"{line} {shlex.join(extra)}"], cwd=cwd, stdout=subprocess.PIPE,
-                 stderr=subprocess.PIPE, text=True)
+    proc = spawn(
+        ["bash", "-c", f"{line} {shlex.join(extra)}"],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     return communicate(proc, timeout=300)
 
 
@@ -89,9 +100,16 @@ def test_new_hyper_parameters_keep_the_optimizer_state(saved, data_cache):
     """trainit: to change the lr or momentum, keep overwrite_optimizer=False and turn on overwrite_config: the
     restored optimizer state continues (its moments and its step), and the new schedule applies from that step."""
     cwd, _ = saved
-    overrides = tiny(data_cache, "checkpoint.load=True", f"checkpoint.load_path={cwd}/CHECKPOINT",
-                     "checkpoint.load_file=iter_100.ckpt", "checkpoint.overwrite_config=True",
-                     "optimizer.lr_config.lr=1e-4", "optimizer.lr_config.min_lr_ratio=0.1", "optimizer.beta1=0.5")
+    overrides = tiny(
+        data_cache,
+        "checkpoint.load=True",
+        f"checkpoint.load_path={cwd}/CHECKPOINT",
+        "checkpoint.load_file=iter_100.ckpt",
+        "checkpoint.overwrite_config=True",
+        "optimizer.lr_config.lr=1e-4",
+        "optimizer.lr_config.min_lr_ratio=0.1",
+        "optimizer.beta1=0.5",
+    )
     parts = build(overrides)
     plan = plan_run(load_config(overrides), overrides, 0)
     state = restore_state(parts.state, plan)
@@ -131,9 +149,19 @@ def test_train_lm_sh_takes_log_data(log_data, logged, data_cache, tmp_path):
     project = repo_copy(tmp_path / "project")
     python = Path(sys.executable)
     env = {"PATH": f"{python.parent}{os.pathsep}{os.environ['PATH']}", "PYTHON": str(python), "PYTHONPATH": None}
-    proc = spawn(["bash", str(project / "scripts" / "train_lm.sh"), f"log_data={log_data}",
-                  *tiny_overrides(data_cache, "model=gpt2-tiny")], env=env, cwd=project, stdout=subprocess.PIPE,
-                 stderr=subprocess.PIPE, text=True)
+    proc = spawn(
+        [
+            "bash",
+            str(project / "scripts" / "train_lm.sh"),
+            f"log_data={log_data}",
+            *tiny_overrides(data_cache, "model=gpt2-tiny"),
+        ],
+        env=env,
+        cwd=project,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     result = ok(communicate(proc, timeout=280))
     run_dir = next((project / "runs").iterdir())
     rows = read_metrics(run_dir, "train")
@@ -143,8 +171,13 @@ def test_train_lm_sh_takes_log_data(log_data, logged, data_cache, tmp_path):
 
 def test_train_lm_sh_refuses_another_log_data(tmp_path):
     project = repo_copy(tmp_path)  # the script works in its own checkout: a copy, should it go on to train
-    proc = spawn(["bash", str(project / "scripts" / "train_lm.sh"), "log_data=maybe"], cwd=project,
-                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = spawn(
+        ["bash", str(project / "scripts" / "train_lm.sh"), "log_data=maybe"],
+        cwd=project,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     result = communicate(proc, timeout=30)
     assert result.returncode == 2
     assert result.stderr.strip() == "error: log_data: must be true or false; got 'maybe'"

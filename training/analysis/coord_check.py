@@ -32,7 +32,7 @@ TEXT = Path(sysconfig.get_paths()["stdlib"]) / "json" / "decoder.py"  # real tex
 def text_batch(batch: int, length: int) -> dict[str, jax.Array]:
     """`batch` windows of `length` + 1 byte tokens of TEXT, one after another."""
     data = np.frombuffer(TEXT.read_bytes(), np.uint8).astype(np.int32)
-    windows = np.stack([data[i * length:(i + 1) * length + 1] for i in range(batch)])
+    windows = np.stack([data[i * length : (i + 1) * length + 1] for i in range(batch)])
     x = jnp.asarray(windows)
     return {"inputs": x[:, :-1], "targets": x[:, 1:], "loss_mask": jnp.ones((batch, length), jnp.float32)}
 
@@ -51,20 +51,44 @@ def activations(model: GPT, tokens_BT: jax.Array) -> dict[str, jax.Array]:
     return out
 
 
-def coord_check(widths: list[int], parametrization: str, steps: int = 4, lr: float = 1e-2, n_layer: int = 2,
-                n_head: int = 4, length: int = 64, batch: int = 8, seed: int = 0,
-                optimizer: str = "adamw") -> dict[str, Any]:
+def coord_check(
+    widths: list[int],
+    parametrization: str,
+    steps: int = 4,
+    lr: float = 1e-2,
+    n_layer: int = 2,
+    n_head: int = 4,
+    length: int = 64,
+    batch: int = 8,
+    seed: int = 0,
+    optimizer: str = "adamw",
+) -> dict[str, Any]:
     """{"widths", "steps", "size": {activation: [[mean |x| per width] per step]}, "change": {... |x_t - x_0| ...}};
     μP's base width is the narrowest."""
     data = text_batch(batch, length)
     size: dict[str, list[list[float]]] = {}
     change: dict[str, list[list[float]]] = {}
     for w_index, width in enumerate(widths):
-        cfg = GPTConfig(vocab_size=256, n_layer=n_layer, n_head=n_head, n_embd=width, context_size=length,
-                        parametrization=parametrization, mup_base_width=widths[0])
+        cfg = GPTConfig(
+            vocab_size=256,
+            n_layer=n_layer,
+            n_head=n_head,
+            n_embd=width,
+            context_size=length,
+            parametrization=parametrization,
+            mup_base_width=widths[0],
+        )
         model = GPT.init(cfg, jax.random.PRNGKey(seed))
-        run = load_config([f"optimizer={optimizer}", "optimizer/lr_config=constant", f"optimizer.lr_config.lr={lr}",
-                           "optimizer.lr_config.warmup=0", "optimizer.grad_clip=0"], num_local_devices=1)
+        run = load_config(
+            [
+                f"optimizer={optimizer}",
+                "optimizer/lr_config=constant",
+                f"optimizer.lr_config.lr={lr}",
+                "optimizer.lr_config.warmup=0",
+                "optimizer.grad_clip=0",
+            ],
+            num_local_devices=1,
+        )
         schedule = build_schedule(run.optimizer.lr_config, steps)
         opt = build_optimizer(own_warmups_in_steps(run.optimizer, steps), schedule, model, 1)
         state = opt.init(eqx.filter(model, eqx.is_array))
@@ -87,8 +111,15 @@ def coord_check(widths: list[int], parametrization: str, steps: int = 4, lr: flo
                 change[name][t][w_index] = float(jnp.mean(jnp.abs(x - first[name])))
             if t < steps:
                 model, state = step(model, state)
-    return {"parametrization": parametrization, "widths": widths, "steps": steps, "lr": lr, "optimizer": optimizer,
-            "size": size, "change": change}
+    return {
+        "parametrization": parametrization,
+        "widths": widths,
+        "steps": steps,
+        "lr": lr,
+        "optimizer": optimizer,
+        "size": size,
+        "change": change,
+    }
 
 
 def growth(result: dict[str, Any], name: str, kind: str = "change") -> float:

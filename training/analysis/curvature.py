@@ -27,7 +27,8 @@ left to jit: the vectors take the parameters' layouts, so it runs on the run's m
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import equinox as eqx
 import jax
@@ -58,8 +59,9 @@ def hvp(loss_fn: LossFn, params: Any, batch: Any, v: Any) -> Any:
     return jax.jvp(lambda p: jax.grad(loss_fn)(p, batch), (params,), (v,))[1]
 
 
-def hessian_extremes(loss_fn: LossFn, params: Any, batch: Any, iters: int = ITERS,
-                     key: jax.Array | None = None) -> Extremes:
+def hessian_extremes(
+    loss_fn: LossFn, params: Any, batch: Any, iters: int = ITERS, key: jax.Array | None = None
+) -> Extremes:
     """`iters` Lanczos steps from a random unit vector (`key`): the extreme eigenvalues of T. Traceable (call it under
     jit); `iters` is static. Should the Krylov space close early (a residual of zero: only when `iters` reaches the
     number of distinct eigenvalues, as in a tiny test model), the steps after it add 1 x 1 blocks holding the first
@@ -83,9 +85,20 @@ def hessian_extremes(loss_fn: LossFn, params: Any, batch: Any, iters: int = ITER
 
     zero = jax.tree.map(jnp.zeros_like, v0)
     scalar = jnp.zeros([], jnp.float32)
-    *_, alphas, betas = jax.lax.fori_loop(0, iters, step, (zero, v0, scalar, scalar, jnp.asarray(False),
-                                                           jnp.zeros([iters], jnp.float32),
-                                                           jnp.zeros([iters], jnp.float32)))
+    *_, alphas, betas = jax.lax.fori_loop(
+        0,
+        iters,
+        step,
+        (
+            zero,
+            v0,
+            scalar,
+            scalar,
+            jnp.asarray(False),
+            jnp.zeros([iters], jnp.float32),
+            jnp.zeros([iters], jnp.float32),
+        ),
+    )
     off = betas[:-1]
     tridiagonal = jnp.diag(alphas) + jnp.diag(off, 1) + jnp.diag(off, -1)
     ritz = jnp.linalg.eigvalsh(tridiagonal)

@@ -39,8 +39,12 @@ def params_of(model: GPT) -> Params:
 
 def dot(a: Params, b: Params) -> float:
     """<a, b> over every array, accumulated in float64 on the host."""
-    return float(sum(np.vdot(np.asarray(x, np.float64), np.asarray(y, np.float64))
-                     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))))
+    return float(
+        sum(
+            np.vdot(np.asarray(x, np.float64), np.asarray(y, np.float64))
+            for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
+        )
+    )
 
 
 @jax.jit
@@ -57,6 +61,7 @@ def difference(a: Params, b: Params) -> Params:
 def filter_norm_axes(model: GPT) -> Params:
     """For every array of `model`, the axes a filter's norm runs over (a tuple), or None for a vector (1-D per
     layer). The blocks' arrays carry a leading layer axis, which is never reduced."""
+
     def axes(path: tuple, x: jax.Array) -> tuple[int, ...] | None:
         names = [key.name for key in path if isinstance(key, jax.tree_util.GetAttrKey)]
         stacked = 1 if names[:1] == ["blocks"] else 0
@@ -78,8 +83,7 @@ def filter_normalised(model: GPT, key: jax.Array, include_vectors: bool = False)
 
 
 @functools.partial(jax.jit, static_argnums=(2, 3))
-def _filter_normalised(leaves: list[jax.Array], key: jax.Array, axes: tuple, include_vectors: bool
-                       ) -> list[jax.Array]:
+def _filter_normalised(leaves: list[jax.Array], key: jax.Array, axes: tuple, include_vectors: bool) -> list[jax.Array]:
     out = []
     for k, w, ax in zip(jax.random.split(key, len(leaves)), leaves, axes):
         d = jax.random.normal(k, w.shape, jnp.float32)
@@ -104,8 +108,9 @@ def principal_directions(offsets: list[Params], k: int) -> list[Params]:
     """The top `k` right singular vectors (unit norm) of the matrix whose rows are `offsets` (uncentred), from the
     offsets' Gram matrix: never a parameters x checkpoints array on the host."""
     if len(offsets) < k:
-        raise ValueError(f"{k} principal directions need at least {k} checkpoints besides the centre; "
-                         f"there are {len(offsets)}")
+        raise ValueError(
+            f"{k} principal directions need at least {k} checkpoints besides the centre; there are {len(offsets)}"
+        )
     gram = np.array([[dot(a, b) for b in offsets] for a in offsets])
     values, vectors = np.linalg.eigh(gram)
     top = np.argsort(values)[::-1][:k]

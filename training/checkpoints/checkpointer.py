@@ -41,10 +41,10 @@ from orbax.checkpoint import checkpoint_managers as policies
 from core.errors import CheckpointError, first_line
 from data.tokenizers import Tokenizer
 from models.gpt import GPT
+from training.checkpoints.storage import DISK_FULL_ERRNOS
 from training.config import Config, load_file_step
 from training.step.precision import all_finite
 from training.step.state import TrainState, eval_model
-from training.checkpoints.storage import DISK_FULL_ERRNOS
 
 # Orbax reports routine events (read-only opens, ...) as warnings, and a failed background save as errors with the
 # threads' tracebacks before the failure reaches the caller: the caller says it once, as a CheckpointError.
@@ -62,11 +62,18 @@ def _val_loss(metrics: dict) -> float:
 
 
 class Checkpointer:
-    def __init__(self, directory: str | Path, max_to_keep: int | None = None, keep_steps: list[int] | None = None,
-                 read_only: bool = False) -> None:
+    def __init__(
+        self,
+        directory: str | Path,
+        max_to_keep: int | None = None,
+        keep_steps: list[int] | None = None,
+        read_only: bool = False,
+    ) -> None:
         self.directory = Path(directory).absolute()
-        keep = [policies.LatestN(max_to_keep), policies.BestN(get_metric_fn=_val_loss, reverse=True, n=1,
-                                                               keep_checkpoints_without_metrics=False)]
+        keep = [
+            policies.LatestN(max_to_keep),
+            policies.BestN(get_metric_fn=_val_loss, reverse=True, n=1, keep_checkpoints_without_metrics=False),
+        ]
         if keep_steps:
             keep.append(policies.CustomSteps(list(keep_steps)))
         options = ocp.CheckpointManagerOptions(
@@ -79,7 +86,9 @@ class Checkpointer:
             save_interval_steps=0 if read_only else 1,
             cleanup_tmp_directories=not read_only,  # leftovers of a save that was killed half-way
         )
-        self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=PARTS + (STATS, EVAL_MODEL, META))
+        self._manager = ocp.CheckpointManager(
+            self.directory, options=options, item_names=PARTS + (STATS, EVAL_MODEL, META)
+        )
         self._saving: int | None = None  # the step of the save in flight, for the line that says it failed
         self._failed: CheckpointError | None = None
         _drop_abandoned_io()  # a failed background save echoes from Orbax's threads before anyone is told
@@ -128,13 +137,17 @@ class Checkpointer:
         except Exception as e:
             text = str(e)
             code = re.search(r"os_error_code='(\d+)'", text)
-            reason = (os.strerror(int(code.group(1))) + (" (disk full?)" if int(code.group(1)) in DISK_FULL_ERRNOS
-                                                         else "")) if code else first_line(e, 160)
+            reason = (
+                (os.strerror(int(code.group(1))) + (" (disk full?)" if int(code.group(1)) in DISK_FULL_ERRNOS else ""))
+                if code
+                else first_line(e, 160)
+            )
             complete = [s for s in self._manager.all_steps() if s != self._saving]
             last = f"the last complete one, step {max(complete)}, is intact" if complete else "no complete one yet"
             self._failed = CheckpointError(
                 f"checkpoint.save_path: saving step {self._saving} to {self.directory} failed: {reason}; {last}. "
-                "Free some space and rerun with checkpoint.load=auto to resume")
+                "Free some space and rerun with checkpoint.load=auto to resume"
+            )
             raise self._failed from None
 
     def set_aside(self, step: int) -> Path:
@@ -179,8 +192,9 @@ class Checkpointer:
 
         Arrays come back in the shardings of `like`'s, whatever device layout the checkpoint was written with.
         """
-        restored = {part: self._restore_part(step, part, arrays) for part, arrays in _parts(like).items()
-                    if part in parts}
+        restored = {
+            part: self._restore_part(step, part, arrays) for part, arrays in _parts(like).items() if part in parts
+        }
         model = eqx.combine(restored["model"], like.model) if "model" in restored else like.model
         progress = restored.get("progress", _parts(like)["progress"])
         opt_state = restored.get("opt_state", like.opt_state)
@@ -192,8 +206,15 @@ class Checkpointer:
                 stats = self._restore_part(step, STATS, stats)
             except CheckpointError:
                 stats = like.stats
-        return type(like)(step=progress["step"], model=model, opt_state=opt_state, key=progress["key"],
-                          loss_scale=progress["loss_scale"], stats=stats, fp8=progress.get("fp8"))
+        return type(like)(
+            step=progress["step"],
+            model=model,
+            opt_state=opt_state,
+            key=progress["key"],
+            loss_scale=progress["loss_scale"],
+            stats=stats,
+            fp8=progress.get("fp8"),
+        )
 
     def restore_model(self, step: int, like: GPT) -> GPT:
         """Only the parameters, into the structure and shardings of the model `like` (sampling, export); `like` may
@@ -207,8 +228,9 @@ class Checkpointer:
         target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), arrays)
         try:
             try:
-                return self._manager.restore(step, args=ocp.args.Composite(**{part: ocp.args.StandardRestore(target)})
-                                             )[part]
+                return self._manager.restore(step, args=ocp.args.Composite(**{part: ocp.args.StandardRestore(target)}))[
+                    part
+                ]
             except Exception:
                 older = _restore_from_before_new_fields(self.directory / str(step) / part, target)
                 if older is None:
@@ -216,14 +238,20 @@ class Checkpointer:
                 return older
         except Exception as e:  # TensorStore/Orbax raise many types for missing, damaged or mismatched files
             if not (self.directory / str(step) / part).is_dir():
-                raise CheckpointError(f"checkpoint {self.directory}/{step}: its {part} is missing (an incomplete or "
-                                      "damaged checkpoint)") from None
+                raise CheckpointError(
+                    f"checkpoint {self.directory}/{step}: its {part} is missing (an incomplete or damaged checkpoint)"
+                ) from None
             reason = first_line(e, 160, str(e).split(" See full TensorStore details")[0])
-            hint = {"model": "a different model, or a corrupt/truncated checkpoint", EVAL_MODEL: "a different model",
-                    "opt_state": "a different optimizer? checkpoint.overwrite_optimizer=True starts a fresh one",
-                    "progress": "corrupt or truncated?", STATS: "other statistics knobs"}[part]
-            raise CheckpointError(f"checkpoint {self.directory}/{step}: its {part} does not restore ({hint}): {reason}"
-                                  ) from None
+            hint = {
+                "model": "a different model, or a corrupt/truncated checkpoint",
+                EVAL_MODEL: "a different model",
+                "opt_state": "a different optimizer? checkpoint.overwrite_optimizer=True starts a fresh one",
+                "progress": "corrupt or truncated?",
+                STATS: "other statistics knobs",
+            }[part]
+            raise CheckpointError(
+                f"checkpoint {self.directory}/{step}: its {part} does not restore ({hint}): {reason}"
+            ) from None
 
 
 def _restore_from_before_new_fields(path: Path, target: Any) -> Any | None:
@@ -234,14 +262,18 @@ def _restore_from_before_new_fields(path: Path, target: Any) -> Any | None:
     from etils import epath
 
     try:
+
         def named_shapes(tree: Any) -> dict[str, tuple[int, ...]]:
-            return {jax.tree_util.keystr(p, simple=True, separator="."): tuple(x.shape)
-                    for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+            return {
+                jax.tree_util.keystr(p, simple=True, separator="."): tuple(x.shape)
+                for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]
+            }
 
         if named_shapes(ocp.StandardCheckpointHandler().metadata(epath.Path(path))) != named_shapes(target):
             return None
-        args = ocp.args.PyTreeRestore(target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
-                                      partial_restore=True)
+        args = ocp.args.PyTreeRestore(
+            target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True
+        )
         return ocp.PyTreeCheckpointer().restore(epath.Path(path), args=args)
     except Exception:  # whatever else differs: the strict restore's error is the one to report
         return None
@@ -287,8 +319,12 @@ def _parts(state: TrainState) -> dict[str, Any]:
     return {
         "model": eqx.filter(state.model, eqx.is_array),
         "opt_state": state.opt_state,
-        "progress": {"step": state.step, "key": state.key, "loss_scale": state.loss_scale,
-                     **({"fp8": state.fp8} if state.fp8 is not None else {})},
+        "progress": {
+            "step": state.step,
+            "key": state.key,
+            "loss_scale": state.loss_scale,
+            **({"fp8": state.fp8} if state.fp8 is not None else {}),
+        },
     }
 
 
@@ -311,8 +347,18 @@ def holds_checkpoints(path: Path) -> bool:
     return path.is_dir() and any(c.name.isdigit() for c in path.iterdir())
 
 
-def checkpoint_meta(cfg: Config, plan: Any, tokenizer: Tokenizer, step: int, tokens_seen: int, train_loss: float,
-                    val_loss: float | None, best_val_loss: float, wandb_id: str | None, time_trained_s: float) -> dict:
+def checkpoint_meta(
+    cfg: Config,
+    plan: Any,
+    tokenizer: Tokenizer,
+    step: int,
+    tokens_seen: int,
+    train_loss: float,
+    val_loss: float | None,
+    best_val_loss: float,
+    wandb_id: str | None,
+    time_trained_s: float,
+) -> dict:
     """The JSON item saved beside the arrays: enough to resume, evaluate, sample or audit without the run's logs."""
     from training.config import as_dict
 

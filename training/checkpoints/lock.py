@@ -39,10 +39,15 @@ class SaveLock:
             os.close(fd)
             raise CheckpointError(
                 f"checkpoint.save_path: {self.path.parent} is in use by another run ({holder}); let it finish or "
-                "stop it (its lock goes with it), or choose another checkpoint.save_path") from None
+                "stop it (its lock goes with it), or choose another checkpoint.save_path"
+            ) from None
         os.ftruncate(fd, 0)
-        os.write(fd, json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
-                                 "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}).encode())
+        os.write(
+            fd,
+            json.dumps(
+                {"host": socket.gethostname(), "pid": os.getpid(), "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+            ).encode(),
+        )
         self._fd = fd
         return self
 
@@ -70,6 +75,7 @@ def lock_save_path(directory: Path) -> SaveLock | None:
         except CheckpointError as e:
             refused = e
     if max_over_processes(int(refused is not None)):
-        raise refused or CheckpointError(f"checkpoint.save_path: {directory} is in use by another run (process 0 "
-                                         "says which)")
+        raise refused or CheckpointError(
+            f"checkpoint.save_path: {directory} is in use by another run (process 0 says which)"
+        )
     return lock

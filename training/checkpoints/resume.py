@@ -14,9 +14,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -27,15 +28,23 @@ from core.errors import CheckpointError, ConfigError, warn
 from models.hf import HF_PREFIX, check_hf_config, load_hf_model, resolve_hf
 from optimizers import continue_schedule_at
 from training.checkpoints.checkpointer import PARTS, Checkpointer, find_checkpoint_dir, holds_checkpoints
-from training.config.legacy import upgrade_saved
-from training.config import Config, LoadMode, as_dict, evaluating, finish, init_from_dir, load_mode
 from training.checkpoints.storage import check_writable
+from training.config import Config, LoadMode, as_dict, evaluating, finish, init_from_dir, load_mode
+from training.config.legacy import upgrade_saved
 from training.step.state import TrainState
 
 # Keys that describe this invocation (hardware, time budget, what to load, how to print): a resumed run takes them
 # from the command line even when the saved config wins.
-RESUME_KEYS = ("checkpoint", "system", "mode", "eval_only", "train.max_training_hours", "logging.run_dir",
-               "logging.progress", "logging.wandb")
+RESUME_KEYS = (
+    "checkpoint",
+    "system",
+    "mode",
+    "eval_only",
+    "train.max_training_hours",
+    "logging.run_dir",
+    "logging.progress",
+    "logging.wandb",
+)
 # Keys that fix the shapes of the parameters: a checkpoint only loads into a model with the same values.
 MODEL_SHAPE_KEYS = ("arch", "n_layer", "n_head", "n_embd", "context_size", "bias", "vocab_multiple")
 
@@ -78,8 +87,9 @@ def open_source(path: str, load_file: str) -> Source:
             return Source(reader, candidate, reader.read_meta(candidate), passed_over=passed_over, load_file=load_file)
         except CheckpointError as e:
             passed_over.append((candidate, str(e)))
-    raise CheckpointError(passed_over[0][1] + ("; no older checkpoint's metadata reads either" if len(passed_over) > 1
-                                               else ""))
+    raise CheckpointError(
+        passed_over[0][1] + ("; no older checkpoint's metadata reads either" if len(passed_over) > 1 else "")
+    )
 
 
 def older_steps(reader: Checkpointer, step: int) -> list[int]:
@@ -102,11 +112,14 @@ def plan_run(cfg: Config, overrides: list[str], stamp: int) -> RunPlan:
     resume = init_from = None
     ignored: list[str] = []
     mode = load_mode(cfg)
-    resume_path = (cfg.checkpoint.load_path if mode == LoadMode.true else
-                   auto_resume_path(cfg) if mode == LoadMode.auto else None)
+    resume_path = (
+        cfg.checkpoint.load_path if mode == LoadMode.true else auto_resume_path(cfg) if mode == LoadMode.auto else None
+    )
     if mode == LoadMode.auto and resume_path is None and evaluating(cfg):
-        raise CheckpointError("checkpoint.load=auto: no checkpoint to evaluate in checkpoint.load_path, "
-                              "checkpoint.save_path or <logging.run_dir>/checkpoints")
+        raise CheckpointError(
+            "checkpoint.load=auto: no checkpoint to evaluate in checkpoint.load_path, "
+            "checkpoint.save_path or <logging.run_dir>/checkpoints"
+        )
     if resume_path is not None:
         resume = open_source(resume_path, cfg.checkpoint.load_file)
         if not cfg.checkpoint.overwrite_config:
@@ -153,8 +166,9 @@ def _saved_config_wins(cfg: Config, source: Source, overrides: list[str]) -> tup
     it leaves unused."""
     config_file = source.reader.directory / "config.yaml"
     try:
-        saved = upgrade_saved(OmegaConf.load(config_file) if config_file.exists()
-                              else OmegaConf.create(source.meta["config"]))
+        saved = upgrade_saved(
+            OmegaConf.load(config_file) if config_file.exists() else OmegaConf.create(source.meta["config"])
+        )
     except Exception as e:
         raise CheckpointError(f"checkpoint {config_file}: unreadable ({type(e).__name__}); corrupt?") from None
     given = OmegaConf.create(as_dict(cfg))
@@ -163,8 +177,10 @@ def _saved_config_wins(cfg: Config, source: Source, overrides: list[str]) -> tup
     try:
         resumed = finish(saved, jax.local_device_count())
     except ConfigError as e:
-        raise ConfigError(f"{e}, in the saved {config_file} (checkpoint.overwrite_config=True runs this command "
-                          "line's config instead)") from None
+        raise ConfigError(
+            f"{e}, in the saved {config_file} (checkpoint.overwrite_config=True runs this command "
+            "line's config instead)"
+        ) from None
     runs = OmegaConf.create(as_dict(resumed))
     ignored = []
     for item in overrides:
@@ -192,7 +208,7 @@ def check_same_model(cfg: Config, source: Source) -> None:
 def open_hf_source(cfg: Config) -> Source:
     """`init_from=hf:<folder or Hub id>`: GPT-2 weights. A folder exported by this project names its tokenizer;
     other GPT-2 checkpoints use GPT-2's own (dataset.tokenizer=gpt2)."""
-    folder = resolve_hf(cfg.init_from[len(HF_PREFIX):], cfg.dataset.cache_dir)
+    folder = resolve_hf(cfg.init_from[len(HF_PREFIX) :], cfg.dataset.cache_dir)
     check_hf_config(folder, cfg.model)
     ours = folder / "gpt_jax_tokenizer.json"
     tokenizer = json.loads(ours.read_text()) if ours.exists() else {"kind": "gpt2"}
@@ -209,8 +225,9 @@ def restore_state(state: TrainState, plan: RunPlan) -> TrainState:
     weights alone (init_from: the schedule starts at 0). A resume takes the newest checkpoint that restores, and
     `plan.resume` becomes that one."""
     if plan.resume is not None:
-        restored, plan.resume = _newest_that_restores(plan.resume, lambda source: _resume(state, source, plan.cfg),
-                                                      fallback=load_mode(plan.cfg) == LoadMode.auto)
+        restored, plan.resume = _newest_that_restores(
+            plan.resume, lambda source: _resume(state, source, plan.cfg), fallback=load_mode(plan.cfg) == LoadMode.auto
+        )
         return restored
     if plan.init_from is not None and plan.init_from.hf_folder is not None:
         key = jax.random.fold_in(state.key, 0x4846)  # rows for ids the checkpoint lacks
@@ -231,8 +248,9 @@ def _resume(state: TrainState, source: Source, cfg: Config) -> TrainState:
     return source.reader.restore(source.step, state, PARTS)
 
 
-def _newest_that_restores(source: Source, restore: Callable[[Source], TrainState], fallback: bool
-                          ) -> tuple[TrainState, Source]:
+def _newest_that_restores(
+    source: Source, restore: Callable[[Source], TrainState], fallback: bool
+) -> tuple[TrainState, Source]:
     """`restore(source)`, or (load_file=latest) that of the newest older checkpoint that restores: taken with a
     warning when `fallback`, else named in the error. A damaged checkpoint is never taken silently."""
     failures = list(source.passed_over)
@@ -249,8 +267,10 @@ def _newest_that_restores(source: Source, restore: Callable[[Source], TrainState
         if fallback:
             warn(f"{failures[0][1]}; resuming from step {step}, the newest checkpoint that restores")
             return restored, dataclasses.replace(candidate, passed_over=failures)
-        raise CheckpointError(f"{failures[0][1]}; the newest checkpoint that restores is step {step}: resume it with "
-                              f"checkpoint.load_file={step} (or checkpoint.load=auto)")
+        raise CheckpointError(
+            f"{failures[0][1]}; the newest checkpoint that restores is step {step}: resume it with "
+            f"checkpoint.load_file={step} (or checkpoint.load=auto)"
+        )
     raise CheckpointError(failures[0][1] + ("; no other checkpoint there restores either" if len(failures) > 1 else ""))
 
 

@@ -23,8 +23,10 @@ def check_writable(key: str, path: str | Path, probe: bool = True) -> None:
     """`path` is a directory this run can create (if missing) and (`probe`) write to; else ConfigError naming `key`."""
     path = Path(path).expanduser().absolute()
     if re.search(r"\[[^\]]+\]", str(path)):  # measured: Orbax saves there, and TensorStore then finds nothing
-        raise ConfigError(f"{key}: {path} holds a bracketed name ([...]), which TensorStore reads as a pattern: its "
-                          "checkpoints would not restore; choose a path without brackets")
+        raise ConfigError(
+            f"{key}: {path} holds a bracketed name ([...]), which TensorStore reads as a pattern: its "
+            "checkpoints would not restore; choose a path without brackets"
+        )
     existing = path
     while not (existing.exists() or existing.is_symlink()):
         existing = existing.parent
@@ -47,5 +49,7 @@ def storage_error(e: OSError) -> PipelineError | None:
     if e.errno not in DISK_FULL_ERRNOS + (errno.EROFS,):
         return None
     where = f" {e.filename}" if e.filename else ""
-    return PipelineError(f"writing{where}: {e.strerror}; free some space and rerun (checkpoint.load=auto resumes "
-                         "from the last complete checkpoint)")
+    return PipelineError(
+        f"writing{where}: {e.strerror}; free some space and rerun (checkpoint.load=auto resumes "
+        "from the last complete checkpoint)"
+    )

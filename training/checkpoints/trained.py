@@ -15,8 +15,8 @@ from data.corpus import load_corpus
 from data.tokenizers import Tokenizer, tokenizer_from_json
 from models import MODEL_BUILDERS
 from models.gpt import GPT
-from training.checkpoints.checkpointer import Checkpointer, find_checkpoint_dir
 from training import config as config_lib
+from training.checkpoints.checkpointer import Checkpointer, find_checkpoint_dir
 from training.config import Config, to_config
 
 

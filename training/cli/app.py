@@ -1,13 +1,13 @@
 """The command line: train_jax.py as a Hydra application, with the project's one-line errors and exit codes.
 
-  execute(app, argv)   argv through Hydra (one run, a `-m` sweep, --help, --cfg, -sc), and its exit code. What Hydra
-                       cannot compose (an override that does not parse, an unknown key or option, a wrong type) is one
-                       line and exit 2, before anything runs, also for every job of a sweep. A sweep ends with its
-                       summary (training/cli/sweep.py) and exits 1 when any job failed.
-  job(composed, main)  inside Hydra, once per job: the composed config, finished (training/config/), goes to
-                       `main`, whose final `val` loss is the job's return value (what sweepers minimise). In a single
-                       run an expected failure is one line and its exit code; in a sweep it is one line naming the
-                       job, the job's record says so, and only that job fails.
+execute(app, argv)   argv through Hydra (one run, a `-m` sweep, --help, --cfg, -sc), and its exit code. What Hydra
+                     cannot compose (an override that does not parse, an unknown key or option, a wrong type) is one
+                     line and exit 2, before anything runs, also for every job of a sweep. A sweep ends with its
+                     summary (training/cli/sweep.py) and exits 1 when any job failed.
+job(composed, main)  inside Hydra, once per job: the composed config, finished (training/config/), goes to
+                     `main`, whose final `val` loss is the job's return value (what sweepers minimise). In a single
+                     run an expected failure is one line and its exit code; in a sweep it is one line naming the
+                     job, the job's record says so, and only that job fails.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ import re
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException
@@ -27,12 +28,12 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from core.errors import PipelineError, first_line, say
-from training.config import help as config_help  # noqa: F401  (registers the resolver that --help's template uses)
 from training import config as config_lib
+from training.checkpoints.storage import storage_error
 from training.cli import sweep
 from training.cli.overrides import as_overrides
+from training.config import help as config_help  # noqa: F401  (registers the resolver that --help's template uses)
 from training.distributed.peers import abandon, lost_peer
-from training.checkpoints.storage import storage_error
 
 ROOT = Path(__file__).resolve().parents[2]
 CFG_CHOICES = ("job", "hydra", "all")
@@ -102,8 +103,12 @@ def execute(app: Callable[[], Any], argv: list[str]) -> int:
         if not multirun:
             raise
         where = sweep.started[-1] if sweep.started else "<the sweep's directory>"
-        code = say(PipelineError(f"sweep: stopped by a signal; the same command with hydra.sweep.dir={where} "
-                                  "checkpoint.load=auto continues it"))
+        code = say(
+            PipelineError(
+                f"sweep: stopped by a signal; the same command with hydra.sweep.dir={where} "
+                "checkpoint.load=auto continues it"
+            )
+        )
     except (HydraException, OmegaConfBaseException) as e:
         code = say(config_lib.composition_error(e, _overrides(argv)))
     except Exception as e:
@@ -129,13 +134,20 @@ def _report_sweep(sweep_dir: Path) -> int:
     if not sweep.read_records(sweep_dir):
         return 0  # no job ran (Hydra refused the sweep's config before starting any)
     summary = sweep.summarize_sweep(sweep_dir)
-    print(f"sweep: {summary['completed']} of {len(summary['jobs'])} jobs completed; summary in "
-          f"{sweep_dir / 'sweep.md'} (and sweep.json)", flush=True)
+    print(
+        f"sweep: {summary['completed']} of {len(summary['jobs'])} jobs completed; summary in "
+        f"{sweep_dir / 'sweep.md'} (and sweep.json)",
+        flush=True,
+    )
     if not summary["failed"]:
         return 0
     numbers = ", ".join(str(j["job"]) for j in summary["jobs"] if j["status"] != sweep.COMPLETED)
-    print(f"error: sweep {sweep_dir}: {summary['failed']} of {len(summary['jobs'])} jobs failed or did not finish "
-          f"(job {numbers}); {sweep_dir / 'sweep.md'} says why", file=sys.stderr, flush=True)
+    print(
+        f"error: sweep {sweep_dir}: {summary['failed']} of {len(summary['jobs'])} jobs failed or did not finish "
+        f"(job {numbers}); {sweep_dir / 'sweep.md'} says why",
+        file=sys.stderr,
+        flush=True,
+    )
     return 1
 
 
@@ -173,8 +185,12 @@ def _sweep_job(composed: DictConfig, main: Main, hydra: DictConfig, overrides: l
     if OmegaConf.select(composed, "logging.run_dir") is None:
         with open_dict(composed):
             composed.logging.run_dir = str(job_dir)
-    record = {"job": hydra.job.num, "overrides": overrides, "run_dir": str(Path(composed.logging.run_dir).absolute()),
-              "status": sweep.RUNNING}
+    record = {
+        "job": hydra.job.num,
+        "overrides": overrides,
+        "run_dir": str(Path(composed.logging.run_dir).absolute()),
+        "status": sweep.RUNNING,
+    }
     sweep.write_record(job_dir, record)
     try:
         value = main(config_lib.finish(composed), overrides, started)
@@ -185,16 +201,25 @@ def _sweep_job(composed: DictConfig, main: Main, hydra: DictConfig, overrides: l
         reason = str(error) if error is not None else f"{first_line(e, 300)} ({type(e).__name__}: a bug)"
         line = f"sweep job {hydra.job.num} ({hydra.job.override_dirname or 'no overrides'}): {reason}"
         print(f"error: {line}", file=sys.stderr, flush=True)
-        sweep.write_record(job_dir, {**record, "status": sweep.FAILED, "error": reason,
-                                     "wall_s": round(time.time() - started, 1)})
+        sweep.write_record(
+            job_dir, {**record, "status": sweep.FAILED, "error": reason, "wall_s": round(time.time() - started, 1)}
+        )
         raise sweep.JobFailed(line) from None
     import jax
 
     stopped = sweep.stop_reason(Path(record["run_dir"]))
     signalled = stopped not in (None, "max_steps", "time limit")
     if jax.process_index() == 0:
-        sweep.write_record(job_dir, {**record, "status": sweep.STOPPED if signalled else sweep.COMPLETED,
-                                     "val_loss": value, "stopped": stopped, "wall_s": round(time.time() - started, 1)})
+        sweep.write_record(
+            job_dir,
+            {
+                **record,
+                "status": sweep.STOPPED if signalled else sweep.COMPLETED,
+                "val_loss": value,
+                "stopped": stopped,
+                "wall_s": round(time.time() - started, 1),
+            },
+        )
     if signalled and sweep.started:
         raise KeyboardInterrupt  # the jobs run in this process, which was asked to stop: the sweep stops
     if signalled:  # its loss is not a finished run's: the job fails, and resumes when the sweep is rerun
@@ -208,5 +233,3 @@ def _raised_within(e: BaseException) -> str:
     """` ... <Error>: <why>` from a traceback inside a message (submitit's for a job that failed in its process)."""
     raised = [line.strip() for line in str(e).splitlines()[1:] if re.match(r"[\w.]+(Error|Exception)\b", line)]
     return f" ... {raised[-1][:300]}" if raised else ""
-
-

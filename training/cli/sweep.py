@@ -92,24 +92,47 @@ def summarize_sweep(sweep_dir: Path) -> dict[str, Any]:
     done = [j for j in jobs if j["status"] == COMPLETED and finite_number(j.get("val_loss"))]
     best = min(done, key=lambda j: j["val_loss"]) if done else None
     failed = [j for j in jobs if j["status"] != COMPLETED]
-    summary = {"sweep_dir": str(sweep_dir), "completed": len(jobs) - len(failed), "failed": len(failed),
-               "best": best, "jobs": jobs}
+    summary = {
+        "sweep_dir": str(sweep_dir),
+        "completed": len(jobs) - len(failed),
+        "failed": len(failed),
+        "best": best,
+        "jobs": jobs,
+    }
     (sweep_dir / "sweep.json").write_text(json.dumps(summary, indent=2))
 
     status = {COMPLETED: COMPLETED, FAILED: FAILED, RUNNING: "did not finish", STOPPED: "stopped by a signal"}
-    rows = [{"job": j["job"], "status": status.get(j["status"], j["status"]), "val final": j.get("val_loss"),
-             "overrides": " ".join(j["differs"]), "run": _relative(j["run_dir"], sweep_dir), "error": j.get("error")}
-            for j in jobs]
+    rows = [
+        {
+            "job": j["job"],
+            "status": status.get(j["status"], j["status"]),
+            "val final": j.get("val_loss"),
+            "overrides": " ".join(j["differs"]),
+            "run": _relative(j["run_dir"], sweep_dir),
+            "error": j.get("error"),
+        }
+        for j in jobs
+    ]
     runs = [Path(j["run_dir"]) for j in jobs if (Path(j["run_dir"]) / "metrics.jsonl").exists()]
-    lines = [f"# Sweep {sweep_dir.name}", "",
-             f"{len(jobs)} jobs: {summary['completed']} completed, {len(failed)} failed or unfinished.", "",
-             markdown(["job", "status", "val final", "overrides", "run", "error"], rows)]
+    lines = [
+        f"# Sweep {sweep_dir.name}",
+        "",
+        f"{len(jobs)} jobs: {summary['completed']} completed, {len(failed)} failed or unfinished.",
+        "",
+        markdown(["job", "status", "val final", "overrides", "run", "error"], rows),
+    ]
     if best is not None:
-        lines += [f"Best: job {best['job']}, final val loss {best['val_loss']:.4f} "
-                  f"({' '.join(best['differs']) or 'no overrides'}), {best['run_dir']}", ""]
+        lines += [
+            f"Best: job {best['job']}, final val loss {best['val_loss']:.4f} "
+            f"({' '.join(best['differs']) or 'no overrides'}), {best['run_dir']}",
+            "",
+        ]
     if runs:
-        lines += ["## The runs compared (scripts/compare_runs.py: comparison.md, .csv, .png)", "",
-                  write_comparison(runs, sweep_dir)]
+        lines += [
+            "## The runs compared (scripts/compare_runs.py: comparison.md, .csv, .png)",
+            "",
+            write_comparison(runs, sweep_dir),
+        ]
     (sweep_dir / "sweep.md").write_text("\n".join(lines))
     return summary
 

@@ -14,24 +14,79 @@ schedule length) are computed where they are used.
 """
 
 from training.config.compose import compose_config, composition_error, finish, load_config, to_config
-from training.config.dataset import (AugmentationConfig, DataConfig, DatasetConfig, NotesTokenizerConfig,
-                                     TokenizerKind)
-from training.config.loop import (CheckpointConfig, LoadMode, LoggingConfig, Progress, TrainConfig, WandbFallback,
-                                  WandbMode, load_file_step)
+from training.config.dataset import AugmentationConfig, DataConfig, DatasetConfig, NotesTokenizerConfig, TokenizerKind
+from training.config.loop import (
+    CheckpointConfig,
+    LoadMode,
+    LoggingConfig,
+    Progress,
+    TrainConfig,
+    WandbFallback,
+    WandbMode,
+    load_file_step,
+)
 from training.config.mixture import mixture_sources
 from training.config.model import Attention, ModelConfig, Remat
 from training.config.nodes import CONF_DIR, as_dict, flat_hparams, schema_node, to_yaml
 from training.config.optimizer import LrConfig, OptimizerConfig, Schedule
-from training.config.root import (Config, LossMasking, Mode, Stage, check_devices, context_size, evaluating,
-                                  init_from_dir, listed_save_steps, load_mode, schedule_steps)
+from training.config.root import (
+    Config,
+    LossMasking,
+    Mode,
+    Stage,
+    check_devices,
+    context_size,
+    evaluating,
+    init_from_dir,
+    listed_save_steps,
+    load_mode,
+    schedule_steps,
+)
 from training.config.system import Dtype, Sharding, SystemConfig
 
 __all__ = [
-    "compose_config", "composition_error", "finish", "load_config", "to_config", "AugmentationConfig", "DataConfig",
-    "DatasetConfig", "NotesTokenizerConfig", "TokenizerKind", "CheckpointConfig", "LoadMode", "LoggingConfig",
-    "Progress", "TrainConfig", "WandbFallback", "WandbMode", "load_file_step", "mixture_sources", "Attention",
-    "ModelConfig", "Remat", "CONF_DIR", "as_dict", "flat_hparams", "schema_node", "to_yaml", "LrConfig",
-    "OptimizerConfig", "Schedule", "Config", "LossMasking", "Mode", "Stage", "check_devices", "context_size",
-    "evaluating", "init_from_dir", "listed_save_steps", "load_mode", "schedule_steps", "Dtype",
-    "Sharding", "SystemConfig",
+    "compose_config",
+    "composition_error",
+    "finish",
+    "load_config",
+    "to_config",
+    "AugmentationConfig",
+    "DataConfig",
+    "DatasetConfig",
+    "NotesTokenizerConfig",
+    "TokenizerKind",
+    "CheckpointConfig",
+    "LoadMode",
+    "LoggingConfig",
+    "Progress",
+    "TrainConfig",
+    "WandbFallback",
+    "WandbMode",
+    "load_file_step",
+    "mixture_sources",
+    "Attention",
+    "ModelConfig",
+    "Remat",
+    "CONF_DIR",
+    "as_dict",
+    "flat_hparams",
+    "schema_node",
+    "to_yaml",
+    "LrConfig",
+    "OptimizerConfig",
+    "Schedule",
+    "Config",
+    "LossMasking",
+    "Mode",
+    "Stage",
+    "check_devices",
+    "context_size",
+    "evaluating",
+    "init_from_dir",
+    "listed_save_steps",
+    "load_mode",
+    "schedule_steps",
+    "Dtype",
+    "Sharding",
+    "SystemConfig",
 ]

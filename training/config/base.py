@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable, NoReturn
+from collections.abc import Iterable
+from typing import Any, NoReturn
 
 from core.errors import ConfigError
 

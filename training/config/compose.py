@@ -81,9 +81,11 @@ def _unparsable_override(overrides: list[str]) -> str | None:
             parser.parse_override(item)
         except HydraException as e:
             reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            return (f"config: cannot parse the argument {item!r} ({reason}); write a list whole, e.g. "
-                    "'train.batch_size=[1,2]', and quote a value with spaces, commas or brackets for Hydra inside the "
-                    "shell's quotes: 'key=\"a, b\"'")
+            return (
+                f"config: cannot parse the argument {item!r} ({reason}); write a list whole, e.g. "
+                "'train.batch_size=[1,2]', and quote a value with spaces, commas or brackets for Hydra inside the "
+                "shell's quotes: 'key=\"a, b\"'"
+            )
     return None
 
 
@@ -94,7 +96,9 @@ def _reject_unknown_keys(node: DictConfig, schema: type, prefix: str) -> None:
     fields = {f.name for f in dataclasses.fields(schema)}
     for key in node.keys():
         if key not in fields:
-            raise ConfigError(f"config: unknown key '{prefix}{key}' (python train_jax.py --cfg lists every key)"
-                              f"{renamed_hint(prefix + str(key))}")
+            raise ConfigError(
+                f"config: unknown key '{prefix}{key}' (python train_jax.py --cfg lists every key)"
+                f"{renamed_hint(prefix + str(key))}"
+            )
         if dataclasses.is_dataclass(types[key]) and isinstance(node[key], DictConfig):
             _reject_unknown_keys(node[key], types[key], f"{prefix}{key}.")

@@ -10,7 +10,6 @@ from typing import Any, Optional
 from data.corpus import LOADERS, NOTE_SOURCES
 from training.config.base import fail, require_positive
 
-
 MIXTURE = "mixture"  # dataset.source of a mixture: load_corpus (data/corpus.py) mixes the sources it lists
 SOURCES = (*LOADERS, MIXTURE)  # what dataset.source can name: a loader of data/corpus.py's table, or a mixture
 
@@ -85,10 +84,12 @@ class DatasetConfig:
     cache_dir: str = ".cache"  # token stores, trained tokenizers, parsed notes (shared by all processes of a run)
     # Notes sources (data/corpus.py NOTE_SOURCES):
     composers: list[str] = field(  # music21: the composers whose scores are read
-        default_factory=lambda: ["bach", "mozart", "beethoven", "haydn", "chopin"])
+        default_factory=lambda: ["bach", "mozart", "beethoven", "haydn", "chopin"]
+    )
     max_pieces_per_composer: Optional[int] = None  # music21: the smallest files first; null = all
     eval_composers: list[str] = field(  # composers with a validation split of their own (beside `full`)
-        default_factory=lambda: ["bach", "mozart", "beethoven", "chopin"])
+        default_factory=lambda: ["bach", "mozart", "beethoven", "chopin"]
+    )
     default_velocity: int = 80  # scores: velocity before the first dynamic mark
     base_dataset_name: Optional[str] = None  # maestro: Hub id or local folder giving validation and test
     extra_datasets: list[str] = field(default_factory=list)  # maestro: their train splits train (default: base's)
@@ -118,20 +119,28 @@ class DatasetConfig:
         """How the token store is built: caps, chunks, held-out shares."""
         if self.streaming:
             if self.max_documents is None and self.max_tokens is None:
-                fail(f"{at}.max_tokens", "streaming needs a cap, e.g. dataset.max_tokens=10000000000 (or "
-                                         "max_documents)")
+                fail(
+                    f"{at}.max_tokens", "streaming needs a cap, e.g. dataset.max_tokens=10000000000 (or max_documents)"
+                )
             if self.tokenizer == TokenizerKind.bpe:
-                fail("dataset.tokenizer", "bpe is trained on a whole train split, which a streamed corpus does not "
-                                          "have before the build; use gpt2 or byte")
+                fail(
+                    "dataset.tokenizer",
+                    "bpe is trained on a whole train split, which a streamed corpus does not "
+                    "have before the build; use gpt2 or byte",
+                )
             if self.prompt_column:
-                fail(f"{at}.streaming", "fine-tuning records (prompt_column) are read whole; set "
-                                        "dataset.streaming=false")
+                fail(
+                    f"{at}.streaming", "fine-tuning records (prompt_column) are read whole; set dataset.streaming=false"
+                )
         for key in ("max_documents", "max_tokens"):
             if getattr(self, key) is not None and getattr(self, key) < 1:
                 fail(f"{at}.{key}", f"must be >= 1; got {getattr(self, key)}")
         if self.document_mask and (self.tokenizer == TokenizerKind.notes or self.prompt_column):
-            fail("dataset.document_mask", "masks documents packed into one window; records (notes, prompt/completion) "
-                                          "hold one each already: set it to false")
+            fail(
+                "dataset.document_mask",
+                "masks documents packed into one window; records (notes, prompt/completion) "
+                "hold one each already: set it to false",
+            )
         require_positive(self, at, "docs_per_chunk", "num_proc")
         if self.build_timeout_s <= 0:
             fail(f"{at}.build_timeout_s", f"must be > 0; got {self.build_timeout_s}")
@@ -143,26 +152,38 @@ class DatasetConfig:
 
     def _check_source(self, at: str) -> None:
         """What each source needs: its files or Hub id, its kind of tokenizer, the columns of its records."""
-        needs = {"text_files": ("files", "text_files needs at least one path or glob, e.g. "
-                                         "dataset.files=[notes/*.txt]"),
-                 "hf": ("hf_path", "hf needs a Hub dataset id, e.g. dataset.hf_path=Salesforce/wikitext"),
-                 "maestro": ("base_dataset_name", "maestro needs a Hub id or local folder, e.g. "
-                                                  "epr-labs/maestro-sustain-v2"),
-                 "midi_files": ("files", "midi_files needs at least one .mid file, folder or glob"),
-                 "json_files": ("files", "json_files needs at least one .json/.jsonl file or glob")}
+        needs = {
+            "text_files": ("files", "text_files needs at least one path or glob, e.g. dataset.files=[notes/*.txt]"),
+            "hf": ("hf_path", "hf needs a Hub dataset id, e.g. dataset.hf_path=Salesforce/wikitext"),
+            "maestro": (
+                "base_dataset_name",
+                "maestro needs a Hub id or local folder, e.g. epr-labs/maestro-sustain-v2",
+            ),
+            "midi_files": ("files", "midi_files needs at least one .mid file, folder or glob"),
+            "json_files": ("files", "json_files needs at least one .json/.jsonl file or glob"),
+        }
         if self.source in needs and not getattr(self, needs[self.source][0]):
             fail(f"{at}.{needs[self.source][0]}", needs[self.source][1])
         if self.notes != (self.tokenizer == TokenizerKind.notes):
-            fail("dataset.tokenizer", f"dataset.source={self.source} needs " + (
-                "dataset.tokenizer=notes" if self.notes else
-                f"a text tokenizer ({', '.join(k for k in TokenizerKind if k != TokenizerKind.notes)}), "
-                f"not {self.tokenizer}"))
+            fail(
+                "dataset.tokenizer",
+                f"dataset.source={self.source} needs "
+                + (
+                    "dataset.tokenizer=notes"
+                    if self.notes
+                    else f"a text tokenizer ({', '.join(k for k in TokenizerKind if k != TokenizerKind.notes)}), "
+                    f"not {self.tokenizer}"
+                ),
+            )
         if self.records and not (self.prompt_column and self.completion_column):
-            fail(f"{at}.prompt_column", "text fine-tuning needs both dataset.prompt_column and "
-                                        "dataset.completion_column")
+            fail(
+                f"{at}.prompt_column", "text fine-tuning needs both dataset.prompt_column and dataset.completion_column"
+            )
         if self.records and self.source not in ("json_files", "hf"):
-            fail(f"{at}.prompt_column", f"prompt/completion records come from dataset.source=json_files or hf, not "
-                                        f"{self.source}")
+            fail(
+                f"{at}.prompt_column",
+                f"prompt/completion records come from dataset.source=json_files or hf, not {self.source}",
+            )
         if self.mixture and self.source != MIXTURE:
             fail(f"{at}.mixture", f"is read only with dataset.source=mixture (dataset=mixture), not {self.source}")
 

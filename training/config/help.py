@@ -35,12 +35,15 @@ class Key:
     meaning: str
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _source(path: str) -> tuple[ast.Module, dict[int, str], list[str]]:
     """The file's syntax tree, its comments by line (text after `#`), and its lines."""
     text = open(path, encoding="utf-8").read()
-    comments = {tok.start[0]: tok.string.lstrip("#").strip()
-                for tok in tokenize.generate_tokens(io.StringIO(text).readline) if tok.type == tokenize.COMMENT}
+    comments = {
+        tok.start[0]: tok.string.lstrip("#").strip()
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline)
+        if tok.type == tokenize.COMMENT
+    }
     return ast.parse(text), comments, text.splitlines()
 
 

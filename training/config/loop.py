@@ -26,8 +26,9 @@ class TrainConfig:
     z_loss: float = 0.0  # > 0: add z_loss * log(Z)^2 per target token (PaLM's auxiliary loss), logged as z_loss
 
     def check(self) -> None:
-        require_positive(self, "train", "batch_size", "max_steps", "eval_interval", "eval_iters", "log_interval",
-                         "grad_accum_steps")
+        require_positive(
+            self, "train", "batch_size", "max_steps", "eval_interval", "eval_iters", "log_interval", "grad_accum_steps"
+        )
         require_non_negative(self, "train", "z_loss")
         if self.max_training_hours is not None and self.max_training_hours <= 0:
             fail("train.max_training_hours", f"must be > 0 (or null for no limit); got {self.max_training_hours}")
@@ -89,8 +90,10 @@ class LoggingConfig:
         require_positive(self, "logging", "hessian_iters")
         knobs = ("log_callback_data", "store_last_grads", "store_past_grads", "store_last_params")
         if self.running_stats_window > 0 and not any(getattr(self, k) for k in knobs):
-            fail("logging.running_stats_window", "averages statistics, but no statistics knob is on (e.g. "
-                                                 "logging.log_callback_data=true)")
+            fail(
+                "logging.running_stats_window",
+                "averages statistics, but no statistics knob is on (e.g. logging.log_callback_data=true)",
+            )
 
 
 class LoadMode(StrEnum):
@@ -133,7 +136,8 @@ class CheckpointConfig:
         steps = self.save_steps
         if steps is not None:
             ok = (isinstance(steps, int) and steps > 0) or (
-                isinstance(steps, list) and all(isinstance(s, int) and s > 0 for s in steps))
+                isinstance(steps, list) and all(isinstance(s, int) and s > 0 for s in steps)
+            )
             if not ok:
                 fail("checkpoint.save_steps", f"must be a positive int, a list of positive ints, or null; got {steps}")
         if self.num_steps is not None and self.num_steps < 1:
@@ -143,11 +147,16 @@ class CheckpointConfig:
         if not isinstance(self.load, LoadMode):
             fail("checkpoint.load", f"must be {either(LoadMode)}; got {self.load!r}")
         if self.load == LoadMode.true and not self.load_path:
-            fail("checkpoint.load_path", "checkpoint.load=True needs checkpoint.load_path=<checkpoint dir> "
-                                         "(checkpoint.load=auto finds this run's own)")
+            fail(
+                "checkpoint.load_path",
+                "checkpoint.load=True needs checkpoint.load_path=<checkpoint dir> "
+                "(checkpoint.load=auto finds this run's own)",
+            )
         if self.load_file not in ("latest", "best") and load_file_step(self.load_file) is None:
-            fail("checkpoint.load_file", f"must be latest, best, a step number or iter_<step>.ckpt; got "
-                                         f"{self.load_file!r}")
+            fail(
+                "checkpoint.load_file",
+                f"must be latest, best, a step number or iter_<step>.ckpt; got {self.load_file!r}",
+            )
 
 
 def load_file_step(load_file: str) -> int | None:

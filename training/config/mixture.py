@@ -17,8 +17,15 @@ from training.config.nodes import CONF_DIR, one_line, schema_node
 
 # Keys a mixture's sources take from the run's dataset section unless the entry sets them: where the caches live and
 # how the data is cut up are the run's, not a source's. The tokenizer is always the run's (one vocabulary).
-MIXTURE_INHERITED = ("bpe_vocab_size", "context_size", "docs_per_chunk", "document_mask", "build_timeout_s",
-                     "num_proc", "cache_dir")
+MIXTURE_INHERITED = (
+    "bpe_vocab_size",
+    "context_size",
+    "docs_per_chunk",
+    "document_mask",
+    "build_timeout_s",
+    "num_proc",
+    "cache_dir",
+)
 MIXTURE_ENTRY_KEYS = ("dataset", "weight")
 
 
@@ -29,8 +36,9 @@ def mixture_sources(d: DatasetConfig) -> list[tuple[str, float, DatasetConfig]]:
     for i, entry in enumerate(d.mixture):
         where = f"dataset.mixture[{i}]"
         if not isinstance(entry, dict) or any(k not in entry for k in MIXTURE_ENTRY_KEYS):
-            fail(where, "needs `dataset` (a preset of conf/dataset/) and `weight`, e.g. "
-                        "{dataset: pystdlib, weight: 0.5}")
+            fail(
+                where, "needs `dataset` (a preset of conf/dataset/) and `weight`, e.g. {dataset: pystdlib, weight: 0.5}"
+            )
         preset = CONF_DIR / "dataset" / f"{entry['dataset']}.yaml"
         choices = sorted(p.stem for p in preset.parent.glob("*.yaml") if p.stem != MIXTURE)
         if entry["dataset"] == MIXTURE or not preset.exists():
@@ -41,8 +49,9 @@ def mixture_sources(d: DatasetConfig) -> list[tuple[str, float, DatasetConfig]]:
         own = {k: v for k, v in entry.items() if k not in MIXTURE_ENTRY_KEYS}
         lent = {k: getattr(d, k) for k in MIXTURE_INHERITED}
         try:
-            node = OmegaConf.merge(schema_node(DatasetConfig), OmegaConf.load(preset), lent,
-                                   {"tokenizer": d.tokenizer}, own)
+            node = OmegaConf.merge(
+                schema_node(DatasetConfig), OmegaConf.load(preset), lent, {"tokenizer": d.tokenizer}, own
+            )
             source = OmegaConf.to_object(node)
         except OmegaConfBaseException as e:
             raise ConfigError(one_line(e).replace("config: ", f"config: {where}.", 1)) from None
@@ -55,8 +64,10 @@ def check_mixture(d: DatasetConfig, finetuning: bool) -> None:
     if d.source != MIXTURE:
         return
     if len(d.mixture) < 1:
-        fail("dataset.mixture", "source=mixture needs at least one source, e.g. "
-                                "dataset.mixture=[{dataset: pystdlib, weight: 1}]")
+        fail(
+            "dataset.mixture",
+            "source=mixture needs at least one source, e.g. dataset.mixture=[{dataset: pystdlib, weight: 1}]",
+        )
     if d.prompt_column or finetuning:
         fail("dataset.mixture", "mixes pretraining text; fine-tune on one prompt/completion source")
     names, sources = [], mixture_sources(d)
@@ -65,15 +76,20 @@ def check_mixture(d: DatasetConfig, finetuning: bool) -> None:
         if not _positive_number(weight):
             fail(f"{at}.weight", f"must be a number > 0; got {weight!r}")
         if source.notes or source.prompt_column:
-            fail(f"{at}.dataset", "a mixture mixes text for next-token pretraining; "
-                                  f"{source.source}{' records' if source.prompt_column else ''} cannot be mixed")
+            fail(
+                f"{at}.dataset",
+                "a mixture mixes text for next-token pretraining; "
+                f"{source.source}{' records' if source.prompt_column else ''} cannot be mixed",
+            )
         if name in names:
             fail(f"{at}.name", f"{name!r} names two sources; give each a name of its own")
         names.append(name)
         source.check(at)
     if min(allot([w for _, w, _ in sources], MIXTURE_BLOCK)) == 0:
-        fail("dataset.mixture", f"a weight below 1/{MIXTURE_BLOCK} of the total draws no row; raise it or drop that "
-                                "source")
+        fail(
+            "dataset.mixture",
+            f"a weight below 1/{MIXTURE_BLOCK} of the total draws no row; raise it or drop that source",
+        )
 
 
 def _positive_number(weight: Any) -> bool:

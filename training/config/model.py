@@ -102,17 +102,24 @@ class ModelConfig:
     def check(self) -> None:
         if self.arch not in MODEL_BUILDERS:
             fail("model.arch", f"must be one of {', '.join(MODEL_BUILDERS)}; got {self.arch!r}")
-        require_positive(self, "model", "n_layer", "n_head", "n_embd", "context_size", "vocab_multiple",
-                         "head_loss_chunk")
+        require_positive(
+            self, "model", "n_layer", "n_head", "n_embd", "context_size", "vocab_multiple", "head_loss_chunk"
+        )
         if self.n_embd % self.n_head:
             fail("model.n_embd", f"{self.n_embd} is not divisible by model.n_head={self.n_head}")
         if self.n_kv_head is not None and (self.n_kv_head < 1 or self.n_head % self.n_kv_head):
-            fail("model.n_kv_head", f"{self.n_kv_head} must divide model.n_head={self.n_head}: each key/value head "
-                                    "serves n_head / n_kv_head query heads")
+            fail(
+                "model.n_kv_head",
+                f"{self.n_kv_head} must divide model.n_head={self.n_head}: each key/value head "
+                "serves n_head / n_kv_head query heads",
+            )
         head_dim = self.n_embd // self.n_head
         if self.position == Position.rope and head_dim % 2:
-            fail("model.position", f"rope turns pairs of a head's dimensions: the head size n_embd / n_head = "
-                                   f"{self.n_embd} / {self.n_head} = {head_dim} must be even")
+            fail(
+                "model.position",
+                f"rope turns pairs of a head's dimensions: the head size n_embd / n_head = "
+                f"{self.n_embd} / {self.n_head} = {head_dim} must be even",
+            )
         if self.rope_theta <= 0:
             fail("model.rope_theta", f"must be > 0; got {self.rope_theta}")
         if self.mlp_hidden is not None and self.mlp_hidden < 1:

@@ -52,8 +52,11 @@ def one_line(e: BaseException) -> str:
     if not_a_choice:  # an enum node's: name the choices as a sentence
         text = f"{not_a_choice.group(1)!r} is not one of {not_a_choice.group(2)}"
     if in_file and full_key:
-        hint = (" (an optimizer's hyper-parameters are the keyword arguments of its builder in optimizers/)"
-                if full_key.startswith("optimizer.") and "not in" in text else "")
+        hint = (
+            " (an optimizer's hyper-parameters are the keyword arguments of its builder in optimizers/)"
+            if full_key.startswith("optimizer.") and "not in" in text
+            else ""
+        )
         return f"config: conf/{in_file.group(1)}.yaml: {full_key}: {text}{hint}"
     return f"config: {full_key}: {text}" if full_key else f"config: {text}"
 
@@ -66,15 +69,21 @@ def _unknown_key_or_option(e: BaseException, cause: BaseException, full_key: str
         unknown = key and ("not in" in str(cause) or "is not in struct" in str(cause))
         if unknown and key.group(1).startswith("hydra."):
             inside = full_key and full_key != key.group(1)  # a key in a dictionary's value: `+` adds it
-            return (f"config: unknown key '{full_key or key.group(1)}' of Hydra's (python train_jax.py --cfg hydra "
-                    "lists them" + (f"; +{key.group(1)}={{...}} adds keys to it)" if inside else ")"))
+            return (
+                f"config: unknown key '{full_key or key.group(1)}' of Hydra's (python train_jax.py --cfg hydra "
+                "lists them" + (f"; +{key.group(1)}={{...}} adds keys to it)" if inside else ")")
+            )
         if unknown:
-            return (f"config: unknown key '{key.group(1)}' (python train_jax.py --cfg lists every key)"
-                    f"{renamed_hint(key.group(1))}")
+            return (
+                f"config: unknown key '{key.group(1)}' (python train_jax.py --cfg lists every key)"
+                f"{renamed_hint(key.group(1))}"
+            )
     missing = re.search(r"Could not find '([\w/]+)/([^']+)'", str(e))
     if missing and missing.group(1).startswith("hydra/"):  # launchers and sweepers are plugins' as well as files
-        return (f"config: {missing.group(1)}={missing.group(2)} does not exist (python train_jax.py --help lists the "
-                "options; the launchers and sweepers other than basic come with requirements-sweeps.txt)")
+        return (
+            f"config: {missing.group(1)}={missing.group(2)} does not exist (python train_jax.py --help lists the "
+            "options; the launchers and sweepers other than basic come with requirements-sweeps.txt)"
+        )
     if missing:
         group, choice = missing.groups()
         options = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))

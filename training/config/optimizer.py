@@ -54,8 +54,10 @@ class LrConfig:
             fail(f"{at}.min_lr_ratio", f"must be in [0, 1] (the floor as a fraction of lr); got {self.min_lr_ratio}")
         require_non_negative(self, at, "warmup")
         if self.warmup >= 1 and self.warmup != int(self.warmup):
-            fail(f"{at}.warmup", f"1 or more is a number of steps, a whole one (below 1, a fraction of the run); "
-                                 f"got {self.warmup}")
+            fail(
+                f"{at}.warmup",
+                f"1 or more is a number of steps, a whole one (below 1, a fraction of the run); got {self.warmup}",
+            )
         if self.max_steps is not None and self.max_steps < 1:
             fail(f"{at}.max_steps", f"must be >= 1 (or null for train.max_steps); got {self.max_steps}")
         if not 0.0 <= self.decay_fraction <= 1.0:
@@ -64,8 +66,10 @@ class LrConfig:
             if not self.boundaries or len(self.boundaries) != len(self.boundary_lrs):
                 fail(f"{at}.boundaries", "piecewise_linear needs boundaries and boundary_lrs of equal, non-zero length")
             if list(self.boundaries) != sorted(self.boundaries) or self.boundaries[0] <= 0:
-                fail(f"{at}.boundaries", f"must be non-decreasing positive steps (a repeated one is a jump); got "
-                                         f"{list(self.boundaries)}")
+                fail(
+                    f"{at}.boundaries",
+                    f"must be non-decreasing positive steps (a repeated one is a jump); got {list(self.boundaries)}",
+                )
             if any(v < 0 for v in self.boundary_lrs):
                 fail(f"{at}.boundary_lrs", f"must all be >= 0; got {list(self.boundary_lrs)}")
 

@@ -86,29 +86,43 @@ def check_across(cfg: Config) -> None:
     if d.context_size is not None and not 0 < d.context_size <= cfg.model.context_size:
         fail("dataset.context_size", f"{d.context_size} must be in [1, model.context_size={cfg.model.context_size}]")
     if lr.warmup > schedule_steps(cfg):
-        fail("optimizer.lr_config.warmup", f"{lr.warmup:g} steps exceed the schedule's {schedule_steps(cfg)}; lower "
-                                           "it, or give it as a fraction of the run (below 1, e.g. 0.1)")
+        fail(
+            "optimizer.lr_config.warmup",
+            f"{lr.warmup:g} steps exceed the schedule's {schedule_steps(cfg)}; lower "
+            "it, or give it as a fraction of the run (below 1, e.g. 0.1)",
+        )
     check_mixture(d, cfg.loss_masking == LossMasking.finetuning)
     if cfg.optimizer.name == "sophia" and cfg.model.head_loss == "chunked":
-        fail("model.head_loss", "sophia differentiates the loss twice (Hessian-vector products), which the chunked "
-                                "head's hand-written backward pass does not support; use model.head_loss=dense")
+        fail(
+            "model.head_loss",
+            "sophia differentiates the loss twice (Hessian-vector products), which the chunked "
+            "head's hand-written backward pass does not support; use model.head_loss=dense",
+        )
     if cfg.optimizer.groups:  # groups name labels this model has (from its shapes alone: nothing is allocated)
         check_labels_present(cfg.optimizer, parameter_labels(cfg.model))
     if cfg.stage == Stage.piano_task:
         if not d.notes:
             fail("stage", f"piano_task needs a notes source (dataset={either(NOTE_SOURCES)}), not {d.source}")
         if not cfg.tasks:
-            fail("tasks", f"stage=piano_task needs at least one task, e.g. tasks=[dynamics]; choose from "
-                          f"{', '.join(TASK_NAMES)}")
+            fail(
+                "tasks",
+                f"stage=piano_task needs at least one task, e.g. tasks=[dynamics]; choose from {', '.join(TASK_NAMES)}",
+            )
     elif cfg.tasks:
         fail("tasks", "tasks are for stage=piano_task; set stage=piano_task or tasks=[]")
     if cfg.loss_masking == LossMasking.finetuning and cfg.stage != Stage.piano_task and not d.records:
-        fail("loss_masking", "finetuning puts the loss after <GENAI>, which only records have: set stage=piano_task "
-                             "or dataset.prompt_column / dataset.completion_column")
+        fail(
+            "loss_masking",
+            "finetuning puts the loss after <GENAI>, which only records have: set stage=piano_task "
+            "or dataset.prompt_column / dataset.completion_column",
+        )
     if evaluating(cfg) and c.load == LoadMode.false:
         key = "eval_only" if cfg.eval_only else "mode"
-        fail(key, f"{key}={'true' if cfg.eval_only else 'eval'} evaluates a checkpoint: add checkpoint.load=True "
-                  "checkpoint.load_path=<dir>")
+        fail(
+            key,
+            f"{key}={'true' if cfg.eval_only else 'eval'} evaluates a checkpoint: add checkpoint.load=True "
+            "checkpoint.load_path=<dir>",
+        )
     if c.load == LoadMode.true and (init_from_dir(cfg) or str(cfg.init_from or "").startswith(HF_PREFIX)):
         fail("init_from", "choose one: checkpoint.load=True resumes a run, init_from=<dir> starts one from weights")
 
@@ -121,22 +135,34 @@ def check_devices(cfg: Config, num_local_devices: int) -> None:
     n_dev = sy.num_devices or num_local_devices
     if sy.mesh_model < 1 or n_dev % sy.mesh_model:
         fail("system.mesh_model", f"{sy.mesh_model} must be >= 1 and divide the {n_dev} local devices")
-    for key, size in (("model.n_head", m.n_head), ("model.n_kv_head", m.n_kv_head or m.n_head),
-                      ("model.vocab_multiple", m.vocab_multiple)):
+    for key, size in (
+        ("model.n_head", m.n_head),
+        ("model.n_kv_head", m.n_kv_head or m.n_head),
+        ("model.vocab_multiple", m.vocab_multiple),
+    ):
         if size % sy.mesh_model:
-            fail("system.mesh_model", f"{sy.mesh_model} must divide {key}={size}: tensor parallelism splits the heads "
-                                      "and the vocabulary over the `model` axis")
+            fail(
+                "system.mesh_model",
+                f"{sy.mesh_model} must divide {key}={size}: tensor parallelism splits the heads "
+                "and the vocabulary over the `model` axis",
+            )
     data_devices = n_dev // sy.mesh_model
     if cfg.train.batch_size % data_devices:
-        fail("train.batch_size", f"{cfg.train.batch_size} is not divisible by the {data_devices} local devices it is "
-                                 "split over (train.batch_size counts sequences per process)")
+        fail(
+            "train.batch_size",
+            f"{cfg.train.batch_size} is not divisible by the {data_devices} local devices it is "
+            "split over (train.batch_size counts sequences per process)",
+        )
     resolve_attention(m.attention, sy.dtype)  # cudnn where it does not run: said before any data is read
     if sy.dtype == "fp8" and (problem := native_fp8_problem()) is not None:
         if jax.default_backend() == "gpu":
             fail("system.dtype", f"fp8: {problem}; use system.dtype=bfloat16")
         if jax.process_index() == 0:  # CPU: the same rounding in 16-bit matmuls, which tests and checks rely on
-            print(f"note: system.dtype=fp8: {problem}; the FP8 rounding runs emulated in bfloat16 matmuls "
-                  "(same numbers, no speed-up)", file=sys.stderr)
+            print(
+                f"note: system.dtype=fp8: {problem}; the FP8 rounding runs emulated in bfloat16 matmuls "
+                "(same numbers, no speed-up)",
+                file=sys.stderr,
+            )
 
 
 def evaluating(cfg: Config) -> bool:
@@ -169,4 +195,3 @@ def listed_save_steps(cfg: Config) -> list[int]:
     """Steps named in a list `checkpoint.save_steps`: always kept, whatever max_to_keep says."""
     steps = cfg.checkpoint.save_steps
     return list(steps) if isinstance(steps, list) else []
-

@@ -56,8 +56,9 @@ class SystemConfig:
         if self.fp8_amax_history < 1:
             fail("system.fp8_amax_history", f"must be >= 1; got {self.fp8_amax_history}")
         if self.num_devices is not None and (self.num_processes or 1) > 1:
-            fail("system.num_devices", "selects local devices of a single process; leave it null with "
-                                       "num_processes > 1")
+            fail(
+                "system.num_devices", "selects local devices of a single process; leave it null with num_processes > 1"
+            )
         steps = self.profile_steps
         if steps and not (len(steps) == 2 and 1 <= steps[0] <= steps[1]):
             fail("system.profile_steps", f"must be [first, last] with 1 <= first <= last, or []; got {list(steps)}")

@@ -39,9 +39,12 @@ def watch_peers(system: Any) -> None:
     if not jax.distributed.is_initialized() or jax.process_count() == 1:
         return
     _watched.append(system)
-    thread = threading.Thread(target=_watch, args=(jax.process_index(), jax.process_count(),
-                                                   system.distributed_timeout_s, system.coordinator_address),
-                              name="watch-peers", daemon=True)
+    thread = threading.Thread(
+        target=_watch,
+        args=(jax.process_index(), jax.process_count(), system.distributed_timeout_s, system.coordinator_address),
+        name="watch-peers",
+        daemon=True,
+    )
     thread.start()
     # At exit, before jax's own handler (registered earlier, so run later) shuts the distributed client down: a
     # watch still calling that client while it shuts down ended a finished process with SIGABRT.
@@ -66,8 +69,10 @@ def _watch(me: int, count: int, timeout: float, coordinator: str | None) -> None
             values = {p: _try_get(client, f"{_KEY}/{p}") for p in seen}
         except Exception as e:  # the store lives in process 0
             if me != 0:
-                abandon(f"system: lost process 0 of {count} (the coordinator at {coordinator or 'its address'}): "
-                        f"{first_line(e)}")
+                abandon(
+                    f"system: lost process 0 of {count} (the coordinator at {coordinator or 'its address'}): "
+                    f"{first_line(e)}"
+                )
             values = {p: seen[p][0] for p in seen}
         now = time.monotonic()
         for p, value in values.items():
@@ -75,8 +80,10 @@ def _watch(me: int, count: int, timeout: float, coordinator: str | None) -> None
                 seen[p] = (value, now)
         stale = [p for p, (_, since) in seen.items() if now - since > timeout]
         if stale:
-            abandon(f"system: lost process {stale[0]} of {count}: no sign of life for {timeout:g} s "
-                    f"(system.distributed_timeout_s); resume with all {count} processes and checkpoint.load=auto")
+            abandon(
+                f"system: lost process {stale[0]} of {count}: no sign of life for {timeout:g} s "
+                f"(system.distributed_timeout_s); resume with all {count} processes and checkpoint.load=auto"
+            )
         _stopping.wait(HEARTBEAT_S)
 
 
@@ -92,13 +99,18 @@ def _try_get(client: Any, key: str) -> str | None:
 def lost_peer(error: BaseException) -> str | None:
     """For an exception from a collective that lost its peer: the line to exit with (after waiting, up to
     distributed_timeout_s, for the watch to name the process); None for any other exception."""
-    if not _watched or isinstance(error, PipelineError) or not any(s in str(error) for s in ("Connection closed by peer", "Connection reset",
-                                                                      "Socket closed", "Gloo")):
+    if (
+        not _watched
+        or isinstance(error, PipelineError)
+        or not any(s in str(error) for s in ("Connection closed by peer", "Connection reset", "Socket closed", "Gloo"))
+    ):
         return None
     system = _watched[0]
     if jax.process_index() != 0 and not _answers(system.coordinator_address):
-        return (f"system: lost process 0 of {jax.process_count()} (the coordinator at {system.coordinator_address}); "
-                f"resume with all {jax.process_count()} processes and checkpoint.load=auto")
+        return (
+            f"system: lost process 0 of {jax.process_count()} (the coordinator at {system.coordinator_address}); "
+            f"resume with all {jax.process_count()} processes and checkpoint.load=auto"
+        )
     _verdict.wait(system.distributed_timeout_s + 2 * HEARTBEAT_S)  # the watch names the lost process and exits
     return f"system: a collective lost its peer ({first_line(error)}); resume with checkpoint.load=auto"
 

@@ -22,7 +22,8 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from core.errors import ConfigError, first_line
 from training.distributed.peers import JAX_HEARTBEAT_MARGIN_S
@@ -35,7 +36,8 @@ def cluster_env_present() -> bool:
     """A launcher started several processes: SLURM (srun), Open MPI (mpirun), or JAX's own variables."""
     env = os.environ
     return (
-        int(env.get("SLURM_NTASKS", "1")) > 1 and "SLURM_JOB_ID" in env
+        int(env.get("SLURM_NTASKS", "1")) > 1
+        and "SLURM_JOB_ID" in env
         or int(env.get("OMPI_COMM_WORLD_SIZE", "1")) > 1
         or "JAX_COORDINATOR_ADDRESS" in env
     )
@@ -93,13 +95,12 @@ def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
 def put_batch(batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
     """This process's rows of a batch -> global arrays sharded over the mesh (the rows of all processes, in
     process order, make the global batch)."""
-    return {
-        k: jax.make_array_from_process_local_data(batch_sharding(mesh, v.ndim), v) for k, v in batch.items()
-    }
+    return {k: jax.make_array_from_process_local_data(batch_sharding(mesh, v.ndim), v) for k, v in batch.items()}
 
 
-def state_shardings(abstract_state: Any, mesh: Mesh, layout: str,
-                    tensor_parallel_axes: dict[tuple[str, ...], int] | None = None) -> Any:
+def state_shardings(
+    abstract_state: Any, mesh: Mesh, layout: str, tensor_parallel_axes: dict[tuple[str, ...], int] | None = None
+) -> Any:
     """A sharding for every array leaf of the (abstract) train state; `layout` is `dp` or `fsdp`;
     `tensor_parallel_axes`: the model's (path suffix -> axis split over `model`), default the state's model's own."""
     if tensor_parallel_axes is None:
@@ -130,7 +131,7 @@ def _tensor_parallel_axis(path: tuple, axes: dict[tuple[str, ...], int]) -> int 
     (Adam's moments, MultiSteps' accumulator and the statistics buffers mirror the parameters' tree)."""
     names = tuple(getattr(k, "name", getattr(k, "key", None)) for k in path)
     for suffix, axis in axes.items():
-        if names[-len(suffix):] == suffix:
+        if names[-len(suffix) :] == suffix:
             return axis
     return None
 

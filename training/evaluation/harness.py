@@ -60,18 +60,24 @@ class HarnessAnswers:
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs: Any) -> list[int]:
         return self.tokenizer.encode(string)
 
-    def _loglikelihood_tokens(self, requests: list, disable_tqdm: bool = False, **kwargs: Any
-                              ) -> list[tuple[float, bool]]:
-        return continuation_logprobs(self.model, [(context, continuation) for _, context, continuation in requests],
-                                     self.batch_tokens)
+    def _loglikelihood_tokens(
+        self, requests: list, disable_tqdm: bool = False, **kwargs: Any
+    ) -> list[tuple[float, bool]]:
+        return continuation_logprobs(
+            self.model, [(context, continuation) for _, context, continuation in requests], self.batch_tokens
+        )
 
     def loglikelihood_rolling(self, requests: list, disable_tqdm: bool = False) -> list[float]:
         from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
         pairs, owner = [], []
         for index, (text,) in enumerate(request.args for request in requests):
-            windows = get_rolling_token_windows(token_list=self.tokenizer.encode(text), prefix_token=self.eot_token_id,
-                                                max_seq_len=self.max_length, context_len=1)
+            windows = get_rolling_token_windows(
+                token_list=self.tokenizer.encode(text),
+                prefix_token=self.eot_token_id,
+                max_seq_len=self.max_length,
+                context_len=1,
+            )
             for window in map(make_disjoint_window, windows):
                 pairs.append(window)
                 owner.append(index)
@@ -98,12 +104,12 @@ class HarnessAnswers:
             # than half the context for the prompt; past the context the decoder slides its window.
             keep = max(self.max_length - max_gen_toks, self.max_length // 2)
             for start in range(0, len(indices), rows):
-                chunk = indices[start:start + rows]
+                chunk = indices[start : start + rows]
                 prompts = [self._prompt(requests[i].args[0], keep) for i in chunk]
                 prompts += [[self.eot_token_id]] * (padded_rows(len(prompts), rows) - len(prompts))
                 outputs = generate(self.model, prompts, max_gen_toks, temperature=0.0, eos_id=self.eot_token_id)
                 for i, ids in zip(chunk, outputs):
-                    ids = ids[:ids.index(self.eot_token_id)] if self.eot_token_id in ids else ids
+                    ids = ids[: ids.index(self.eot_token_id)] if self.eot_token_id in ids else ids
                     answers[i] = postprocess_generated_text(self.tokenizer.decode(ids), until, None)
         return answers
 
@@ -117,8 +123,15 @@ def harness_lm(model: GPT, tokenizer: Tokenizer, batch_tokens: int = DEFAULT_BAT
     return type("GptJaxLM", (HarnessAnswers, template), {})(model, tokenizer, batch_tokens)
 
 
-def evaluate_tasks(lm: Any, tasks: list[str], *, include_path: str | None = None, limit: float | None = None,
-                   num_fewshot: int | None = None, seed: int = 0) -> dict:
+def evaluate_tasks(
+    lm: Any,
+    tasks: list[str],
+    *,
+    include_path: str | None = None,
+    limit: float | None = None,
+    num_fewshot: int | None = None,
+    seed: int = 0,
+) -> dict:
     """lm-eval's results for `tasks` (its registered names, or those of task YAMLs under `include_path`)."""
     lm_eval = import_lm_eval()
     from lm_eval.tasks import TaskManager
@@ -131,15 +144,27 @@ def evaluate_tasks(lm: Any, tasks: list[str], *, include_path: str | None = None
         manager = TaskManager(include_path=include_path)
     unknown = [t for t in tasks if t not in manager.all_tasks]
     if unknown:
-        raise ConfigError(f"--tasks: {', '.join(unknown)} is not an lm-eval task or group (`lm-eval ls tasks` lists "
-                          "them; --include-path adds a folder of task YAMLs)")
+        raise ConfigError(
+            f"--tasks: {', '.join(unknown)} is not an lm-eval task or group (`lm-eval ls tasks` lists "
+            "them; --include-path adds a folder of task YAMLs)"
+        )
     if not hub_reachable():
         offline_hub()  # the tasks' data then comes from datasets' cache at once, instead of after ~25 s of retries
     try:
-        return lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=limit,
-                                       num_fewshot=num_fewshot, log_samples=False, random_seed=seed,
-                                       numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed)
+        return lm_eval.simple_evaluate(
+            model=lm,
+            tasks=tasks,
+            task_manager=manager,
+            limit=limit,
+            num_fewshot=num_fewshot,
+            log_samples=False,
+            random_seed=seed,
+            numpy_random_seed=seed,
+            torch_random_seed=seed,
+            fewshot_random_seed=seed,
+        )
     except (ConnectionError, DatasetNotFoundError, DataFilesNotFoundError) as e:
-        raise DataError(f"--tasks: a task's data could not be loaded: {first_line(e)}. Offline? Run once online "
-                        "(datasets keeps it in its cache), or point --include-path at task YAMLs over local files"
-                        ) from None
+        raise DataError(
+            f"--tasks: a task's data could not be loaded: {first_line(e)}. Offline? Run once online "
+            "(datasets keeps it in its cache), or point --include-path at task YAMLs over local files"
+        ) from None

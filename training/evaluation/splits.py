@@ -8,7 +8,8 @@ the loss is the target tokens' loss.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
@@ -20,13 +21,17 @@ if TYPE_CHECKING:
     from models.gpt import GPT
 
 
-def evaluate(eval_step: Callable, model: GPT, splits: dict[str, Any], mesh: Mesh, token_bytes: np.ndarray
-             ) -> dict[str, dict[str, float]]:
+def evaluate(
+    eval_step: Callable, model: GPT, splits: dict[str, Any], mesh: Mesh, token_bytes: np.ndarray
+) -> dict[str, dict[str, float]]:
     pending = {}
     for name, batches in splits.items():
         sums = []
         for batch in batches:
-            batch = {**batch, "target_bytes": (token_bytes[batch["targets"]] * (batch["loss_mask"] > 0)).astype(np.int32)}
+            batch = {
+                **batch,
+                "target_bytes": (token_bytes[batch["targets"]] * (batch["loss_mask"] > 0)).astype(np.int32),
+            }
             sums.append(eval_step(model, put_batch(batch, mesh)))
         pending[name] = sums
     fetched = jax.device_get(pending)  # one transfer after all splits were dispatched (returns keys sorted)

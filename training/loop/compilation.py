@@ -23,8 +23,10 @@ def init_xla_flags(flags: list[str]) -> None:
     if not flags:
         return
     if xla_bridge.backends_are_initialized():
-        raise ConfigError("config: system.xla_flags: the XLA backend of this process has started already, so XLA "
-                          f"would ignore them; set XLA_FLAGS='{' '.join(flags)}' in the environment instead")
+        raise ConfigError(
+            "config: system.xla_flags: the XLA backend of this process has started already, so XLA "
+            f"would ignore them; set XLA_FLAGS='{' '.join(flags)}' in the environment instead"
+        )
     os.environ["XLA_FLAGS"] = " ".join([*os.environ.get("XLA_FLAGS", "").split(), *flags])
 
 

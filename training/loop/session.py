@@ -29,23 +29,23 @@ import jax
 from core.errors import PipelineError
 from data.prefetch import Prefetcher
 from training import config as config_lib
-from training.config import Config
-from training.checkpoints.checkpointer import Checkpointer, checkpoint_meta
-from training.loop.clock import RunClock
-from training.loop.compilation import CompileClock
 from training.analysis.curvature import SEED, fixed_batch, sharpness_fn
-from training.reporting.flops import MFU_CONVENTION, MFU_FORMULA, flops_per_token, mfu, peak_flops
-from training.reporting.console import describe_run, eval_table
-from training.reporting.logs import RunLogger
-from training.loop.steps import Action, LoopState
-from training.reporting.summary import finish_run
-from training.checkpoints.resume import RunPlan, carried_over
+from training.checkpoints.checkpointer import Checkpointer, checkpoint_meta
 from training.checkpoints.lock import lock_save_path
+from training.checkpoints.resume import RunPlan, carried_over
+from training.config import Config
 from training.distributed.peers import abandon, lost_peer
 from training.distributed.sharding import max_over_processes, put_batch
-from training.pipeline.build import Pipeline
+from training.loop.clock import RunClock
+from training.loop.compilation import CompileClock
 from training.loop.profile import StepProfiler
 from training.loop.signals import StopRequest
+from training.loop.steps import Action, LoopState
+from training.pipeline.build import Pipeline
+from training.reporting.console import describe_run, eval_table
+from training.reporting.flops import MFU_CONVENTION, MFU_FORMULA, flops_per_token, mfu, peak_flops
+from training.reporting.logs import RunLogger
+from training.reporting.summary import finish_run
 from training.step.state import TrainState, eval_model
 from training.step.stats import statistics_of
 
@@ -53,8 +53,15 @@ from training.step.stats import statistics_of
 class TrainingSession:
     """The run's logger, checkpointer, clock, signal handler and prefetcher, and the actions that use them."""
 
-    def __init__(self, cfg: Config, plan: RunPlan, pipeline: Pipeline, state: TrainState, started: float,
-                 compile_clock: CompileClock):
+    def __init__(
+        self,
+        cfg: Config,
+        plan: RunPlan,
+        pipeline: Pipeline,
+        state: TrainState,
+        started: float,
+        compile_clock: CompileClock,
+    ):
         self.cfg, self.plan, self.p, self.started, self.compile_clock = cfg, plan, pipeline, started, compile_clock
         self.is_main = jax.process_index() == 0
         self.resumed = plan.resume.meta if plan.resume else None
@@ -64,8 +71,9 @@ class TrainingSession:
             (plan.run_dir / "config.yaml").write_text(config_lib.to_yaml(cfg))
         self.checkpointer = None
         if cfg.checkpoint.save:
-            self.checkpointer = Checkpointer(plan.save_path, cfg.checkpoint.max_to_keep,
-                                             config_lib.listed_save_steps(cfg))
+            self.checkpointer = Checkpointer(
+                plan.save_path, cfg.checkpoint.max_to_keep, config_lib.listed_save_steps(cfg)
+            )
             if self.is_main:
                 (plan.save_path / "config.yaml").write_text(config_lib.to_yaml(cfg))
                 if plan.resume is not None and plan.resume.reader.directory == plan.save_path:
@@ -73,8 +81,9 @@ class TrainingSession:
                         self.checkpointer.set_aside(step)
         t = cfg.train
         self.end = segment_end(cfg, int(state.step))
-        self.log = RunLogger(cfg, plan.run_dir, self.end, int(state.step), self.is_main,
-                             carried_over(self.resumed, "wandb_id", None))
+        self.log = RunLogger(
+            cfg, plan.run_dir, self.end, int(state.step), self.is_main, carried_over(self.resumed, "wandb_id", None)
+        )
         self.tokens_per_step = pipeline.data.train.global_batch * config_lib.context_size(cfg)
         self.clock = RunClock(started, t.max_training_hours, self.tokens_per_step, self.end)
         self.signals = StopRequest()
@@ -89,8 +98,9 @@ class TrainingSession:
     def __enter__(self) -> TrainingSession:
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 traceback: TracebackType | None) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
         if error is not None and (lost := lost_peer(error)) is not None:
             abandon(lost)  # before the clean-up below, which would wait for the lost process
         self.close()
@@ -99,14 +109,17 @@ class TrainingSession:
         """Where the loop starts: step 0, or where the checkpoint left off (whose val loss is the run's last until it
         evaluates again: a run resumed at its end reports it)."""
         best = carried_over(self.resumed, "best_val_loss", None)
-        return LoopState(state, int(state.step), carried_over(self.resumed, "tokens_seen", 0),
-                         val_loss=carried_over(self.resumed, "val_loss", None),
-                         best_val=math.inf if best is None else best)
+        return LoopState(
+            state,
+            int(state.step),
+            carried_over(self.resumed, "tokens_seen", 0),
+            val_loss=carried_over(self.resumed, "val_loss", None),
+            best_val=math.inf if best is None else best,
+        )
 
     def batches(self, first_step: int) -> Prefetcher:
         """The training batches from `first_step` on, each placed on the mesh ahead of its step."""
-        self.prefetcher = Prefetcher(lambda s: put_batch(self.p.data.train.batch(s), self.p.mesh), first_step,
-                                     self.end)
+        self.prefetcher = Prefetcher(lambda s: put_batch(self.p.data.train.batch(s), self.p.mesh), first_step, self.end)
         return self.prefetcher
 
     def actions(self, first_step: int) -> list[Action]:
@@ -116,20 +129,29 @@ class TrainingSession:
             Action(self.first_step_done, steps=frozenset({first_step + 1})),
             Action(self.log_interval, every=t.log_interval, at_end=True),
             Action(self.evaluate_and_save, every=t.eval_interval, at_end=True),
-            Action(self.save, every=save_steps if isinstance(save_steps, int) else None,
-                   steps=frozenset(config_lib.listed_save_steps(self.cfg))),
-            *([Action(self.measure_sharpness, every=self.cfg.logging.hessian_every)]
-              if self.cfg.logging.hessian_every else []),
+            Action(
+                self.save,
+                every=save_steps if isinstance(save_steps, int) else None,
+                steps=frozenset(config_lib.listed_save_steps(self.cfg)),
+            ),
+            *(
+                [Action(self.measure_sharpness, every=self.cfg.logging.hessian_every)]
+                if self.cfg.logging.hessian_every
+                else []
+            ),
             Action(self.agree_to_stop, every=1 if single else t.log_interval, syncs=not single),
-            Action(lambda loop: self.profiler.after_step(loop.step, loop.state),
-                   steps=self.profiler.boundaries(first_step)),
+            Action(
+                lambda loop: self.profiler.after_step(loop.step, loop.state), steps=self.profiler.boundaries(first_step)
+            ),
         ]
 
     # -- the actions -----------------------------------------------------------------------------------------------
     def first_step_done(self, loop: LoopState) -> None:
         jax.block_until_ready(loop.pending[-1])
-        self.log.info(f"compiled in {self.compile_clock.stop():.1f} s; first step done "
-                      f"{time.time() - self.loop_started:.1f} s after the loop started")
+        self.log.info(
+            f"compiled in {self.compile_clock.stop():.1f} s; first step done "
+            f"{time.time() - self.loop_started:.1f} s after the loop started"
+        )
         self.clock.mark(loop.step)
 
     def log_interval(self, loop: LoopState) -> None:
@@ -141,20 +163,30 @@ class TrainingSession:
                 if not math.isfinite(loss):
                     raise PipelineError(
                         f"step {loop.step - len(losses) + i + 1}: the training loss is {loss}; stopping (no checkpoint "
-                        "of this state is written). Lower the lr, or set train.skip_nonfinite=true to skip such steps")
+                        "of this state is written). Lower the lr, or set train.skip_nonfinite=true to skip such steps"
+                    )
         loop.train_loss = _token_weighted(fetched, "loss")
         tokens_per_s, ms_per_step = self.clock.interval(loop.step)
         last = fetched[-1]
-        self.log.train(loop.step, {
-            "loss": loop.train_loss, "lr": float(last["lr"]), "grad_norm": float(last["grad_norm"]),
-            **({"z_loss": _token_weighted(fetched, "z_loss")} if "z_loss" in last else {}),
-            "tokens_per_s": tokens_per_s, "ms_per_step": ms_per_step, "tokens_seen": loop.tokens_seen,
-            **{f"tokens_seen/{name}": n for name, n in self.p.data.tokens_by_source(loop.step).items()},
-            "mfu": mfu(tokens_per_s, self.flops, self.peak, self.p.mesh.devices.size),
-            "skipped_steps": int(last["skipped_steps"]), "loss_scale": float(last["loss_scale"]),
-            "elapsed_s": self.clock.elapsed(), "remaining_s": self.clock.remaining(loop.step),
-            **statistics_of(last),
-        })
+        self.log.train(
+            loop.step,
+            {
+                "loss": loop.train_loss,
+                "lr": float(last["lr"]),
+                "grad_norm": float(last["grad_norm"]),
+                **({"z_loss": _token_weighted(fetched, "z_loss")} if "z_loss" in last else {}),
+                "tokens_per_s": tokens_per_s,
+                "ms_per_step": ms_per_step,
+                "tokens_seen": loop.tokens_seen,
+                **{f"tokens_seen/{name}": n for name, n in self.p.data.tokens_by_source(loop.step).items()},
+                "mfu": mfu(tokens_per_s, self.flops, self.peak, self.p.mesh.devices.size),
+                "skipped_steps": int(last["skipped_steps"]),
+                "loss_scale": float(last["loss_scale"]),
+                "elapsed_s": self.clock.elapsed(),
+                "remaining_s": self.clock.remaining(loop.step),
+                **statistics_of(last),
+            },
+        )
 
     def evaluate_and_save(self, loop: LoopState) -> None:
         loop.results = self.p.evaluate(eval_model(loop.state))
@@ -165,9 +197,18 @@ class TrainingSession:
 
     def save(self, loop: LoopState, val_loss: float | None = None) -> None:
         if self.checkpointer is not None:
-            meta = checkpoint_meta(self.cfg, self.plan, self.p.tokenizer, loop.step, loop.tokens_seen,
-                                   loop.train_loss, val_loss, loop.best_val, self.log.wandb_id,
-                                   self.trained_before + time.time() - self.loop_started)
+            meta = checkpoint_meta(
+                self.cfg,
+                self.plan,
+                self.p.tokenizer,
+                loop.step,
+                loop.tokens_seen,
+                loop.train_loss,
+                val_loss,
+                loop.best_val,
+                self.log.wandb_id,
+                self.trained_before + time.time() - self.loop_started,
+            )
             if not self.checkpointer.save(loop.state, meta, val_loss):
                 self.log.info(f"step {loop.step}: parameters are not finite; no checkpoint written")
         self.clock.mark(loop.step)  # evaluating and saving are not training throughput
@@ -177,15 +218,20 @@ class TrainingSession:
         parameters (not schedule-free's averaged weights), on the fixed validation batch: `sharpness` the largest,
         `hessian_min` the smallest."""
         if self.sharpness is None:
-            self.sharpness = (sharpness_fn(self.cfg.logging.hessian_iters),
-                              put_batch(fixed_batch(self.p.data), self.p.mesh))
+            self.sharpness = (
+                sharpness_fn(self.cfg.logging.hessian_iters),
+                put_batch(fixed_batch(self.p.data), self.p.mesh),
+            )
         measure, batch = self.sharpness
         extremes = measure(loop.state.model, batch, jax.random.PRNGKey(SEED))
         top, bottom, products = (x.item() for x in jax.device_get(extremes))
-        self.log.scalars(loop.step, "curvature", {"sharpness": top, "hessian_min": bottom,
-                                                  "sharpness_iterations": products},
-                         f"curv {loop.step:>6} | sharpness {top:.4g} (largest Hessian eigenvalue), smallest "
-                         f"{bottom:.4g} (Lanczos, {products} Hessian-vector products)")
+        self.log.scalars(
+            loop.step,
+            "curvature",
+            {"sharpness": top, "hessian_min": bottom, "sharpness_iterations": products},
+            f"curv {loop.step:>6} | sharpness {top:.4g} (largest Hessian eigenvalue), smallest "
+            f"{bottom:.4g} (Lanczos, {products} Hessian-vector products)",
+        )
         self.clock.mark(loop.step)  # measuring is not training throughput
 
     def agree_to_stop(self, loop: LoopState) -> None:
@@ -193,13 +239,16 @@ class TrainingSession:
 
     # -- start and end ---------------------------------------------------------------------------------------------
     def start(self, loop: LoopState) -> None:
-        for line in describe_run(self.cfg, self.plan, self.p.mesh, self.p.data, loop.state.model, self.p.tokenizer,
-                                 self.p.schedule):
+        for line in describe_run(
+            self.cfg, self.plan, self.p.mesh, self.p.data, loop.state.model, self.p.tokenizer, self.p.schedule
+        ):
             self.log.info(line)
         self.log.info(f"MFU counts {MFU_FORMULA[MFU_CONVENTION]} FLOPs per token: {self.flops / 1e6:.1f} MFLOP")
         if self.end < self.cfg.train.max_steps:
-            self.log.info(f"segment    checkpoint.num_steps={self.cfg.checkpoint.num_steps}: steps {loop.step + 1} to "
-                          f"{self.end} of train.max_steps={self.cfg.train.max_steps}")
+            self.log.info(
+                f"segment    checkpoint.num_steps={self.cfg.checkpoint.num_steps}: steps {loop.step + 1} to "
+                f"{self.end} of train.max_steps={self.cfg.train.max_steps}"
+            )
         self.profiler.at_start(loop.step, loop.state)
         if self.cfg.train.eval_at_start and loop.step == 0:  # the curves' starting point, e.g. init_from's weights
             self.log.eval(0, self.p.evaluate(eval_model(loop.state)))
@@ -219,21 +268,36 @@ class TrainingSession:
             self.log.info(f"final evaluation at step {loop.step}:\n{eval_table(loop.results)}")
         segment_done = loop.stop is None and loop.step < self.cfg.train.max_steps
         if segment_done:
-            where = f"; checkpoint saved to {self.plan.save_path}, checkpoint.load=True continues" \
-                if self.checkpointer else ""
-            self.log.info(f"trained checkpoint.num_steps={self.cfg.checkpoint.num_steps} steps, to step {loop.step} of "
-                          f"train.max_steps={self.cfg.train.max_steps}{where}")
+            where = (
+                f"; checkpoint saved to {self.plan.save_path}, checkpoint.load=True continues"
+                if self.checkpointer
+                else ""
+            )
+            self.log.info(
+                f"trained checkpoint.num_steps={self.cfg.checkpoint.num_steps} steps, to step {loop.step} of "
+                f"train.max_steps={self.cfg.train.max_steps}{where}"
+            )
         if by_source := self.p.data.tokens_by_source(loop.step):
-            self.log.info("training tokens per source: " + ", ".join(
-                f"{name} {n:,} ({n / max(sum(by_source.values()), 1):.1%})" for name, n in by_source.items()))
+            self.log.info(
+                "training tokens per source: "
+                + ", ".join(
+                    f"{name} {n:,} ({n / max(sum(by_source.values()), 1):.1%})" for name, n in by_source.items()
+                )
+            )
         final = None if loop.val_loss is None else {"val_loss": loop.val_loss}
         self.log.close(hparams=config_lib.flat_hparams(self.cfg), final=final)
         if self.is_main:
             from models.gpt import count_params
 
-            finish_run(self.plan.run_dir, self.checkpointer, "checkpoint.num_steps" if segment_done else loop.stop,
-                       time.time() - self.started, count_params(loop.state.model), MFU_FORMULA[MFU_CONVENTION],
-                       plot=self.cfg.logging.plot)
+            finish_run(
+                self.plan.run_dir,
+                self.checkpointer,
+                "checkpoint.num_steps" if segment_done else loop.stop,
+                time.time() - self.started,
+                count_params(loop.state.model),
+                MFU_FORMULA[MFU_CONVENTION],
+                plot=self.cfg.logging.plot,
+            )
 
     def close(self) -> None:
         if self.prefetcher is not None:

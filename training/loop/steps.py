@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from training.loop.transfer_guard import no_device_to_host
 
@@ -52,8 +53,16 @@ class Action:
         return bool(self.every and step % self.every == 0) or step in self.steps or (self.at_end and step == end)
 
 
-def run_loop(loop: LoopState, train_step: Callable, batch_of: Callable[[int], Any], actions: list[Action], end: int,
-             tokens_per_step: int, after_step: Callable[[], None] = lambda: None, guard: bool = False) -> None:
+def run_loop(
+    loop: LoopState,
+    train_step: Callable,
+    batch_of: Callable[[int], Any],
+    actions: list[Action],
+    end: int,
+    tokens_per_step: int,
+    after_step: Callable[[], None] = lambda: None,
+    guard: bool = False,
+) -> None:
     """Steps until `end` or until an action sets `loop.stop`; the due actions run in list order after each step."""
     while loop.step < end and loop.stop is None:
         due = [a for a in actions if a.due(loop.step + 1, end)]
@@ -65,4 +74,3 @@ def run_loop(loop: LoopState, train_step: Callable, batch_of: Callable[[int], An
             after_step()
             for action in due:
                 action.fire(loop)
-

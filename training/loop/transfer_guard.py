@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 import jax
 
@@ -32,8 +32,10 @@ class HostTransferError(RuntimeError):
 
 def _refuse(what: str) -> None:
     if getattr(_region, "active", False):
-        raise HostTransferError(f"Disallowed device-to-host transfer ({what}) at a step that does not log, evaluate, "
-                                "save or agree to stop (system.transfer_guard=true)")
+        raise HostTransferError(
+            f"Disallowed device-to-host transfer ({what}) at a step that does not log, evaluate, "
+            "save or agree to stop (system.transfer_guard=true)"
+        )
 
 
 def _install_cpu_checks() -> None:

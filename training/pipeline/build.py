@@ -9,8 +9,9 @@ corpus (benchmarks, memory estimates) call the init_* functions they need; every
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import optax
@@ -24,8 +25,14 @@ from data.sources import MixtureCorpus, TextCorpus
 from data.tokenizers import Tokenizer, build_tokenizer, tokenizer_from_json
 from models import MODEL_BUILDERS
 from models.gpt import GPT
-from optimizers import (build_optimizer, build_schedule, geometry_groups, lr_multipliers, lr_schedule_of,
-                        own_warmups_in_steps)
+from optimizers import (
+    build_optimizer,
+    build_schedule,
+    geometry_groups,
+    lr_multipliers,
+    lr_schedule_of,
+    own_warmups_in_steps,
+)
 from training import config as config_lib
 from training.checkpoints.resume import Source
 from training.config import Config
@@ -47,17 +54,27 @@ def init_tokenizer(cfg: Config, corpus: Corpus, source: Source | None) -> Tokeni
     if source is not None:
         tokenizer = tokenizer_from_json(source.meta["tokenizer"])
         if tokenizer.kind != d.tokenizer:
-            raise DataError(f"dataset.tokenizer: {d.tokenizer} does not match the checkpoint's "
-                            f"{tokenizer.kind}; set dataset.tokenizer={tokenizer.kind}")
+            raise DataError(
+                f"dataset.tokenizer: {d.tokenizer} does not match the checkpoint's "
+                f"{tokenizer.kind}; set dataset.tokenizer={tokenizer.kind}"
+            )
         if tokenizer.kind == "notes" and tokenizer.to_json() != notes_tokenizer(d).to_json():
-            raise DataError(f"dataset.notes_tokenizer: {notes_tokenizer(d).to_json()} does not match the "
-                            f"checkpoint's {tokenizer.to_json()}; use the checkpoint's settings")
+            raise DataError(
+                f"dataset.notes_tokenizer: {notes_tokenizer(d).to_json()} does not match the "
+                f"checkpoint's {tokenizer.to_json()}; use the checkpoint's settings"
+            )
         return tokenizer
     if d.tokenizer == "notes":
         return notes_tokenizer(d)
-    return build_tokenizer(d.tokenizer, bpe_vocab_size=d.bpe_vocab_size, train_texts=corpus.train_texts,
-                           corpus_fingerprint=corpus.fingerprint, cache_dir=d.cache_dir,
-                           process_index=jax.process_index(), wait_s=d.build_timeout_s)
+    return build_tokenizer(
+        d.tokenizer,
+        bpe_vocab_size=d.bpe_vocab_size,
+        train_texts=corpus.train_texts,
+        corpus_fingerprint=corpus.fingerprint,
+        cache_dir=d.cache_dir,
+        process_index=jax.process_index(),
+        wait_s=d.build_timeout_s,
+    )
 
 
 def load_data(cfg: Config, corpus: Corpus, tokenizer: Tokenizer) -> Data:
@@ -80,17 +97,30 @@ def init_optimizer(cfg: Config, schedule: optax.Schedule, model: GPT) -> optax.G
 EvalStep = Callable[[GPT, dict[str, jax.Array]], tuple[jax.Array, jax.Array, jax.Array]]
 
 
-def init_state_and_steps(cfg: Config, model: GPT, schedule: optax.Schedule, optimizer: optax.GradientTransformation,
-                         key: jax.Array, mesh: Mesh) -> tuple[TrainState, Any, TrainStep, EvalStep]:
+def init_state_and_steps(
+    cfg: Config,
+    model: GPT,
+    schedule: optax.Schedule,
+    optimizer: optax.GradientTransformation,
+    key: jax.Array,
+    mesh: Mesh,
+) -> tuple[TrainState, Any, TrainStep, EvalStep]:
     """The train state on the mesh, its shardings (a TrainState-shaped tree of NamedSharding), and the train and eval
     steps for the run's precision."""
     dtype = compute_dtype(cfg.system.dtype)
     knobs = StatsKnobs.from_cfg(cfg.logging, geometry_groups(cfg.optimizer, model))
     fp8_history = cfg.system.fp8_amax_history if cfg.system.dtype == "fp8" else 0
     state, shardings = place_state(model, optimizer, key, mesh, cfg.system.sharding, dtype, knobs, fp8_history)
-    train_step = make_train_step(optimizer, lr_schedule_of(cfg.optimizer, schedule), shardings, dtype,
-                                 cfg.train.skip_nonfinite, knobs=knobs,
-                                 z_loss=cfg.train.z_loss, lr_multipliers=lr_multipliers(cfg.optimizer))
+    train_step = make_train_step(
+        optimizer,
+        lr_schedule_of(cfg.optimizer, schedule),
+        shardings,
+        dtype,
+        cfg.train.skip_nonfinite,
+        knobs=knobs,
+        z_loss=cfg.train.z_loss,
+        lr_multipliers=lr_multipliers(cfg.optimizer),
+    )
     return state, shardings, train_step, make_eval_step(dtype)
 
 
@@ -110,8 +140,9 @@ class Pipeline:
 
     def evaluate(self, model: GPT, splits: dict[str, Any] | None = None) -> Results:
         """`model` on `splits` (by default every validation split): one table of results per split."""
-        return evaluate(self.eval_step, model, self.data.evals if splits is None else splits, self.mesh,
-                        self.data.token_bytes)
+        return evaluate(
+            self.eval_step, model, self.data.evals if splits is None else splits, self.mesh, self.data.token_bytes
+        )
 
 
 def build(cfg: Config, source: Source | None = None) -> Pipeline:
@@ -124,5 +155,11 @@ def build(cfg: Config, source: Source | None = None) -> Pipeline:
     model = init_model(cfg, tokenizer.vocab_size, model_key)
     schedule = init_scheduler(cfg)
     optimizer = init_optimizer(cfg, schedule, model)
-    return Pipeline(mesh, tokenizer, data, schedule, optimizer, *init_state_and_steps(cfg, model, schedule, optimizer,
-                                                                                       train_key, mesh))
+    return Pipeline(
+        mesh,
+        tokenizer,
+        data,
+        schedule,
+        optimizer,
+        *init_state_and_steps(cfg, model, schedule, optimizer, train_key, mesh),
+    )

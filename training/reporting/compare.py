@@ -49,8 +49,11 @@ def run_record(run_dir: Path) -> dict[str, Any]:
     config_path = run_dir / "config.yaml"
     config = _flat(yaml.safe_load(config_path.read_text())) if config_path.exists() else {}
     summary_path = run_dir / "summary.json"
-    summary = (json.loads(summary_path.read_text()) if summary_path.exists()
-               else summarize_metrics(read_metrics(run_dir), {"stopped": "unfinished"}))
+    summary = (
+        json.loads(summary_path.read_text())
+        if summary_path.exists()
+        else summarize_metrics(read_metrics(run_dir), {"stopped": "unfinished"})
+    )
     return {"run": str(run_dir), "config": config, "summary": summary}
 
 
@@ -72,8 +75,14 @@ def table(records: list[dict[str, Any]], main: str = "val") -> tuple[list[str], 
         for split in splits:
             got = s.get("splits", {}).get(split, {})
             row[f"{split} final"], row[f"{split} best"] = got.get("final_loss"), got.get("best_loss")
-        row.update({"tokens seen": s.get("tokens_seen"), "tokens/s (median)": s.get("tokens_per_s_median"),
-                    "wall s": s.get("wall_time_s"), "stopped": s.get("stopped")})
+        row.update(
+            {
+                "tokens seen": s.get("tokens_seen"),
+                "tokens/s (median)": s.get("tokens_per_s_median"),
+                "wall s": s.get("wall_time_s"),
+                "stopped": s.get("stopped"),
+            }
+        )
         rows.append(row)
     return columns, rows
 
@@ -119,16 +128,21 @@ def plot_sweep(records: list[dict[str, Any]], out: Path, split: str = "val") -> 
     for name, points in sorted(by_optimizer.items()):
         points.sort()
         lr_ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
-    lr_ax.set(xscale="log", xlabel="learning rate (optimizer.lr_config.lr)", ylabel=f"final {split} loss per token",
-              title=f"final {split} loss against learning rate")
+    lr_ax.set(
+        xscale="log",
+        xlabel="learning rate (optimizer.lr_config.lr)",
+        ylabel=f"final {split} loss per token",
+        title=f"final {split} loss against learning rate",
+    )
     for i, r in enumerate(records):
         rows = latest_per_step(read_metrics(Path(r["run"])))
         label, colour = Path(r["run"]).name, f"C{i % 10}"
         train = [x for x in rows if x["split"] == TRAIN]
         curve_ax.plot([x["step"] for x in train], [x["loss"] for x in train], color=colour, alpha=0.4, lw=1)
         evals = [x for x in rows if x["split"] == split]
-        curve_ax.plot([x["step"] for x in evals], [x["loss"] for x in evals], color=colour, marker="o", ms=3,
-                      label=label)
+        curve_ax.plot(
+            [x["step"] for x in evals], [x["loss"] for x in evals], color=colour, marker="o", ms=3, label=label
+        )
     curve_ax.set(xlabel="step", ylabel="loss per token", title=f"training loss (thin) and {split} loss (dots)")
     for ax in (lr_ax, curve_ax):
         ax.grid(alpha=0.3)

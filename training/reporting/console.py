@@ -58,8 +58,9 @@ def train_line(step: int, m: dict[str, float]) -> str:
         line += f" | z-loss {m['z_loss']:.2e}"
     if m.get("loss_scale", 1.0) != 1.0 or m.get("skipped_steps", 0):
         line += f" | loss scale {m['loss_scale']:g}, {m['skipped_steps']} skipped"
-    reported = [f"{k.removeprefix('optimizer/')} {v:.3g}" for k, v in m.items()
-                if k.startswith("optimizer/") and v is not None]
+    reported = [
+        f"{k.removeprefix('optimizer/')} {v:.3g}" for k, v in m.items() if k.startswith("optimizer/") and v is not None
+    ]
     if reported:  # what the optimizer measures of itself (optimizers/reporting.py)
         line += " | " + ", ".join(reported)
     return line
@@ -72,8 +73,8 @@ def format_duration(seconds: float) -> str:
 
 def eval_summary(results: dict[str, dict[str, float]]) -> str:
     return " | ".join(
-        f"{split} loss {r['loss']:.4f} ppl {r['perplexity']:.2f}" + (f" bpb {r['bits_per_byte']:.3f}"
-                                                                   if "bits_per_byte" in r else "")
+        f"{split} loss {r['loss']:.4f} ppl {r['perplexity']:.2f}"
+        + (f" bpb {r['bits_per_byte']:.3f}" if "bits_per_byte" in r else "")
         for split, r in results.items()
     )
 
@@ -92,8 +93,9 @@ def eval_table(results: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
-def describe_run(cfg: Config, plan: RunPlan, mesh: Mesh, data: Data, model: GPT, tokenizer: Tokenizer,
-                 schedule: optax.Schedule) -> list[str]:
+def describe_run(
+    cfg: Config, plan: RunPlan, mesh: Mesh, data: Data, model: GPT, tokenizer: Tokenizer, schedule: optax.Schedule
+) -> list[str]:
     """The lines a run starts with: where it writes, on what, with which data, model, batch and optimizer."""
     import jax
 
@@ -126,6 +128,8 @@ def describe_run(cfg: Config, plan: RunPlan, mesh: Mesh, data: Data, model: GPT,
         f"first step {float(schedule(0)):.3g}) over {schedule_steps(cfg)} steps, clip {o.grad_clip:g}",
     ]
     if plan.ignored_overrides:
-        lines.append(f"note       ignored {' '.join(plan.ignored_overrides)}: the saved config wins "
-                     "(checkpoint.overwrite_config=True applies them)")
+        lines.append(
+            f"note       ignored {' '.join(plan.ignored_overrides)}: the saved config wins "
+            "(checkpoint.overwrite_config=True applies them)"
+        )
     return lines

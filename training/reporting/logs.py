@@ -22,8 +22,9 @@ if TYPE_CHECKING:
 
 
 class RunLogger:
-    def __init__(self, cfg: Config, run_dir: Path, total_steps: int, start_step: int, active: bool,
-                 wandb_id: str | None = None) -> None:
+    def __init__(
+        self, cfg: Config, run_dir: Path, total_steps: int, start_step: int, active: bool, wandb_id: str | None = None
+    ) -> None:
         self.active = active
         self.run_dir = run_dir
         self.wandb: Wandb | None = None

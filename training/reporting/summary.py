@@ -49,13 +49,23 @@ def summarize_metrics(rows: list[dict], extra: dict[str, Any]) -> dict[str, Any]
     mfus = [r["mfu"] for r in train if finite_number(r.get("mfu"))]
     return {
         "steps": train[-1]["step"] if train else 0,
-        "train": {"final_loss": train[-1]["loss"] if train else None,
-                  "best_loss": min((r["loss"] for r in train if finite_number(r.get("loss"))), default=None)},
+        "train": {
+            "final_loss": train[-1]["loss"] if train else None,
+            "best_loss": min((r["loss"] for r in train if finite_number(r.get("loss"))), default=None),
+        },
         "splits": splits,
         "tokens_seen": train[-1].get("tokens_seen") if train else 0,
-        **({"tokens_seen_per_source": by_source} if (by_source := {
-            k.split("/", 1)[1]: v for k, v in (train[-1] if train else {}).items() if k.startswith("tokens_seen/")})
-           else {}),
+        **(
+            {"tokens_seen_per_source": by_source}
+            if (
+                by_source := {
+                    k.split("/", 1)[1]: v
+                    for k, v in (train[-1] if train else {}).items()
+                    if k.startswith("tokens_seen/")
+                }
+            )
+            else {}
+        ),
         "tokens_per_s_median": statistics.median(rates) if rates else None,
         "mfu_median": statistics.median(mfus) if mfus else None,
         **extra,
@@ -89,13 +99,26 @@ def plot_runs(run_dirs: list[Path], out: Path, labels: list[str] | None = None) 
         label = labels[i] if labels else Path(run_dir).name
         colour = f"C{i % 10}"
         train = [r for r in rows if r["split"] == TRAIN]
-        loss_ax.plot([r["step"] for r in train], [r["loss"] for r in train], color=colour, alpha=0.5, lw=1,
-                     label=f"{label}: train")
+        loss_ax.plot(
+            [r["step"] for r in train],
+            [r["loss"] for r in train],
+            color=colour,
+            alpha=0.5,
+            lw=1,
+            label=f"{label}: train",
+        )
         evals = sorted({r["split"] for r in rows if r["split"] != TRAIN and "loss" in r})  # not e.g. `curvature`
         for j, split in enumerate(evals):
             points = [r for r in rows if r["split"] == split]
-            loss_ax.plot([r["step"] for r in points], [r["loss"] for r in points], color=colour,
-                         ls=styles[j % len(styles)], marker="o", ms=3, label=f"{label}: {split}")
+            loss_ax.plot(
+                [r["step"] for r in points],
+                [r["loss"] for r in points],
+                color=colour,
+                ls=styles[j % len(styles)],
+                marker="o",
+                ms=3,
+                label=f"{label}: {split}",
+            )
         lr_ax.plot([r["step"] for r in train], [r.get("lr") for r in train], color=colour, label=label)
         timed = [r for r in train if finite_number(r.get("tokens_per_s"))]
         speed_ax.plot([r["step"] for r in timed], [r["tokens_per_s"] for r in timed], color=colour, label=label)
@@ -110,14 +133,24 @@ def plot_runs(run_dirs: list[Path], out: Path, labels: list[str] | None = None) 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=100)
-    curves = {f"{ax.get_title()}/{line.get_label()}": (list(line.get_xdata()), list(line.get_ydata()))
-              for ax in axes for line in ax.get_lines()}
+    curves = {
+        f"{ax.get_title()}/{line.get_label()}": (list(line.get_xdata()), list(line.get_ydata()))
+        for ax in axes
+        for line in ax.get_lines()
+    }
     plt.close(fig)
     return curves
 
 
-def finish_run(run_dir: Path, checkpointer: Checkpointer | None, stopped: str | None, wall_s: float, parameters: int,
-               mfu_formula: str, plot: bool = True) -> None:
+def finish_run(
+    run_dir: Path,
+    checkpointer: Checkpointer | None,
+    stopped: str | None,
+    wall_s: float,
+    parameters: int,
+    mfu_formula: str,
+    plot: bool = True,
+) -> None:
     """summary.json, and plots.png unless `plot` is false, at the end of a run (process 0)."""
     from training.checkpoints.checkpointer import package_versions
 
@@ -125,11 +158,23 @@ def finish_run(run_dir: Path, checkpointer: Checkpointer | None, stopped: str | 
     if checkpointer is not None:
         checkpointer.wait()  # the last save is complete before it is listed
         steps = checkpointer.steps()
-        checkpoints = {"directory": str(checkpointer.directory), "steps": steps,
-                       "latest": checkpointer.resolve("latest") if steps else None,
-                       "best": checkpointer.resolve("best") if steps else None}
-    write_summary(run_dir, {"run_dir": str(run_dir), "stopped": stopped or "max_steps", "wall_time_s": round(wall_s, 1),
-                            "parameters": parameters, "mfu_formula": mfu_formula, "checkpoints": checkpoints,
-                            "versions": package_versions()})
+        checkpoints = {
+            "directory": str(checkpointer.directory),
+            "steps": steps,
+            "latest": checkpointer.resolve("latest") if steps else None,
+            "best": checkpointer.resolve("best") if steps else None,
+        }
+    write_summary(
+        run_dir,
+        {
+            "run_dir": str(run_dir),
+            "stopped": stopped or "max_steps",
+            "wall_time_s": round(wall_s, 1),
+            "parameters": parameters,
+            "mfu_formula": mfu_formula,
+            "checkpoints": checkpoints,
+            "versions": package_versions(),
+        },
+    )
     if plot:
         plot_runs([run_dir], Path(run_dir) / "plots.png")

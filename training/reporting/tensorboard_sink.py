@@ -18,8 +18,11 @@ class TensorBoard:
 
     def close(self, hparams: dict[str, Any] | None, final: dict[str, float] | None) -> None:
         if hparams is not None and final:
-            self.writer.add_hparams({k: _hparam(v) for k, v in hparams.items()},
-                                    {f"hparam/{k}": v for k, v in final.items()}, name="hparams")
+            self.writer.add_hparams(
+                {k: _hparam(v) for k, v in hparams.items()},
+                {f"hparam/{k}": v for k, v in final.items()},
+                name="hparams",
+            )
         self.writer.close()
 
 

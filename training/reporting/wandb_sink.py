@@ -59,11 +59,15 @@ def _start_wandb(cfg: Config, run_dir: Path, run_id: str | None):
             except wandb.errors.Error as e:
                 problem = f"the wandb server at {base_url} refused: {first_line(e)}"
         if cfg.logging.wandb_fallback != "offline":
-            raise PipelineError(f"logging.wandb=online: {problem}; check WANDB_API_KEY and the network, or use "
-                                "logging.wandb=offline, or logging.wandb_fallback=offline to log offline and `wandb "
-                                "sync` later")
-        warn(f"logging.wandb=online: {problem}; logging offline instead (logging.wandb_fallback=offline): upload "
-             f"later with `wandb sync {run_dir / 'wandb'}/offline-run-*`")
+            raise PipelineError(
+                f"logging.wandb=online: {problem}; check WANDB_API_KEY and the network, or use "
+                "logging.wandb=offline, or logging.wandb_fallback=offline to log offline and `wandb "
+                "sync` later"
+            )
+        warn(
+            f"logging.wandb=online: {problem}; logging offline instead (logging.wandb_fallback=offline): upload "
+            f"later with `wandb sync {run_dir / 'wandb'}/offline-run-*`"
+        )
     return _init_wandb(cfg, run_dir, run_id, "offline" if mode == "online" else mode, None)
 
 
@@ -72,8 +76,14 @@ def _init_wandb(cfg: Config, run_dir: Path, run_id: str | None, mode: str, api_k
 
     from training.config import as_dict
 
-    settings = wandb.Settings(api_key=api_key, silent=True, console="off", disable_git=True,
-                              x_save_requirements=False, init_timeout=WANDB_INIT_TIMEOUT_S)
+    settings = wandb.Settings(
+        api_key=api_key,
+        silent=True,
+        console="off",
+        disable_git=True,
+        x_save_requirements=False,
+        init_timeout=WANDB_INIT_TIMEOUT_S,
+    )
     return wandb.init(
         project=cfg.logging.wandb_project,
         entity=cfg.logging.wandb_entity,

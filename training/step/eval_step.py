@@ -4,7 +4,8 @@ byte beside perplexity."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import equinox as eqx
 import jax

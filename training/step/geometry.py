@@ -32,8 +32,10 @@ SUMMED = ("grad_dot_last_update", "grad_dot_update")
 
 
 def path_names(tree: Any) -> list[str]:
-    return [jax.tree_util.keystr(path, simple=True, separator=".")
-            for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+    return [
+        jax.tree_util.keystr(path, simple=True, separator=".")
+        for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]
+    ]
 
 
 def group_names(assignment: tuple[tuple[str, str], ...]) -> list[str]:
@@ -44,10 +46,12 @@ def group_names(assignment: tuple[tuple[str, str], ...]) -> list[str]:
 
 def init_geometry(params: Any, assignment: tuple[tuple[str, str], ...]) -> dict:
     zero = jnp.zeros([], jnp.float32)
-    return {"last_update": jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), params),
-            "last_loss": zero,
-            "sums": {group: {name: zero for name in SUMMED} for group in group_names(assignment)},
-            "loss_diff_sum": zero}
+    return {
+        "last_update": jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), params),
+        "last_loss": zero,
+        "sums": {group: {name: zero for name in SUMMED} for group in group_names(assignment)},
+        "loss_diff_sum": zero,
+    }
 
 
 def _leaf_terms(x: jax.Array, g: jax.Array, u: jax.Array, last_u: jax.Array) -> dict[str, jax.Array]:
@@ -56,28 +60,54 @@ def _leaf_terms(x: jax.Array, g: jax.Array, u: jax.Array, last_u: jax.Array) -> 
     x, g, u = x.astype(jnp.float32), g.astype(jnp.float32), u.astype(jnp.float32)
     x_last = x - last_u
     dot = lambda a, b: jnp.vdot(a, b)  # noqa: E731
-    return {"g.lu": dot(g, last_u), "g.u": dot(g, u), "u.lu": dot(u, last_u), "x.xl": dot(x, x_last),
-            "g.g": dot(g, g), "u.u": dot(u, u), "lu.lu": dot(last_u, last_u), "x.x": dot(x, x),
-            "xl.xl": dot(x_last, x_last), "x1": jnp.sum(jnp.abs(x)), "g1": jnp.sum(jnp.abs(g)),
-            "u1": jnp.sum(jnp.abs(u)), "xinf": jnp.max(jnp.abs(x), initial=0.0),
-            "ginf": jnp.max(jnp.abs(g), initial=0.0), "uinf": jnp.max(jnp.abs(u), initial=0.0)}
+    return {
+        "g.lu": dot(g, last_u),
+        "g.u": dot(g, u),
+        "u.lu": dot(u, last_u),
+        "x.xl": dot(x, x_last),
+        "g.g": dot(g, g),
+        "u.u": dot(u, u),
+        "lu.lu": dot(last_u, last_u),
+        "x.x": dot(x, x),
+        "xl.xl": dot(x_last, x_last),
+        "x1": jnp.sum(jnp.abs(x)),
+        "g1": jnp.sum(jnp.abs(g)),
+        "u1": jnp.sum(jnp.abs(u)),
+        "xinf": jnp.max(jnp.abs(x), initial=0.0),
+        "ginf": jnp.max(jnp.abs(g), initial=0.0),
+        "uinf": jnp.max(jnp.abs(u), initial=0.0),
+    }
 
 
 def _cos(dot: jax.Array, a: jax.Array, b: jax.Array) -> jax.Array:
     return dot / jnp.maximum(jnp.sqrt(a) * jnp.sqrt(b), 1e-30)
 
 
-def step_geometry(buffers: dict, params: Any, new_params: Any, grads: Any, loss: jax.Array, first: jax.Array,
-                  assignment: tuple[tuple[str, str], ...]) -> tuple[dict, dict[str, jax.Array]]:
+def step_geometry(
+    buffers: dict,
+    params: Any,
+    new_params: Any,
+    grads: Any,
+    loss: jax.Array,
+    first: jax.Array,
+    assignment: tuple[tuple[str, str], ...],
+) -> tuple[dict, dict[str, jax.Array]]:
     """(the new buffers, this step's `geometry/...` metrics). `params`: x_n; `new_params`: x_{n+1}; `grads`: g_n;
     `loss`: f(x_n; b_n); `first`: no step before this one."""
     with jax.named_scope("update_geometry"):
-        update = jax.tree.map(lambda new, old: new.astype(jnp.float32) - old.astype(jnp.float32), new_params,
-                              params)
+        update = jax.tree.map(lambda new, old: new.astype(jnp.float32) - old.astype(jnp.float32), new_params, params)
         group_of = dict(assignment)
-        terms = {name: _leaf_terms(x, g, u, lu) for name, x, g, u, lu in zip(
-            path_names(params), jax.tree.leaves(params), jax.tree.leaves(grads), jax.tree.leaves(update),
-            jax.tree.leaves(buffers["last_update"]), strict=True)}
+        terms = {
+            name: _leaf_terms(x, g, u, lu)
+            for name, x, g, u, lu in zip(
+                path_names(params),
+                jax.tree.leaves(params),
+                jax.tree.leaves(grads),
+                jax.tree.leaves(update),
+                jax.tree.leaves(buffers["last_update"]),
+                strict=True,
+            )
+        }
         nan_if_first = lambda v: jnp.where(first, jnp.nan, v)  # noqa: E731
         metrics: dict[str, jax.Array] = {}
         sums = {}
@@ -91,13 +121,21 @@ def step_geometry(buffers: dict, params: Any, new_params: Any, grads: Any, loss:
                 "cos_grad_last_update": nan_if_first(_cos(total["g.lu"], total["g.g"], total["lu.lu"])),
                 "cos_update_last_update": nan_if_first(_cos(total["u.lu"], total["u.u"], total["lu.lu"])),
                 "cos_params_last_params": nan_if_first(_cos(total["x.xl"], total["x.x"], total["xl.xl"])),
-                "params_l2": jnp.sqrt(total["x.x"]), "params_l1": total["x1"], "params_linf": total["xinf"],
-                "grads_l2": jnp.sqrt(total["g.g"]), "grads_l1": total["g1"], "grads_linf": total["ginf"],
-                "update_l2": jnp.sqrt(total["u.u"]), "update_l1": total["u1"], "update_linf": total["uinf"],
+                "params_l2": jnp.sqrt(total["x.x"]),
+                "params_l1": total["x1"],
+                "params_linf": total["xinf"],
+                "grads_l2": jnp.sqrt(total["g.g"]),
+                "grads_l1": total["g1"],
+                "grads_linf": total["ginf"],
+                "update_l2": jnp.sqrt(total["u.u"]),
+                "update_l1": total["u1"],
+                "update_linf": total["uinf"],
             }
             # Δ_n is 0 at the first step, so its inner products add exactly 0 there
-            sums[group] = {"grad_dot_last_update": buffers["sums"][group]["grad_dot_last_update"] + total["g.lu"],
-                           "grad_dot_update": buffers["sums"][group]["grad_dot_update"] + total["g.u"]}
+            sums[group] = {
+                "grad_dot_last_update": buffers["sums"][group]["grad_dot_last_update"] + total["g.lu"],
+                "grad_dot_update": buffers["sums"][group]["grad_dot_update"] + total["g.u"],
+            }
             metrics |= {f"geometry/{group}/{k}": v for k, v in values.items()}
             metrics |= {f"geometry/{group}/{k}_sum": v for k, v in sums[group].items()}
         loss = loss.astype(jnp.float32)

@@ -28,15 +28,18 @@ class LossSums(NamedTuple):
     tokens: jax.Array
 
 
-def loss_sums(model: GPT, batch: Batch, key: jax.Array | None, dtype: jnp.dtype,
-              fp8_scales: jax.Array | None = None) -> LossSums:
+def loss_sums(
+    model: GPT, batch: Batch, key: jax.Array | None, dtype: jnp.dtype, fp8_scales: jax.Array | None = None
+) -> LossSums:
     """Cross-entropy from log(Z) - the target's logit, in float32 whatever the compute dtype. `fp8_scales`: the
     blocks' matmuls in FP8 at these scales (models/fp8.py)."""
     log_z_BT, target_logit_BT = cast_floating(model, dtype).loss_terms(
-        batch["inputs"], batch["targets"], key=key, segment_ids_BT=batch.get("segment_ids"), fp8_scales=fp8_scales)
+        batch["inputs"], batch["targets"], key=key, segment_ids_BT=batch.get("segment_ids"), fp8_scales=fp8_scales
+    )
     mask_BT = batch["loss_mask"]
-    return LossSums(jnp.sum((log_z_BT - target_logit_BT) * mask_BT), jnp.sum(jnp.square(log_z_BT) * mask_BT),
-                    jnp.sum(mask_BT))
+    return LossSums(
+        jnp.sum((log_z_BT - target_logit_BT) * mask_BT), jnp.sum(jnp.square(log_z_BT) * mask_BT), jnp.sum(mask_BT)
+    )
 
 
 def token_losses(model: GPT, batch: Batch, key: jax.Array | None, dtype: jnp.dtype) -> tuple[jax.Array, jax.Array]:

@@ -47,8 +47,11 @@ class LossScale(eqx.Module):
         if not dynamic:
             return LossScale(self.scale, self.good_steps, skipped)
         grow = finite & (self.good_steps + 1 >= SCALE_PERIOD)
-        scale = jnp.where(finite, jnp.where(grow, self.scale * SCALE_FACTOR, self.scale),
-                          jnp.maximum(self.scale / SCALE_FACTOR, MIN_SCALE))
+        scale = jnp.where(
+            finite,
+            jnp.where(grow, self.scale * SCALE_FACTOR, self.scale),
+            jnp.maximum(self.scale / SCALE_FACTOR, MIN_SCALE),
+        )
         good_steps = jnp.where(finite & ~grow, self.good_steps + 1, 0).astype(jnp.int32)
         return LossScale(scale, good_steps, skipped)
 

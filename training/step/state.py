@@ -13,8 +13,8 @@ from jax.sharding import Mesh
 from models.fp8 import Fp8State
 from models.gpt import GPT
 from optimizers import eval_params
-from training.step.precision import LossScale
 from training.distributed.sharding import state_shardings
+from training.step.precision import LossScale
 from training.step.stats import StatsKnobs, init_stats
 
 
@@ -28,8 +28,14 @@ class TrainState(eqx.Module):
     fp8: Fp8State | None = None  # system.dtype=fp8: the FP8 matmuls' amax histories (models/fp8.py); else None
 
     @staticmethod
-    def create(model: GPT, optimizer: optax.GradientTransformation, key: jax.Array,
-               dtype: jnp.dtype = jnp.float32, knobs: StatsKnobs = StatsKnobs(), fp8_history: int = 0) -> TrainState:
+    def create(
+        model: GPT,
+        optimizer: optax.GradientTransformation,
+        key: jax.Array,
+        dtype: jnp.dtype = jnp.float32,
+        knobs: StatsKnobs = StatsKnobs(),
+        fp8_history: int = 0,
+    ) -> TrainState:
         """`fp8_history` > 0: FP8 matmuls, each tensor's scale from the amaxes of that many steps."""
         params = eqx.filter(model, eqx.is_array)
         return TrainState(
@@ -43,17 +49,25 @@ class TrainState(eqx.Module):
         )
 
 
-def place_state(model: GPT, optimizer: optax.GradientTransformation, key: jax.Array, mesh: Mesh, layout: str,
-                dtype: jnp.dtype = jnp.float32, knobs: StatsKnobs = StatsKnobs(),
-                fp8_history: int = 0) -> tuple[TrainState, Any]:
+def place_state(
+    model: GPT,
+    optimizer: optax.GradientTransformation,
+    key: jax.Array,
+    mesh: Mesh,
+    layout: str,
+    dtype: jnp.dtype = jnp.float32,
+    knobs: StatsKnobs = StatsKnobs(),
+    fp8_history: int = 0,
+) -> tuple[TrainState, Any]:
     """A fresh TrainState laid out on the mesh, and the shardings of its arrays.
 
     The optimizer state is created under jit straight into its sharding, never first as one full copy per device.
     """
     abstract = eqx.filter_eval_shape(TrainState.create, model, optimizer, key, dtype, knobs, fp8_history)
     shardings = state_shardings(abstract, mesh, layout)
-    create = eqx.filter_jit(lambda m, k: eqx.filter_shard(TrainState.create(m, optimizer, k, dtype, knobs,
-                                                                            fp8_history), shardings))
+    create = eqx.filter_jit(
+        lambda m, k: eqx.filter_shard(TrainState.create(m, optimizer, k, dtype, knobs, fp8_history), shardings)
+    )
     return create(model, key), shardings
 
 

@@ -22,8 +22,9 @@ as they were. The buffers live in `TrainState.stats`, so they checkpoint and res
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -52,14 +53,30 @@ class StatsKnobs:
     def from_cfg(logging_cfg: LoggingConfig, geometry_groups: tuple[tuple[str, str], ...] = ()) -> StatsKnobs:
         """`geometry_groups`: the parameter groups (optimizers.geometry_groups), used with logging.update_geometry."""
         c = logging_cfg
-        return StatsKnobs(c.log_callback_data, c.store_last_grads, c.store_past_grads, c.store_last_params,
-                          c.compute_last_loss, c.compute_last_grads, c.running_stats_window,
-                          geometry_groups if c.update_geometry else ())
+        return StatsKnobs(
+            c.log_callback_data,
+            c.store_last_grads,
+            c.store_past_grads,
+            c.store_last_params,
+            c.compute_last_loss,
+            c.compute_last_grads,
+            c.running_stats_window,
+            geometry_groups if c.update_geometry else (),
+        )
 
     @property
     def any(self) -> bool:
-        return any((self.log_callback_data, self.store_last_grads, self.store_past_grads, self.store_last_params,
-                    self.compute_last_loss, self.compute_last_grads, bool(self.geometry_groups)))
+        return any(
+            (
+                self.log_callback_data,
+                self.store_last_grads,
+                self.store_past_grads,
+                self.store_last_params,
+                self.compute_last_loss,
+                self.compute_last_grads,
+                bool(self.geometry_groups),
+            )
+        )
 
     def scalar_names(self) -> list[str]:
         """The scalar statistics these knobs produce, in a fixed order (the running window's columns)."""
@@ -98,8 +115,9 @@ def init_stats(knobs: StatsKnobs, params: Any) -> dict | None:
 
 
 def _dot(a: Any, b: Any) -> jax.Array:
-    return sum(jnp.vdot(x.astype(jnp.float32), y.astype(jnp.float32)) for x, y in
-               zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+    return sum(
+        jnp.vdot(x.astype(jnp.float32), y.astype(jnp.float32)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
+    )
 
 
 def _norm(a: Any) -> jax.Array:
@@ -116,14 +134,23 @@ def _sub(a: Any, b: Any) -> Any:
 
 def layer_norms(model_like: Any) -> jax.Array:
     """[n_layer] norms of each transformer block's arrays (the stacked leading axis is the layer)."""
-    squares = [jnp.sum(jnp.square(x.astype(jnp.float32)), axis=tuple(range(1, x.ndim)))
-               for x in jax.tree.leaves(model_like.blocks)]
+    squares = [
+        jnp.sum(jnp.square(x.astype(jnp.float32)), axis=tuple(range(1, x.ndim)))
+        for x in jax.tree.leaves(model_like.blocks)
+    ]
     return jnp.sqrt(sum(squares))
 
 
-def update_stats(knobs: StatsKnobs, stats: dict, params: Any, new_params: Any, grads: Any, loss: jax.Array,
-                 last_loss_and_grads: Callable[[Any], tuple[jax.Array, Any]], finite: jax.Array
-                 ) -> tuple[dict, dict[str, jax.Array]]:
+def update_stats(
+    knobs: StatsKnobs,
+    stats: dict,
+    params: Any,
+    new_params: Any,
+    grads: Any,
+    loss: jax.Array,
+    last_loss_and_grads: Callable[[Any], tuple[jax.Array, Any]],
+    finite: jax.Array,
+) -> tuple[dict, dict[str, jax.Array]]:
     """(the new buffers, the step's statistics). `params`: x_t; `new_params`: x_{t+1}; `grads`: g_t; `loss`:
     f(x_t; b_t); `last_loss_and_grads(x)`: f(x; b_t) and (with compute_last_grads, else None) ∇f(x; b_t) on the
     step's batch."""
@@ -140,12 +167,19 @@ def update_stats(knobs: StatsKnobs, stats: dict, params: Any, new_params: Any, g
         out["cos_past_grads"] = nan_if_first(_cos(grads, stats["past_grads_sum"]))
         new["past_grads_sum"] = jax.tree.map(jnp.add, stats["past_grads_sum"], grads)
     if knobs.store_last_params:
-        out.update({name: nan_if_first(value) for name, value in _since_last_params(
-            knobs, stats["last_params"], params, grads, loss, last_loss_and_grads).items()})
+        out.update(
+            {
+                name: nan_if_first(value)
+                for name, value in _since_last_params(
+                    knobs, stats["last_params"], params, grads, loss, last_loss_and_grads
+                ).items()
+            }
+        )
         new["last_params"] = params
     if knobs.geometry_groups:
-        new["geometry"], geometry = step_geometry(stats["geometry"], params, new_params, grads, loss, first,
-                                                  knobs.geometry_groups)
+        new["geometry"], geometry = step_geometry(
+            stats["geometry"], params, new_params, grads, loss, first, knobs.geometry_groups
+        )
         out.update(geometry)
     if knobs.window > 0:
         new["window"], averages = _window(knobs, stats["window"], out)
@@ -157,13 +191,24 @@ def update_stats(knobs: StatsKnobs, stats: dict, params: Any, new_params: Any, g
 def _norms(params: Any, new_params: Any, grads: Any) -> dict[str, jax.Array]:
     """log_callback_data: global and per-layer norms of x_t, g_t and Δ_t, and ⟨g_t, Δ_t⟩."""
     update = _sub(new_params, params)
-    return dict(param_norm=_norm(params), update_norm=_norm(update), grad_dot_update=_dot(grads, update),
-                grad_norm_layers=layer_norms(grads), param_norm_layers=layer_norms(params),
-                update_norm_layers=layer_norms(update))
+    return dict(
+        param_norm=_norm(params),
+        update_norm=_norm(update),
+        grad_dot_update=_dot(grads, update),
+        grad_norm_layers=layer_norms(grads),
+        param_norm_layers=layer_norms(params),
+        update_norm_layers=layer_norms(update),
+    )
 
 
-def _since_last_params(knobs: StatsKnobs, last: Any, params: Any, grads: Any, loss: jax.Array,
-                       last_loss_and_grads: Callable[[Any], tuple[jax.Array, Any]]) -> dict[str, jax.Array]:
+def _since_last_params(
+    knobs: StatsKnobs,
+    last: Any,
+    params: Any,
+    grads: Any,
+    loss: jax.Array,
+    last_loss_and_grads: Callable[[Any], tuple[jax.Array, Any]],
+) -> dict[str, jax.Array]:
     """store_last_params and what needs it: the last step's length, and (compute_last_loss / compute_last_grads)
     the loss and gradient differences on this step's batch, from the extra pass at x_{t−1}."""
     step_norm = _norm(_sub(params, last))

@@ -32,9 +32,10 @@ The pieces, in the order a step runs them:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
@@ -86,15 +87,24 @@ class StepObjective:
 
     @staticmethod
     def of(spec: StepSpec, state: TrainState, batch: Batch) -> StepObjective:
-        return StepObjective(spec, jnp.maximum(jnp.sum(batch["loss_mask"]), 1.0),
-                             jax.random.fold_in(state.key, state.step), state.model.cfg.dropout > 0,
-                             None if state.fp8 is None else state.fp8.scales())
+        return StepObjective(
+            spec,
+            jnp.maximum(jnp.sum(batch["loss_mask"]), 1.0),
+            jax.random.fold_in(state.key, state.step),
+            state.model.cfg.dropout > 0,
+            None if state.fp8 is None else state.fp8.scales(),
+        )
 
     def micro_key(self, i: jax.Array | int) -> jax.Array | None:
         return jax.random.fold_in(self.step_key, i) if self.use_dropout else None
 
-    def share(self, model: GPT, micro_batch: Batch, i: jax.Array | int, scales: jax.Array | None = None,
-              ) -> tuple[jax.Array, LossSums]:
+    def share(
+        self,
+        model: GPT,
+        micro_batch: Batch,
+        i: jax.Array | int,
+        scales: jax.Array | None = None,
+    ) -> tuple[jax.Array, LossSums]:
         """This micro-batch's part of the step's mean objective over the step's target tokens, and its sums."""
         sums = loss_sums(model, micro_batch, self.micro_key(i), self.spec.dtype, scales)
         return (sums.nll + self.spec.z_loss * sums.log_z_squared) / self.step_tokens, sums
@@ -110,8 +120,15 @@ class Carry(NamedTuple):
     fp8_amax: jax.Array | None  # the largest |x| each FP8 matmul saw (models/fp8.py)
 
 
-def micro_step(spec: StepSpec, objective: StepObjective, compute_model: GPT, scale: jax.Array, lr: jax.Array,
-               carry: Carry, xs: tuple[Batch, jax.Array]) -> tuple[Carry, LossSums]:
+def micro_step(
+    spec: StepSpec,
+    objective: StepObjective,
+    compute_model: GPT,
+    scale: jax.Array,
+    lr: jax.Array,
+    carry: Carry,
+    xs: tuple[Batch, jax.Array],
+) -> tuple[Carry, LossSums]:
     """One micro-batch: its gradient (on the step's compute-dtype copy of the parameters), then the optimizer."""
     micro_batch, i = xs
     model = carry.model
@@ -122,7 +139,8 @@ def micro_step(spec: StepSpec, objective: StepObjective, compute_model: GPT, sca
         return (share * scale if spec.dynamic_scale else share), sums
 
     (_, sums), (grads, amax) = eqx.filter_value_and_grad(scaled_share, has_aux=True)(
-        (compute_model, objective.fp8_scales))
+        (compute_model, objective.fp8_scales)
+    )
     fp8_amax = None if carry.fp8_amax is None else jnp.maximum(carry.fp8_amax, amax)
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, eqx.filter(model, eqx.is_array))
     if spec.dynamic_scale:
@@ -138,14 +156,16 @@ def micro_step(spec: StepSpec, objective: StepObjective, compute_model: GPT, sca
         return (sums.nll + spec.z_loss * sums.log_z_squared) / jnp.maximum(sums.tokens, 1.0)
 
     with jax.named_scope("optimizer"):  # for scripts/profile_summary.py
-        updates, opt_state = spec.optimizer.update(grads, carry.opt_state, eqx.filter(model, eqx.is_array),
-                                                   obj_fn=micro_objective, lr=lr)
+        updates, opt_state = spec.optimizer.update(
+            grads, carry.opt_state, eqx.filter(model, eqx.is_array), obj_fn=micro_objective, lr=lr
+        )
         model = eqx.apply_updates(model, updates)
     return Carry(model, opt_state, finite, grad_sum, fp8_amax), sums
 
 
-def accumulate(spec: StepSpec, objective: StepObjective, state: TrainState, batch: Batch,
-               lr: jax.Array) -> tuple[Carry, LossSums]:
+def accumulate(
+    spec: StepSpec, objective: StepObjective, state: TrainState, batch: Batch, lr: jax.Array
+) -> tuple[Carry, LossSums]:
     """Every micro-batch of the step through `micro_step`; their loss sums stacked [grad_accum]."""
     # The compute-dtype copy of the parameters, made once per step: the parameters change only at the step's last
     # micro-batch (MultiSteps passes zero updates before it), so every micro-batch reads the same copy.
@@ -153,17 +173,22 @@ def accumulate(spec: StepSpec, objective: StepObjective, state: TrainState, batc
     # widened in micro_step instead.
     body = partial(micro_step, spec, objective, cast_floating(state.model, spec.dtype), state.loss_scale.scale, lr)
     params = eqx.filter(state.model, eqx.is_array)
-    carry = Carry(state.model, state.opt_state, jnp.asarray(True),
-                  jax.tree.map(jnp.zeros_like, params) if spec.knobs.any else None,
-                  None if objective.fp8_scales is None else jnp.zeros_like(objective.fp8_scales))
+    carry = Carry(
+        state.model,
+        state.opt_state,
+        jnp.asarray(True),
+        jax.tree.map(jnp.zeros_like, params) if spec.knobs.any else None,
+        None if objective.fp8_scales is None else jnp.zeros_like(objective.fp8_scales),
+    )
     num_micro = batch["inputs"].shape[0]
     if num_micro == 1:  # no loop: a length-1 scan makes the whole state a loop carry (measured ~2% slower)
         return body(carry, (jax.tree.map(lambda x: x[0], batch), 0))
     return jax.lax.scan(body, carry, (batch, jnp.arange(num_micro)))
 
 
-def loss_on_last_params(knobs: StatsKnobs, objective: StepObjective, state: TrainState, batch: Batch,
-                        last_params: Any) -> tuple[jax.Array, Any]:
+def loss_on_last_params(
+    knobs: StatsKnobs, objective: StepObjective, state: TrainState, batch: Batch, last_params: Any
+) -> tuple[jax.Array, Any]:
     """f(x; b_t) at other parameters `last_params` (and its gradient, with knobs.compute_last_grads) over the step's
     micro-batches, with the step's dropout keys: the statistics' extra pass (training/step/stats.py)."""
     last_model = eqx.combine(last_params, state.model)
@@ -178,18 +203,35 @@ def loss_on_last_params(knobs: StatsKnobs, objective: StepObjective, state: Trai
 
     params = eqx.filter(state.model, eqx.is_array)
     zero_grads = jax.tree.map(jnp.zeros_like, params) if knobs.compute_last_grads else None
-    (value, grads), _ = jax.lax.scan(one, (jnp.zeros([], jnp.float32), zero_grads),
-                                     (batch, jnp.arange(batch["inputs"].shape[0])))
+    (value, grads), _ = jax.lax.scan(
+        one, (jnp.zeros([], jnp.float32), zero_grads), (batch, jnp.arange(batch["inputs"].shape[0]))
+    )
     return value, grads
 
 
-def step_metrics(spec: StepSpec, opt_state: Any, loss: jax.Array, z_term: jax.Array, step_tokens: jax.Array,
-                 loss_scale: LossScale, stat_metrics: Metrics) -> Metrics:
+def step_metrics(
+    spec: StepSpec,
+    opt_state: Any,
+    loss: jax.Array,
+    z_term: jax.Array,
+    step_tokens: jax.Array,
+    loss_scale: LossScale,
+    stat_metrics: Metrics,
+) -> Metrics:
     lr = applied_lr_of(opt_state)
     group_lrs = {f"lr/{name}": lr * multiplier for name, multiplier in spec.lr_multipliers.items()}
-    return {"loss": loss, "target_tokens": step_tokens, "lr": lr, **group_lrs, "grad_norm": grad_norm_of(opt_state),
-            "loss_scale": loss_scale.scale, "skipped_steps": loss_scale.skipped,
-            **({"z_loss": z_term} if spec.z_loss else {}), **stat_metrics, **optimizer_metrics(opt_state)}
+    return {
+        "loss": loss,
+        "target_tokens": step_tokens,
+        "lr": lr,
+        **group_lrs,
+        "grad_norm": grad_norm_of(opt_state),
+        "loss_scale": loss_scale.scale,
+        "skipped_steps": loss_scale.skipped,
+        **({"z_loss": z_term} if spec.z_loss else {}),
+        **stat_metrics,
+        **optimizer_metrics(opt_state),
+    }
 
 
 def train_step(spec: StepSpec, state: TrainState, batch: Batch, lr: jax.Array) -> tuple[TrainState, Metrics]:
@@ -203,15 +245,29 @@ def train_step(spec: StepSpec, state: TrainState, batch: Batch, lr: jax.Array) -
     stats, stat_metrics = state.stats, {}
     if spec.knobs.any:
         stats, stat_metrics = update_stats(
-            spec.knobs, state.stats, eqx.filter(state.model, eqx.is_array), eqx.filter(model, eqx.is_array),
-            eqx.filter(carry.grad_sum, eqx.is_array), loss + z_term,
-            partial(loss_on_last_params, spec.knobs, objective, state, batch), carry.finite)
+            spec.knobs,
+            state.stats,
+            eqx.filter(state.model, eqx.is_array),
+            eqx.filter(model, eqx.is_array),
+            eqx.filter(carry.grad_sum, eqx.is_array),
+            loss + z_term,
+            partial(loss_on_last_params, spec.knobs, objective, state, batch),
+            carry.finite,
+        )
     if spec.guard:  # a non-finite step changes nothing but the loss scale and the skip counter
-        model, opt_state, fp8 = keep_if_finite(carry.finite, (model, opt_state, fp8),
-                                               (state.model, state.opt_state, state.fp8))
+        model, opt_state, fp8 = keep_if_finite(
+            carry.finite, (model, opt_state, fp8), (state.model, state.opt_state, state.fp8)
+        )
     loss_scale = state.loss_scale.after_step(carry.finite, spec.dynamic_scale)
-    new_state = TrainState(step=state.step + 1, model=model, opt_state=opt_state, key=state.key,
-                           loss_scale=loss_scale, stats=stats, fp8=fp8)
+    new_state = TrainState(
+        step=state.step + 1,
+        model=model,
+        opt_state=opt_state,
+        key=state.key,
+        loss_scale=loss_scale,
+        stats=stats,
+        fp8=fp8,
+    )
     new_state = eqx.filter_shard(new_state, spec.shardings)
     return new_state, step_metrics(spec, opt_state, loss, z_term, objective.step_tokens, loss_scale, stat_metrics)
 
@@ -238,9 +294,17 @@ class TrainStep:
         return self.step.lower(state, batch, self.lr_at(state.opt_state))
 
 
-def make_train_step(optimizer: optax.GradientTransformation, lr_schedule: optax.Schedule, state_shardings: Any,
-                    dtype: jnp.dtype, skip_nonfinite: bool = False, jit: bool = True, knobs: StatsKnobs = StatsKnobs(),
-                    z_loss: float = 0.0, lr_multipliers: dict[str, float] | None = None) -> TrainStep | Callable:
+def make_train_step(
+    optimizer: optax.GradientTransformation,
+    lr_schedule: optax.Schedule,
+    state_shardings: Any,
+    dtype: jnp.dtype,
+    skip_nonfinite: bool = False,
+    jit: bool = True,
+    knobs: StatsKnobs = StatsKnobs(),
+    z_loss: float = 0.0,
+    lr_multipliers: dict[str, float] | None = None,
+) -> TrainStep | Callable:
     """The step. `lr_schedule`: the lr the optimizer applies at each update count (optimizers.lr_schedule_of).
     `jit=False`: the plain function `(state, batch, lr)`, for ahead-of-time lowering from abstract shapes.
     `knobs`: which training statistics (training/step/stats.py) the step computes; none by default. `lr_multipliers`:
