@@ -24,6 +24,7 @@ import jax
 import optax
 
 from core.errors import ConfigError
+from core.trees import path_name
 from optimizers.decay import fixed, with_decay_mode
 from optimizers.registry import LR_USE, OPTIMIZERS, RESERVED, build_direction, hyper_parameter_values, hyper_parameters
 
@@ -152,10 +153,7 @@ def geometry_groups(
     when there are no groups."""
     tree = assignment_of(optimizer_cfg, model)
     paths = jax.tree_util.tree_flatten_with_path(tree)[0]
-    return tuple(
-        (jax.tree_util.keystr(path, simple=True, separator="."), whole if not optimizer_cfg.groups else (name or rest))
-        for path, name in paths
-    )
+    return tuple((path_name(path), whole if not optimizer_cfg.groups else (name or rest)) for path, name in paths)
 
 
 def build_grouped_direction(optimizer_cfg: Any, model: Any) -> optax.GradientTransformation:

@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import optax
 
 from core.errors import ConfigError
+from core.trees import path_names
 from optimizers.param_roles import Role, map_roles, roles_of
 from optimizers.registry import register
 from optimizers.reporting import reads
@@ -222,10 +223,7 @@ def kron_direction(
         mu_hat = optax.tree.bias_correction(mu, beta1, count)
         fitted = mu_hat if momentum_into_precond else jax.tree.map(lambda g: g.astype(jnp.float32), updates)
 
-        names = [
-            jax.tree_util.keystr(p, simple=True, separator=".")
-            for p, _ in jax.tree_util.tree_flatten_with_path(updates)[0]
-        ]
+        names = path_names(updates)
         leaves_g = jax.tree.leaves(fitted)
         key, step_key = jax.random.split(state.key)
         u, leaf_key = refit_draw(step_key)

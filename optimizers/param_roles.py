@@ -14,6 +14,8 @@ from typing import Any, NamedTuple
 
 import jax
 
+from core.trees import path_name
+
 MATRIX_LABELS = ("token_embedding", "head", "position", "attn_qkv", "attn_out", "mlp_in", "mlp_out")
 BLOCK_MATRICES = ("attn_qkv", "attn_out", "mlp_in", "mlp_out")  # stored [L, in, *out]; qkv's out is [3, D]
 
@@ -31,10 +33,6 @@ class Role(NamedTuple):
     def in_axis(self) -> int:
         """A weight's input axis ([in, *out] per layer)."""
         return 1 if self.stacked else 0
-
-
-def path_name(path: tuple) -> str:
-    return jax.tree_util.keystr(path, simple=True, separator=".")
 
 
 def roles_of(model: Any) -> dict[str, Role]:

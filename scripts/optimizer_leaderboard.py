@@ -7,11 +7,11 @@
 
 Each optimizer is tuned as Wen et al. (2025) insist, around its own preset (conf/optimizer/<name>.yaml): its step
 size on a grid of factor-2 steps (5 points, centred on the preset's), grown by a point past whichever edge wins until
-the best point is interior; then, at that step size, its most sensitive other knob the same way (factor-2 steps of
-the knob, or of 1 - beta for a momentum); each point a full run at the same token budget on pystdlib, seed 0, the
-lowest final `val` loss winning. The winner then runs again with seed 1, and the board ranks the mean of the two,
-with their spread, marking a gap to the next row smaller than the larger spread of the two as within noise. The
-presets' values (the board's commit) come from this table.
+the best point is interior (up to --grow points a side); then, at that step size, its most sensitive other knob the
+same way from 3 points (factor-2 steps of the knob, or of 1 - beta for a momentum); each point a full run at the same
+token budget on pystdlib, seed 0, the lowest final `val` loss winning. The winner then runs again with seed 1, and
+the board ranks the mean of the two, with their spread, marking a gap to the next row smaller than the larger spread
+of the two as within noise. The presets' values (the board's commit) come from this table.
 
 Written: `<out>/leaderboard.md` and `.json` (per optimizer: the mean and spread over seeds, each grid's points and
 losses, whether its best is interior, the tokens it took to reach AdamW's final loss, tokens/s) and
@@ -186,7 +186,7 @@ def choose(out: Path, tag: str, base: list[str], key: str, values: tuple) -> dic
     }
 
 
-def tune(out: Path, name: str, centres: tuple, run: list[str], points: int, grow: int) -> dict | None:
+def tune(out: Path, name: str, centres: tuple, run: list[str], points: int, knob_points: int, grow: int) -> dict | None:
     """The optimizer's step-size grid, then its knob's at the best step size, then the winner's other seeds: its
     record, written to `<out>/<name>.winner.json`."""
     record_path = out / f"{name}.winner.json"
@@ -207,7 +207,7 @@ def tune(out: Path, name: str, centres: tuple, run: list[str], points: int, grow
         knob_grid = (
             choose(out, f"{name}-knob", at, plan.knob, plan.choices)
             if plan.scale == "choice"
-            else grid(out, f"{name}-knob", at, plan.knob, knob_centre, plan.scale, points, grow)
+            else grid(out, f"{name}-knob", at, plan.knob, knob_centre, plan.scale, knob_points, grow)
         )
     winner = min([g["best"] for g in (step_grid, knob_grid) if g and g["best"]], key=loss_of)
     tuned = [o for o in winner["overrides"] if o.split("=")[0] in (plan.step, plan.knob)]
@@ -333,6 +333,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--only", default="", help="comma-separated optimizers (default: every one with a plan)")
     parser.add_argument("--steps", type=int, default=80, help="steps of every run (the token budget)")
     parser.add_argument("--points", type=int, default=5, help="each grid's first points (factor-2 steps)")
+    parser.add_argument("--knob-points", type=int, default=3, help="the knob grid's first points")
     parser.add_argument("--grow", type=int, default=2, help="points a grid may grow past each edge")
     parser.add_argument("--parallel", type=int, default=1, help="optimizers tuned at once (each its own process)")
     parser.add_argument("--gpu", action="store_true", help="the larger board: gpt2-mini, batch 32, bfloat16")
@@ -360,7 +361,7 @@ def main(argv: list[str]) -> int:
         out.mkdir(parents=True, exist_ok=True)
         centres = preset_centres(names)
         with ThreadPoolExecutor(max(args.parallel, 1)) as pool:
-            list(pool.map(lambda n: tune(out, n, centres[n], run, args.points, args.grow), names))
+            list(pool.map(lambda n: tune(out, n, centres[n], run, args.points, args.knob_points, args.grow), names))
     summarize(out, tokens_per_step, args.steps)
     if args.docs:
         for suffix in ("md", "png"):

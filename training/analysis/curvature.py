@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from core.trees import tree_dot
 from training.step.losses import mean_loss
 
 if TYPE_CHECKING:
@@ -74,9 +75,9 @@ def hessian_extremes(
     def step(i, carry):
         previous, v, beta_previous, scale, closed, alphas, betas = carry
         w = hvp(loss_fn, params, batch, v)
-        alpha = _dot(w, v)
+        alpha = tree_dot(w, v)
         w = jax.tree.map(lambda a, b, c: a - alpha * b - beta_previous * c, w, v, previous)
-        beta = jnp.sqrt(_dot(w, w))
+        beta = jnp.sqrt(tree_dot(w, w))
         scale = jnp.maximum(scale, jnp.abs(alpha) + beta + beta_previous)  # |H| seen so far
         alpha = jnp.where(closed, alphas[0], alpha)  # the space closed at an earlier step: a 1 x 1 block
         now_closed = closed | (beta <= CLOSED * scale)
@@ -130,11 +131,7 @@ def fixed_batch(data: Data) -> dict[str, np.ndarray]:
     return next(iter(data.evals[data.main_split]))
 
 
-def _dot(a: Any, b: Any) -> jax.Array:
-    return sum(jnp.vdot(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
-
-
 def _unit(v: Any) -> Any:
     """v / |v| (a zero vector stays zero: a Hessian that vanishes along v has eigenvalue 0 there)."""
-    norm = jnp.sqrt(_dot(v, v))
+    norm = jnp.sqrt(tree_dot(v, v))
     return jax.tree.map(lambda x: x / jnp.maximum(norm, jnp.finfo(jnp.float32).tiny), v)

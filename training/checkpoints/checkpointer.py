@@ -39,6 +39,7 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as policies
 
 from core.errors import CheckpointError, first_line
+from core.trees import path_name
 from data.tokenizers import Tokenizer
 from models.gpt import GPT
 from training.checkpoints.storage import DISK_FULL_ERRNOS
@@ -264,10 +265,7 @@ def _restore_from_before_new_fields(path: Path, target: Any) -> Any | None:
     try:
 
         def named_shapes(tree: Any) -> dict[str, tuple[int, ...]]:
-            return {
-                jax.tree_util.keystr(p, simple=True, separator="."): tuple(x.shape)
-                for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]
-            }
+            return {path_name(p): tuple(x.shape) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
         if named_shapes(ocp.StandardCheckpointHandler().metadata(epath.Path(path))) != named_shapes(target):
             return None

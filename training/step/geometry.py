@@ -26,16 +26,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from core.trees import path_names
+
 MODEL = "model"  # the group of every parameter
 REST = "rest"  # the parameters of no optimizer group
 SUMMED = ("grad_dot_last_update", "grad_dot_update")
-
-
-def path_names(tree: Any) -> list[str]:
-    return [
-        jax.tree_util.keystr(path, simple=True, separator=".")
-        for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]
-    ]
 
 
 def group_names(assignment: tuple[tuple[str, str], ...]) -> list[str]:

@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from core.trees import tree_dot
 from training.step.geometry import init_geometry, step_geometry
 from training.step.precision import keep_if_finite
 
@@ -114,18 +115,12 @@ def init_stats(knobs: StatsKnobs, params: Any) -> dict | None:
     return stats
 
 
-def _dot(a: Any, b: Any) -> jax.Array:
-    return sum(
-        jnp.vdot(x.astype(jnp.float32), y.astype(jnp.float32)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
-    )
-
-
 def _norm(a: Any) -> jax.Array:
-    return jnp.sqrt(_dot(a, a))
+    return jnp.sqrt(tree_dot(a, a))
 
 
 def _cos(a: Any, b: Any) -> jax.Array:
-    return _dot(a, b) / jnp.maximum(_norm(a) * _norm(b), 1e-30)
+    return tree_dot(a, b) / jnp.maximum(_norm(a) * _norm(b), 1e-30)
 
 
 def _sub(a: Any, b: Any) -> Any:
@@ -194,7 +189,7 @@ def _norms(params: Any, new_params: Any, grads: Any) -> dict[str, jax.Array]:
     return dict(
         param_norm=_norm(params),
         update_norm=_norm(update),
-        grad_dot_update=_dot(grads, update),
+        grad_dot_update=tree_dot(grads, update),
         grad_norm_layers=layer_norms(grads),
         param_norm_layers=layer_norms(params),
         update_norm_layers=layer_norms(update),
