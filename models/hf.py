@@ -24,7 +24,14 @@ from core.errors import ConfigError, DataError, first_line
 from core.hub import hub_reachable
 from models import gpt_config
 from models.gpt import GPT, INIT_STD, Block, GPTConfig, LayerNorm, Linear
-from models.hf_llama import check_llama_config, from_llama_tensors, llama_config, llama_problem, to_llama_tensors
+from models.hf_llama import (
+    check_llama_config,
+    from_llama_tensors,
+    llama_config,
+    llama_problem,
+    pad_vocab_rows,
+    to_llama_tensors,
+)
 
 HF_PREFIX = "hf:"
 HF_FILES = ("config.json", "model.safetensors")
@@ -236,14 +243,7 @@ def check_hf_config(folder: Path, model_cfg: Any) -> dict[str, Any]:
 def from_hf_tensors(tensors: dict[str, np.ndarray], like: GPT, key: jax.Array) -> GPT:
     """`like`'s structure (config, padding) with GPT-2's weights; token rows GPT-2 lacks are drawn fresh."""
     cfg = like.cfg
-    wte = tensors["transformer.wte.weight"]
-    if wte.shape[0] > cfg.vocab_size:
-        raise DataError(
-            f"the checkpoint has {wte.shape[0]} token rows, more than the tokenizer's {cfg.vocab_size}; "
-            "use the tokenizer it was trained with (dataset.tokenizer=gpt2 for GPT-2)"
-        )
-    fresh = INIT_STD * np.asarray(jax.random.normal(key, (cfg.padded_vocab_size - wte.shape[0], cfg.n_embd)))
-    wte = np.concatenate([wte, fresh.astype(np.float32)])
+    wte = pad_vocab_rows(tensors["transformer.wte.weight"], cfg, key, " (dataset.tokenizer=gpt2 for GPT-2)")
     wpe = tensors["transformer.wpe.weight"][: cfg.context_size]
 
     def stacked(field: str, kind: str) -> jax.Array | None:
@@ -269,7 +269,7 @@ def from_hf_tensors(tensors: dict[str, np.ndarray], like: GPT, key: jax.Array) -
         jnp.asarray(tensors["transformer.ln_f.weight"]),
         None if like.ln_f.bias is None else jnp.asarray(tensors["transformer.ln_f.bias"]),
     )
-    return GPT(wte=jnp.asarray(wte), wpe=jnp.asarray(wpe), blocks=blocks, ln_f=ln_f, lm_head=None, cfg=cfg)
+    return GPT(wte=wte, wpe=jnp.asarray(wpe), blocks=blocks, ln_f=ln_f, lm_head=None, cfg=cfg)
 
 
 def load_hf_model(folder: Path, like: GPT, key: jax.Array) -> GPT:

@@ -177,20 +177,26 @@ def check_llama_config(folder: Any, config: dict[str, Any], cfg: GPTConfig) -> N
         raise ConfigError(f"{at}: its {', '.join(wrong)}; choose the matching model preset or set those keys")
 
 
+def pad_vocab_rows(rows: np.ndarray, cfg: GPTConfig, key: jax.Array, advice: str = "") -> jax.Array:
+    """An imported embedding or head (rows of token ids) padded to the model's `padded_vocab_size` with fresh rows
+    (exports leave the padding out); a DataError when it has more rows than the tokenizer has ids. GPT-2's and
+    Llama's imports both read it."""
+    if rows.shape[0] > cfg.vocab_size:
+        raise DataError(
+            f"the checkpoint has {rows.shape[0]} token rows, more than the tokenizer's {cfg.vocab_size}; use the "
+            f"tokenizer it was trained with{advice}"
+        )
+    fresh = INIT_STD * np.asarray(jax.random.normal(key, (cfg.padded_vocab_size - rows.shape[0], cfg.n_embd)))
+    return jnp.asarray(np.concatenate([rows, fresh.astype(np.float32)]))
+
+
 def from_llama_tensors(tensors: dict[str, np.ndarray], like: GPT, key: jax.Array) -> GPT:
     """`like`'s structure (config, padding) with a Llama's weights; token rows it lacks are drawn fresh."""
     cfg = like.cfg
     k_wte, k_head = jax.random.split(key)
 
     def vocab(name: str, k: jax.Array) -> jax.Array:
-        rows = tensors[name]
-        if rows.shape[0] > cfg.vocab_size:
-            raise DataError(
-                f"the checkpoint has {rows.shape[0]} token rows, more than the tokenizer's "
-                f"{cfg.vocab_size}; use the tokenizer it was trained with"
-            )
-        fresh = INIT_STD * np.asarray(jax.random.normal(k, (cfg.padded_vocab_size - rows.shape[0], cfg.n_embd)))
-        return jnp.asarray(np.concatenate([rows, fresh.astype(np.float32)]))
+        return pad_vocab_rows(tensors[name], cfg, k)
 
     names = [_layer_names(i) for i in range(cfg.n_layer)]
 

@@ -297,3 +297,25 @@ def test_a_model_transformers_cannot_express_is_refused_in_one_line(tmp_path):
     (tmp_path / "llama" / "gpt_jax_tokenizer.json").unlink()
     with pytest.raises(ConfigError, match=r"a Llama folder not exported by this pipeline"):
         check_hf_config(tmp_path / "llama", config_lib.load_config(LLAMA_TINY).model)
+
+
+def test_an_imported_vocabulary_is_padded_with_fresh_rows_and_a_larger_one_is_one_line():
+    """GPT-2's and Llama's imports share one padding: the checkpoint's rows first, unchanged, then fresh rows up to
+    the model's padded vocabulary; more rows than the tokenizer has ids is a DataError naming both counts."""
+    import jax
+
+    from core.errors import DataError
+    from models.gpt import GPTConfig
+    from models.hf_llama import pad_vocab_rows
+
+    cfg = GPTConfig(vocab_size=100, n_layer=1, n_head=2, n_embd=8, context_size=8)
+    rows = np.arange(90 * 8, dtype=np.float32).reshape(90, 8)
+    padded = np.asarray(pad_vocab_rows(rows, cfg, jax.random.PRNGKey(0)))
+    assert padded.shape == (cfg.padded_vocab_size, 8) and cfg.padded_vocab_size > 100
+    assert np.array_equal(padded[:90], rows) and 0 < np.abs(padded[90:]).max() < 1
+    with pytest.raises(DataError) as failure:
+        pad_vocab_rows(np.zeros((101, 8), np.float32), cfg, jax.random.PRNGKey(0), " (dataset.tokenizer=gpt2 ...)")
+    assert str(failure.value) == (
+        "the checkpoint has 101 token rows, more than the tokenizer's 100; use the tokenizer it was trained with "
+        "(dataset.tokenizer=gpt2 ...)"
+    )
