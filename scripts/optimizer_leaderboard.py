@@ -173,7 +173,8 @@ def grid(out: Path, tag: str, base: list[str], key: str, centre: float, scale: s
         run([nxt], f"{tag}{nxt:+d}")
     ks = sorted(jobs)
     edge = None if ks[0] < best < ks[-1] else "range" if ladder(centre, scale, nxt) is None else "grid"
-    return {"best": jobs[best], "points": [[ladder(centre, scale, k), loss_of(jobs[k])] for k in ks], "edge": edge}
+    winner = jobs[best] if math.isfinite(loss_of(jobs[best])) else None  # None: no point completed
+    return {"best": winner, "points": [[ladder(centre, scale, k), loss_of(jobs[k])] for k in ks], "edge": edge}
 
 
 def choose(out: Path, tag: str, base: list[str], key: str, values: tuple) -> dict:

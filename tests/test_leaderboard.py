@@ -1,0 +1,70 @@
+"""scripts/optimizer_leaderboard.py's grids, on made-up losses instead of training runs (the runs themselves are
+Hydra multiruns, tested in tests/test_sweeps.py): a grid of factor-2 steps grows past a winning edge until its best
+point is interior, a momentum's grid steps 1 - beta and stops at the end of its range, a grid whose growth runs out
+says so, and a grid with no completed point has no winner."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+
+import pytest
+
+from helpers import ROOT
+
+spec = importlib.util.spec_from_file_location("optimizer_leaderboard", ROOT / "scripts" / "optimizer_leaderboard.py")
+board = sys.modules["optimizer_leaderboard"] = importlib.util.module_from_spec(spec)  # its dataclass looks itself up
+spec.loader.exec_module(board)
+KEY = "optimizer.lr_config.lr"
+
+
+@pytest.fixture
+def runs(monkeypatch):
+    """board.sweep replaced by one that 'runs' each value of the swept key with `loss(value)`; the sweeps asked for,
+    by name, in order."""
+    asked: list[tuple[str, list[float]]] = []
+
+    def use(loss):
+        def sweep(out, name, overrides):
+            key, values = overrides[-1].split("=", 1)
+            values = [float(v) for v in values.split(",")]
+            asked.append((name, values))
+            jobs = [
+                {"overrides": [*overrides[:-1], f"{key}={v}"], "status": "completed", "val_loss": loss(v)}
+                for v in values
+            ]
+            return {"jobs": jobs}
+
+        monkeypatch.setattr(board, "sweep", sweep)
+        return asked
+
+    return use
+
+
+def test_a_step_size_grid_grows_past_its_winning_edge_until_the_best_is_interior(runs, tmp_path):
+    asked = runs(lambda lr: math.log2(lr / 0.016) ** 2)  # the optimum 8x the centre: 2 points past the first grid
+    g = board.grid(tmp_path, "x-step", [], KEY, 0.002, "log", points=5, grow=3)
+    assert [name for name, _ in asked] == ["x-step", "x-step+3", "x-step+4"]
+    assert asked[0][1] == [0.0005, 0.001, 0.002, 0.004, 0.008]
+    assert [v for v, _ in g["points"]] == [0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032]
+    assert board.value_of(g["best"], KEY) == 0.016 and g["edge"] is None
+
+
+def test_a_grid_whose_growth_runs_out_says_its_best_is_at_the_edge(runs, tmp_path):
+    runs(lambda lr: -lr)  # ever better: never interior
+    g = board.grid(tmp_path, "x-step", [], KEY, 0.002, "log", points=5, grow=2)
+    assert board.value_of(g["best"], KEY) == 0.002 * 2**4 and g["edge"] == "grid" and len(g["points"]) == 7
+
+
+def test_a_momentum_grid_steps_one_minus_beta_and_stops_at_its_range(runs, tmp_path):
+    asked = runs(lambda beta: beta)  # the smaller the better: down to the range's end
+    g = board.grid(tmp_path, "x-knob", [], "optimizer.beta2", 0.95, "beta", points=3, grow=5)
+    assert sorted(asked[0][1]) == pytest.approx([0.9, 0.95, 0.975])
+    assert sorted(v for v, _ in g["points"]) == pytest.approx([0.2, 0.6, 0.8, 0.9, 0.95, 0.975])
+    assert g["edge"] == "range"  # 1 - 0.8 x 2 = -0.6: no valid beta past 0.2
+
+
+def test_a_grid_with_no_completed_point_has_no_winner(runs, tmp_path):
+    runs(lambda lr: math.nan)  # every run diverged
+    assert board.grid(tmp_path, "x-step", [], KEY, 0.002, "log", points=5, grow=2)["best"] is None
