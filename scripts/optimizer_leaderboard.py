@@ -11,7 +11,8 @@ the best point is interior (up to --grow points a side); then, at that step size
 same way from 3 points (factor-2 steps of the knob, or of 1 - beta for a momentum); each point a full run at the same
 token budget on pystdlib, seed 0, the lowest final `val` loss winning. The winner then runs again with seed 1, and
 the board ranks the mean of the two, with their spread, marking a gap to the next row smaller than the larger spread
-of the two as within noise. The presets' values (the board's commit) come from this table.
+of the two (or than the board's median spread) as within noise. The presets' values (the board's commit) come from
+this table.
 
 Written: `<out>/leaderboard.md` and `.json` (per optimizer: the mean and spread over seeds, each grid's points and
 losses, whether its best is interior, the tokens it took to reach AdamW's final loss, tokens/s) and
@@ -251,8 +252,13 @@ def summarize(out: Path, tokens_per_step: int, steps: int) -> dict:
     """The board from the tuned optimizers' records (`<out>/<name>.winner.json`): table, JSON and plot."""
     records = [json.loads(p.read_text()) for p in sorted(out.glob("*.winner.json"))]
     rows = []
+    choices = [r["optimizer"] for r in records if PLANS[r["optimizer"]].scale == "choice"]
+    centres = preset_centres(choices) if choices else {}
     for r in records:
         plan = PLANS[r["optimizer"]]
+        if r["optimizer"] in centres and len(r["knob_grid"]["points"]) == len(plan.choices):
+            # a choice's grid runs the other values only: the preset's is the step grid's best point
+            r["knob_grid"]["points"].insert(0, [centres[r["optimizer"]][1], loss_of(r["step_grid"]["best"])])
         finals = [curve(Path(s["run_dir"]))[-1][2] for s in r["seeds"] if s["run_dir"]]
         points = curve(Path(r["seeds"][0]["run_dir"]))
         summary = json.loads((Path(r["seeds"][0]["run_dir"]) / "summary.json").read_text())
@@ -276,19 +282,21 @@ def summarize(out: Path, tokens_per_step: int, steps: int) -> dict:
     for r in rows:
         reached = next((s for s, loss, _ in r["curve"] if target is not None and loss <= target), None)
         r["tokens_to_adamw_final"] = None if reached is None else reached * tokens_per_step
-    for above, below in zip(rows, rows[1:]):  # within noise: the gap is below either row's spread over seeds
-        above["noise_with_next"] = below["val_nats_per_byte"] - above["val_nats_per_byte"] < max(
-            above["spread"], below["spread"]
-        )
-    (out / "leaderboard.json").write_text(json.dumps(rows, indent=1))
+    # within noise: the gap is below either row's spread over seeds or the board's median spread (two seeds make a
+    # poor estimate of one optimizer's noise: AdamW's two runs may land 0.0001 apart by chance)
     spreads = sorted(r["spread"] for r in rows)
+    typical = spreads[len(spreads) // 2]
+    for above, below in zip(rows, rows[1:]):
+        gap = below["val_nats_per_byte"] - above["val_nats_per_byte"]
+        above["noise_with_next"] = gap < max(above["spread"], below["spread"], typical)
+    (out / "leaderboard.json").write_text(json.dumps(rows, indent=1))
     seeds = ", ".join(map(str, SEEDS))
     lines = [
         f"{len(rows)} optimizers, each at its tuned values, {steps} steps of {tokens_per_step:,} tokens "
         f"({steps * tokens_per_step:,} tokens a run); val nats/byte: the mean over seeds {seeds} of the final "
         "`val` loss; spread: the largest minus the smallest (median over the board "
-        f"{spreads[len(spreads) // 2]:.4f}). `~`: within noise of the next row (their gap is below the larger "
-        "spread of the two).",
+        f"{typical:.4f}). `~`: within noise of the next row (their gap is below the larger spread of the two, or "
+        "the median).",
         "",
         "| # | optimizer | val nats/byte | spread | noise | step size (grid points: range) | "
         "knob (grid points: range) | tokens to AdamW's final loss | tokens/s |",
