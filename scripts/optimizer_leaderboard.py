@@ -26,6 +26,7 @@ import json
 import math
 import shutil
 import sys
+import textwrap
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -334,6 +335,80 @@ def _plot(rows: list[dict], tokens_per_step: int, path: Path) -> None:
     plt.close(fig)
 
 
+def set_value(lines: list[str], dotted: str, value: str, note: str = "") -> bool:
+    """Set `dotted` (e.g. `lr_config.lr`, `groups.adam.lr_multiplier`) in a preset's YAML lines to `value`, keeping
+    every comment; False when the key is not there."""
+    at, parts = 0, dotted.split(".")
+    for depth, part in enumerate(parts):
+        indent = "  " * depth
+        for i in range(at, len(lines)):
+            line = lines[i]
+            if line.startswith(indent + part + ":"):
+                at = i
+                break
+            if line.strip() and not line.lstrip().startswith("#") and len(line) - len(line.lstrip()) < len(indent):
+                return False  # left the enclosing block
+        else:
+            return False
+        if depth < len(parts) - 1:
+            at += 1
+    old = lines[at]
+    comment = old[old.index("#") :] if "#" in old else note
+    lines[at] = f"{'  ' * (len(parts) - 1)}{parts[-1]}: {value}" + (f"  {comment}" if comment else "")
+    return True
+
+
+def write_presets(out: Path, steps: int, tokens_per_step: int) -> list[str]:
+    """conf/optimizer/<name>.yaml of every tuned optimizer takes the board's step size, and its knob's value where
+    that beat the preset's by more than the board's median seed spread (less is noise: the field's value stays); the
+    comment above the schedule says where the values come from. Returns what changed, one line per preset."""
+    records = [json.loads(p.read_text()) for p in sorted(out.glob("*.winner.json"))]
+    spreads = sorted(max(s["val_loss"] for s in r["seeds"]) - min(s["val_loss"] for s in r["seeds"]) for r in records)
+    noise = spreads[len(spreads) // 2]
+    changed = []
+    for r in records:
+        name, plan = r["optimizer"], PLANS[r["optimizer"]]
+        path = ROOT / "conf" / "optimizer" / f"{name}.yaml"
+        lines = path.read_text().splitlines()
+        tuned = dict(o.split("=", 1) for o in r["tuned"])
+        step = float(tuned[plan.step])
+        points = [v for v, _ in r["step_grid"]["points"]]
+        what = [f"{plan.step.removeprefix('optimizer.')}={text(step)}"]
+        source = (
+            f"the leaderboard's best (docs/optimizer_leaderboard.md: gpt2-micro, {steps} steps of {tokens_per_step:,} "
+            f"tokens), of {len(points)} factor-2 points {text(min(points))}..{text(max(points))}"
+        )
+        set_value(lines, plan.step.removeprefix("optimizer."), text(step), "")
+        knob_note = ""
+        if plan.knob and r["knob_grid"] and r["knob_grid"]["best"] is not None:
+            gain = loss_of(r["step_grid"]["best"]) - loss_of(r["knob_grid"]["best"])
+            value = value_of(r["knob_grid"]["best"], plan.knob)
+            key = plan.knob.removeprefix("optimizer.")
+            if gain > noise:
+                set_value(lines, key, text(value) if plan.scale != "choice" else str(int(value)))
+                what.append(f"{key}={text(value)}")
+                knob_note = f" {key} the board's too ({gain:.3f} lower val loss per token than the preset's)."
+            else:
+                knob_note = f" {key} kept: the board's best ({text(value)}) was within its noise of it."
+        start = next(
+            (i for i, line in enumerate(lines) if line.startswith("# The schedule (optimizers/schedules.py)")), None
+        )
+        if start is not None and plan.step == LR:
+            end = next(i for i in range(start, len(lines)) if lines[i].startswith("lr_config:"))
+            warmup = next(line.split(":", 1)[1].strip() for line in lines[end:] if line.startswith("  warmup:"))
+            floor = next(line.split(":", 1)[1].strip() for line in lines[end:] if line.startswith("  min_lr_ratio:"))
+            paragraph = (
+                f"The schedule (optimizers/schedules.py): its lr is {source}.{knob_note} Warmup {warmup} of the run "
+                f"(or steps, from 1); the floor {floor} of the peak."
+            )
+            lines[start:end] = textwrap.wrap(paragraph, 118, initial_indent="# ", subsequent_indent="# ")
+        else:
+            set_value(lines, plan.step.removeprefix("optimizer."), text(step), f"# {source}")
+        path.write_text("\n".join(lines) + "\n")
+        changed.append(f"{name}: {' '.join(what)}")
+    return changed
+
+
 def main(argv: list[str]) -> int:
     from optimizers import OPTIMIZERS
 
@@ -347,6 +422,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--parallel", type=int, default=1, help="optimizers tuned at once (each its own process)")
     parser.add_argument("--gpu", action="store_true", help="the larger board: gpt2-mini, batch 32, bfloat16")
     parser.add_argument("--summarize", metavar="OUT", help="only rebuild the table and plot of a board in OUT")
+    parser.add_argument("--presets", action="store_true", help="write the tuned values into conf/optimizer/*.yaml")
     parser.add_argument("--docs", action="store_true", help="also copy leaderboard.md and .png into docs/")
     args, extra = parser.parse_known_args(argv)
     run = [
@@ -372,6 +448,8 @@ def main(argv: list[str]) -> int:
         with ThreadPoolExecutor(max(args.parallel, 1)) as pool:
             list(pool.map(lambda n: tune(out, n, centres[n], run, args.points, args.knob_points, args.grow), names))
     summarize(out, tokens_per_step, args.steps)
+    if args.presets:
+        print("\n".join(write_presets(out, args.steps, tokens_per_step)))
     if args.docs:
         for suffix in ("md", "png"):
             shutil.copy(out / f"leaderboard.{suffix}", ROOT / "docs" / f"optimizer_leaderboard.{suffix}")
