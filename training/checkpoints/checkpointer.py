@@ -163,7 +163,7 @@ class Checkpointer:
         return sorted(self._manager.all_steps())
 
     def resolve(self, load_file: str) -> int:
-        """`latest`, `best`, a step number or iter_<step>.ckpt -> a step that exists here."""
+        """`latest`, `best` or a step number -> a step that exists here."""
         steps = self.steps()
         if not steps:
             raise CheckpointError(f"checkpoint.load_path: {self.directory} holds no complete checkpoint")
@@ -173,6 +173,8 @@ class Checkpointer:
             best = self._manager.best_step()
             return best if best is not None else steps[-1]
         step = load_file_step(load_file)
+        if step is None:
+            raise CheckpointError(f"checkpoint.load_file: must be latest, best or a step number; got {load_file!r}")
         if step not in steps:
             raise CheckpointError(
                 f"checkpoint.load_file: step {step} is not in {self.directory}; it has {', '.join(map(str, steps))}"

@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from core.errors import ConfigError
-from training.config.legacy import renamed_hint
+from training.config.legacy import read_earlier_values, renamed_hint
 from training.config.nodes import CONF_DIR, one_line, schema_node
 from training.config.root import Config, check_across, check_devices
 
@@ -53,7 +53,7 @@ def finish(composed: DictConfig, num_local_devices: int | None = None) -> Config
     devices, the mesh fits them). None leaves those to `check_devices`, for a caller that cannot ask JAX yet: JAX's
     devices are known only after jax.distributed.initialize, which needs the config's `system` section.
     """
-    cfg = to_config(composed)
+    cfg = to_config(read_earlier_values(composed))
     cfg.check()
     check_across(cfg)
     if num_local_devices is not None:

@@ -121,7 +121,7 @@ class CheckpointConfig:
     # warning, to the newest one that does (true only names it)
     load: str = LoadMode.false
     load_path: Optional[str] = None  # the checkpoint directory to load, or the run directory that holds it
-    load_file: str = "latest"  # latest | best | <step> | iter_<step>.ckpt (trainit's name for a step)
+    load_file: str = "latest"  # latest | best | <step> (trainit's iter_<step>.ckpt is read as <step>: legacy.py)
     overwrite_config: bool = False  # resuming, false: the saved config.yaml runs; true: this command line's config
     overwrite_optimizer: bool = False  # true: a fresh optimizer state; the lr schedule continues at the restored step
 
@@ -160,7 +160,5 @@ class CheckpointConfig:
 
 
 def load_file_step(load_file: str) -> int | None:
-    """The step `checkpoint.load_file` names: a step number, or trainit's file name for it, iter_<step>.ckpt (the
-    step's directory here); None for anything else."""
-    named = re.fullmatch(r"(\d+)|iter_(\d+)\.ckpt", str(load_file))
-    return None if named is None else int(named.group(1) or named.group(2))
+    """The step `checkpoint.load_file` names (a step number); None for anything else."""
+    return int(load_file) if re.fullmatch(r"\d+", str(load_file)) else None

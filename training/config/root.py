@@ -24,8 +24,6 @@ from training.config.model import ModelConfig
 from training.config.optimizer import OptimizerConfig
 from training.config.system import SystemConfig
 
-SCRATCH = "scratch_next_token"  # piano-gpt's name for fresh weights, which its users pass as init_from
-
 
 class Mode(StrEnum):
     train = "train"  # train (and evaluate along the way)
@@ -45,9 +43,9 @@ class LossMasking(StrEnum):
 @dataclass(frozen=True)
 class Config:
     mode: Mode = Mode.train  # what the run does
-    eval_only: bool = False  # the earlier pipeline's (piano-gpt's) name for mode=eval, kept for its users
+    eval_only: bool = False  # piano-gpt's name for mode=eval, read as it (training/config/legacy.py)
     stage: Stage = Stage.next_token_pretraining  # what the records are
-    # null: fresh weights (`scratch_next_token`, piano-gpt's name for it, too); a checkpoint (or run) dir: its
+    # null: fresh weights (piano-gpt's `scratch_next_token` is read as null); a checkpoint (or run) dir: its
     # weights, fresh optimizer, step 0; hf:<folder or Hub id>: GPT-2 weights from a transformers folder (e.g. hf:gpt2)
     init_from: Optional[str] = None
     loss_masking: LossMasking = LossMasking.pretraining  # which target tokens the loss counts
@@ -117,12 +115,7 @@ def check_across(cfg: Config) -> None:
             "or dataset.prompt_column / dataset.completion_column",
         )
     if evaluating(cfg) and c.load == LoadMode.false:
-        key = "eval_only" if cfg.eval_only else "mode"
-        fail(
-            key,
-            f"{key}={'true' if cfg.eval_only else 'eval'} evaluates a checkpoint: add checkpoint.load=True "
-            "checkpoint.load_path=<dir>",
-        )
+        fail("mode", "mode=eval evaluates a checkpoint: add checkpoint.load=True checkpoint.load_path=<dir>")
     if c.load == LoadMode.true and (init_from_dir(cfg) or str(cfg.init_from or "").startswith(HF_PREFIX)):
         fail("init_from", "choose one: checkpoint.load=True resumes a run, init_from=<dir> starts one from weights")
 
@@ -166,8 +159,8 @@ def check_devices(cfg: Config, num_local_devices: int) -> None:
 
 
 def evaluating(cfg: Config) -> bool:
-    """mode=eval (or eval_only=true): evaluate a checkpoint, train nothing."""
-    return cfg.mode == Mode.eval or cfg.eval_only
+    """mode=eval: evaluate a checkpoint, train nothing."""
+    return cfg.mode == Mode.eval
 
 
 def load_mode(cfg: Config) -> LoadMode:
@@ -175,8 +168,8 @@ def load_mode(cfg: Config) -> LoadMode:
 
 
 def init_from_dir(cfg: Config) -> str | None:
-    """The checkpoint directory `init_from` names, or None for fresh weights (null or scratch_next_token)."""
-    if cfg.init_from in (None, SCRATCH) or cfg.init_from.startswith(HF_PREFIX):
+    """The checkpoint directory `init_from` names, or None for fresh weights (null)."""
+    if cfg.init_from is None or cfg.init_from.startswith(HF_PREFIX):
         return None
     return cfg.init_from
 
