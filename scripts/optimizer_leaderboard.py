@@ -58,6 +58,8 @@ GPU_RUN = [
     "logging.progress=lines",
     "system.dtype=bfloat16",
 ]
+# val loss per token: a grid's edge point better than its neighbour by less is a flat grid, not an optimum past it
+FLAT = 0.002
 SEEDS = (0, 1)  # the grids run the first; the winner runs every one
 LR = "optimizer.lr_config.lr"
 
@@ -164,8 +166,10 @@ def grid(out: Path, tag: str, base: list[str], key: str, centre: float, scale: s
         best = min(jobs, key=lambda k: loss_of(jobs[k]))
         side = -1 if best == min(jobs) else 1 if best == max(jobs) else 0
         nxt = best + side
+        inner = jobs.get(best - side)
         if (
             side == 0
+            or (grown[side] > 0 and inner is not None and loss_of(inner) - loss_of(jobs[best]) < FLAT)
             or grown[side] >= grow
             or ladder(centre, scale, nxt) is None
             or not math.isfinite(loss_of(jobs[best]))
@@ -238,13 +242,26 @@ def curve(run_dir: Path) -> list[tuple[int, float, float]]:
     return [(r["step"], r["loss"], r["nats_per_byte"]) for r in rows if r["split"] == "val"]
 
 
+def edge_of(g: dict) -> str | None:
+    """The grid's edge verdict: None (its best is interior), "range" (the knob's last valid value), "flat" (the best is
+    at the edge but the grid is flat there: within FLAT of its neighbour) or "grid" (an optimum past the edge)."""
+    if g["edge"] != "grid":
+        return g["edge"]
+    losses = [loss for _, loss in g["points"]]
+    at = losses.index(min(losses))
+    neighbour = losses[1] if at == 0 else losses[-2]
+    return "flat" if neighbour - losses[at] < FLAT else "grid"
+
+
 def grid_text(g: dict | None, key: str) -> str:
     """`key` best (of n points, e.g. 1e-4..4e-3)[, at its edge]."""
     if g is None or g["best"] is None:
         return ""
     values = [v for v, _ in g["points"]]
     best = value_of(g["best"], key)
-    note = {None: "", "range": ", its range's end", "grid": ", AT THE GRID'S EDGE"}[g["edge"]]
+    note = {None: "", "range": ", its range's end", "flat": ", flat at the edge", "grid": ", AT THE GRID'S EDGE"}[
+        edge_of(g)
+    ]
     span = f"{text(min(values))}..{text(max(values))}" if len(values) > 2 else "/".join(text(v) for v in values)
     return f"{key.removeprefix('optimizer.')}={text(best)} ({len(values)}: {span}{note})"
 
@@ -272,7 +289,7 @@ def summarize(out: Path, tokens_per_step: int, steps: int) -> dict:
                 "tuned": r["tuned"],
                 "step": grid_text(r["step_grid"], plan.step),
                 "knob": grid_text(r["knob_grid"], plan.knob) if plan.knob else "",
-                "edge": r["step_grid"]["edge"] == "grid" or bool(r["knob_grid"] and r["knob_grid"]["edge"] == "grid"),
+                "edge": edge_of(r["step_grid"]) == "grid" or bool(r["knob_grid"] and edge_of(r["knob_grid"]) == "grid"),
                 "tokens_per_s": summary.get("tokens_per_s_median"),
                 "curve": points,
             }

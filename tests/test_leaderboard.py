@@ -68,3 +68,13 @@ def test_a_momentum_grid_steps_one_minus_beta_and_stops_at_its_range(runs, tmp_p
 def test_a_grid_with_no_completed_point_has_no_winner(runs, tmp_path):
     runs(lambda lr: math.nan)  # every run diverged
     assert board.grid(tmp_path, "x-step", [], KEY, 0.002, "log", points=5, grow=2)["best"] is None
+
+
+def test_a_grid_flat_past_its_edge_stops_growing_and_says_flat_not_an_optimum_past_it(runs, tmp_path):
+    """NAdam's beta2 at 80 steps: 0.998..0.999875 within 0.0006 of each other. One point past the edge shows the
+    grid flat there (less than FLAT better): growth stops, and the verdict is "flat", not "an optimum past the edge"."""
+    asked = runs(lambda beta: 1 - beta)  # 1 - beta smaller is better, by ever smaller amounts
+    g = board.grid(tmp_path, "x-knob", [], "optimizer.beta2", 0.999, "beta", points=3, grow=5)
+    assert [name for name, _ in asked] == ["x-knob", "x-knob-2"]  # one growth: 0.00025 better by < FLAT
+    assert g["edge"] == "grid" and board.edge_of(g) == "flat"
+    assert "flat at the edge" in board.grid_text(g, "optimizer.beta2")
