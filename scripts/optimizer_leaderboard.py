@@ -104,10 +104,13 @@ PLANS = {
 
 
 def ladder(centre: float, scale: str, k: int) -> float | None:
-    """The k-th point from the centre of a grid (None past the knob's range)."""
+    """The k-th point from the centre of a grid (None past the knob's range). A beta's steps halve or double 1 - beta;
+    the step that would cross 0 lands on 0 (no momentum), the range's end."""
     if scale == "log":
         return centre * 2.0**k
     value = 1 - (1 - centre) * 2.0**k  # "beta"
+    if value < 0 and 1 - (1 - centre) * 2.0 ** (k - 1) > 0:
+        return 0.0
     return value if 0 <= value < 1 else None
 
 
@@ -193,6 +196,20 @@ def choose(out: Path, tag: str, base: list[str], key: str, values: tuple) -> dic
     }
 
 
+def seed_run(out: Path, name: str, overrides: list[str], seed: int) -> dict | None:
+    """The winner's run with another seed: `<name>-seed<seed>`, or a new directory beside it when the one there ran
+    other values (a winner that changed since)."""
+    wanted = [*overrides, f"train.seed={seed}"]
+    for n in range(100):
+        tag = f"{name}-seed{seed}" + (f"-{n}" if n else "")
+        if not (out / tag / "sweep.json").exists():
+            return sweep(out, tag, wanted).get("best")
+        jobs = json.loads((out / tag / "sweep.json").read_text())["jobs"]
+        if jobs and sorted(jobs[0]["overrides"]) == sorted(wanted):
+            return sweep(out, tag, wanted).get("best")
+    return None
+
+
 def tune(out: Path, name: str, centres: tuple, run: list[str], points: int, knob_points: int, grow: int) -> dict | None:
     """The optimizer's step-size grid, then its knob's at the best step size, then the winner's other seeds: its
     record, written to `<out>/<name>.winner.json`."""
@@ -221,7 +238,7 @@ def tune(out: Path, name: str, centres: tuple, run: list[str], points: int, knob
     if plan.knob is not None and not any(o.startswith(plan.knob + "=") for o in tuned):
         tuned.append(f"{plan.knob}={knob_centre}")
     overrides = [o for o in winner["overrides"] if not o.startswith("train.seed=")]
-    seeds = [winner] + [sweep(out, f"{name}-seed{s}", [*overrides, f"train.seed={s}"]).get("best") for s in SEEDS[1:]]
+    seeds = [winner] + [seed_run(out, name, overrides, s) for s in SEEDS[1:]]
     record = {
         "optimizer": name,
         "overrides": overrides,

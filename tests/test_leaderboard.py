@@ -61,8 +61,8 @@ def test_a_momentum_grid_steps_one_minus_beta_and_stops_at_its_range(runs, tmp_p
     asked = runs(lambda beta: beta)  # the smaller the better: down to the range's end
     g = board.grid(tmp_path, "x-knob", [], "optimizer.beta2", 0.95, "beta", points=3, grow=5)
     assert sorted(asked[0][1]) == pytest.approx([0.9, 0.95, 0.975])
-    assert sorted(v for v, _ in g["points"]) == pytest.approx([0.2, 0.6, 0.8, 0.9, 0.95, 0.975])
-    assert g["edge"] == "range"  # 1 - 0.8 x 2 = -0.6: no valid beta past 0.2
+    assert sorted(v for v, _ in g["points"]) == pytest.approx([0.0, 0.2, 0.6, 0.8, 0.9, 0.95, 0.975])
+    assert g["edge"] == "range"  # 1 - 0.8 x 2 = -0.6: the step past 0.2 lands on 0, no momentum, and stops there
 
 
 def test_a_grid_with_no_completed_point_has_no_winner(runs, tmp_path):
