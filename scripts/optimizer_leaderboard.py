@@ -369,6 +369,13 @@ def _plot(rows: list[dict], tokens_per_step: int, path: Path) -> None:
     plt.close(fig)
 
 
+def yaml_number(value: float) -> str:
+    """`text(value)` as YAML 1.1 reads a float (PyYAML takes 2e-06 for a string: the mantissa needs a dot)."""
+    written = text(value)
+    mantissa, _, exponent = written.partition("e")
+    return f"{mantissa}.0e{exponent}" if exponent and "." not in mantissa else written
+
+
 def set_value(lines: list[str], dotted: str, value: str, note: str = "") -> bool:
     """Set `dotted` (e.g. `lr_config.lr`, `groups.adam.lr_multiplier`) in a preset's YAML lines to `value`, keeping
     every comment; False when the key is not there."""
@@ -412,14 +419,14 @@ def write_presets(out: Path, steps: int, tokens_per_step: int) -> list[str]:
             f"the leaderboard's best (docs/optimizer_leaderboard.md: gpt2-micro, {steps} steps of {tokens_per_step:,} "
             f"tokens), of {len(points)} factor-2 points {text(min(points))}..{text(max(points))}"
         )
-        set_value(lines, plan.step.removeprefix("optimizer."), text(step), "")
+        set_value(lines, plan.step.removeprefix("optimizer."), yaml_number(step), "")
         knob_note = ""
         if plan.knob and r["knob_grid"] and r["knob_grid"]["best"] is not None:
             gain = loss_of(r["step_grid"]["best"]) - loss_of(r["knob_grid"]["best"])
             value = value_of(r["knob_grid"]["best"], plan.knob)
             key = plan.knob.removeprefix("optimizer.")
             if gain > noise:
-                set_value(lines, key, text(value) if plan.scale != "choice" else str(int(value)))
+                set_value(lines, key, yaml_number(value) if plan.scale != "choice" else str(int(value)))
                 what.append(f"{key}={text(value)}")
                 knob_note = f" {key} the board's too ({gain:.3f} lower val loss per token than the preset's)."
             else:
@@ -437,7 +444,7 @@ def write_presets(out: Path, steps: int, tokens_per_step: int) -> list[str]:
             )
             lines[start:end] = textwrap.wrap(paragraph, 118, initial_indent="# ", subsequent_indent="# ")
         else:
-            set_value(lines, plan.step.removeprefix("optimizer."), text(step), f"# {source}")
+            set_value(lines, plan.step.removeprefix("optimizer."), yaml_number(step), f"# {source}")
         path.write_text("\n".join(lines) + "\n")
         changed.append(f"{name}: {' '.join(what)}")
     return changed

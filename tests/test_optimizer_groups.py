@@ -81,8 +81,9 @@ def test_each_group_gets_exactly_optax_own_update_with_its_overrides():
 
 def test_muon_through_groups_equals_the_muon_it_replaces_to_the_last_bit():
     """conf/optimizer/muon.yaml against Muon as it was written before groups: optax's Muon on the blocks' matrices
-    and AdamW at adam_lr_ratio x the lr (0.1) on everything else, in one optax.partition."""
+    and AdamW at adam_lr_ratio x the lr (the preset's group multiplier) on everything else, in one optax.partition."""
     o = load_config(["optimizer=muon"]).optimizer
+    ratio = o.groups["adam"]["lr_multiplier"]
     matrices = MODEL.block_matrices_mask()
     dims = jax.tree.map(lambda w: optax.contrib.MuonDimensionNumbers(1, tuple(range(2, w.ndim))), PARAMS)
     decay_mask = jax.tree.map(lambda d, m: d and not m, MODEL.weight_decay_mask(), matrices)
@@ -96,7 +97,9 @@ def test_muon_through_groups_equals_the_muon_it_replaces_to_the_last_bit():
                     weight_decay=o.weight_decay,
                     muon_weight_dimension_numbers=lambda p: dims,
                 ),
-                "adamw": optax.adamw(0.1, o.beta1, o.beta2, o.eps, weight_decay=o.weight_decay, mask=fixed(decay_mask)),
+                "adamw": optax.adamw(
+                    ratio, o.beta1, o.beta2, o.eps, weight_decay=o.weight_decay, mask=fixed(decay_mask)
+                ),
             },
             fixed(jax.tree.map(lambda m: "muon" if m else "adamw", matrices)),
         ),
@@ -194,8 +197,9 @@ def test_what_an_optimizer_measures_reaches_the_log(data_cache, tmp_path, capsys
     assert [r["step"] for r in rows] == [1, 2, 3]
     rms = [r["optimizer/muon_update_rms"] for r in rows]
     assert all(0 < v < 10 for v in rms) and len(set(rms)) == 3, rms
-    # float32 0.1 x lr in the step against float64 here: within an ulp or two (~1e-7); approx's default rel 1e-6
-    assert all(r["lr/adam"] == pytest.approx(0.1 * r["lr"]) for r in rows)
+    # float32 ratio x lr in the step against float64 here: within an ulp or two (~1e-7); approx's default rel 1e-6
+    ratio = load_config(["optimizer=muon"]).optimizer.groups["adam"]["lr_multiplier"]
+    assert all(r["lr/adam"] == pytest.approx(ratio * r["lr"]) for r in rows)
     assert "| muon_update_rms " in result.stdout + result.stderr  # and on the console line
 
 
