@@ -28,7 +28,7 @@ from omegaconf import DictConfig
 from training import config as config_lib
 from training.checkpoints.resume import RunPlan, plan_run, restore_state, shared_timestamp
 from training.cli import app as cli
-from training.config import Config
+from training.config import Config, layout
 from training.distributed.peers import watch_peers
 from training.distributed.sharding import init_distributed
 from training.loop.compilation import CompileClock, init_compilation_cache, init_xla_flags
@@ -62,7 +62,7 @@ def evaluate_checkpoint(plan: RunPlan, p: Pipeline, state: TrainState) -> float:
     results = p.evaluate(eval_model(state), {**p.data.evals, **({"test": p.data.test} if p.data.test else {})})
     if jax.process_index() == 0:
         step, source = int(state.step), plan.resume.reader.directory
-        out = plan.run_dir / f"eval-step{step}.json"
+        out = plan.run_dir / layout.eval_result(step)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps({"step": step, "checkpoint": str(source), "results": results}, indent=2))
         print(f"evaluated step {step} of {source}\n{eval_table(results)}\nwritten to {out}")

@@ -1,6 +1,6 @@
 """A piece as a picture: the piano roll of a generated .mid (pitch against time, each note a bar shaded by its
 velocity, the prompt's notes and the model's in two colours), and for the dynamics task the velocities the model
-chose against the prompt's own. scripts/sample.py writes one beside every .mid it writes."""
+chose against the prompt's own. scripts/tools/sample.py writes one beside every .mid it writes."""
 
 from __future__ import annotations
 

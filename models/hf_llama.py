@@ -136,7 +136,7 @@ def check_llama_config(folder: Any, config: dict[str, Any], cfg: GPTConfig) -> N
     if not (Path(folder) / "gpt_jax_tokenizer.json").exists():
         raise ConfigError(
             f"{at}: a Llama folder not exported by this pipeline (no gpt_jax_tokenizer.json): its "
-            "tokenizer is none this pipeline has; export Llama-style runs with scripts/export_hf.py"
+            "tokenizer is none this pipeline has; export Llama-style runs with scripts/tools/export_hf.py"
         )
     if (problem := llama_problem(cfg)) is not None:
         raise ConfigError(

@@ -9,7 +9,8 @@ not 0) and step w - 1 reaches the peak. The decay then runs from step w to `max_
   cosine            lr -> the floor along half a cosine
   trapezoid         lr until the last decay_fraction of the steps, then linearly to the floor (warmup-stable-decay)
   piecewise_linear  straight lines through (boundaries[i], boundary_lrs[i]), counted from the end of the warmup; a
-                    boundary given twice is a jump (scripts/schedule_search.py writes piecewise-constant schedules so)
+                    boundary given twice is a jump (scripts/experiments/schedule_search.py writes piecewise-constant
+                    schedules so)
 Past `max_steps` every schedule holds its final value.
 """
 

@@ -26,5 +26,5 @@ python train_jax.py dataset=music21 model=gpt2-micro data.notes_per_record=64 \
     train.max_training_hours=0.06 logging.run_dir="$run_dir" "$@"
 echo "fine-tuning took $((SECONDS - t0)) s; run directory: $run_dir"
 
-python scripts/sample.py "$run_dir" --which best --task "$task" --prompt-notes 64 --max-new-tokens 300 \
+python -m scripts.tools.sample "$run_dir" --which best --task "$task" --prompt-notes 64 --max-new-tokens 300 \
     --temperature 0.7 --top-k 20

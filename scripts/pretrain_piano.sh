@@ -16,4 +16,4 @@ python train_jax.py dataset=music21 model=gpt2-micro data.notes_per_record=64 \
     train.max_training_hours=0.12 logging.run_dir="$run_dir" "$@"
 echo "pretraining took $((SECONDS - t0)) s; run directory: $run_dir"
 
-python scripts/sample.py "$run_dir" --which best --prompt-notes 32 --max-new-tokens 300 --temperature 0.9 --top-k 20
+python -m scripts.tools.sample "$run_dir" --which best --prompt-notes 32 --max-new-tokens 300 --temperature 0.9 --top-k 20

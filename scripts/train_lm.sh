@@ -36,5 +36,5 @@ python train_jax.py model=gpt2-micro train.max_steps=320 train.eval_interval=160
     logging.run_dir="$run_dir" train.max_training_hours=0.15 "${statistics[@]}" ${overrides[@]+"${overrides[@]}"}
 echo "training took $((SECONDS - t1)) s; run directory: $run_dir"
 
-python scripts/sample.py "$run_dir" --which best --prompt "def " --prompt "class " --prompt "import " \
+python -m scripts.tools.sample "$run_dir" --which best --prompt "def " --prompt "class " --prompt "import " \
     --max-new-tokens 120 --temperature 0.7 --top-k 40

@@ -49,7 +49,7 @@ def tiny_overrides(cache_dir: str, *extra: str) -> list[str]:
         "logging.wandb=disabled",
         "logging.progress=lines",
         "logging.plot=false",  # matplotlib's import and drawing: 2.4 s of each run (tests/test_end_to_end.py plots)
-        f"system.compilation_cache_dir={cache_dir}/jax",
+        f"system.compilation_cache_dir={COMPILE_CACHE or f'{cache_dir}/jax'}",
         *extra,
     ]
 
@@ -71,6 +71,8 @@ def build(overrides: list[str], source: Source | None = None) -> Parts:
     return Parts(cfg, pipeline_build.build(cfg, source))
 
 
+# Compiled executables, shared by the suite's workers and their processes (set per session by conftest.py).
+COMPILE_CACHE: str | None = None
 # Where a test's subprocesses run unless it says otherwise (set per session by conftest.py): relative defaults such as
 # `.cache/jax` or `runs/` land there, never in the checkout.
 SCRATCH_CWD: Path | None = None
@@ -120,12 +122,14 @@ def run_cli(
     timeout: float = 300,
     env: dict | None = None,
     cwd: Path | None = None,
-    script: str = "train_jax.py",
+    module: str = "train_jax",
     preexec_fn: Any = None,
 ) -> subprocess.CompletedProcess:
-    """Run a project script in a fresh Python process, as a user would (`preexec_fn`: set limits in the child)."""
+    """`python -m <module> args...` in a fresh Python process, as a user would run train_jax.py or a tool in
+    scripts/ (`preexec_fn`: set limits in the child)."""
+    command = [str(ROOT / "train_jax.py")] if module == "train_jax" else ["-m", module]
     proc = spawn(
-        [sys.executable, str(ROOT / script), *args],
+        [sys.executable, *command, *args],
         env=env,
         cwd=cwd,
         stdout=subprocess.PIPE,
@@ -152,22 +156,22 @@ def run_command(args: list[str], capsys: Any, own_process: bool, **cli: Any) -> 
     return run_cli(args, **cli) if own_process else run_in_process(args, capsys)
 
 
-def script_in_process(name: str, args: list[str], monkeypatch: Any, capsys: Any) -> subprocess.CompletedProcess:
-    """`python scripts/<name> args...` in this process (`__main__`, with its own sys.argv), shaped like `run_cli`'s
-    result: for the project's scripts, where a new interpreter would add its 2-3 s of imports (the same caveat as
+def script_in_process(module: str, args: list[str], monkeypatch: Any, capsys: Any) -> subprocess.CompletedProcess:
+    """`python -m <module> args...` (a tool in scripts/) in this process (`__main__`, with its own sys.argv), shaped
+    like `run_cli`'s result: where a new interpreter would add its 2-3 s of imports (the same caveat as
     `run_in_process` for output written below Python)."""
     import runpy
 
-    monkeypatch.setattr(sys, "argv", [str(ROOT / "scripts" / name), *args])
+    monkeypatch.setattr(sys, "argv", [module, *args])  # runpy puts the module's file first, as `python -m` does
     code = 0
     try:
-        runpy.run_path(str(ROOT / "scripts" / name), run_name="__main__")
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else int(e.code is not None)
         if isinstance(e.code, str):
             print(e.code, file=sys.stderr)  # as the interpreter does
     out, err = capsys.readouterr()
-    return subprocess.CompletedProcess([f"scripts/{name}", *args], code, out, err)
+    return subprocess.CompletedProcess(["python", "-m", module, *args], code, out, err)
 
 
 def repo_copy(dest: Path) -> Path:

@@ -1,5 +1,5 @@
-"""scripts/bench_peer.py: what it refuses, in one line, before it starts anything; and our side's worker. nanoGPT's
-side needs the user's nanoGPT checkout (never shipped here) and a GPU, so no test runs it."""
+"""scripts/benchmarks/bench_peer.py: what it refuses, in one line, before it starts anything; and our side's worker.
+nanoGPT's side needs the user's nanoGPT checkout (never shipped here) and a GPU, so no test runs it."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, communicate, script_in_process, spawn
+from helpers import communicate, script_in_process, spawn
 
-SCRIPT = ROOT / "scripts" / "bench_peer.py"
+MODULE = "scripts.benchmarks.bench_peer"
 
 
 def nanogpt_lookalike(tmp_path: Path) -> Path:
@@ -37,7 +37,7 @@ def no_gpu_path(tmp_path: Path, nvidia_smi: str | None) -> str:
 
 def refused(args: list[str], monkeypatch, capsys) -> str:
     """The script's one stderr line, after it exits 2 having printed nothing else."""
-    result = script_in_process("bench_peer.py", args, monkeypatch, capsys)
+    result = script_in_process("scripts.benchmarks.bench_peer", args, monkeypatch, capsys)
     assert result.returncode == 2 and result.stdout == "", result
     assert len(result.stderr.splitlines()) == 1 and result.stderr.startswith("error: "), result.stderr
     return result.stderr
@@ -82,9 +82,9 @@ def test_the_parent_imports_neither_jax_nor_torch(tmp_path):
     """Either library, started in the parent, could take the GPU the workers are timed on."""
     check = (
         "import runpy, sys\n"
-        f"sys.argv = [{str(SCRIPT)!r}, '--nanogpt', {str(nanogpt_lookalike(tmp_path))!r}]\n"
+        f"sys.argv = [{MODULE!r}, '--nanogpt', {str(nanogpt_lookalike(tmp_path))!r}]\n"
         "try:\n"
-        f"    runpy.run_path({str(SCRIPT)!r}, run_name='__main__')\n"
+        f"    runpy.run_module({MODULE!r}, run_name='__main__', alter_sys=True)\n"
         "except SystemExit as e:\n"
         "    print(e.code, sorted(m for m in ('jax', 'torch', 'numpy') if m in sys.modules))\n"
     )
@@ -103,7 +103,7 @@ def test_the_parent_imports_neither_jax_nor_torch(tmp_path):
 def test_our_worker_answers_each_command_with_a_json_line():
     """The worker's protocol on the CPU, in this process: ready (with the shape nanoGPT's side is built to), the
     times of `run N`, an error for anything else; `quit` ends it."""
-    bench_peer = runpy.run_path(str(SCRIPT))
+    bench_peer = runpy.run_module(MODULE)
     args = bench_peer["parse"](
         [
             "--worker",

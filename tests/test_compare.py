@@ -1,4 +1,4 @@
-"""scripts/compare_runs.py: the table of what differs between runs and how each ended, and the sweep figure."""
+"""scripts/tools/compare_runs.py: the table of what differs between runs and how each ended, and the sweep figure."""
 
 import csv
 import json
@@ -75,11 +75,11 @@ def test_the_figure_has_a_line_per_optimizer_over_learning_rates(tmp_path):
 def test_the_command_writes_markdown_csv_and_a_figure_or_says_what_is_missing(tmp_path):
     fake_run(tmp_path / "sweep", "a", "adamw", 1e-3, [5.0, 4.0])
     fake_run(tmp_path / "sweep", "b", "adamw", 3e-3, [5.0, 3.0])
-    r = run_cli([str(tmp_path / "sweep")], script="scripts/compare_runs.py", timeout=120)
+    r = run_cli([str(tmp_path / "sweep")], module="scripts.tools.compare_runs", timeout=120)
     assert r.returncode == 0, r.stderr
     assert "| a | 0.001 | 4 | 4 |" in r.stdout and "2 run(s)" in r.stdout
     with open(tmp_path / "sweep" / "comparison.csv") as f:
         assert [row["val final"] for row in csv.DictReader(f)] == ["4.0", "3.0"]
     assert (tmp_path / "sweep" / "comparison.png").exists()
-    r = run_cli([str(tmp_path / "empty-dir-that-is-missing")], script="scripts/compare_runs.py", timeout=120)
+    r = run_cli([str(tmp_path / "empty-dir-that-is-missing")], module="scripts.tools.compare_runs", timeout=120)
     assert r.returncode == 1 and r.stderr.strip().count("\n") == 0 and "not a directory" in r.stderr

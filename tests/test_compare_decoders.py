@@ -1,16 +1,12 @@
-"""scripts/compare_decoders.py: each model's val nats/byte at the token budget and at the shortest run's training time,
-the mean of its seeds, from the runs' metrics.jsonl (runs written here by hand: no training, under a second)."""
+"""scripts/experiments/compare_decoders.py: each model's val nats/byte at the token budget and at the shortest run's
+training time, the mean of its seeds, from the runs' metrics.jsonl (runs written here by hand: no training, under a
+second)."""
 
-import importlib.util
 import json
 
 import pytest
 
-from helpers import ROOT
-
-_spec = importlib.util.spec_from_file_location("compare_decoders", ROOT / "scripts" / "compare_decoders.py")
-compare_decoders = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(compare_decoders)
+from scripts.experiments import compare_decoders
 
 TOKENS_PER_STEP = 1024
 

@@ -125,7 +125,9 @@ def test_hessian_script_prints_the_eigenvalue_the_loop_and_the_function_measure(
     from training.checkpoints.trained import load_trained, run_data
 
     png = tmp_path / "sharpness.png"
-    result = script_in_process("hessian.py", [str(run_dir), "--step", "4", "--plot", str(png)], monkeypatch, capsys)
+    result = script_in_process(
+        "scripts.tools.hessian", [str(run_dir), "--step", "4", "--plot", str(png)], monkeypatch, capsys
+    )
     assert result.returncode == 0, result.stderr
     printed = float(re.search(r"step 4: sharpness (\S+), ", result.stdout).group(1))
     trained = load_trained(str(run_dir), "4")
@@ -137,14 +139,14 @@ def test_hessian_script_prints_the_eigenvalue_the_loop_and_the_function_measure(
     assert png.stat().st_size > 10_000
 
     for args, why in (([str(tmp_path / "nothing")], "does not exist"), ([str(run_dir), "--step", "3"], "step 3")):
-        result = script_in_process("hessian.py", args, monkeypatch, capsys)
+        result = script_in_process("scripts.tools.hessian", args, monkeypatch, capsys)
         assert result.returncode == 2 and why in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
 def test_landscape_script_draws_a_contour_with_the_trajectory_and_a_line(run_dir, tmp_path, monkeypatch, capsys):
     contour = tmp_path / "plane.png"
     result = script_in_process(
-        "landscape.py", [str(run_dir), "--out", str(contour), "--grid", "5"], monkeypatch, capsys
+        "scripts.tools.landscape", [str(run_dir), "--out", str(contour), "--grid", "5"], monkeypatch, capsys
     )
     assert result.returncode == 0, result.stderr
     assert "25 points around step 4" in result.stdout and "step 2: at (" in result.stdout
@@ -152,7 +154,7 @@ def test_landscape_script_draws_a_contour_with_the_trajectory_and_a_line(run_dir
 
     line = tmp_path / "line.png"
     result = script_in_process(
-        "landscape.py",
+        "scripts.tools.landscape",
         [str(run_dir), "--out", str(line), "--dims", "1", "--last-update", "--grid", "5"],
         monkeypatch,
         capsys,
@@ -160,5 +162,5 @@ def test_landscape_script_draws_a_contour_with_the_trajectory_and_a_line(run_dir
     assert result.returncode == 0, result.stderr
     assert "step 2: at (-1), 0% of its offset off the line" in result.stdout  # the previous checkpoint, exactly
     assert line.stat().st_size > 10_000
-    result = script_in_process("landscape.py", [str(run_dir), "--to-step", "3"], monkeypatch, capsys)
+    result = script_in_process("scripts.tools.landscape", [str(run_dir), "--to-step", "3"], monkeypatch, capsys)
     assert result.returncode == 2 and "step 3" in result.stderr

@@ -118,7 +118,10 @@ def test_run_saves_config_and_checkpoint(tiny_run):
 def test_sample_script_generates_from_the_run(tiny_run, monkeypatch, capsys):
     run_dir, _ = tiny_run
     result = script_in_process(
-        "sample.py", [str(run_dir), "--prompt", "def ", "--max-new-tokens", "20", "--seed", "1"], monkeypatch, capsys
+        "scripts.tools.sample",
+        [str(run_dir), "--prompt", "def ", "--max-new-tokens", "20", "--seed", "1"],
+        monkeypatch,
+        capsys,
     )
     assert result.returncode == 0, result.stderr[-2000:]
     body = result.stdout.split("-" * 60)[1]
@@ -177,12 +180,12 @@ def test_a_finished_run_writes_summary_and_plots(tiny_run, tmp_path):
 def test_plot_runs_overlays_several_runs(tiny_run, tmp_path, monkeypatch, capsys):
     run_dir, _ = tiny_run
     result = script_in_process(
-        "plot_runs.py",
+        "scripts.tools.plot_runs",
         [str(run_dir), str(run_dir), "--labels", "a,b", "--out", str(tmp_path / "cmp.png")],
         monkeypatch,
         capsys,
     )
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "cmp.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    bad = script_in_process("plot_runs.py", [str(tmp_path)], monkeypatch, capsys)
+    bad = script_in_process("scripts.tools.plot_runs", [str(tmp_path)], monkeypatch, capsys)
     assert bad.returncode == 1 and bad.stderr.startswith("error: no metrics.jsonl in")

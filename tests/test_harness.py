@@ -1,7 +1,7 @@
-"""Downstream evaluation with lm-eval (training/evaluation/harness.py, models/scoring.py, scripts/eval_harness.py),
-offline: the adapter's answers are the model's own losses and greedy tokens, with each text tokenizer; the script
-scores local task files the tests write (datasets' `json` builder) on a tiny trained run and says in one line when
-lm-eval is missing."""
+"""Downstream evaluation with lm-eval (training/evaluation/harness.py, models/scoring.py,
+scripts/tools/eval_harness.py), offline: the adapter's answers are the model's own losses and greedy tokens, with each
+text tokenizer; the script scores local task files the tests write (datasets' `json` builder) on a tiny trained run and
+says in one line when lm-eval is missing."""
 
 from __future__ import annotations
 
@@ -280,11 +280,11 @@ def test_script_writes_lm_evals_results_beside_the_run_and_logs_them(lm_eval, tr
     expected = write_tasks(tmp_path / "tasks", harness_lm(run.model, run.tokenizer), run.tokenizer)
     args = [str(trained), "--tasks", "tiny_choice,tiny_pages,tiny_answer", "--include-path", str(tmp_path / "tasks")]
     env = {"HF_DATASETS_OFFLINE": "1", "HF_DATASETS_CACHE": str(tmp_path / "hf-datasets")}
-    done = run_cli(args, timeout=240, env=env, script="scripts/eval_harness.py")
+    done = run_cli(args, timeout=240, env=env, module="scripts.tools.eval_harness")
     assert done.returncode == 0, done.stderr[-3000:]
     out = trained / "harness" / "step4-tiny_choice+tiny_pages+tiny_answer.json"
     record = json.loads(out.read_text())
-    assert record["step"] == 4 and record["command"].startswith("python scripts/eval_harness.py ")
+    assert record["step"] == 4 and record["command"].startswith("python -m scripts.tools.eval_harness ")
     results = record["results"]
     assert results["tiny_choice"]["acc,none"] == expected["acc"]
     assert results["tiny_pages"]["bits_per_byte,none"] == pytest.approx(expected["bits_per_byte"], rel=1e-5)
@@ -302,7 +302,7 @@ def test_script_without_lm_eval_says_how_to_install_it_and_exits_2(trained, tmp_
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'lm_eval'\")\n")
     env = {"PYTHONPATH": os.pathsep.join([str(shadow.parent), str(ROOT)])}
-    done = run_cli([str(trained), "--tasks", "hellaswag"], timeout=120, env=env, script="scripts/eval_harness.py")
+    done = run_cli([str(trained), "--tasks", "hellaswag"], timeout=120, env=env, module="scripts.tools.eval_harness")
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stderr.strip().splitlines() == [
         "error: lm-eval is not installed (No module named 'lm_eval'): pip install -r requirements-eval.txt"

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import runpy
 
 import numpy as np
 import pytest
 
 from core.errors import ConfigError
-from helpers import ROOT, build, read_metrics, run_cli, tiny_overrides
+from helpers import build, read_metrics, run_cli, tiny_overrides
 from training import config as config_lib
 from training.checkpoints.resume import plan_run, restore_state
 
@@ -25,7 +24,8 @@ def exported(tmp_path_factory, data_cache):
     root = tmp_path_factory.mktemp("hf")
     run = run_cli(bpe_overrides(data_cache, f"logging.run_dir={root / 'run'}"))
     assert run.returncode == 0, run.stderr[-2000:]
-    export = runpy.run_path(str(ROOT / "scripts" / "export_hf.py"))["main"]  # the script's main, in this process
+    from scripts.tools.export_hf import main as export  # the tool's main, in this process
+
     assert export([str(root / "run"), str(root / "export")]) == 0
     return root
 
@@ -132,7 +132,7 @@ def test_a_hub_id_offline_is_one_line(tmp_path):
 def test_export_refuses_a_folder_in_use(exported, tmp_path):
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "keep.txt").write_text("mine")
-    result = run_cli([str(exported / "run"), str(tmp_path / "busy")], script="scripts/export_hf.py")
+    result = run_cli([str(exported / "run"), str(tmp_path / "busy")], module="scripts.tools.export_hf")
     assert (
         result.returncode == 1
         and result.stderr.strip() == f"error: {tmp_path / 'busy'} is not empty; choose a new folder for the export"

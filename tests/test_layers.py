@@ -42,7 +42,7 @@ KNOWN_CYCLES: list[set[str]] = []
 def module_files() -> dict[str, Path]:
     """Module name (`data.sources`, `data` for data/__init__.py, `train_jax`, `scripts.bench`) -> its file."""
     files = [p for package in PACKAGES for p in (ROOT / package).rglob("*.py")]
-    files += [ROOT / "train_jax.py", *(ROOT / "scripts").glob("*.py")]
+    files += [ROOT / "train_jax.py", *(ROOT / "scripts").rglob("*.py")]
     modules = {}
     for path in files:
         parts = list(path.relative_to(ROOT).with_suffix("").parts)
@@ -52,15 +52,12 @@ def module_files() -> dict[str, Path]:
     return modules
 
 
-def _resolve(name: str, modules: dict[str, Path], importer: str) -> str | None:
-    """The project module an imported dotted name refers to (its longest prefix that is one), or None (a library).
-    A script's own folder is on its path, so scripts may also name each other without `scripts.`."""
-    candidates = [name] + ([f"scripts.{name}"] if importer.startswith("scripts.") else [])
-    for candidate in candidates:
-        parts = candidate.split(".")
-        for end in range(len(parts), 0, -1):
-            if ".".join(parts[:end]) in modules:
-                return ".".join(parts[:end])
+def _resolve(name: str, modules: dict[str, Path]) -> str | None:
+    """The project module an imported dotted name refers to (its longest prefix that is one), or None (a library)."""
+    parts = name.split(".")
+    for end in range(len(parts), 0, -1):
+        if ".".join(parts[:end]) in modules:
+            return ".".join(parts[:end])
     return None
 
 
@@ -83,7 +80,7 @@ def import_graph() -> dict[str, dict[str, int]]:
             else:
                 continue
             for name in names:
-                target = _resolve(name, modules, module)
+                target = _resolve(name, modules)
                 if target is not None and target != module:
                     edges.setdefault(target, node.lineno)
     return graph

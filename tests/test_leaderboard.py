@@ -1,21 +1,16 @@
-"""scripts/optimizer_leaderboard.py's grids, on made-up losses instead of training runs (the runs themselves are
-Hydra multiruns, tested in tests/test_sweeps.py): a grid of factor-2 steps grows past a winning edge until its best
-point is interior, a momentum's grid steps 1 - beta and stops at the end of its range, a grid whose growth runs out
-says so, and a grid with no completed point has no winner."""
+"""scripts/experiments/optimizer_leaderboard.py's grids, on made-up losses instead of training runs (the runs themselves
+are Hydra multiruns, tested in tests/test_sweeps.py): a grid of factor-2 steps grows past a winning edge until its best
+point is interior, a momentum's grid steps 1 - beta and stops at the end of its range, a grid whose growth runs out says
+so, and a grid with no completed point has no winner."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 
 import pytest
 
-from helpers import ROOT
+from scripts.experiments import optimizer_leaderboard as board
 
-spec = importlib.util.spec_from_file_location("optimizer_leaderboard", ROOT / "scripts" / "optimizer_leaderboard.py")
-board = sys.modules["optimizer_leaderboard"] = importlib.util.module_from_spec(spec)  # its dataclass looks itself up
-spec.loader.exec_module(board)
 KEY = "optimizer.lr_config.lr"
 
 

@@ -116,7 +116,7 @@ def test_eval_only_scores_the_pretrained_weights_on_a_task(pretrained, finetuned
 def test_a_fine_tuned_model_writes_a_playable_midi(finetuned, tmp_path, monkeypatch, capsys):
     run_dir, _ = finetuned
     result = script_in_process(
-        "sample.py",
+        "scripts.tools.sample",
         [str(run_dir), "--max-new-tokens", "30", "--out", str(tmp_path), "--prompt-notes", "12"],
         monkeypatch,
         capsys,
@@ -135,7 +135,7 @@ def test_a_pretrained_model_continues_a_midi_prompt(pretrained, tmp_path, bach_c
 
     prompt = write_midi(bach_chorale, tmp_path / "prompt-in.mid")
     result = script_in_process(
-        "sample.py",
+        "scripts.tools.sample",
         [
             str(pretrained),
             "--prompt-midi",

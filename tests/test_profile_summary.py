@@ -1,20 +1,17 @@
-"""scripts/profile_summary.py: a run's trace of steps a..b as a table of where a step's time goes, by category."""
+"""scripts/tools/profile_summary.py: a run's trace of steps a..b as a table of where a step's time goes, by category."""
 
 import contextlib
 import gzip
-import importlib.util
 import io
 import json
 
 import pytest
 
 import train_jax
-from helpers import ROOT, run_cli, tiny_overrides
+from helpers import run_cli, tiny_overrides
+from scripts.tools import profile_summary
 
 FIRST, LAST = 3, 5
-_spec = importlib.util.spec_from_file_location("profile_summary", ROOT / "scripts" / "profile_summary.py")
-profile_summary = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(profile_summary)
 
 
 @pytest.fixture(scope="module")

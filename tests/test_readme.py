@@ -12,7 +12,6 @@ check is a failure until it is taught to check it, or named in SKIPPED with the 
 from __future__ import annotations
 
 import functools
-import os
 import re
 import shlex
 import subprocess
@@ -118,17 +117,20 @@ def check_train_jax(args: list[str]) -> None:
 
 @functools.cache
 def script_help(script: str) -> str:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    """`python -m <script> --help` (a tool in scripts/, by its module name) or `python <script> --help` (a file)."""
+    program = [script] if script.endswith(".py") else ["-m", script]
     result = subprocess.run(
-        [sys.executable, script, "--help"], check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+        [sys.executable, *program, "--help"], check=False, cwd=ROOT, capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, f"{script} --help exited {result.returncode}: {result.stderr[-2000:]}"
     return result.stdout
 
 
 def check_python_script(script: str, args: list[str]) -> None:
-    assert (ROOT / script).is_file(), f"{script}: no such file"
-    if "--" in args:  # what follows a bare `--` goes to train_jax.py (scripts/schedule_search.py)
+    """A file's or a scripts/ module's options are among those its --help names."""
+    if script.endswith(".py"):
+        assert (ROOT / script).is_file(), f"{script}: no such file"
+    if "--" in args:  # what follows a bare `--` goes to train_jax.py (scripts/experiments/schedule_search.py)
         args, overrides = args[: args.index("--")], args[args.index("--") + 1 :]
         check_overrides(overrides, multirun=False)
     options = {a.split("=", 1)[0] for a in args if a.startswith("-")}
@@ -143,6 +145,8 @@ def check(words: list[str]) -> None:
             check_train_jax(args[1:])
         elif args[0] == "-c":
             compile(args[1], "<python -c>", "exec")
+        elif args[0] == "-m" and args[1].startswith("scripts."):
+            check_python_script(args[1], args[2:])
         elif args[0] == "-m":
             import importlib.util
 

@@ -338,7 +338,9 @@ def test_best_checkpoint_can_be_named(straight, data_cache, tmp_path, monkeypatc
     best_step = min(vals, key=vals.get)
     assert max(vals) == 44 and best_step != 44  # the last evaluation, after steps at a far too high lr, is worse
     result = ok(
-        script_in_process("sample.py", [str(run_dir), "--which", "best", "--max-new-tokens", "5"], monkeypatch, capsys)
+        script_in_process(
+            "scripts.tools.sample", [str(run_dir), "--which", "best", "--max-new-tokens", "5"], monkeypatch, capsys
+        )
     )
     assert f"step {best_step}," in result.stdout
     assert open_source(str(run_dir), "best").step == best_step  # what checkpoint.load_file=best loads

@@ -1,12 +1,11 @@
-"""scripts/schedule_search.py: the greedy search branches from its checkpoints into candidate lrs, and the schedule
-it finds, run from scratch, reproduces its losses step for step."""
+"""scripts/experiments/schedule_search.py: the greedy search branches from its checkpoints into candidate lrs, and the
+schedule it finds, run from scratch, reproduces its losses step for step."""
 
-import importlib.util
 import json
 
 import pytest
 
-from helpers import ROOT, read_metrics, run_cli, tiny_overrides
+from helpers import read_metrics, run_cli, tiny_overrides
 
 
 @pytest.mark.e2e
@@ -33,7 +32,7 @@ def test_the_found_schedule_reproduces_the_search_from_scratch(data_cache, tmp_p
             "--",
             *overrides,
         ],
-        script="scripts/schedule_search.py",
+        module="scripts.experiments.schedule_search",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     found = json.loads((out / "schedule.json").read_text())
@@ -57,9 +56,8 @@ def test_the_found_schedule_reproduces_the_search_from_scratch(data_cache, tmp_p
 def test_a_candidate_that_diverged_or_stopped_short_has_no_smoothed_loss():
     """metrics.jsonl writes a non-finite loss as the string "nan": such a candidate, or one missing a step of the
     window, is out of the ranking instead of ending the search with a TypeError."""
-    spec = importlib.util.spec_from_file_location("schedule_search", ROOT / "scripts" / "schedule_search.py")
-    search = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(search)
+    from scripts.experiments import schedule_search as search
+
     assert search.smoothed_loss({4: 2.0, 5: 3.0, 6: 4.0}, end=6, smooth=2) == 3.5
     assert search.smoothed_loss({4: 2.0, 5: "nan", 6: 4.0}, end=6, smooth=2) is None
     assert search.smoothed_loss({4: 2.0, 5: 3.0, 6: None}, end=6, smooth=2) is None

@@ -30,17 +30,26 @@ def last_json(out: str) -> dict:
 
 def test_bench_times_the_step_the_loader_and_a_compile(data_cache, monkeypatch, capsys):
     tiny = tiny_overrides(data_cache)
-    step = last_json(run_script("bench.py", ["--steps", "2", "--warmup", "1", *tiny], monkeypatch, capsys))
+    step = last_json(
+        run_script("scripts.benchmarks.bench", ["--steps", "2", "--warmup", "1", *tiny], monkeypatch, capsys)
+    )
     assert step["steps_timed"] == 2 and step["tokens_per_s"] > 0 and step["config"]["model"] == "gpt2-tiny"
-    loader = last_json(run_script("bench.py", ["--loader", "--steps", "3", *tiny], monkeypatch, capsys))
+    loader = last_json(run_script("scripts.benchmarks.bench", ["--loader", "--steps", "3", *tiny], monkeypatch, capsys))
     assert loader["steps"] == 3 and loader["tokens_per_batch"] == 8 * 64 and loader["loader_tokens_per_s"] > 0
-    compiled = last_json(run_script("bench.py", ["--compile-only", "--vocab", "259", *tiny], monkeypatch, capsys))
+    compiled = last_json(
+        run_script("scripts.benchmarks.bench", ["--compile-only", "--vocab", "259", *tiny], monkeypatch, capsys)
+    )
     assert compiled["model"] == "gpt2-tiny" and compiled["compile_s"] > 0
 
 
 def test_bench_decode_times_both_decoders(monkeypatch, capsys):
     result = last_json(
-        run_script("bench_decode.py", ["--new-tokens", "8", "--vocab", "259", "model=gpt2-tiny"], monkeypatch, capsys)
+        run_script(
+            "scripts.benchmarks.bench_decode",
+            ["--new-tokens", "8", "--vocab", "259", "model=gpt2-tiny"],
+            monkeypatch,
+            capsys,
+        )
     )
     assert result["new_tokens"] == 8 and result["kv_cache"]["tokens_per_s"] > 0 and result["no_cache"]["seconds"] > 0
 
@@ -48,7 +57,7 @@ def test_bench_decode_times_both_decoders(monkeypatch, capsys):
 def test_bench_checkpoint_times_saves(monkeypatch, capsys):
     result = last_json(
         run_script(
-            "bench_checkpoint.py",
+            "scripts.benchmarks.bench_checkpoint",
             ["--saves", "2", "--vocab", "259", "model=gpt2-tiny", "system.num_devices=1"],
             monkeypatch,
             capsys,
@@ -60,7 +69,7 @@ def test_bench_checkpoint_times_saves(monkeypatch, capsys):
 def test_state_memory_lists_every_layout(monkeypatch, capsys):
     result = last_json(
         run_script(
-            "state_memory.py",
+            "scripts.tools.state_memory",
             ["--devices", "8", "--vocab", "259", "model=gpt2-tiny", "model.n_head=4"],
             monkeypatch,
             capsys,
@@ -76,10 +85,13 @@ def test_sample_and_export_take_the_checkpoint_named_by_which(finished, tmp_path
     from training.checkpoints.trained import load_trained
 
     out = run_script(
-        "sample.py", [str(finished), "--which", "4", "--prompt", "def ", "--max-new-tokens", "5"], monkeypatch, capsys
+        "scripts.tools.sample",
+        [str(finished), "--which", "4", "--prompt", "def ", "--max-new-tokens", "5"],
+        monkeypatch,
+        capsys,
     )
     assert out.startswith("# gpt2-tiny, step 4,")
-    run_script("export_hf.py", [str(finished), str(tmp_path / "hf"), "--which", "4"], monkeypatch, capsys)
+    run_script("scripts.tools.export_hf", [str(finished), str(tmp_path / "hf"), "--which", "4"], monkeypatch, capsys)
     exported = load_file(str(tmp_path / "hf" / "model.safetensors"))["transformer.wte.weight"]
     for step in (4, 8):  # step 4's weights, not the latest's
         wte = np.asarray(load_trained(str(finished), str(step)).model.wte)[: exported.shape[0]]

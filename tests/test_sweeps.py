@@ -281,8 +281,8 @@ def test_a_single_run_writes_only_its_run_directory_in_the_working_directory(dat
 
 def test_a_list_valued_override_names_its_job_directory_without_brackets(tmp_path):
     """TensorStore reads a path holding `[...]` as a pattern: Orbax saves there and then restores nothing. A sweep
-    over a list (scripts/schedule_search.py sweeps boundary_lrs) names its jobs with parentheses, and a checkpoint
-    path with brackets is one config line."""
+    over a list (scripts/experiments/schedule_search.py sweeps boundary_lrs) names its jobs with parentheses, and a
+    checkpoint path with brackets is one config line."""
     from core.errors import ConfigError
     from training.checkpoints.storage import check_writable
     from training.cli.sweep import job_dirname

@@ -6,7 +6,7 @@ narrow model blows a wide one up); under μP (models/mup.py) it stays the same a
 Measured at each step t (before its update) on one fixed batch of real text (a Python standard-library source file,
 byte tokens): the mean |coordinate| of the embedding output, of the residual stream after each block and of the
 logits, and the mean |change since step 0| of each (what grows with width under standard parametrization).
-scripts/coord_check.py draws it.
+scripts/experiments/coord_check.py draws it.
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 ITERS = 20  # Lanczos steps (Hessian-vector products) per measurement, unless told (the loop: logging.hessian_iters)
 CLOSED = 1e-6  # a residual this small against |H| closes the Krylov space (float32 rounding is ~1e-7 of it)
-SEED = 0  # the starting vector's PRNG seed: the loop action and scripts/hessian.py start from the same vector
+SEED = 0  # the starting vector's PRNG seed: the loop action and scripts/tools/hessian.py start from the same vector
 
 LossFn = Callable[[Any, Any], jax.Array]  # (params, batch) -> scalar loss
 

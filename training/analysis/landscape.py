@@ -1,5 +1,5 @@
 """Loss landscapes: the loss on a line or a plane of parameter space through a checkpoint, and where the run's other
-checkpoints lie on it (scripts/landscape.py draws them).
+checkpoints lie on it (scripts/tools/landscape.py draws them).
 
 Directions are parameter pytrees shaped like the model's arrays:
 

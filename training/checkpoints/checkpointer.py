@@ -43,7 +43,7 @@ from core.trees import path_name
 from data.tokenizers import Tokenizer
 from models.gpt import GPT
 from training.checkpoints.storage import DISK_FULL_ERRNOS
-from training.config import Config, load_file_step
+from training.config import Config, layout, load_file_step
 from training.step.precision import all_finite
 from training.step.state import TrainState, eval_model
 
@@ -335,10 +335,11 @@ def find_checkpoint_dir(path: str | Path) -> Path:
         raise CheckpointError(f"checkpoint.load_path: {p} does not exist")
     if not p.is_dir():
         raise CheckpointError(f"checkpoint.load_path: {p} is not a directory")
-    if (p / "checkpoints").is_dir() and not (p / "config.yaml").exists():
-        return p / "checkpoints"
-    if (p / "checkpoints").is_dir() and any(c.name.isdigit() for c in (p / "checkpoints").iterdir()):
-        return p / "checkpoints"
+    checkpoints = p / layout.CHECKPOINTS
+    if checkpoints.is_dir() and not (p / layout.CONFIG).exists():
+        return checkpoints
+    if checkpoints.is_dir() and any(c.name.isdigit() for c in checkpoints.iterdir()):
+        return checkpoints
     return p
 
 

@@ -29,7 +29,7 @@ from models.hf import HF_PREFIX, check_hf_config, load_hf_model, resolve_hf
 from optimizers import continue_schedule_at
 from training.checkpoints.checkpointer import PARTS, Checkpointer, find_checkpoint_dir, holds_checkpoints
 from training.checkpoints.storage import check_writable
-from training.config import Config, LoadMode, as_dict, evaluating, finish, init_from_dir, load_mode
+from training.config import Config, LoadMode, as_dict, evaluating, finish, init_from_dir, layout, load_mode
 from training.config.legacy import upgrade_saved
 from training.step.state import TrainState
 
@@ -101,7 +101,7 @@ def auto_resume_path(cfg: Config) -> str | None:
     complete checkpoint; None starts the run fresh."""
     c = cfg.checkpoint
     run_dir = cfg.logging.run_dir
-    path = c.load_path or c.save_path or (str(Path(run_dir) / "checkpoints") if run_dir else None)
+    path = c.load_path or c.save_path or (str(Path(run_dir) / layout.CHECKPOINTS) if run_dir else None)
     if path is None or not Path(path).expanduser().is_dir():
         return None
     return path if Checkpointer(find_checkpoint_dir(path), read_only=True).steps() else None
@@ -137,7 +137,7 @@ def plan_run(cfg: Config, overrides: list[str], stamp: int) -> RunPlan:
     else:
         name = cfg.logging.name or f"{cfg.model.name}-{cfg.dataset.name}"
         run_dir = Path(cfg.logging.run_dir or f"runs/{name}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(stamp))}")
-        save_path = Path(cfg.checkpoint.save_path or run_dir / "checkpoints")
+        save_path = Path(cfg.checkpoint.save_path or run_dir / layout.CHECKPOINTS)
     check_writable("logging.run_dir", run_dir)
     if not evaluating(cfg) and cfg.checkpoint.save:
         check_writable("checkpoint.save_path", save_path)
@@ -155,7 +155,7 @@ def _run_dir_of(source: Source) -> Path:
     """The run directory a resumed run continues in: the parent of a default `checkpoints/` directory (also when the
     run was moved or copied), else the one recorded at save time, else the checkpoint directory's parent."""
     directory = source.reader.directory
-    if directory.name == "checkpoints":
+    if directory.name == layout.CHECKPOINTS:
         return directory.parent
     recorded = source.meta.get("run_dir")
     return Path(recorded) if recorded and Path(recorded).is_dir() else directory.parent
@@ -164,7 +164,7 @@ def _run_dir_of(source: Source) -> Path:
 def _saved_config_wins(cfg: Config, source: Source, overrides: list[str]) -> tuple[Config, list[str]]:
     """The saved config with this invocation's RESUME_KEYS, checked as a command line's would be, and the overrides
     it leaves unused."""
-    config_file = source.reader.directory / "config.yaml"
+    config_file = source.reader.directory / layout.CONFIG
     try:
         saved = upgrade_saved(
             OmegaConf.load(config_file) if config_file.exists() else OmegaConf.create(source.meta["config"])

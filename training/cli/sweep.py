@@ -28,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from core.errors import PipelineError
 from core.files import write_atomic
+from training.config import layout
 from training.reporting.compare import markdown, write_comparison
 from training.reporting.summary import finite_number
 
@@ -73,7 +74,7 @@ def write_record(job_dir: Path, record: dict[str, Any]) -> None:
 
 def stop_reason(run_dir: Path) -> str | None:
     """How the run in `run_dir` ended (summary.json's `stopped`: max_steps, time limit, SIGINT, SIGTERM, ...)."""
-    path = run_dir / "summary.json"
+    path = run_dir / layout.SUMMARY
     return json.loads(path.read_text()).get("stopped") if path.exists() else None
 
 
@@ -113,7 +114,7 @@ def summarize_sweep(sweep_dir: Path) -> dict[str, Any]:
         }
         for j in jobs
     ]
-    runs = [Path(j["run_dir"]) for j in jobs if (Path(j["run_dir"]) / "metrics.jsonl").exists()]
+    runs = [Path(j["run_dir"]) for j in jobs if layout.is_run_dir(j["run_dir"])]
     lines = [
         f"# Sweep {sweep_dir.name}",
         "",
@@ -129,7 +130,7 @@ def summarize_sweep(sweep_dir: Path) -> dict[str, Any]:
         ]
     if runs:
         lines += [
-            "## The runs compared (scripts/compare_runs.py: comparison.md, .csv, .png)",
+            "## The runs compared (scripts/tools/compare_runs.py: comparison.md, .csv, .png)",
             "",
             write_comparison(runs, sweep_dir),
         ]
@@ -141,7 +142,7 @@ def run_sweep(sweep_dir: Path, overrides: list[str], log: IO[str] | None = None)
     """`python -m train_jax -m <overrides>` into `sweep_dir`, in a process of its own (its jobs one after another
     there, sharing the data and compiled steps); what its sweep.json holds. A sweep already summarised there is read,
     not run again, so an experiment that stopped picks up where it was. `log`: where the sweep's output goes (by
-    default this process's). How the experiments run their grids (scripts/optimizer_leaderboard.py,
+    default this process's). How the experiments run their grids (scripts/experiments/optimizer_leaderboard.py,
     schedule_search.py, mup_transfer.py)."""
     summary = Path(sweep_dir) / "sweep.json"
     if not summary.exists():

@@ -63,10 +63,11 @@ class LoggingConfig:
     wandb_entity: Optional[str] = None  # wandb user or team; null = the API key's default
     tensorboard: bool = True  # also write TensorBoard event files in the run directory
     progress: Progress = Progress.auto  # how progress is shown on the console
-    plot: bool = True  # plots.png at the end: loss, lr and tokens/s per step (scripts/plot_runs.py draws it later, too)
+    # plots.png at the end: loss, lr and tokens/s per step (scripts.tools.plot_runs draws it later, too)
+    plot: bool = True
     # > 0: every this many steps, the largest and smallest Hessian eigenvalues of the eval loss on the first
     # validation batch, by Lanczos (training/analysis/curvature.py), logged as `sharpness` and `hessian_min` (split
-    # `curvature`); scripts/hessian.py plots the sharpness against 2/lr; 0 = off
+    # `curvature`); scripts/tools/hessian.py plots the sharpness against 2/lr; 0 = off
     hessian_every: int = 0
     hessian_iters: int = 20  # hessian_every: Lanczos steps (Hessian-vector products, each ~2-3 backward passes)
     # Training statistics (training/step/stats.py says what each computes and what it costs); all off by default.

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 
 import jax
 
+from training.config import layout
+
 if TYPE_CHECKING:
     from training.step.state import TrainState
 
@@ -19,7 +21,7 @@ if TYPE_CHECKING:
 class StepProfiler:
     def __init__(self, run_dir: Path, steps: list[int], is_main: bool) -> None:
         self.first, self.last = steps if steps else (0, -1)
-        self.out = run_dir / "profile"
+        self.out = run_dir / layout.PROFILE
         self.is_main = is_main
         self.tracing = False
 

@@ -33,7 +33,7 @@ from training.analysis.curvature import SEED, fixed_batch, sharpness_fn
 from training.checkpoints.checkpointer import Checkpointer, checkpoint_meta
 from training.checkpoints.lock import lock_save_path
 from training.checkpoints.resume import RunPlan, carried_over
-from training.config import Config
+from training.config import Config, layout
 from training.distributed.peers import abandon, lost_peer
 from training.distributed.sharding import max_over_processes, put_batch
 from training.loop.clock import RunClock
@@ -68,14 +68,14 @@ class TrainingSession:
         self.lock = lock_save_path(plan.save_path) if cfg.checkpoint.save else None  # before anything is written
         if self.is_main:
             plan.run_dir.mkdir(parents=True, exist_ok=True)
-            (plan.run_dir / "config.yaml").write_text(config_lib.to_yaml(cfg))
+            (plan.run_dir / layout.CONFIG).write_text(config_lib.to_yaml(cfg))
         self.checkpointer = None
         if cfg.checkpoint.save:
             self.checkpointer = Checkpointer(
                 plan.save_path, cfg.checkpoint.max_to_keep, config_lib.listed_save_steps(cfg)
             )
             if self.is_main:
-                (plan.save_path / "config.yaml").write_text(config_lib.to_yaml(cfg))
+                (plan.save_path / layout.CONFIG).write_text(config_lib.to_yaml(cfg))
                 if plan.resume is not None and plan.resume.reader.directory == plan.save_path:
                     for step, _ in plan.resume.passed_over:  # damaged steps this run will write again
                         self.checkpointer.set_aside(step)

@@ -14,6 +14,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from training.config import layout
 from training.reporting.summary import TRAIN, latest_per_step, read_metrics, summarize_metrics
 
 # Keys that name where a run writes, not what it is: never a column of their own.
@@ -25,10 +26,10 @@ def find_runs(paths: list[Path]) -> list[Path]:
     """Each path that is a run, and every run below each path that is not (a sweep), in a stable order."""
     runs: list[Path] = []
     for path in paths:
-        if (path / "metrics.jsonl").exists():
+        if layout.is_run_dir(path):
             runs.append(path)
         else:
-            runs.extend(sorted(p.parent for p in path.rglob("metrics.jsonl")))
+            runs.extend(sorted(p.parent for p in path.rglob(layout.METRICS)))
     return list(dict.fromkeys(runs))
 
 
@@ -46,9 +47,9 @@ def run_record(run_dir: Path) -> dict[str, Any]:
     did not finish)."""
     import yaml
 
-    config_path = run_dir / "config.yaml"
+    config_path = run_dir / layout.CONFIG
     config = _flat(yaml.safe_load(config_path.read_text())) if config_path.exists() else {}
-    summary_path = run_dir / "summary.json"
+    summary_path = run_dir / layout.SUMMARY
     summary = (
         json.loads(summary_path.read_text())
         if summary_path.exists()
@@ -156,7 +157,7 @@ def plot_sweep(records: list[dict[str, Any]], out: Path, split: str = "val") -> 
 
 def write_comparison(runs: list[Path], out: Path, split: str = "val") -> str:
     """The table of `runs` as `out`/comparison.md and comparison.csv, and the figure as comparison.png; returns the
-    Markdown table (what scripts/compare_runs.py prints, and what a sweep's sweep.md includes)."""
+    Markdown table (what scripts/tools/compare_runs.py prints, and what a sweep's sweep.md includes)."""
     out.mkdir(parents=True, exist_ok=True)
     records = [run_record(r) for r in runs]
     columns, rows = table(records, split)

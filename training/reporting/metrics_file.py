@@ -10,10 +10,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from training.config import layout
+
 
 class MetricsFile:
     def __init__(self, run_dir: Path) -> None:
-        self.file = open(run_dir / "metrics.jsonl", "a", buffering=1)
+        self.file = open(run_dir / layout.METRICS, "a", buffering=1)
 
     def log(self, step: int, split: str, values: dict[str, Any]) -> None:
         row = {"step": step, "split": split, "time": time.time(), **{k: _plain(v) for k, v in values.items()}}

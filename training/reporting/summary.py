@@ -1,7 +1,7 @@
 """What a finished run leaves besides its checkpoints: `summary.json` and `plots.png`, both from metrics.jsonl.
 
 metrics.jsonl is the run's whole history (a resumed run appends to it), so the summary and the plots cover every
-segment of a run, and `scripts/plot_runs.py` can overlay any runs after the fact.
+segment of a run, and `scripts/tools/plot_runs.py` can overlay any runs after the fact.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from training.config import layout
+
 if TYPE_CHECKING:
     from training.checkpoints.checkpointer import Checkpointer
 
@@ -19,7 +21,7 @@ TRAIN = "train"
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
-    path = Path(run_dir) / "metrics.jsonl"
+    path = Path(run_dir) / layout.METRICS
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -78,7 +80,7 @@ def finite_number(x: Any) -> bool:
 
 
 def write_summary(run_dir: Path, extra: dict[str, Any]) -> Path:
-    path = Path(run_dir) / "summary.json"
+    path = Path(run_dir) / layout.SUMMARY
     path.write_text(json.dumps(summarize_metrics(read_metrics(run_dir), extra), indent=2))
     return path
 
@@ -177,4 +179,4 @@ def finish_run(
         },
     )
     if plot:
-        plot_runs([run_dir], Path(run_dir) / "plots.png")
+        plot_runs([run_dir], Path(run_dir) / layout.PLOTS)

@@ -7,10 +7,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from training.config import layout
+
 
 class TensorBoard:
     def __init__(self, run_dir: Path) -> None:
-        self.writer = summary_writer()(logdir=str(run_dir / "tensorboard"))
+        self.writer = summary_writer()(logdir=str(run_dir / layout.TENSORBOARD))
 
     def log(self, step: int, split: str, numbers: dict[str, float]) -> None:
         for k, v in numbers.items():

@@ -155,7 +155,7 @@ def micro_step(
         sums = loss_sums(eqx.combine(params, model), micro_batch, objective.micro_key(i), spec.dtype)
         return (sums.nll + spec.z_loss * sums.log_z_squared) / jnp.maximum(sums.tokens, 1.0)
 
-    with jax.named_scope("optimizer"):  # for scripts/profile_summary.py
+    with jax.named_scope("optimizer"):  # for scripts/tools/profile_summary.py
         updates, opt_state = spec.optimizer.update(
             grads, carry.opt_state, eqx.filter(model, eqx.is_array), obj_fn=micro_objective, lr=lr
         )
@@ -314,5 +314,5 @@ def make_train_step(
     def step(state: TrainState, batch: Batch, lr: jax.Array) -> tuple[TrainState, Metrics]:
         return train_step(spec, state, batch, lr)
 
-    step.__name__ = step.__qualname__ = "train_step"  # the name profiles and scripts/profile_summary.py look for
+    step.__name__ = step.__qualname__ = "train_step"  # the name profiles and scripts/tools/profile_summary.py look for
     return TrainStep(eqx.filter_jit(step, donate="all"), lr_schedule, state_shardings) if jit else step

@@ -1,7 +1,7 @@
 """What logging every step costs the whole loop: train_jax.py runs at several log intervals, one JSON line each.
 
-    python scripts/bench_loop.py --log-intervals 1,100 --steps 300 model=gpt2-tiny dataset.tokenizer=byte
-    python scripts/bench_loop.py --processes 2 --log-intervals 1,100 --steps 300 model=gpt2-tiny ...
+    python -m scripts.benchmarks.bench_loop --log-intervals 1,100 --steps 300 model=gpt2-tiny dataset.tokenizer=byte
+    python -m scripts.benchmarks.bench_loop --processes 2 --log-intervals 1,100 --steps 300 model=gpt2-tiny ...
 
 Each run is a real `train_jax.py` (in a subprocess; with --processes N, N processes joined through jax.distributed
 on 127.0.0.1, each with --devices-per-process CPU devices) with no evaluation before the end and no checkpoints.
@@ -23,7 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from training.config import layout
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:
@@ -77,8 +79,8 @@ def one_run(overrides: list[str], log_interval: int, steps: int, processes: int,
         for p, (_, err) in zip(procs, outputs):
             if p.returncode != 0:
                 raise SystemExit(f"a run failed (exit {p.returncode}): {err.strip().splitlines()[-1:]}")
-        summary = json.loads((run_dir / "summary.json").read_text())
-        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        summary = json.loads((run_dir / layout.SUMMARY).read_text())
+        rows = [json.loads(line) for line in (run_dir / layout.METRICS).read_text().splitlines()]
         ms = [
             r["ms_per_step"]
             for r in rows

@@ -1,6 +1,6 @@
 """How long the training loop stalls per asynchronous checkpoint save, and how long the save takes to commit.
 
-    python scripts/bench_checkpoint.py [--saves 5] [--vocab 50257] [hydra overrides, e.g. model=gpt2]
+    python -m scripts.benchmarks.bench_checkpoint [--saves 5] [--vocab 50257] [hydra overrides, e.g. model=gpt2]
 
 The state is a real TrainState (model + AdamW moments) of the configured model with `--vocab` ids; no data is read.
 `stall` is the time `Checkpointer.save` blocks the loop (finiteness check + copying the arrays off the devices);

@@ -1,7 +1,7 @@
 """Does the best learning rate transfer across widths? A grid of lrs at a base width and a wider one, under standard
 parametrization and under μP (models/mup.py), each a Hydra multirun; the final val loss against lr per width.
 
-    python scripts/mup_transfer.py [--widths 64,256] [--lrs 1e-3,3e-3,1e-2,3e-2,1e-1] [--steps 100] \
+    python -m scripts.experiments.mup_transfer [--widths 64,256] [--lrs 1e-3,3e-3,1e-2,3e-2,1e-1] [--steps 100] \
         [--out runs/mup-transfer] [--docs] [-- extra overrides]
 
 Expected (Tensor Programs V): under standard parametrization the wider model's optimum moves to a smaller lr; under
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from training.cli.sweep import run_sweep
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RUN = [
     "model=gpt2-tiny",
     "model.n_head=4",

@@ -1,6 +1,6 @@
 """Overlay runs: loss per split, learning rate and tokens/s against step, from each run's metrics.jsonl.
 
-python scripts/plot_runs.py RUN_DIR [RUN_DIR ...] [--out comparison.png] [--labels a,b]
+python -m scripts.tools.plot_runs RUN_DIR [RUN_DIR ...] [--out comparison.png] [--labels a,b]
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from training.config import layout
 from training.reporting.summary import plot_runs
 
 
@@ -18,7 +19,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", default="comparison.png")
     parser.add_argument("--labels", default=None, help="comma-separated names, one per run (default: folder names)")
     args = parser.parse_args(argv)
-    missing = [r for r in args.runs if not (Path(r) / "metrics.jsonl").exists()]
+    missing = [r for r in args.runs if not layout.is_run_dir(r)]
     if missing:
         print(f"error: no metrics.jsonl in {', '.join(missing)}; pass run directories (runs/<name>)", file=sys.stderr)
         return 1

@@ -1,8 +1,8 @@
 """Benchmark the data path on generated corpora: first-run build, second-run start-up, peak memory.
 
-    python scripts/bench_data.py --tokens 10M 100M 1G                # one JSON line per corpus size
-    python scripts/bench_data.py --tokens 10M --checkout ../other     # the same runs against another checkout
-    python scripts/bench_data.py --tokens 10M 100M --tokenizer bpe    # a trained BPE (4096 ids) instead of bytes
+    python -m scripts.benchmarks.bench_data --tokens 10M 100M 1G                # one JSON line per corpus size
+    python -m scripts.benchmarks.bench_data --tokens 10M --checkout ../other  # the same runs against another checkout
+    python -m scripts.benchmarks.bench_data --tokens 10M 100M --tokenizer bpe  # a trained BPE (4096 ids), not bytes
 
 A corpus of N tokens is generated offline and deterministically from the running Python's standard library (text
 that ships here): files of about 256 KB, each the concatenation of standard-library modules under a `# copy k`
@@ -148,7 +148,7 @@ def encode_batch_rate(corpus: Path, cache: Path, tokenizer: str, limit: int = 64
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", nargs="+", default=["10M", "100M"])
-    parser.add_argument("--checkout", default=str(Path(__file__).resolve().parent.parent))
+    parser.add_argument("--checkout", default=str(Path(__file__).resolve().parents[2]))
     parser.add_argument("--work", default="/tmp/bench_data", help="where corpora, caches and runs go")
     parser.add_argument("--tokenizer", choices=("byte", "bpe"), default="byte")
     args = parser.parse_args()

@@ -1,7 +1,7 @@
 """μP's coordinate check (training/analysis/coord_check.py): activation scale per width over the first steps, standard
 parametrization beside μP.
 
-    python scripts/coord_check.py [--widths 64,128,256,512] [--steps 4] [--lr 1e-2] [--out docs/coord_check.png]
+    python -m scripts.experiments.coord_check [--widths 64,128,256,512] [--steps 4] [--lr 1e-2] [--out coord.png]
 
 Each panel is one activation (embedding output, the last block's residual stream, the logits): the mean |change
 since step 0| of its coordinates against the width, one line per step. Flat lines: the update's effect does not

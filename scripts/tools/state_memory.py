@@ -1,7 +1,7 @@
 """Per-device bytes of the train state (parameters + optimizer state) for every data x model layout, from shapes and
 shardings.
 
-    python scripts/state_memory.py --devices 8 --vocab 50257 model=gpt2-xl [optimizer=adamw ...]
+    python -m scripts.tools.state_memory --devices 8 --vocab 50257 model=gpt2-xl [optimizer=adamw ...]
 
 For each size of the mesh's `model` axis (tensor parallelism: 1, 2, 4, ... up to --devices, where it divides the
 heads) and each `data` layout (dp: replicated, fsdp: sharded), the bytes the most loaded device holds. Nothing is

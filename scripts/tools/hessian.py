@@ -1,9 +1,9 @@
 """Sharpness: the largest (and smallest) Hessian eigenvalue of a checkpoint's evaluation loss, and a run's sharpness
 against 2/lr.
 
-    python scripts/hessian.py RUN [--step latest|best|N] [--iters N] [--seed 0]
-    python scripts/hessian.py RUN --plot sharpness.png                 # what logging.hessian_every logged, and 2/lr
-    python scripts/hessian.py RUN --step 400 --plot sharpness.png      # ... with this checkpoint's measurement added
+    python -m scripts.tools.hessian RUN [--step latest|best|N] [--iters N] [--seed 0]
+    python -m scripts.tools.hessian RUN --plot sharpness.png  # what logging.hessian_every logged, and 2/lr
+    python -m scripts.tools.hessian RUN --step 400 --plot sharpness.png  # ... with this checkpoint's measurement added
 
 RUN is a run directory (runs/<name>) or its checkpoint directory. The eigenvalues are the extremes of a Lanczos run on
 Hessian-vector products (training/analysis/curvature.py) of the masked mean token loss in float32 on the run's fixed
@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 
 from core.errors import CheckpointError, PipelineError, say
+from training.config import layout
 
 
 def main(argv: list[str]) -> int:
@@ -89,7 +90,7 @@ def plot_sharpness(run: str, out: Path, measured: tuple[int, float] | None = Non
 
     from training.reporting.summary import latest_per_step, read_metrics
 
-    run_dir = next((d for d in (Path(run), Path(run).parent) if (d / "metrics.jsonl").exists()), None)
+    run_dir = next((d for d in (Path(run), Path(run).parent) if layout.is_run_dir(d)), None)
     if run_dir is None:
         raise CheckpointError(f"--plot: no metrics.jsonl in {run} or its parent; pass the run directory")
     rows = latest_per_step(read_metrics(run_dir))
@@ -131,7 +132,7 @@ def plot_sharpness(run: str, out: Path, measured: tuple[int, float] | None = Non
             "*",
             ms=12,
             color="C3",
-            label=f"{'|sharpness|' if measured[1] < 0 else 'sharpness'} at step {measured[0]} (scripts/hessian.py)",
+            label=f"{'|sharpness|' if measured[1] < 0 else 'sharpness'} at step {measured[0]} (scripts.tools.hessian)",
         )
     if lrs:
         ax.plot([s for s, _ in lrs], [2.0 / lr for _, lr in lrs], "--", color="C1", label="2 / lr (edge of stability)")

@@ -1,8 +1,8 @@
-"""The decoder comparison's table and plot (scripts/compare_decoders.sh): each model's val nats/byte at the token
-budget and at the same training time, the mean of its seeds, beside its parameters and tokens/s.
+"""The decoder comparison's table and plot (scripts/experiments/compare_decoders.sh): each model's val nats/byte at the
+token budget and at the same training time, the mean of its seeds, beside its parameters and tokens/s.
 
-    python scripts/compare_decoders.py runs/decoders            # runs/decoders/decoders.md, .json and .png
-    python scripts/compare_decoders.py runs/decoders --docs     # and copies as docs/decoders.md and .png
+    python -m scripts.experiments.compare_decoders runs/decoders            # runs/decoders/decoders.md, .json and .png
+    python -m scripts.experiments.compare_decoders runs/decoders --docs     # and copies as docs/decoders.md and .png
 
 Each directory under OUT is one model (a Hydra multirun over `train.seed`), each run below it one seed. A run's
 training time is the time its training steps took, summed from its log lines' ms/step (compilation and evaluation
@@ -19,9 +19,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+from training.config import layout
+from training.reporting.summary import TRAIN, latest_per_step, read_metrics
 
-from training.reporting.summary import TRAIN, latest_per_step, read_metrics  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 SPLIT = "val"
 
@@ -58,8 +59,8 @@ def read_run(run_dir: Path) -> dict[str, Any]:
     """One seed's record: its config's seed and optimizer, parameters, tokens/s and val curve."""
     import yaml
 
-    config = yaml.safe_load((run_dir / "config.yaml").read_text())
-    summary = json.loads((run_dir / "summary.json").read_text())
+    config = yaml.safe_load((run_dir / layout.CONFIG).read_text())
+    summary = json.loads((run_dir / layout.SUMMARY).read_text())
     curve = val_curve(latest_per_step(read_metrics(run_dir)))
     return {
         "run": str(run_dir),
@@ -85,7 +86,7 @@ def compare(out: Path) -> dict[str, Any]:
     models = {}
     for model_dir in sorted(p for p in out.iterdir() if p.is_dir()):
         runs = [
-            read_run(m.parent) for m in sorted(model_dir.rglob("metrics.jsonl")) if (m.parent / "summary.json").exists()
+            read_run(m.parent) for m in sorted(model_dir.rglob(layout.METRICS)) if (m.parent / layout.SUMMARY).exists()
         ]
         if runs:
             models[model_dir.name] = sorted(runs, key=lambda r: r["seed"])

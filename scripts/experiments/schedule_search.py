@@ -1,6 +1,6 @@
 """Greedy learning-rate schedule search, segment by segment (as trainit searches schedules).
 
-    python scripts/schedule_search.py --segments 4 --segment-steps 50 --lrs 1e-3,3e-3,1e-2 --factors 0.5,1 \
+    python -m scripts.experiments.schedule_search --segments 4 --segment-steps 50 --lrs 1e-3,3e-3,1e-2 --factors 0.5,1 \
         --out runs/schedule_search -- model=gpt2-micro optimizer=adamw
 
 The first segment trains from scratch at each of `--lrs` (one Hydra multirun); the best by smoothed train loss (the
@@ -27,11 +27,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from core.errors import PipelineError
+from training.cli.sweep import run_sweep
+from training.reporting.summary import finite_number, latest_per_step, read_metrics
 
-from core.errors import PipelineError  # noqa: E402
-from training.cli.sweep import run_sweep  # noqa: E402
-from training.reporting.summary import finite_number, latest_per_step, read_metrics  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def fail(message: str) -> int:

@@ -1,8 +1,8 @@
 """Where a train step's time goes: a run's jax.profiler trace (`system.profile_steps=[a,b]`) as a table by category.
 
-    python scripts/profile_summary.py RUN_DIR            # Markdown: ms, ms/step, % of step and ops per category
-    python scripts/profile_summary.py RUN_DIR --top 15   # and the 15 most expensive ops, with their category
-    python scripts/profile_summary.py RUN_DIR --json     # the same as one JSON object
+    python -m scripts.tools.profile_summary RUN_DIR            # Markdown: ms, ms/step, % of step and ops per category
+    python -m scripts.tools.profile_summary RUN_DIR --top 15   # and the 15 most expensive ops, with their category
+    python -m scripts.tools.profile_summary RUN_DIR --json     # the same as one JSON object
 
 Reads the newest trace in RUN_DIR/profile (training/loop/profile.py). The ops are the trace's events with an `hlo_op`
 stat: kernels on the GPU planes' `Stream` lines, or, on XLA:CPU, thunks on the host threads of `/host:CPU`. Each is
@@ -25,6 +25,8 @@ from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
+
+from training.config import layout
 
 MODULE, CALL = "jit_train_step", "PjitFunction(train_step)"
 CATEGORIES = {
@@ -398,7 +400,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of Markdown")
     parser.add_argument("--top", type=int, default=0, metavar="N", help="also list the N most expensive ops")
     args = parser.parse_args(argv)
-    traces = sorted((Path(args.run_dir) / "profile").glob("plugins/profile/*/*.xplane.pb"))
+    traces = sorted((Path(args.run_dir) / layout.PROFILE).glob("plugins/profile/*/*.xplane.pb"))
     if not traces:
         print(
             f"error: no profile in {args.run_dir}: a run traces steps a..b into <run_dir>/profile when trained with "

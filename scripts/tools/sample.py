@@ -1,8 +1,8 @@
 """Generate from a trained model: text models print text, note models write .mid files.
 
-    python scripts/sample.py RUN_DIR [--which latest|best|STEP] [--prompt "def "] [--num-samples 3]
+    python -m scripts.tools.sample RUN_DIR [--which latest|best|STEP] [--prompt "def "] [--num-samples 3]
         [--max-new-tokens 200] [--temperature 0.8] [--top-k 50] [--top-p 0.95] [--seed 0]
-    python scripts/sample.py PIANO_RUN_DIR [--prompt-midi piece.mid | --prompt-split full] [--prompt-notes 32]
+    python -m scripts.tools.sample PIANO_RUN_DIR [--prompt-midi piece.mid | --prompt-split full] [--prompt-notes 32]
         [--task continuation|dynamics|lower_voices] [--out samples/]
 
 RUN_DIR is a run directory (runs/<name>) or its checkpoint directory. A note model continues the first
@@ -22,6 +22,7 @@ from pathlib import Path
 from core.errors import DataError, PipelineError, say
 from models.decode import generate
 from training.checkpoints.trained import Trained, add_checkpoint_arguments, load_trained
+from training.config import layout
 
 
 def main(argv: list[str]) -> int:
@@ -100,7 +101,7 @@ def sample_notes(trained: Trained, args: argparse.Namespace) -> int:
         seed=args.seed,
         eos_id=tok.eos_id,
     )
-    out = Path(args.out or Path(trained.meta.get("run_dir") or Path(args.path)) / "samples")
+    out = Path(args.out or Path(trained.meta.get("run_dir") or Path(args.path)) / layout.SAMPLES)
     quantised = tok.quantise(given)
     draw_piano_roll(
         quantised,

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # GPT-2 against the modern decoders at (near) equal parameters and equal tokens on pystdlib (docs/models.md):
 # gpt2-mini and llama-mini with AdamW, and the speedrun's modern GPT at gpt2-mini's shape with Muon, two seeds each
-# (one Hydra multirun per model, in $DECODERS_OUT/<model>/, default runs/decoders); then scripts/compare_decoders.py
+# (one Hydra multirun per model, in $DECODERS_OUT/<model>/, default runs/decoders); then scripts/experiments/compare_decoders.py
 # writes the table and the plot (val nats/byte at the token budget and at the same training time) to docs/decoders.*.
 # A model whose multirun finished (its sweep.json exists) is not run again: delete its directory to rerun it.
 # Extra arguments are overrides for every run, e.g. a longer budget:
-#     bash scripts/compare_decoders.sh train.max_steps=160 train.eval_interval=40
+#     bash scripts/experiments/compare_decoders.sh train.max_steps=160 train.eval_interval=40
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 source activate_env.sh
 OUT="${DECODERS_OUT:-runs/decoders}"
 
@@ -38,4 +38,4 @@ EXTRA=("$@")
 run_model gpt2-mini model=gpt2-mini "${ADAMW[@]}"
 run_model llama-mini model=llama-mini "${ADAMW[@]}"
 run_model modern-gpt-muon "${MODERN_MINI[@]}" "${MUON[@]}"
-python scripts/compare_decoders.py "$OUT" --docs
+python -m scripts.experiments.compare_decoders "$OUT" --docs

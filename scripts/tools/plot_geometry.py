@@ -1,6 +1,6 @@
 """Draw a run's update geometry (`logging.update_geometry=true`, training/step/geometry.py) from its metrics.jsonl.
 
-    python scripts/plot_geometry.py RUN_DIR [--out geometry.png]
+    python -m scripts.tools.plot_geometry RUN_DIR [--out geometry.png]
 
 Four panels against step, one line per parameter group: the running sums of <g_n, Δ_n> and <g_n, Δ_{n+1}> (the
 online-to-nonconvex quantities; a sum falling steadily means updates that keep descending), cos(Δ_{n+1}, Δ_n)
@@ -13,6 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from training.config import layout
 from training.reporting.summary import latest_per_step, read_metrics
 
 
@@ -70,7 +71,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", default="geometry.png")
     args = parser.parse_args(argv)
     run_dir = Path(args.run)
-    if not (run_dir / "metrics.jsonl").exists():
+    if not layout.is_run_dir(run_dir):
         print(f"error: no metrics.jsonl in {run_dir}; pass a run directory (runs/<name>)", file=sys.stderr)
         return 2
     try:

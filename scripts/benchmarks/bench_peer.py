@@ -1,9 +1,9 @@
 """Time our train step against nanoGPT's on the same model, batch, context and GPU, alternating, in one run.
 
-    python scripts/bench_peer.py --nanogpt ~/src/nanoGPT                       # gpt2 (124M), batch 16 x 1024
-    python scripts/bench_peer.py --nanogpt ~/src/nanoGPT --model gpt2 --batch 32 --steps 10 --rounds 6
-    python scripts/bench_peer.py --nanogpt ~/src/nanoGPT --ours "model.remat=block"  # overrides for our side only
-    python scripts/bench_peer.py --nanogpt ~/src/nanoGPT --device cpu --model gpt2-tiny --batch 2  # smoke test
+    python -m scripts.benchmarks.bench_peer --nanogpt ~/src/nanoGPT                       # gpt2 (124M), batch 16 x 1024
+    python -m scripts.benchmarks.bench_peer --nanogpt ~/src/nanoGPT --model gpt2 --batch 32 --steps 10 --rounds 6
+    python -m scripts.benchmarks.bench_peer --nanogpt ~/src/nanoGPT --ours "model.remat=block"  # our side only
+    python -m scripts.benchmarks.bench_peer --nanogpt ~/src/nanoGPT --device cpu --model gpt2-tiny --batch 2  # smoke
 
 PATH is the user's checkout of github.com/karpathy/nanoGPT; its model.py is imported at run time in a worker, never
 copied here. Only a ratio measured in one run holds across machines (DESIGN.md, "Known pitfalls"). This process
@@ -39,7 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 VOCAB = 50257  # GPT-2's tokens; both models pad their embedding to 50,304 rows
 PALM_ATTENTION_FLOPS = 12  # training/reporting/flops.py's palm `a` in 6N + a·L·C·T (that module imports JAX; here none)
 SIDES = ("ours", "nanogpt")
@@ -316,7 +316,8 @@ class Worker:
         self.side = side
         argv = [
             sys.executable,
-            str(Path(__file__).resolve()),
+            "-m",
+            "scripts.benchmarks.bench_peer",
             "--worker",
             side,
             "--model",

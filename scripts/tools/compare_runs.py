@@ -1,9 +1,9 @@
 """Compare runs or whole sweeps: a table of what differs between them and how each ended, as Markdown and CSV, and a
 figure of final validation loss against learning rate (a line per optimizer) beside the overlaid loss curves.
 
-    python scripts/compare_runs.py runs/sweeps/train_jax-20261123-100000   # every run below a sweep directory
-    python scripts/compare_runs.py runs/a runs/b --out comparison/          # or named runs
-    python scripts/compare_runs.py SWEEP --split code/val                   # the figure for another validation split
+    python -m scripts.tools.compare_runs runs/sweeps/train_jax-20261123-100000   # every run below a sweep directory
+    python -m scripts.tools.compare_runs runs/a runs/b --out comparison/          # or named runs
+    python -m scripts.tools.compare_runs SWEEP --split code/val  # the figure for another validation split
 
 Writes <out>/comparison.md, comparison.csv and comparison.png (default <out>: the first directory given) and prints
 the Markdown table.

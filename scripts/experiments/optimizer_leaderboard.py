@@ -1,9 +1,9 @@
 """The optimizer leaderboard: every registered optimizer at its own optimum, compared at the end of training.
 
-    bash scripts/optimizer_leaderboard.sh                    # this machine's board (2 CPU cores: about an hour)
-    bash scripts/optimizer_leaderboard.sh --gpu              # gpt2-mini, longer runs: where a GPU is lent
-    python scripts/optimizer_leaderboard.py --only adamw,lion --out /tmp/board   # a part of it
-    python scripts/optimizer_leaderboard.py --summarize runs/leaderboard         # the table and plot again
+    bash scripts/experiments/optimizer_leaderboard.sh  # this machine's board (2 CPU cores: about an hour)
+    bash scripts/experiments/optimizer_leaderboard.sh --gpu              # gpt2-mini, longer runs: where a GPU is lent
+    python -m scripts.experiments.optimizer_leaderboard --only adamw,lion --out /tmp/board   # a part of it
+    python -m scripts.experiments.optimizer_leaderboard --summarize runs/leaderboard         # the table and plot again
 
 Each optimizer is tuned as Wen et al. (2025) insist, around its own preset (conf/optimizer/<name>.yaml): its step
 size on a grid of factor-2 steps (5 points, centred on the preset's), grown by a point past whichever edge wins until
@@ -32,7 +32,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from training.config import layout
+
+ROOT = Path(__file__).resolve().parents[2]
 
 # The board's runs: gpt2-micro on pystdlib, context 128, batch 8 (1,024 tokens a step), no checkpoints; the budget
 # (steps) is a flag, each preset's own schedule (its warmup and floor are fractions of the run). Evaluations every
@@ -255,7 +257,7 @@ def tune(out: Path, name: str, centres: tuple, run: list[str], points: int, knob
 
 def curve(run_dir: Path) -> list[tuple[int, float, float]]:
     """(step, val loss per token, val nats per byte) at each evaluation."""
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (run_dir / layout.METRICS).read_text().splitlines()]
     return [(r["step"], r["loss"], r["nats_per_byte"]) for r in rows if r["split"] == "val"]
 
 
@@ -296,7 +298,7 @@ def summarize(out: Path, tokens_per_step: int, steps: int) -> dict:
             r["knob_grid"]["points"].insert(0, [centres[r["optimizer"]][1], loss_of(r["step_grid"]["best"])])
         finals = [curve(Path(s["run_dir"]))[-1][2] for s in r["seeds"] if s["run_dir"]]
         points = curve(Path(r["seeds"][0]["run_dir"]))
-        summary = json.loads((Path(r["seeds"][0]["run_dir"]) / "summary.json").read_text())
+        summary = json.loads((Path(r["seeds"][0]["run_dir"]) / layout.SUMMARY).read_text())
         rows.append(
             {
                 "optimizer": r["optimizer"],

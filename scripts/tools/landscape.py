@@ -1,7 +1,7 @@
 """Loss landscape around a checkpoint: the loss along one direction (a line plot) or two (a contour plot), with the
 run's saved checkpoints projected onto it.
 
-    python scripts/landscape.py RUN [--step latest|best|N] [--out FILE.png] [--dims 1|2]
+    python -m scripts.tools.landscape RUN [--step latest|best|N] [--out FILE.png] [--dims 1|2]
         [--to-step M | --last-update | --pca] [--grid 21] [--span LO HI] [--batches 1] [--seed 0] [--include-vectors]
 
 Directions (training/analysis/landscape.py):
@@ -16,7 +16,7 @@ With two dimensions and --to-step or --last-update, the second direction is rand
 orthogonal to the first and scaled to its length.
 
 The loss is the masked mean token loss in float32 over the first `--batches` evaluation batches of the main validation
-split (the first is the batch scripts/hessian.py measures). Every saved checkpoint is placed at its least-squares
+split (the first is the batch scripts/tools/hessian.py measures). Every saved checkpoint is placed at its least-squares
 coordinates on the directions; the printed residual is how much of its offset lies off them. Keep more checkpoints
 with checkpoint.save_steps=N and checkpoint.max_to_keep=null. Exit status 2: the run or a step is not there.
 """
@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 
 from core.errors import CheckpointError, PipelineError, say
+from training.config import layout
 
 
 def main(argv: list[str]) -> int:
@@ -96,7 +97,7 @@ def landscape(args: argparse.Namespace) -> dict:
     values = L.loss_surface(centre.model, directions, np.concatenate([points, np.zeros((1, args.dims))]), batches)
     losses, at_centre = values[:-1].reshape([args.grid] * args.dims), values[-1]
 
-    run_dir = checkpoints.parent if checkpoints.name == "checkpoints" else checkpoints
+    run_dir = checkpoints.parent if checkpoints.name == layout.CHECKPOINTS else checkpoints
     out = Path(args.out) if args.out else run_dir / f"landscape-step{centre.step}.png"
     title = f"{data.main_split} loss around step {centre.step} of {run_dir.name} ({tokens} target tokens)"
     draw(out, grids, losses, names, placed, centre.step, title)

@@ -2,8 +2,8 @@
 command (checkpoint.load=auto); then check that every loss logged by every segment equals the uninterrupted run's
 at the same step, and that the last step was reached.
 
-    python scripts/soak_kill_resume.py --kills 20 --steps 240 --workdir /tmp/soak
-    python scripts/soak_kill_resume.py --kills 20 ... model=gpt2-micro      # extra arguments go to train_jax.py
+    python -m scripts.benchmarks.soak_kill_resume --kills 20 --steps 240 --workdir /tmp/soak
+    python -m scripts.benchmarks.soak_kill_resume --kills 20 ... model=gpt2-micro  # extra arguments go to train_jax.py
 
 Prints one line per segment and a JSON summary (kills, kills during a save, resumes, steps compared, differences);
 exits 1 when a loss differs or the run did not finish.
@@ -19,7 +19,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from training.config import layout
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def tiny(workdir: Path, steps: int, save_every: int) -> list[str]:
@@ -52,7 +54,7 @@ def start(args: list[str], log: Path) -> subprocess.Popen:
 
 def logged(run_dir: Path) -> list[dict]:
     """Every row of metrics.jsonl that parses (a row being written when the run was killed may not)."""
-    path = run_dir / "metrics.jsonl"
+    path = run_dir / layout.METRICS
     rows = []
     for line in path.read_text().splitlines() if path.exists() else []:
         try:
@@ -68,7 +70,7 @@ def last_step(run_dir: Path) -> int:
 
 def saves_under_way(run_dir: Path) -> set[str]:
     """Orbax's temporary step directories: a save under way (or one a kill left, until the next save clears it)."""
-    directory = run_dir / "checkpoints"
+    directory = run_dir / layout.CHECKPOINTS
     return {p.name for p in directory.iterdir() if ".orbax-checkpoint-tmp" in p.name} if directory.is_dir() else set()
 
 

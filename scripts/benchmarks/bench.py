@@ -1,9 +1,9 @@
 """Benchmark the train step of a config: N timed steps after warm-up, one JSON line out.
 
-    python scripts/bench.py [--steps 20] [--warmup 3] [hydra overrides ...]
-    python scripts/bench.py --steps 20 model=gpt2-mini dataset.tokenizer=byte train.batch_size=16
-    python scripts/bench.py --loader --steps 200 model=gpt2          # the data path alone
-    python scripts/bench.py --compile-only model=gpt2-xl              # compile time and XLA's memory plan, nothing
+    python -m scripts.benchmarks.bench [--steps 20] [--warmup 3] [hydra overrides ...]
+    python -m scripts.benchmarks.bench --steps 20 model=gpt2-mini dataset.tokenizer=byte train.batch_size=16
+    python -m scripts.benchmarks.bench --loader --steps 200 model=gpt2          # the data path alone
+    python -m scripts.benchmarks.bench --compile-only model=gpt2-xl  # compile time and XLA's memory plan, nothing
                                                                       # allocated
 
 Each timed step is synchronised (block_until_ready), so ms/step is the device time of one step plus dispatch; the

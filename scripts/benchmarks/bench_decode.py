@@ -1,7 +1,7 @@
 """Decode speed with and without the KV cache: tokens/s for a model built from a config (random weights: speed does
 not depend on them), after one warm-up call of each (compilation is reported apart). One JSON line out.
 
-    python scripts/bench_decode.py [--new-tokens 256] [--batch 1] [--prompt-len 1] [--vocab 4096] [overrides...]
+    python -m scripts.benchmarks.bench_decode [--new-tokens 256] [--batch 1] [--prompt-len 1] [--vocab 4096] [...]
 """
 
 from __future__ import annotations

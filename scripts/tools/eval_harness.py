@@ -1,6 +1,6 @@
 """Score a checkpoint on downstream tasks with EleutherAI's lm-evaluation-harness (lm-eval), 0-shot by default.
 
-    python scripts/eval_harness.py RUN_DIR [--tasks hellaswag,lambada_openai] [--which latest|best|STEP]
+    python -m scripts.tools.eval_harness RUN_DIR [--tasks hellaswag,lambada_openai] [--which latest|best|STEP]
         [--num-fewshot K] [--limit N] [--include-path MY_TASKS/] [--batch-tokens 8192] [--dtype float32]
         [--out FILE]
 
@@ -60,7 +60,7 @@ def main(argv: list[str]) -> int:
     from lm_eval.utils import handle_non_serializable, make_table
 
     record = {
-        "command": shlex.join(["python", "scripts/eval_harness.py", *argv]),
+        "command": shlex.join(["python", "-m", "scripts.tools.eval_harness", *argv]),
         "checkpoint": str(find_checkpoint_dir(args.path).absolute()),
         "step": trained.step,
         "model": trained.cfg.model.name,

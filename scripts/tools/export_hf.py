@@ -1,7 +1,7 @@
 """Export a checkpoint as a Hugging Face folder that transformers loads: a GPT-2 model as `GPT2LMHeadModel`, a
 Llama-style one (model=llama-*: rotary, RMSNorm, SwiGLU) as `LlamaForCausalLM`.
 
-    python scripts/export_hf.py RUN_OR_CHECKPOINT_DIR OUT_DIR [--which latest|best|STEP] [--architecture ARCH]
+    python -m scripts.tools.export_hf RUN_OR_CHECKPOINT_DIR OUT_DIR [--which latest|best|STEP] [--architecture ARCH]
 
 `--architecture auto` (the default) writes GPT-2 where GPT-2 expresses the model, else Llama (`gpt2`, `llama`: that
 one or an error); a model neither expresses (e.g. model=modern-gpt: ReLU^2, QK-norm, a logit soft-cap) is refused in

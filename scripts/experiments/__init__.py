@@ -1,0 +1,1 @@
+"""The research studies behind the presets and docs/: `python -m scripts.experiments.<name> --help`."""

@@ -1,0 +1,1 @@
+"""Tools on runs and checkpoints: `python -m scripts.tools.<name> --help`."""
