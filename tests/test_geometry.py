@@ -1,5 +1,5 @@
 """Update geometry (training/step/geometry.py): every quantity against a hand computation with two parameter groups;
-the running sums are the same whatever the log interval and across a kill and resume (and scripts/plot_geometry.py
+the running sums are the same whatever the log interval and across a kill and resume (and scripts/tools/plot_geometry.py
 draws them); off, nothing changes."""
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def test_every_quantity_matches_a_hand_computation_over_3_steps_with_two_groups(
     last_update = {g: None for g in groups}
     sums = {g: [0.0, 0.0] for g in groups}
     scales = {g: [0.0, 0.0] for g in groups}  # the sums of |g||u|: what the sums' rounding scales with
-    last_loss, loss_diff_sum = None, 0.0
+    last_loss, loss_change_sum = None, 0.0
     for step in range(3):
         params = jax.device_get(eqx.filter(parts.state.model, eqx.is_array))  # x_n (the step donates the state)
         batch = put_batch(parts.data.train.batch(step), parts.mesh)
@@ -106,13 +106,13 @@ def test_every_quantity_matches_a_hand_computation_over_3_steps_with_two_groups(
                 ), (step, group, name)
             last_update[group] = u
         if last_loss is None:
-            assert got["geometry/loss_diff"] is None
+            assert got["geometry/loss_change"] is None
         else:
-            loss_diff_sum += loss - last_loss
+            loss_change_sum += loss - last_loss
             # the difference of two float32 losses ~5, each from another program than here, a few ulp (~5e-7)
             # off: near 0 only abs counts, 1e-5 leaves ~10x
-            assert got["geometry/loss_diff"] == pytest.approx(loss - last_loss, rel=1e-4, abs=1e-5)
-        assert got["geometry/loss_diff_sum"] == pytest.approx(loss_diff_sum, rel=1e-4, abs=1e-5)
+            assert got["geometry/loss_change"] == pytest.approx(loss - last_loss, rel=1e-4, abs=1e-5)
+        assert got["geometry/loss_change_sum"] == pytest.approx(loss_change_sum, rel=1e-4, abs=1e-5)
         last_loss = loss
     # the groups split the model: their inner products add up to the model's, up to float32 sums' order (~1e-7)
     assert got["geometry/model/grad_dot_update_sum"] == pytest.approx(
@@ -132,8 +132,13 @@ def test_off_leaves_the_state_and_the_compiled_step_as_they_were(data_cache):
     assert off.state.stats is None
     assert "update_geometry" not in lowered(off)
     on = build(tiny_overrides(data_cache, "logging.update_geometry=true"))
-    assert set(on.state.stats) == {"count", "geometry"}
+    assert set(on.state.stats) == {"count", "last_params", "geometry"}
     assert "update_geometry" in lowered(on)
+    # With store_last_params too, the state still holds one copy of the parameters (x_{t-1}, shared): the geometry's
+    # own buffers are scalars.
+    both = build(tiny_overrides(data_cache, "logging.update_geometry=true", "logging.store_last_params=true"))
+    assert set(both.state.stats) == {"count", "last_params", "geometry"}
+    assert all(leaf.ndim == 0 for leaf in jax.tree.leaves(both.state.stats["geometry"]))
 
 
 @pytest.mark.e2e
@@ -169,6 +174,6 @@ def test_running_sums_are_the_same_whatever_the_log_interval_and_across_a_kill_a
     # same batches and the restored bits
     assert got[10] == want[10] and got[20] == want[20]
     # and the picture of them
-    drawn = run_cli([str(every), "--out", str(tmp_path / "geometry.png")], script="scripts/plot_geometry.py")
+    drawn = run_cli([str(every), "--out", str(tmp_path / "geometry.png")], module="scripts.tools.plot_geometry")
     assert drawn.returncode == 0, drawn.stderr[-2000:]
     assert "update geometry of model" in drawn.stdout and (tmp_path / "geometry.png").stat().st_size > 20_000

@@ -12,11 +12,14 @@ them), logged as `geometry/<group>/<name>`:
   cos_update_last_update cos(Δ_{n+1}, Δ_n)
   cos_params_last_params cos(x_n, x_{n−1})
   {params,grads,update}_{l2,l1,linf}   the norms of x_n, g_n and Δ_{n+1}
-and for the whole model `geometry/loss_diff` = f(x_n) − f(x_{n−1}) (each on its own step's batch) and its sum.
+and for the whole model `geometry/loss_change` = f(x_n; b_n) − f(x_{n−1}; b_{n−1}) (each on its own step's batch: not
+`loss_diff`, which compares both points on this step's batch) and its sum.
 
 The sums live in the train state (`TrainState.stats["geometry"]`), so what is logged at any step is exact whatever
-the log interval, and they checkpoint and resume with the rest. The buffers: Δ_n (one copy of the parameters), the
-last loss, the sums. At a run's first step the quantities that need a previous step are NaN and add 0 to the sums.
+the log interval, and they checkpoint and resume with the rest. Δ_n is x_n − x_{n−1}, from the statistics' one copy
+of the last parameters (`TrainState.stats["last_params"]`, shared with `store_last_params`); the geometry's own
+buffers are the last loss and the sums. At a run's first step the quantities that need a previous step are NaN and
+add 0 to the sums.
 """
 
 from __future__ import annotations
@@ -39,13 +42,12 @@ def group_names(assignment: tuple[tuple[str, str], ...]) -> list[str]:
     return list(dict.fromkeys([*(group for _, group in assignment), MODEL]))
 
 
-def init_geometry(params: Any, assignment: tuple[tuple[str, str], ...]) -> dict:
+def init_geometry(assignment: tuple[tuple[str, str], ...]) -> dict:
     zero = jnp.zeros([], jnp.float32)
     return {
-        "last_update": jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), params),
         "last_loss": zero,
         "sums": {group: {name: zero for name in SUMMED} for group in group_names(assignment)},
-        "loss_diff_sum": zero,
+        "loss_change_sum": zero,
     }
 
 
@@ -74,12 +76,14 @@ def _leaf_terms(x: jax.Array, g: jax.Array, u: jax.Array, last_u: jax.Array) -> 
     }
 
 
-def _cos(dot: jax.Array, a: jax.Array, b: jax.Array) -> jax.Array:
-    return dot / jnp.maximum(jnp.sqrt(a) * jnp.sqrt(b), 1e-30)
+def cosine(dot: jax.Array, a_squared: jax.Array, b_squared: jax.Array) -> jax.Array:
+    """cos(a, b) from ⟨a, b⟩, ‖a‖² and ‖b‖² (0 where either is 0)."""
+    return dot / jnp.maximum(jnp.sqrt(a_squared) * jnp.sqrt(b_squared), 1e-30)
 
 
 def step_geometry(
     buffers: dict,
+    last_params: Any,
     params: Any,
     new_params: Any,
     grads: Any,
@@ -87,10 +91,12 @@ def step_geometry(
     first: jax.Array,
     assignment: tuple[tuple[str, str], ...],
 ) -> tuple[dict, dict[str, jax.Array]]:
-    """(the new buffers, this step's `geometry/...` metrics). `params`: x_n; `new_params`: x_{n+1}; `grads`: g_n;
-    `loss`: f(x_n; b_n); `first`: no step before this one."""
+    """(the new buffers, this step's `geometry/...` metrics). `last_params`: x_{n−1} (x_n itself at the first step);
+    `params`: x_n; `new_params`: x_{n+1}; `grads`: g_n; `loss`: f(x_n; b_n); `first`: no step before this one."""
     with jax.named_scope("update_geometry"):
-        update = jax.tree.map(lambda new, old: new.astype(jnp.float32) - old.astype(jnp.float32), new_params, params)
+        difference = lambda new, old: new.astype(jnp.float32) - old.astype(jnp.float32)  # noqa: E731
+        update = jax.tree.map(difference, new_params, params)
+        last_update = jax.tree.map(difference, params, last_params)
         group_of = dict(assignment)
         terms = {
             name: _leaf_terms(x, g, u, lu)
@@ -99,7 +105,7 @@ def step_geometry(
                 jax.tree.leaves(params),
                 jax.tree.leaves(grads),
                 jax.tree.leaves(update),
-                jax.tree.leaves(buffers["last_update"]),
+                jax.tree.leaves(last_update),
                 strict=True,
             )
         }
@@ -113,9 +119,9 @@ def step_geometry(
             values = {
                 "grad_dot_last_update": nan_if_first(total["g.lu"]),
                 "grad_dot_update": total["g.u"],
-                "cos_grad_last_update": nan_if_first(_cos(total["g.lu"], total["g.g"], total["lu.lu"])),
-                "cos_update_last_update": nan_if_first(_cos(total["u.lu"], total["u.u"], total["lu.lu"])),
-                "cos_params_last_params": nan_if_first(_cos(total["x.xl"], total["x.x"], total["xl.xl"])),
+                "cos_grad_last_update": nan_if_first(cosine(total["g.lu"], total["g.g"], total["lu.lu"])),
+                "cos_update_last_update": nan_if_first(cosine(total["u.lu"], total["u.u"], total["lu.lu"])),
+                "cos_params_last_params": nan_if_first(cosine(total["x.xl"], total["x.x"], total["xl.xl"])),
                 "params_l2": jnp.sqrt(total["x.x"]),
                 "params_l1": total["x1"],
                 "params_linf": total["xinf"],
@@ -134,8 +140,8 @@ def step_geometry(
             metrics |= {f"geometry/{group}/{k}": v for k, v in values.items()}
             metrics |= {f"geometry/{group}/{k}_sum": v for k, v in sums[group].items()}
         loss = loss.astype(jnp.float32)
-        loss_diff = loss - buffers["last_loss"]
-        loss_diff_sum = buffers["loss_diff_sum"] + jnp.where(first, 0.0, loss_diff)
-        metrics |= {"geometry/loss_diff": nan_if_first(loss_diff), "geometry/loss_diff_sum": loss_diff_sum}
-        new = {"last_update": update, "last_loss": loss, "sums": sums, "loss_diff_sum": loss_diff_sum}
+        loss_change = loss - buffers["last_loss"]
+        loss_change_sum = buffers["loss_change_sum"] + jnp.where(first, 0.0, loss_change)
+        metrics |= {"geometry/loss_change": nan_if_first(loss_change), "geometry/loss_change_sum": loss_change_sum}
+        new = {"last_loss": loss, "sums": sums, "loss_change_sum": loss_change_sum}
     return new, metrics

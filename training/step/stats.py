@@ -14,7 +14,7 @@ micro-batches, before clipping), Δ_t = x_{t+1} − x_t the update that was appl
                        Needs store_last_params; costs one forward+backward pass per micro-batch.
   running_stats_window W > 0: the mean of each scalar statistic over the last W steps. Buffer: W x statistics.
   update_geometry      per parameter group, inner products, cosines and norms of g, x and Δ with running sums
-                       (training/step/geometry.py). Buffer: the last update.
+                       (training/step/geometry.py). Buffer: x_{t−1} (the same one copy as store_last_params).
 
 A statistic that needs a previous step is NaN at a run's first step. Skipped (non-finite) steps leave the buffers
 as they were. The buffers live in `TrainState.stats`, so they checkpoint and resume with the rest of the state.
@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from core.trees import tree_dot
-from training.step.geometry import init_geometry, step_geometry
+from training.step.geometry import cosine, init_geometry, step_geometry
 from training.step.precision import keep_if_finite
 
 if TYPE_CHECKING:
@@ -106,10 +106,10 @@ def init_stats(knobs: StatsKnobs, params: Any) -> dict | None:
         stats["last_grads"] = zeros()
     if knobs.store_past_grads:
         stats["past_grads_sum"] = zeros()
-    if knobs.store_last_params:
-        stats["last_params"] = jax.tree.map(jnp.copy, params)
+    if knobs.store_last_params or knobs.geometry_groups:
+        stats["last_params"] = jax.tree.map(jnp.copy, params)  # x_{t−1}: x_0 itself before the first step
     if knobs.geometry_groups:
-        stats["geometry"] = init_geometry(params, knobs.geometry_groups)
+        stats["geometry"] = init_geometry(knobs.geometry_groups)
     if knobs.window > 0:
         stats["window"] = jnp.full((knobs.window, len(knobs.scalar_names())), jnp.nan, jnp.float32)
     return stats
@@ -120,7 +120,7 @@ def _norm(a: Any) -> jax.Array:
 
 
 def _cos(a: Any, b: Any) -> jax.Array:
-    return tree_dot(a, b) / jnp.maximum(_norm(a) * _norm(b), 1e-30)
+    return cosine(tree_dot(a, b), tree_dot(a, a), tree_dot(b, b))
 
 
 def _sub(a: Any, b: Any) -> Any:
@@ -170,12 +170,13 @@ def update_stats(
                 ).items()
             }
         )
-        new["last_params"] = params
     if knobs.geometry_groups:
         new["geometry"], geometry = step_geometry(
-            stats["geometry"], params, new_params, grads, loss, first, knobs.geometry_groups
+            stats["geometry"], stats["last_params"], params, new_params, grads, loss, first, knobs.geometry_groups
         )
         out.update(geometry)
+    if "last_params" in stats:
+        new["last_params"] = params
     if knobs.window > 0:
         new["window"], averages = _window(knobs, stats["window"], out)
         out.update(averages)
