@@ -27,6 +27,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from core import param_labels
 from models.attention import causal_attention
 from models.fp8 import MATMULS, fp8_dot
 from models.kv_cache import KVCache, LayerCache
@@ -188,7 +189,7 @@ class Block(eqx.Module):
             q_BTNH, k_BTKH = apply_rotary(q_BTNH, *rotary), apply_rotary(k_BTKH, *rotary)
         if cfg.parametrization == "mup":  # scores scaled by 1/head_dim instead of 1/sqrt(head_dim) (models/mup.py)
             q_BTNH = q_BTNH * jnp.asarray(attention_multiplier(cfg), q_BTNH.dtype)
-        with jax.named_scope("attention"):  # the score/softmax/value kernels, for scripts/profile_summary.py
+        with jax.named_scope("attention"):  # the score/softmax/value kernels, for scripts/tools/profile_summary.py
             if cache is None:
                 y_BTNH = causal_attention(q_BTNH, k_BTKH, v_BTKH, cfg.attention, segment_ids_BT)
             else:
@@ -408,7 +409,7 @@ class GPT(eqx.Module):
     def weight_decay_mask(self) -> GPT:
         """True for the matrices that multiply activations (linear weights, token embedding, an untied head);
         False for biases, norms and the position embedding."""
-        return self._mark(False, {True: ("wte", "lm_head") + BLOCK_MATRICES})
+        return self._mark(False, {True: ("wte", "lm_head", *BLOCK_MATRICES)})
 
     def parameter_labels(self) -> GPT:
         """Each parameter's label for the optimizer's groups (optimizers/groups.py): token_embedding (also the LM
@@ -421,10 +422,7 @@ class GPT(eqx.Module):
                 "token_embedding": ("wte",),
                 "head": ("lm_head",),
                 "position": ("wpe",),
-                "attn_qkv": ("blocks.qkv.weight",),
-                "attn_out": ("blocks.attn_proj.weight",),
-                "mlp_in": ("blocks.fc.weight",),
-                "mlp_out": ("blocks.mlp_proj.weight",),
+                **{label: (path,) for label, path in BLOCK_MATRIX_PATHS.items()},
                 "norm": tuple(f"{n}.weight" for n in norms),
                 "bias": tuple(f"blocks.{f}.bias" for f in ("qkv", "attn_proj", "fc", "mlp_proj"))
                 + tuple(f"{n}.bias" for n in norms),
@@ -436,7 +434,15 @@ class GPT(eqx.Module):
         return self._mark(False, {True: BLOCK_MATRICES})
 
 
-BLOCK_MATRICES = ("blocks.qkv.weight", "blocks.attn_proj.weight", "blocks.fc.weight", "blocks.mlp_proj.weight")
+# Where each block matrix (core/param_labels.py) is in the model, in the labels' order.
+BLOCK_MATRIX_PATHS = dict(
+    zip(
+        param_labels.BLOCK_MATRICES,
+        ("blocks.qkv.weight", "blocks.attn_proj.weight", "blocks.fc.weight", "blocks.mlp_proj.weight"),
+        strict=True,
+    )
+)
+BLOCK_MATRICES = tuple(BLOCK_MATRIX_PATHS.values())
 
 
 def count_params(model: GPT, *, exclude_position_embedding: bool = False) -> int:

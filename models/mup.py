@@ -1,11 +1,12 @@
 """μP (maximal update parametrization; Yang et al., "Tensor Programs V", arXiv:2203.03466), for Adam-style optimizers:
 `model.parametrization=mup` with `model.mup_base_width` d0 makes a model of width d = m d0 train like the base one,
-so that a learning rate tuned at d0 (on gpt2-micro) stays the best at 4 x d0 (scripts/coord_check.py checks it).
+so that a learning rate tuned at d0 (on gpt2-micro) stays the best at 4 x d0 (scripts/experiments/coord_check.py
+checks it).
 
 What changes with m = d / d0 (at m = 1 every factor is 1: the base model is standard GPT-2):
   hidden matrices (qkv, attn_proj, fc, mlp_proj)  init std / sqrt(m) (variance 1/fan_in relative to the base)
                                                   Adam lr / m (optimizers/__init__.py `mup_lr_scale`, on
-                                                  optimizers/param_roles.py's BLOCK_MATRICES)
+                                                  core/param_labels.py's BLOCK_MATRICES)
   attention scores                                q.k / head_dim instead of / sqrt(head_dim): queries times
                                                   sqrt(head_dim0 / head_dim) = 1/sqrt(m) (heads fixed, so
                                                   head_dim = m head_dim0)

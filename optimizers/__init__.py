@@ -27,9 +27,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from core.param_labels import BLOCK_MATRICES
 from optimizers.decay import fixed
 from optimizers.groups import build_grouped_direction, geometry_groups, lr_multipliers
-from optimizers.param_roles import BLOCK_MATRICES
 from optimizers.registry import LR_USE, OPTIMIZERS, register
 from optimizers.schedules import build_schedule, own_warmups_in_steps
 from optimizers.wrappers import cautious

@@ -24,16 +24,12 @@ import jax
 import optax
 
 from core.errors import ConfigError
+from core.param_labels import BLOCK_MATRICES, EMBEDDINGS, LABELS, VECTORS
 from core.trees import path_name
 from optimizers.decay import fixed, with_decay_mode
 from optimizers.registry import LR_USE, OPTIMIZERS, RESERVED, build_direction, hyper_parameter_values, hyper_parameters
 
-LABELS = ("token_embedding", "head", "position", "attn_qkv", "attn_out", "mlp_in", "mlp_out", "norm", "bias")
-COARSE = {
-    "matrix": ("attn_qkv", "attn_out", "mlp_in", "mlp_out"),
-    "vector": ("norm", "bias"),
-    "embedding": ("token_embedding", "head", "position"),
-}
+COARSE = {"matrix": BLOCK_MATRICES, "vector": VECTORS, "embedding": EMBEDDINGS}
 GROUP_KEYS = ("name", "labels", "lr_multiplier")  # a group's own keys, beside its optimizer's hyper-parameters
 REST = ""  # the partition's name for the parameters of no group (no group name in what they report)
 

@@ -40,12 +40,11 @@ import optax
 
 from core.errors import ConfigError
 from core.trees import path_names
+from optimizers.matrices import HIGHEST, matrices_shape, per_matrix
 from optimizers.param_roles import Role, map_roles, roles_of
 from optimizers.registry import register
 from optimizers.reporting import reads
-from optimizers.soap import batched_decompositions
 
-HIGHEST = jax.lax.Precision.HIGHEST
 DAMPING = math.sqrt(float(jnp.finfo(jnp.float32).eps))  # the noise added to the fitted H, relative to mean|H|
 MAX_RMS = 1.1  # the trust region: D's RMS per matrix
 
@@ -59,9 +58,7 @@ def as_matrices(x: jax.Array, role: Role) -> jax.Array:
     """[B, m, n]: each layer's matrix of a stacked block weight ([L, in, *out]), a matrix [in, *out] as one, a
     vector as [B, 1, n] (B = layers when stacked)."""
     if role.is_matrix:
-        batch = x.shape[0] if role.stacked else 1
-        rest = x.shape[1:] if role.stacked else x.shape
-        return x.reshape(batch, rest[0], math.prod(rest[1:]))
+        return x.reshape(matrices_shape(x.shape, role.stacked))
     batch = x.shape[0] if role.stacked and x.ndim > 1 else 1
     return x.reshape(batch, 1, x.size // batch)
 
@@ -95,8 +92,8 @@ class Side(eqx.Module):
             return x
         if self.kind == "diag":
             return x / (self.q[:, :, None] if left else self.q[:, None, :])
-        # one matrix per call on CPU, where jaxlib's batched kernels can deadlock XLA's thread pool (optimizers/soap.py)
-        return per_pair(
+        # one matrix per call on CPU, where jaxlib's batched kernels can deadlock XLA's thread pool
+        return per_matrix(
             lambda q, y: jax.lax.linalg.triangular_solve(q, y, left_side=left, lower=False, transpose_a=left), self.q, x
         )
 
@@ -122,11 +119,6 @@ class Side(eqx.Module):
 
     def scaled(self, c: jax.Array) -> Side:
         return Side(self.kind, self.q * c.reshape((-1,) + (1,) * (self.q.ndim - 1)))
-
-
-def per_pair(f, a: jax.Array, b: jax.Array) -> jax.Array:
-    """f(a[i], b[i]) for each matrix of the batch: in one call, or one pair per call in a loop (on CPU)."""
-    return f(a, b) if batched_decompositions() else jax.lax.map(lambda ab: f(*ab), (a, b))
 
 
 def safe_divide(x: jax.Array, d: jax.Array) -> jax.Array:

@@ -14,10 +14,8 @@ from typing import Any, NamedTuple
 
 import jax
 
+from core.param_labels import MATRICES
 from core.trees import path_name
-
-MATRIX_LABELS = ("token_embedding", "head", "position", "attn_qkv", "attn_out", "mlp_in", "mlp_out")
-BLOCK_MATRICES = ("attn_qkv", "attn_out", "mlp_in", "mlp_out")  # stored [L, in, *out]; qkv's out is [3, D]
 
 
 class Role(NamedTuple):
@@ -27,7 +25,7 @@ class Role(NamedTuple):
 
     @property
     def is_matrix(self) -> bool:
-        return self.label in MATRIX_LABELS
+        return self.label in MATRICES
 
     @property
     def in_axis(self) -> int:

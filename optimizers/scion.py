@@ -40,7 +40,8 @@ import jax.numpy as jnp
 import optax
 
 from core.errors import ConfigError
-from optimizers.param_roles import BLOCK_MATRICES, Role, map_roles, roles_of
+from core.param_labels import BLOCK_MATRICES
+from optimizers.param_roles import Role, map_roles, roles_of
 from optimizers.registry import register
 
 NS_STEPS = 5  # the reference's Newton-Schulz steps, with the coefficients optax uses too (3.4445, -4.7750, 2.0315)

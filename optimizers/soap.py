@@ -32,7 +32,6 @@ The pipeline's lr is the paper's learning rate (the reference recommends 3e-3 wi
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -41,18 +40,10 @@ import jax.numpy as jnp
 import optax
 
 from core.errors import ConfigError
+from optimizers.matrices import HIGHEST, matrices_shape, per_matrix
 from optimizers.param_roles import Role, map_roles, roles_of
 from optimizers.registry import register
 from optimizers.reporting import reads
-
-HIGHEST = jax.lax.Precision.HIGHEST
-
-
-def matrices_shape(shape: tuple[int, ...], stacked: bool) -> tuple[int, int, int]:
-    """[L, in, *out] -> [L, in, out] (a stacked block weight), or [in, *out] -> [1, in, out]."""
-    if stacked:
-        return shape[0], shape[1], math.prod(shape[2:])
-    return 1, shape[0], math.prod(shape[1:])
 
 
 class Layout:
@@ -98,19 +89,6 @@ def wide(dtype: Any) -> Any:
     """The precision SOAP computes in for parameters of `dtype`: float32, or the parameters' own if wider (float64
     runs the whole rule in float64, as tests/test_optimizers_research.py checks it against the paper's)."""
     return jnp.promote_types(dtype, jnp.float32)
-
-
-def batched_decompositions() -> bool:
-    """Whether eigh and QR take a whole batch of matrices in one call: not on CPU, where jaxlib's batched kernels
-    split a large batch over XLA's thread pool and wait for it from a thread of that pool, which deadlocks once as
-    many of them wait at once as the pool has threads (seen on 2 cores: the eigh of two tensors at once). An
-    unbatched call runs inline."""
-    return jax.default_backend() != "cpu"
-
-
-def per_matrix(f: Callable[[jax.Array], jax.Array], x: jax.Array) -> jax.Array:
-    """f (eigh, QR) of each matrix of x [B, m, m]: in one call, or one matrix per call in a loop (on CPU)."""
-    return f(x) if batched_decompositions() else jax.lax.map(f, x)
 
 
 def eigenbasis(gg: jax.Array | None) -> jax.Array | None:

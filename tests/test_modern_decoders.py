@@ -209,6 +209,13 @@ def test_parameter_labels_weight_decay_and_muon_matrices_cover_the_new_weights()
     qk = eqx.filter_eval_shape(GPT.init, dataclasses.replace(SPEEDRUN, norm_weight=True), jax.random.PRNGKey(0))
     qk = qk.parameter_labels()
     assert (qk.blocks.q_norm.weight, qk.blocks.k_norm.weight) == ("norm", "norm")
+    # The labels models give are the vocabulary the optimizers read (core/param_labels.py), all of it in use
+    from core.param_labels import LABELS
+
+    given = parameter_labels(load_config(["model=gpt2"]).model) | parameter_labels(
+        load_config(["model=llama-124m"]).model
+    )
+    assert given == set(LABELS)
     assert parameter_labels(load_config(["model=llama-124m"]).model) == {
         "token_embedding",
         "head",

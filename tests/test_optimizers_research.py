@@ -11,8 +11,7 @@ import optax
 import pytest
 
 from models.gpt import GPT, GPTConfig
-from optimizers import OPTIMIZERS, build_optimizer, build_schedule
-from optimizers import soap as soap_module
+from optimizers import OPTIMIZERS, build_optimizer, build_schedule, matrices
 from optimizers.decay import fixed
 from training.config import load_config
 
@@ -388,7 +387,7 @@ def test_soap_steps_follow_the_paper(batched, monkeypatch):
     see); the longer sides (vocabulary, 3D, 4D) get none, as a side over the limit. (In float32 the eigenvectors of
     these grams carry errors of about u ||A|| / gap, u = 6e-8 and ||A|| / gap up to 151 here: a float32 run differs
     from float64 by ~1e-5 of a tensor's scale, by how much depending on the CPU; the next test bounds that.)"""
-    monkeypatch.setattr(soap_module, "batched_decompositions", lambda: batched)
+    monkeypatch.setattr(matrices, "batched_decompositions", lambda: batched)
     grads = gradients(4)  # the first only builds L and R, the third step refreshes the bases, the fourth uses them
     with jax.enable_x64(True):
         got = directions(
