@@ -95,13 +95,18 @@ def pytest_runtest_teardown(item):
 
 @pytest.fixture(scope="session")
 def data_cache(tmp_path_factory) -> str:
-    """Tokenised datasets, trained tokenizers and compiled executables, shared by every test and its subprocesses
-    (each xdist worker has its own)."""
+    """Tokenised datasets and trained tokenizers, shared by every test of an xdist worker and its subprocesses; and
+    compiled executables (helpers.COMPILE_CACHE), shared by both workers and every process they start. One folder for
+    all: JAX's cache key holds the folder's path (XLA's autotuning cache lives in it), so two folders never share an
+    entry, and both workers compile the same tiny runs."""
     from training.loop.compilation import init_compilation_cache
 
-    cache = tmp_path_factory.mktemp("data-cache")
-    init_compilation_cache(str(cache / "jax"))
-    return str(cache)
+    session = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        session = session.parent  # the workers' base folders sit side by side in the session's
+    helpers.COMPILE_CACHE = str(session / "compile-cache")
+    init_compilation_cache(helpers.COMPILE_CACHE)
+    return str(tmp_path_factory.mktemp("data-cache"))
 
 
 @pytest.fixture(scope="session")

@@ -103,9 +103,15 @@ def successor_batch(vocab: int = 50, rows: int = 32, length: int = 33, seed: int
 
 
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
-def test_every_optimizer_learns_what_the_context_predicts(name):
+def test_every_optimizer_learns_what_the_context_predicts_and_resumes_bitwise(name, tmp_path):
     """30 steps take every optimizer well below the best loss of a model blind to its input tokens (merely lowering
-    the loss, as learning which ids occur does, proves little)."""
+    the loss, as learning which ids occur does, proves little). And the train state at step 2 (the optimizer's whole
+    state in it), saved as an Orbax checkpoint and restored into a fresh state, continues bit for bit: 2 more steps
+    from it give the parameters and optimizer state of step 4 of the run never interrupted. (One compiled step
+    serves both.)"""
+    from training.checkpoints.checkpointer import Checkpointer
+    from training.step.state import TrainState
+
     model = tiny_model()
     lr = {
         "sgdm": 0.3,
@@ -136,18 +142,40 @@ def test_every_optimizer_learns_what_the_context_predicts(name):
     batch, blind_loss = successor_batch()
 
     @eqx.filter_jit
-    def step(model, state):
-        loss, grads = eqx.filter_value_and_grad(mean_loss)(model, batch, None, jnp.float32)
-        loss_of = lambda p: mean_loss(eqx.combine(p, model), batch, None, jnp.float32)  # noqa: E731 (Sophia's HVPs)
-        updates, state = opt.update(grads, state, eqx.filter(model, eqx.is_array), obj_fn=loss_of)
-        return eqx.apply_updates(model, updates), state, loss
+    def step(state):
+        loss, grads = eqx.filter_value_and_grad(mean_loss)(state.model, batch, None, jnp.float32)
+        loss_of = lambda p: mean_loss(eqx.combine(p, state.model), batch, None, jnp.float32)  # noqa: E731 (Sophia)
+        updates, opt_state = opt.update(grads, state.opt_state, eqx.filter(state.model, eqx.is_array), obj_fn=loss_of)
+        new = eqx.tree_at(
+            lambda s: (s.step, s.model, s.opt_state),
+            state,
+            (state.step + 1, eqx.apply_updates(state.model, updates), opt_state),
+        )
+        return new, loss
 
-    state = opt.init(eqx.filter(model, eqx.is_array))
-    losses = []
-    for _ in range(30):
-        model, state, loss = step(model, state)
+    state = TrainState.create(model, opt, jax.random.PRNGKey(0))
+    losses, saved = [], {}
+    for n in range(30):
+        if n in (2, 4):
+            saved[n] = state
+        state, loss = step(state)
         losses.append(float(loss))
     assert losses[-1] < blind_loss - 1.0, (blind_loss, losses)
+
+    saver = Checkpointer(tmp_path / "ckpt")
+    assert saver.save(saved[2], {"step": 2})
+    saver.close()
+    restored = Checkpointer(tmp_path / "ckpt", read_only=True).restore(
+        2, TrainState.create(model, opt, jax.random.PRNGKey(0))
+    )
+    resumed = step(step(restored)[0])[0]
+    straight = saved[4]
+    leaves = jax.tree.leaves((eqx.filter(resumed.model, eqx.is_array), resumed.opt_state))
+    for a, b in zip(
+        leaves, jax.tree.leaves((eqx.filter(straight.model, eqx.is_array), straight.opt_state)), strict=True
+    ):
+        np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(resumed.model.blocks.fc.weight, model.blocks.fc.weight)
 
 
 def optax_reference(name, o, schedule, model):
@@ -289,44 +317,3 @@ def test_gradient_clipping_scales_a_large_gradient_down_to_the_threshold():
         for u, g in zip(jax.tree.leaves(updates), jax.tree.leaves(given)):
             np.testing.assert_allclose(u, -0.1 * applied * g, rtol=1e-5, atol=1e-9)  # float32 scalings: ~1e-7 rel
         assert float(grad_norm_of(state)) == pytest.approx(scale * norm, rel=1e-5)
-
-
-@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
-def test_every_optimizer_resumes_bitwise_from_a_checkpoint_of_its_whole_state(name, tmp_path):
-    """2 steps, an Orbax checkpoint of the train state (the optimizer's whole state in it), a fresh state restored
-    from it, 2 more steps: the same parameters and optimizer state, bit for bit, as 4 steps never interrupted."""
-    from training.checkpoints.checkpointer import Checkpointer
-    from training.step.state import TrainState
-
-    model = tiny_model()
-    cfg = load_config([f"optimizer={name}", "train.max_steps=4", "optimizer.lr_config.warmup=1"])
-    opt = build_optimizer(cfg.optimizer, build_schedule(cfg.optimizer.lr_config, 4), model, 1)
-    batch, _ = successor_batch(rows=4, length=9)
-
-    @eqx.filter_jit
-    def step(state):
-        grads = eqx.filter_grad(mean_loss)(state.model, batch, None, jnp.float32)
-        loss_of = lambda p: mean_loss(eqx.combine(p, state.model), batch, None, jnp.float32)  # noqa: E731
-        updates, opt_state = opt.update(grads, state.opt_state, eqx.filter(state.model, eqx.is_array), obj_fn=loss_of)
-        return eqx.tree_at(
-            lambda s: (s.step, s.model, s.opt_state),
-            state,
-            (state.step + 1, eqx.apply_updates(state.model, updates), opt_state),
-        )
-
-    fresh = TrainState.create(model, opt, jax.random.PRNGKey(0))
-    straight = fresh
-    for _ in range(4):
-        straight = step(straight)
-    state = step(step(fresh))
-    saver = Checkpointer(tmp_path / "ckpt")
-    assert saver.save(state, {"step": 2})
-    saver.close()
-    state = Checkpointer(tmp_path / "ckpt", read_only=True).restore(
-        2, TrainState.create(model, opt, jax.random.PRNGKey(0))
-    )
-    resumed = step(step(state))
-    leaves = jax.tree.leaves((eqx.filter(resumed.model, eqx.is_array), resumed.opt_state))
-    for a, b in zip(leaves, jax.tree.leaves((eqx.filter(straight.model, eqx.is_array), straight.opt_state))):
-        np.testing.assert_array_equal(a, b)
-    assert not np.array_equal(resumed.model.blocks.fc.weight, model.blocks.fc.weight)
