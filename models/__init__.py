@@ -5,6 +5,7 @@ model`. Models import only core/; the tokenizer's vocabulary size is all they kn
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -14,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from core.errors import ConfigError
+from models.config import ModelOptions
 from models.gpt import GPT, GPTConfig
 
 
@@ -26,36 +28,17 @@ def build_gpt(cfg: Any, vocab_size: int, key: jax.Array) -> GPT:
 init_gpt = eqx.filter_jit(GPT.init)
 
 
-def gpt_config(model_cfg: Any, vocab_size: int, attention: str = "xla") -> GPTConfig:
-    """The static model description from the `model` config section and the tokenizer's vocab size."""
-    m = model_cfg
-    return GPTConfig(
-        vocab_size=vocab_size,
-        n_layer=m.n_layer,
-        n_head=m.n_head,
-        n_embd=m.n_embd,
-        context_size=m.context_size,
-        dropout=m.dropout,
-        bias=m.bias,
-        vocab_multiple=m.vocab_multiple,
-        attention=attention,
-        remat=m.remat,
-        scan_layers=m.scan_layers,
-        head_loss=m.head_loss,
-        head_loss_chunk=m.head_loss_chunk,
-        position=m.position,
-        rope_theta=float(m.rope_theta),
-        norm=m.norm,
-        norm_weight=m.norm_weight,
-        mlp=m.mlp,
-        mlp_hidden=m.mlp_hidden,
-        n_kv_head=m.n_kv_head,
-        qk_norm=m.qk_norm,
-        tie_embeddings=m.tie_embeddings,
-        logit_softcap=float(m.logit_softcap),
-        parametrization=str(m.parametrization),
-        mup_base_width=m.mup_base_width,
-    )
+FLOAT_OPTIONS = tuple(f.name for f in dataclasses.fields(ModelOptions) if f.type == "float")
+
+
+def gpt_config(model_cfg: ModelOptions, vocab_size: int, attention: str = "xla") -> GPTConfig:
+    """The model's static description: every option of the `model` section (the fields of models/config.py's
+    ModelOptions, read by name: a new option needs no line here), the tokenizer's vocab size and the attention
+    kernel resolved for this run."""
+    options = {f.name: getattr(model_cfg, f.name) for f in dataclasses.fields(ModelOptions)}
+    # YAML writes 500000 for a float field as an int: the static config (hashed into compiled programs) holds floats
+    options |= {name: float(options[name]) for name in FLOAT_OPTIONS if options[name] is not None}
+    return GPTConfig(**options | {"attention": attention}, vocab_size=vocab_size)
 
 
 def parameter_labels(model_cfg: Any) -> set[str]:
@@ -92,4 +75,4 @@ def _cudnn_attention_runs(dtype: str) -> bool:
         return False
 
 
-MODEL_BUILDERS: dict[str, Callable[[Any, int, jax.Array], Any]] = {"gpt2": build_gpt}
+MODEL_BUILDERS: dict[str, Callable[[Any, int, jax.Array], Any]] = {"gpt": build_gpt}  # GPT-2, Llama-style, modern

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 
 from core import param_labels
 from models.attention import causal_attention
+from models.config import Attention, ModelOptions
 from models.fp8 import MATMULS, fp8_dot
 from models.kv_cache import KVCache, LayerCache
 from models.lm_head import chunked_log_z_and_target_logit, log_z_and_target_logit, masked_logits
@@ -47,35 +48,12 @@ REMAT_POLICIES = {
 
 
 @dataclasses.dataclass(frozen=True)
-class GPTConfig:
-    """The model's hyper-parameters; static (hashable) so it can live inside the jitted pytree."""
+class GPTConfig(ModelOptions):
+    """The model's static description (hashable: it lives inside the jitted pytree): the options of models/config.py
+    with the vocabulary's size, and the attention kernel resolved (never `auto`)."""
 
-    vocab_size: int
-    n_layer: int
-    n_head: int
-    n_embd: int
-    context_size: int
-    dropout: float = 0.0
-    bias: bool = True
-    vocab_multiple: int = 64
-    attention: str = "xla"  # xla | cudnn | blocked (models/attention.py)
-    remat: str = "none"  # none | block | full
-    scan_layers: bool = True
-    head_loss: str = "dense"  # dense | chunked (models/lm_head.py)
-    head_loss_chunk: int = 8192  # tokens per chunk of the chunked head and loss
-    # The modern decoders' options (training/config/model.py says what each means); the defaults are GPT-2.
-    position: str = "learned"  # learned | rope
-    rope_theta: float = 10000.0
-    norm: str = "layernorm"  # layernorm | rmsnorm
-    norm_weight: bool = True
-    mlp: str = "gelu"  # gelu | swiglu | relu2
-    mlp_hidden: int | None = None  # None: the MLP's default width (models/mlp.py)
-    n_kv_head: int | None = None  # None: n_head
-    qk_norm: bool = False
-    tie_embeddings: bool = True
-    logit_softcap: float = 0.0  # 0: off
-    parametrization: str = "standard"  # standard | mup (models/mup.py)
-    mup_base_width: int = 256  # mup: the width whose init, attention scale and lrs standard parametrization has
+    vocab_size: int = dataclasses.field(kw_only=True)
+    attention: Attention = Attention.xla  # xla | cudnn | blocked (models/attention.py)
 
     @property
     def width_multiplier(self) -> float:

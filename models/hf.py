@@ -153,7 +153,9 @@ def export_hf(model: GPT, tokenizer: Any, out_dir: str | Path, architecture: str
     if out.exists() and any(out.iterdir()):
         raise DataError(f"{out} is not empty; choose a new folder for the export")
     if not isinstance(model, GPT):
-        raise ConfigError(f"model.arch: only gpt2 models have a transformers equivalent; got {type(model).__name__}")
+        raise ConfigError(
+            f"model.arch: only GPT models (arch gpt) have a transformers equivalent; got {type(model).__name__}"
+        )
     llama = export_architecture(model.cfg, architecture) == "llama"
     tensors, config = (
         (to_llama_tensors(model), llama_config(model.cfg, tokenizer.eos_id))

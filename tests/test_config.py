@@ -220,3 +220,8 @@ def test_the_earlier_pipelines_names_mean_what_they_meant_there(capsys, monkeypa
         "note: init_from=scratch_next_token is an earlier pipeline's spelling: read as init_from=null (fresh weights)",
         "note: checkpoint.load_file=iter_100.ckpt is an earlier pipeline's spelling: read as checkpoint.load_file=100",
     ]
+    # this pipeline's own earlier builder name, as a command line or a checkpoint's saved config still spells it
+    assert load_config(["model.arch=gpt2"]).model.arch == "gpt" == legacy.model_arch("gpt2")
+    assert capsys.readouterr().err.splitlines() == [
+        "note: model.arch=gpt2 is an earlier pipeline's spelling: read as model.arch=gpt"
+    ]

@@ -30,7 +30,7 @@ from optimizers import continue_schedule_at
 from training.checkpoints.checkpointer import PARTS, Checkpointer, find_checkpoint_dir, holds_checkpoints
 from training.checkpoints.storage import check_writable
 from training.config import Config, LoadMode, as_dict, evaluating, finish, init_from_dir, layout, load_mode
-from training.config.legacy import upgrade_saved
+from training.config.legacy import model_arch, upgrade_saved
 from training.step.state import TrainState
 
 # Keys that describe this invocation (hardware, time budget, what to load, how to print): a resumed run takes them
@@ -192,7 +192,9 @@ def _saved_config_wins(cfg: Config, source: Source, overrides: list[str]) -> tup
 
 
 def check_same_model(cfg: Config, source: Source) -> None:
-    saved_model = source.meta.get("config", {}).get("model", {})
+    saved_model = dict(source.meta.get("config", {}).get("model", {}))
+    if "arch" in saved_model:
+        saved_model["arch"] = model_arch(saved_model["arch"])
     diffs = [
         f"{k} {saved_model.get(k)} (checkpoint) vs {getattr(cfg.model, k)}"
         for k in MODEL_SHAPE_KEYS

@@ -1,8 +1,8 @@
 """The earlier spellings, in one place: keys whose spelling changed (a saved config written before the change is
 upgraded to today's keys, and a command line that still uses the old key is told the new one), and the earlier
 pipelines' values that are still read (piano-gpt's `eval_only=true` and `init_from=scratch_next_token`, trainit's
-`checkpoint.load_file=iter_<step>.ckpt`), each turned into today's at the door and said once in the log; past the door
-no code knows them."""
+`checkpoint.load_file=iter_<step>.ckpt`, this pipeline's `model.arch=gpt2` from before the builder served Llama-style
+models too), each turned into today's at the door and said once in the log; past the door no code knows them."""
 
 from __future__ import annotations
 
@@ -35,6 +35,14 @@ def upgrade_saved(saved: DictConfig) -> DictConfig:
 
 
 SCRATCH = "scratch_next_token"  # piano-gpt's init_from for fresh weights
+ARCHS = {"gpt2": "gpt"}  # model.arch's earlier names -> the builder's
+
+
+def model_arch(arch: str) -> str:
+    """Today's name of a model builder (a checkpoint's saved model.arch may be an earlier one)."""
+    return ARCHS.get(arch, arch)
+
+
 _said: set[str] = set()  # the keys whose earlier value this process has said it reads
 
 
@@ -46,7 +54,13 @@ def read_earlier_values(composed: DictConfig) -> DictConfig:
         composed = OmegaConf.create(composed)
     load_file = OmegaConf.select(composed, "checkpoint.load_file")
     earlier = isinstance(load_file, str) and re.fullmatch(r"iter_(\d+)\.ckpt", load_file)
-    if not (earlier or OmegaConf.select(composed, "eval_only") or OmegaConf.select(composed, "init_from") == SCRATCH):
+    arch = OmegaConf.select(composed, "model.arch")
+    if not (
+        earlier
+        or OmegaConf.select(composed, "eval_only")
+        or OmegaConf.select(composed, "init_from") == SCRATCH
+        or arch in ARCHS
+    ):
         return composed
     composed = copy.deepcopy(composed)
     with open_dict(composed):
@@ -56,6 +70,9 @@ def read_earlier_values(composed: DictConfig) -> DictConfig:
         if OmegaConf.select(composed, "init_from") == SCRATCH:
             composed.init_from = None
             _say("init_from=scratch_next_token", "init_from=null (fresh weights)")
+        if arch in ARCHS:
+            composed.model.arch = ARCHS[arch]
+            _say(f"model.arch={arch}", f"model.arch={ARCHS[arch]}")
         if earlier:
             composed.checkpoint.load_file = earlier.group(1)
             _say(f"checkpoint.load_file={load_file}", f"checkpoint.load_file={earlier.group(1)}")

@@ -1,0 +1,101 @@
+"""The model's options, defined once. `ModelOptions` is every hyper-parameter of the network (its shape and how it
+computes): the `model` config section is these fields plus the run's label and builder (training/config/model.py),
+and `GPTConfig` (models/gpt.py) is these fields plus the vocabulary's size: the static description a model is built
+from, that checkpoints' config.yaml records and the Hugging Face export reads. An option is one field here, with its
+meaning as a comment (what `--help` prints), and the code that uses it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Optional
+
+
+class Attention(StrEnum):
+    """The attention kernel (models/attention.py)."""
+
+    auto = "auto"  # cuDNN's fused kernel where it runs (NVIDIA GPU, 16-bit), else blocked on CPU, else xla
+    xla = "xla"  # jax.nn.dot_product_attention's XLA path: the full score matrix, masked
+    cudnn = "cudnn"  # cuDNN's fused (flash) kernel; fails at start where it cannot run
+    blocked = "blocked"  # by query blocks, skipping the masked half: faster on CPU
+
+
+class HeadLoss(StrEnum):
+    """How the LM head and the loss over the vocabulary run (models/lm_head.py)."""
+
+    dense = "dense"  # the float32 logits [B, T, V] at once
+    chunked = "chunked"  # model.head_loss_chunk tokens at a time, with a custom backward pass: no [B, T, V] array
+
+
+class Remat(StrEnum):
+    """What the backward pass recomputes instead of keeping (models/gpt.py)."""
+
+    none = "none"  # keep every activation
+    block = "block"  # keep the matmul outputs, recompute the elementwise work
+    full = "full"  # keep each block's input, recompute the whole block
+
+
+class Parametrization(StrEnum):
+    """How init, attention scale, readout and learning rates depend on width (models/mup.py)."""
+
+    standard = "standard"  # GPT-2's: the same init std, 1/sqrt(head_dim) scores and lr at every width
+    mup = "mup"  # μP: a lr tuned at model.mup_base_width stays the best at other widths (Adam-style optimizers)
+
+
+class Position(StrEnum):
+    """How the model knows where a token is (models/gpt.py, models/rope.py)."""
+
+    learned = "learned"  # GPT-2: a learned embedding per position, added to the token's
+    rope = "rope"  # rotary: every block turns queries and keys by their position (RoFormer, Llama); no parameters
+
+
+class Norm(StrEnum):
+    """The normalisation before attention, the MLP and the head (models/norms.py)."""
+
+    layernorm = "layernorm"  # GPT-2: subtract the mean, divide by the standard deviation; a bias with model.bias
+    rmsnorm = "rmsnorm"  # Llama: divide by the root mean square; no bias
+
+
+class Mlp(StrEnum):
+    """The MLP's nonlinearity (models/mlp.py)."""
+
+    gelu = "gelu"  # GPT-2: GELU (tanh approximation); default width 4 x n_embd
+    swiglu = "swiglu"  # Llama: SiLU(x W_gate) * (x W_up); default width 8/3 x n_embd (the parameters of 4x)
+    relu2 = "relu2"  # ReLU(x W)^2 (Primer; the modded-nanogpt speedrun); default width 4 x n_embd
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """Every option of the network; each default is GPT-2's (gpt2-mini's shape)."""
+
+    n_layer: int = 6  # transformer blocks
+    n_head: int = 6  # attention heads per block; divides n_embd
+    n_embd: int = 384  # width of the residual stream
+    context_size: int = 256  # the longest window the model reads (learned positions: those with an embedding)
+    dropout: float = 0.0  # dropout on embeddings, attention and MLP outputs; 0 = off
+    bias: bool = True  # biases in the linear layers and LayerNorms (RMSNorm has none)
+    vocab_multiple: int = 64  # the embedding's rows are padded to a multiple of this (faster matmuls, sharding)
+    attention: Attention = Attention.auto  # attention kernel
+    remat: Remat = Remat.none  # rematerialisation: memory for compute in the backward pass
+    scan_layers: bool = True  # run the blocks with lax.scan (one block compiled) rather than unrolled
+    head_loss: HeadLoss = HeadLoss.dense  # LM head + cross-entropy: all logits at once, or chunk by chunk
+    head_loss_chunk: int = 8192  # head_loss=chunked: tokens (batch rows x positions) whose logits exist at once
+    # The modern decoders' options (models/gpt.py); each default is GPT-2's. conf/model/llama-*.yaml and
+    # modern-gpt.yaml set them together.
+
+    position: Position = Position.learned  # position information: a learned embedding (GPT-2) or rotary (rope)
+    rope_theta: float = 10000.0  # position=rope: base of the rotary frequencies (Llama 2: 10000; Llama 3: 500000)
+    norm: Norm = Norm.layernorm  # the norm before attention, MLP and head
+    norm_weight: bool = True  # a learned per-channel scale in every norm; false: none (the speedrun's RMSNorm)
+    mlp: Mlp = Mlp.gelu  # the MLP's nonlinearity
+    # the MLP's hidden width; null = 4 x n_embd (gelu, relu2), 8/3 x n_embd rounded up to a multiple of 64 (swiglu)
+    mlp_hidden: Optional[int] = None
+    # key/value heads: null = n_head (multi-head attention); fewer, dividing n_head, = grouped-query attention
+    # (each serves n_head / n_kv_head query heads; a smaller KV cache); 1 = multi-query attention
+    n_kv_head: Optional[int] = None
+    qk_norm: bool = False  # normalise queries and keys per head (with model.norm) before attention: QK-norm
+    tie_embeddings: bool = True  # the LM head is the token embedding (GPT-2); false: a head matrix of its own
+    logit_softcap: float = 0.0  # logits -> c tanh(logits / c), c this value (Gemma 2; the speedrun's 30); 0 = off
+    # mup: hidden init std and Adam lr / m, scores / head_dim, readout / m, m = n_embd / mup_base_width (models/mup.py)
+    parametrization: Parametrization = Parametrization.standard
+    mup_base_width: int = 256  # parametrization=mup: the width that trains exactly as standard (gpt2-micro's)
