@@ -51,7 +51,7 @@ def make_data(
         return _mixture_data(cfg, corpus, tokenizer, context, process_index, process_count)
     if tokenizer.kind == "notes":
         splits, main, summary = _note_records(cfg, corpus, tokenizer, context)
-    elif cfg.dataset.prompt_column:
+    elif cfg.dataset.records:
         splits, main, summary = _prompt_records(cfg, corpus, tokenizer, context)
     else:
         splits, main, summary = _stream_windows(cfg, corpus, tokenizer, context, process_index, process_count)

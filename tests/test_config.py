@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 
 import train_jax
 from core.errors import ConfigError
-from helpers import run_cli, tiny_overrides
+from helpers import ROOT, run_cli, run_in_process, tiny_overrides
 from training.config import (
     Config,
     Dtype,
@@ -22,6 +22,7 @@ from training.config import (
     to_config,
     to_yaml,
 )
+from training.config.help import help_text
 
 BAD_CONFIGS = [
     (["train.foo=1"], "unknown key 'train.foo'"),
@@ -225,3 +226,40 @@ def test_the_earlier_pipelines_names_mean_what_they_meant_there(capsys, monkeypa
     assert capsys.readouterr().err.splitlines() == [
         "note: model.arch=gpt2 is an earlier pipeline's spelling: read as model.arch=gpt"
     ]
+
+
+DATASET_PRESETS = sorted(p.stem for p in (ROOT / "conf" / "dataset").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("preset", DATASET_PRESETS)
+def test_a_dataset_preset_composes_only_the_keys_its_source_reads(preset):
+    """`--cfg job` for dataset=X: the section is X's source's class (training/config/dataset.py SOURCE_CONFIGS),
+    every key of it and none of another source's (no `files` for pystdlib, no `composers` for text)."""
+    from training.config.dataset import SOURCE_CONFIGS, dataset_schema
+
+    composed = compose_config([f"dataset={preset}"])
+    schema = dataset_schema(composed.dataset.source)
+    assert OmegaConf.get_type(composed, "dataset") is schema
+    keys = set(composed.dataset)
+    assert keys == {f.name for f in dataclasses.fields(schema)}
+    others = {f.name for c in SOURCE_CONFIGS.values() if c is not schema for f in dataclasses.fields(c)} - keys
+    assert others, preset  # every source lacks some key another one reads
+    helped = {line.split(":")[0].strip() for line in help_text(Config, composed).splitlines() if ": " in line}
+    shown = {key.split(".")[1] for key in helped if key.startswith("dataset.")}  # nested sections by their name
+    assert shown == keys, preset
+
+
+def test_the_cfg_of_a_dataset_preset_and_a_key_of_another_source_on_the_command_line(capsys):
+    shown = run_cli(["dataset=music21", "--cfg", "job"], timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    section = yaml.safe_load(shown.stdout)["dataset"]
+    assert "composers" in section and "files" not in section and "bpe_vocab_size" not in section
+    refused = run_in_process(["dataset=pystdlib", "dataset.files=[notes]"], capsys)
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
+        "error: config: unknown key 'dataset.files' (python train_jax.py --cfg lists every key); read by "
+        "dataset=text_files, json_files, hf, midi_files (pick the source with dataset=...)"
+    ]
+    switched = run_in_process(["dataset=pystdlib", "dataset.source=text_files"], capsys)
+    assert (
+        switched.returncode == 2 and "dataset.source: text_files is chosen with dataset=text_files" in switched.stderr
+    )

@@ -21,6 +21,7 @@ import yaml
 
 from optimizers.registry import OWN_KEYS
 from training.config import CONF_DIR, Config, as_dict
+from training.config.dataset import SOURCE_CONFIGS, dataset_schema
 
 
 def schema_at(parts: tuple[str, ...]) -> type:
@@ -103,7 +104,10 @@ def test_every_key_in_conf_is_a_key_of_the_schema():
     unknown = {}
     for path in files:
         section = path.relative_to(CONF_DIR).parent.parts
-        found = unknown_keys(yaml.safe_load(path.read_text()) or {}, schema_at(section), "")
+        values = yaml.safe_load(path.read_text()) or {}
+        # a dataset preset fills the class of its source's section
+        schema = dataset_schema(values["source"]) if section == ("dataset",) else schema_at(section)
+        found = unknown_keys(values, schema, "")
         if found:
             unknown[str(path.relative_to(CONF_DIR))] = found
     assert not unknown, f"keys the schema does not have: {unknown}"
@@ -137,8 +141,10 @@ def test_config_yaml_only_changes_the_presets_it_picks_each_on_purpose():
 def schema_classes(schema: type = Config) -> list[type]:
     classes = [schema]
     for sub in typing.get_type_hints(schema).values():
-        if dataclasses.is_dataclass(sub):
-            classes += [c for c in schema_classes(sub) if c not in classes]
+        # the dataset section is the class of its source: each of them
+        for section in [sub, *SOURCE_CONFIGS.values()] if hasattr(sub, "schema_for") else [sub]:
+            if dataclasses.is_dataclass(section):
+                classes += [c for c in schema_classes(section) if c not in classes]
     return classes
 
 
@@ -154,5 +160,5 @@ def test_every_field_of_the_schema_says_what_it_means_in_a_comment():
             at = next(i for i, line in enumerate(lines) if line.startswith(f"    {f.name}:"))
             if "#" not in lines[at] and not lines[at - 1].strip().startswith("#"):
                 silent.append(f"{schema.__name__}.{f.name}")
-    assert len(schema_classes()) == 12  # Config and its sections, nested ones included
+    assert len(schema_classes()) == 20  # Config and its sections (the dataset's, one per source), nested ones included
     assert not silent, f"fields without a comment: {silent}"

@@ -157,5 +157,10 @@ def test_a_bad_mixture_is_one_config_error_naming_the_entry(override, named):
 
 
 def test_a_mixture_without_source_mixture_is_refused():
-    with pytest.raises(ConfigError, match="dataset.mixture: is read only with dataset.source=mixture"):
+    """The dataset section is its source's: pystdlib's has no mixture key, and the line says which source reads it."""
+    with pytest.raises(ConfigError) as refused:
         load_config(["dataset.mixture=[{dataset: pystdlib, weight: 1}]"], num_local_devices=1)
+    assert str(refused.value) == (
+        "config: unknown key 'dataset.mixture' (python train_jax.py --cfg lists every key); read by dataset=mixture "
+        "(pick the source with dataset=...)"
+    )

@@ -19,11 +19,15 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from core.errors import ConfigError
+from training.config.dataset import SOURCE_CONFIGS, dataset_schema, other_sources_hint
 from training.config.legacy import read_earlier_values, renamed_hint
 from training.config.nodes import CONF_DIR, one_line, schema_node
 from training.config.root import Config, check_across, check_devices
 
 ConfigStore.instance().store(name="base_config", node=schema_node(Config))  # conf/config.yaml's first default
+# Each dataset preset's first default (conf/dataset/*.yaml: `/dataset_schema/<source>@_here_`): its source's class
+for _source, _schema in SOURCE_CONFIGS.items():
+    ConfigStore.instance().store(group="dataset_schema", name=_source, node=schema_node(_schema))
 
 
 def load_config(overrides: list[str], num_local_devices: int | None = None) -> Config:
@@ -65,8 +69,18 @@ def to_config(node: DictConfig | dict) -> Config:
     """`node` merged onto the schema as the typed `Config`, unchecked: unknown keys and wrong types fail here."""
     try:
         node = OmegaConf.create(node) if isinstance(node, dict) else node
+        schema = schema_node(Config)
+        # the dataset section is its source's class (a saved config.yaml says which by its source alone)
+        source = OmegaConf.select(node, "dataset.source", default=None)
+        composed = OmegaConf.get_type(node, "dataset") if isinstance(node.get("dataset"), DictConfig) else None
+        if composed in SOURCE_CONFIGS.values() and composed is not dataset_schema(source):
+            raise ConfigError(
+                f"config: dataset.source: {source} is chosen with dataset={source} (a preset of conf/dataset/ "
+                f"with that source's keys), not by changing the source of dataset={node.dataset.get('name')}"
+            )
+        schema.dataset = schema_node(dataset_schema(source))
         _reject_unknown_keys(node, Config, "")
-        return OmegaConf.to_object(OmegaConf.merge(schema_node(Config), node))  # type: ignore[return-value]
+        return OmegaConf.to_object(OmegaConf.merge(schema, node))  # type: ignore[return-value]
     except OmegaConfBaseException as e:
         raise ConfigError(one_line(e)) from None
 
@@ -93,12 +107,14 @@ def _reject_unknown_keys(node: DictConfig, schema: type, prefix: str) -> None:
     """`+key=value` overrides (and old saved configs) may hold keys the schema does not have; nothing would read
     them, so refuse."""
     types = typing.get_type_hints(schema)
+    if schema is Config and isinstance(node.get("dataset"), DictConfig):
+        types["dataset"] = dataset_schema(node.dataset.get("source"))
     fields = {f.name for f in dataclasses.fields(schema)}
     for key in node.keys():
         if key not in fields:
             raise ConfigError(
                 f"config: unknown key '{prefix}{key}' (python train_jax.py --cfg lists every key)"
-                f"{renamed_hint(prefix + str(key))}"
+                f"{renamed_hint(prefix + str(key))}{other_sources_hint(prefix + str(key))}"
             )
         if dataclasses.is_dataclass(types[key]) and isinstance(node[key], DictConfig):
             _reject_unknown_keys(node[key], types[key], f"{prefix}{key}.")

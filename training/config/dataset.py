@@ -3,6 +3,7 @@ the checks on their values."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Optional
@@ -52,55 +53,32 @@ class NotesTokenizerConfig:
 
 @dataclass(frozen=True)
 class DatasetConfig:
+    """What every source reads. The section is the class of its source (SOURCE_CONFIGS, chosen by `dataset=...`), so
+    `--cfg` and `--help` show only the keys that source reads."""
+
     name: str = "pystdlib"  # label used in run names
-    # Where documents (or pieces of notes) come from: a key of data/corpus.py's table of loaders, or mixture. A
-    # plain string, so that a loader added to that table can be chosen here.
-    source: str = "pystdlib"
-    # source=mixture: the sources and their weights, each a preset of conf/dataset/ with any of its keys changed:
-    # [{dataset: fineweb_edu, weight: 0.7}, {dataset: text_files, weight: 0.3, name: mine, files: [notes/]}]
-    mixture: list[Any] = field(default_factory=list)
+    # Where documents (or pieces of notes) come from: a key of data/corpus.py's table of loaders, or mixture (the
+    # preset of conf/dataset/ picks it, with the section's class)
+    source: str = "pystdlib"  # the loader (dataset=pystdlib picks this section)
     tokenizer: TokenizerKind = TokenizerKind.bpe  # text sources take a text tokenizer, notes sources `notes`
-    bpe_vocab_size: int = 4096  # bpe only: size including the byte alphabet and special tokens
     context_size: Optional[int] = None  # tokens per training window; null = model.context_size
     val_fraction: float = 0.05  # sources without their own splits: share of documents held out per split
     test_fraction: float = 0.05  # ... and the share held out for the test split
-    extra_val_splits: list[str] = field(default_factory=list)  # pystdlib: packages held out whole, one split each
-    files: list[str] = field(default_factory=list)  # text_files, json_files, midi_files: paths, directories or globs
-    hf_path: Optional[str] = None  # hf: Hub dataset id, e.g. Salesforce/wikitext
-    hf_name: Optional[str] = None  # hf: dataset config name, e.g. wikitext-2-raw-v1
-    text_column: str = "text"  # hf, json_files: the column holding a document's text
-    prompt_column: Optional[str] = None  # text fine-tuning: records are `prompt <GENAI> completion` from these two
-    completion_column: Optional[str] = None  # ... columns; both or neither
-    train_split: str = "train"  # hf: the split that trains
-    val_split: Optional[str] = "validation"  # hf: null = hold out val_fraction of the train split
-    test_split: Optional[str] = "test"  # hf: null = no test split (or val_fraction's hold-out gives one)
-    streaming: bool = False  # hf: tokenise while streaming into the token store (needs max_documents or max_tokens)
     max_documents: Optional[int] = None  # cap on documents per split (streamed corpora: documents read in all)
-    max_tokens: Optional[int] = None  # streamed corpora: stop reading after the chunk that reaches this many tokens
     docs_per_chunk: int = 4096  # token store: documents per unit of the build (what a killed build redoes at most)
-    document_mask: bool = False  # packed text: attention stays within a document, positions restart at each one
     build_timeout_s: float = 21600.0  # multi-process: how long a process waits for the others' part of the build
-    num_proc: int = 2  # processes for parsing scores / MIDI files (spawned workers)
+    num_proc: int = 2  # processes for parsing scores / MIDI files (spawned workers); text is tokenised in-process
     cache_dir: str = ".cache"  # token stores, trained tokenizers, parsed notes (shared by all processes of a run)
-    # Notes sources (data/corpus.py NOTE_SOURCES):
-    composers: list[str] = field(  # music21: the composers whose scores are read
-        default_factory=lambda: ["bach", "mozart", "beethoven", "haydn", "chopin"]
-    )
-    max_pieces_per_composer: Optional[int] = None  # music21: the smallest files first; null = all
-    eval_composers: list[str] = field(  # composers with a validation split of their own (beside `full`)
-        default_factory=lambda: ["bach", "mozart", "beethoven", "chopin"]
-    )
-    default_velocity: int = 80  # scores: velocity before the first dynamic mark
-    base_dataset_name: Optional[str] = None  # maestro: Hub id or local folder giving validation and test
-    extra_datasets: list[str] = field(default_factory=list)  # maestro: their train splits train (default: base's)
-    pause_detection_threshold: float = 4.0  # seconds of silence that split a piece into segments
-    augmentation: AugmentationConfig = field(default_factory=AugmentationConfig)  # notes: how records vary
-    notes_tokenizer: NotesTokenizerConfig = field(default_factory=NotesTokenizerConfig)  # notes: token grid
+
+    @classmethod
+    def schema_for(cls, node: Any) -> type[DatasetConfig]:
+        """The class of a dataset section holding `node`'s values (`--help` shows the chosen source's keys)."""
+        return dataset_schema(getattr(node, "source", None) or "pystdlib")
 
     @property
     def records(self) -> bool:
         """Text fine-tuning: one `prompt <GENAI> completion` record per row instead of packed documents."""
-        return bool(self.prompt_column or self.completion_column)
+        return False
 
     @property
     def notes(self) -> bool:
@@ -111,12 +89,126 @@ class DatasetConfig:
         """`at`: where this section sits (the run's dataset section, or one source of its mixture)."""
         if self.source not in SOURCES:
             fail(f"{at}.source", f"must be one of {', '.join(SOURCES)}; got {self.source!r}")
-        self._check_build(at)
-        self._check_source(at)
-        self._check_notes(at)
+        if type(self) is not SOURCE_CONFIGS[self.source]:
+            fail(
+                f"{at}.source",
+                f"{self.source} reads other keys than this {self.name} section holds; choose the source with "
+                f"dataset={self.source} (a preset of conf/dataset/), not dataset.source",
+            )
+        for key in ("max_documents",):
+            if getattr(self, key) is not None and getattr(self, key) < 1:
+                fail(f"{at}.{key}", f"must be >= 1; got {getattr(self, key)}")
+        require_positive(self, at, "docs_per_chunk", "num_proc")
+        if self.build_timeout_s <= 0:
+            fail(f"{at}.build_timeout_s", f"must be > 0; got {self.build_timeout_s}")
+        for key in ("val_fraction", "test_fraction"):
+            if not 0.0 <= getattr(self, key) < 0.5:
+                fail(f"{at}.{key}", f"must be in [0, 0.5); got {getattr(self, key)}")
+        if self.notes != (self.tokenizer == TokenizerKind.notes):
+            fail(
+                "dataset.tokenizer",
+                f"dataset.source={self.source} needs "
+                + (
+                    "dataset.tokenizer=notes"
+                    if self.notes
+                    else f"a text tokenizer ({', '.join(k for k in TokenizerKind if k != TokenizerKind.notes)}), "
+                    f"not {self.tokenizer}"
+                ),
+            )
 
-    def _check_build(self, at: str) -> None:
-        """How the token store is built: caps, chunks, held-out shares."""
+
+@dataclass(frozen=True)
+class TextConfig(DatasetConfig):
+    """Text sources: documents packed into token windows."""
+
+    bpe_vocab_size: int = 4096  # bpe only: size including the byte alphabet and special tokens
+    document_mask: bool = False  # packed text: attention stays within a document, positions restart at each one
+
+    def check(self, at: str = "dataset") -> None:
+        super().check(at)
+        if self.document_mask and self.records:
+            fail(
+                "dataset.document_mask",
+                "masks documents packed into one window; records (prompt/completion) hold one each already: set it "
+                "to false",
+            )
+        if self.tokenizer == TokenizerKind.bpe and self.bpe_vocab_size < 260:
+            fail(f"{at}.bpe_vocab_size", f"must be >= 260 (256 bytes + special tokens); got {self.bpe_vocab_size}")
+
+
+@dataclass(frozen=True)
+class PystdlibConfig(TextConfig):
+    """The running Python's standard library: real text, no download."""
+
+    extra_val_splits: list[str] = field(default_factory=list)  # packages held out whole, one validation split each
+
+
+@dataclass(frozen=True)
+class TextFilesConfig(TextConfig):
+    """The user's text files: one file, one document."""
+
+    source: str = "text_files"  # the loader (dataset=text_files picks this section)
+    files: list[str] = field(default_factory=list)  # paths, directories or globs
+
+    def check(self, at: str = "dataset") -> None:
+        super().check(at)
+        if not self.files:
+            fail(f"{at}.files", "text_files needs at least one path or glob, e.g. dataset.files=[notes/*.txt]")
+
+
+@dataclass(frozen=True)
+class RecordsConfig(TextConfig):
+    """Sources of rows with columns: a document's text, or fine-tuning's prompt and completion."""
+
+    text_column: str = "text"  # the column holding a document's text
+    prompt_column: Optional[str] = None  # text fine-tuning: records are `prompt <GENAI> completion` from these two
+    completion_column: Optional[str] = None  # ... columns; both or neither
+
+    @property
+    def records(self) -> bool:
+        return bool(self.prompt_column or self.completion_column)
+
+    def check(self, at: str = "dataset") -> None:
+        super().check(at)
+        if self.records and not (self.prompt_column and self.completion_column):
+            fail(
+                f"{at}.prompt_column", "text fine-tuning needs both dataset.prompt_column and dataset.completion_column"
+            )
+
+
+@dataclass(frozen=True)
+class JsonFilesConfig(RecordsConfig):
+    """The user's JSON / JSON-lines files: one row per object."""
+
+    source: str = "json_files"  # the loader (dataset=json_files picks this section)
+    files: list[str] = field(default_factory=list)  # .json / .jsonl files, directories or globs
+
+    def check(self, at: str = "dataset") -> None:
+        super().check(at)
+        if not self.files:
+            fail(f"{at}.files", "json_files needs at least one .json/.jsonl file or glob")
+
+
+@dataclass(frozen=True)
+class HfConfig(RecordsConfig):
+    """A datasets dataset: from the Hugging Face Hub, or a local folder or files."""
+
+    source: str = "hf"  # the loader (dataset=hf picks this section)
+    hf_path: Optional[str] = None  # Hub dataset id, e.g. Salesforce/wikitext (or a builder: json, text, ...)
+    hf_name: Optional[str] = None  # dataset config name, e.g. wikitext-2-raw-v1
+    files: list[str] = field(default_factory=list)  # local data files for the builder hf_path names
+    train_split: str = "train"  # the split that trains
+    val_split: Optional[str] = "validation"  # null = hold out val_fraction of the train split
+    test_split: Optional[str] = "test"  # null = no test split (or val_fraction's hold-out gives one)
+    streaming: bool = False  # tokenise while streaming into the token store (needs max_documents or max_tokens)
+    max_tokens: Optional[int] = None  # streaming: stop reading after the chunk that reaches this many tokens
+
+    def check(self, at: str = "dataset") -> None:
+        super().check(at)
+        if not self.hf_path:
+            fail(f"{at}.hf_path", "hf needs a Hub dataset id, e.g. dataset.hf_path=Salesforce/wikitext")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            fail(f"{at}.max_tokens", f"must be >= 1; got {self.max_tokens}")
         if self.streaming:
             if self.max_documents is None and self.max_tokens is None:
                 fail(
@@ -132,70 +224,112 @@ class DatasetConfig:
                 fail(
                     f"{at}.streaming", "fine-tuning records (prompt_column) are read whole; set dataset.streaming=false"
                 )
-        for key in ("max_documents", "max_tokens"):
-            if getattr(self, key) is not None and getattr(self, key) < 1:
-                fail(f"{at}.{key}", f"must be >= 1; got {getattr(self, key)}")
-        if self.document_mask and (self.tokenizer == TokenizerKind.notes or self.prompt_column):
-            fail(
-                "dataset.document_mask",
-                "masks documents packed into one window; records (notes, prompt/completion) "
-                "hold one each already: set it to false",
-            )
-        require_positive(self, at, "docs_per_chunk", "num_proc")
-        if self.build_timeout_s <= 0:
-            fail(f"{at}.build_timeout_s", f"must be > 0; got {self.build_timeout_s}")
-        for key in ("val_fraction", "test_fraction"):
-            if not 0.0 <= getattr(self, key) < 0.5:
-                fail(f"{at}.{key}", f"must be in [0, 0.5); got {getattr(self, key)}")
-        if self.tokenizer == TokenizerKind.bpe and self.bpe_vocab_size < 260:
-            fail(f"{at}.bpe_vocab_size", f"must be >= 260 (256 bytes + special tokens); got {self.bpe_vocab_size}")
 
-    def _check_source(self, at: str) -> None:
-        """What each source needs: its files or Hub id, its kind of tokenizer, the columns of its records."""
-        needs = {
-            "text_files": ("files", "text_files needs at least one path or glob, e.g. dataset.files=[notes/*.txt]"),
-            "hf": ("hf_path", "hf needs a Hub dataset id, e.g. dataset.hf_path=Salesforce/wikitext"),
-            "maestro": (
-                "base_dataset_name",
-                "maestro needs a Hub id or local folder, e.g. epr-labs/maestro-sustain-v2",
-            ),
-            "midi_files": ("files", "midi_files needs at least one .mid file, folder or glob"),
-            "json_files": ("files", "json_files needs at least one .json/.jsonl file or glob"),
-        }
-        if self.source in needs and not getattr(self, needs[self.source][0]):
-            fail(f"{at}.{needs[self.source][0]}", needs[self.source][1])
-        if self.notes != (self.tokenizer == TokenizerKind.notes):
-            fail(
-                "dataset.tokenizer",
-                f"dataset.source={self.source} needs "
-                + (
-                    "dataset.tokenizer=notes"
-                    if self.notes
-                    else f"a text tokenizer ({', '.join(k for k in TokenizerKind if k != TokenizerKind.notes)}), "
-                    f"not {self.tokenizer}"
-                ),
-            )
-        if self.records and not (self.prompt_column and self.completion_column):
-            fail(
-                f"{at}.prompt_column", "text fine-tuning needs both dataset.prompt_column and dataset.completion_column"
-            )
-        if self.records and self.source not in ("json_files", "hf"):
-            fail(
-                f"{at}.prompt_column",
-                f"prompt/completion records come from dataset.source=json_files or hf, not {self.source}",
-            )
-        if self.mixture and self.source != MIXTURE:
-            fail(f"{at}.mixture", f"is read only with dataset.source=mixture (dataset=mixture), not {self.source}")
 
-    def _check_notes(self, at: str) -> None:
+@dataclass(frozen=True)
+class MixtureConfig(TextConfig):
+    """Several text sources at set weights (training/config/mixture.py)."""
+
+    source: str = MIXTURE  # no loader of its own: the sources listed below
+    # the sources and their weights, each a preset of conf/dataset/ with any of its keys changed:
+    # [{dataset: fineweb_edu, weight: 0.7}, {dataset: text_files, weight: 0.3, name: mine, files: [notes/]}]
+    mixture: list[Any] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class NotesConfig(DatasetConfig):
+    """Notes sources: pieces of (time, pitch, velocity, duration) notes, cut into records."""
+
+    tokenizer: TokenizerKind = TokenizerKind.notes  # SHIFT / PITCH / VEL / DUR tokens (notes_tokenizer)
+    default_velocity: int = 80  # scores: velocity before the first dynamic mark
+    pause_detection_threshold: float = 4.0  # seconds of silence that split a piece into segments
+    eval_composers: list[str] = field(  # composers with a validation split of their own (beside `full`)
+        default_factory=lambda: ["bach", "mozart", "beethoven", "chopin"]
+    )
+    augmentation: AugmentationConfig = field(default_factory=AugmentationConfig)  # how training records vary
+    notes_tokenizer: NotesTokenizerConfig = field(default_factory=NotesTokenizerConfig)  # the token grid
+
+    def check(self, at: str = "dataset") -> None:
+        super().check(at)
         self.notes_tokenizer.check(f"{at}.notes_tokenizer")
         self.augmentation.check(f"{at}.augmentation")
-        if self.max_pieces_per_composer is not None and self.max_pieces_per_composer < 1:
-            fail(f"{at}.max_pieces_per_composer", f"must be >= 1 (or null for all); got {self.max_pieces_per_composer}")
         if not 1 <= self.default_velocity <= 127:
             fail(f"{at}.default_velocity", f"must be in [1, 127]; got {self.default_velocity}")
         if self.pause_detection_threshold <= 0:
             fail(f"{at}.pause_detection_threshold", f"must be > 0 seconds; got {self.pause_detection_threshold}")
+
+
+@dataclass(frozen=True)
+class Music21Config(NotesConfig):
+    """The scores that ship with music21: no download."""
+
+    source: str = "music21"  # the loader (dataset=music21 picks this section)
+    composers: list[str] = field(  # the composers whose scores are read
+        default_factory=lambda: ["bach", "mozart", "beethoven", "haydn", "chopin"]
+    )
+    max_pieces_per_composer: Optional[int] = None  # the smallest files first; null = all
+
+    def check(self, at: str = "dataset") -> None:
+        super().check(at)
+        if self.max_pieces_per_composer is not None and self.max_pieces_per_composer < 1:
+            fail(f"{at}.max_pieces_per_composer", f"must be >= 1 (or null for all); got {self.max_pieces_per_composer}")
+
+
+@dataclass(frozen=True)
+class MaestroConfig(NotesConfig):
+    """MAESTRO-style piano performances from the Hub (or a local folder)."""
+
+    source: str = "maestro"  # the loader (dataset=maestro picks this section)
+    base_dataset_name: Optional[str] = None  # Hub id or local folder giving validation and test
+    extra_datasets: list[str] = field(default_factory=list)  # their train splits train (default: base's)
+    val_split: Optional[str] = "validation"  # the base dataset's validation split
+    test_split: Optional[str] = "test"  # the base dataset's test split
+
+    def check(self, at: str = "dataset") -> None:
+        super().check(at)
+        if not self.base_dataset_name:
+            fail(f"{at}.base_dataset_name", "maestro needs a Hub id or local folder, e.g. epr-labs/maestro-sustain-v2")
+
+
+@dataclass(frozen=True)
+class MidiFilesConfig(NotesConfig):
+    """The user's .mid files."""
+
+    source: str = "midi_files"  # the loader (dataset=midi_files picks this section)
+    files: list[str] = field(default_factory=list)  # .mid files, directories or globs
+
+    def check(self, at: str = "dataset") -> None:
+        super().check(at)
+        if not self.files:
+            fail(f"{at}.files", "midi_files needs at least one .mid file, folder or glob")
+
+
+# dataset.source -> the class of its section
+SOURCE_CONFIGS: dict[str, type[DatasetConfig]] = {
+    "pystdlib": PystdlibConfig,
+    "text_files": TextFilesConfig,
+    "json_files": JsonFilesConfig,
+    "hf": HfConfig,
+    "music21": Music21Config,
+    "maestro": MaestroConfig,
+    "midi_files": MidiFilesConfig,
+    MIXTURE: MixtureConfig,
+}
+
+
+def other_sources_hint(key: str) -> str:
+    """'; read by dataset=...' for a dataset key that other sources' sections have, else ''."""
+    name = key.removeprefix("dataset.")
+    if name == key:
+        return ""
+    readers = [s for s, c in SOURCE_CONFIGS.items() if name in {f.name for f in dataclasses.fields(c)}]
+    return f"; read by dataset={', '.join(readers)} (pick the source with dataset=...)" if readers else ""
+
+
+def dataset_schema(source: object) -> type[DatasetConfig]:
+    """The class of a dataset section with this source (the base class for a source no loader has: its check says
+    so)."""
+    return SOURCE_CONFIGS.get(str(source), DatasetConfig)
 
 
 @dataclass(frozen=True)

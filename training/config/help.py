@@ -120,9 +120,10 @@ def _default(f: dataclasses.Field) -> Any:
     return "(required)"
 
 
-def keys(schema: type, prefix: str = "") -> list[tuple[str, str, list[Key]]]:
+def keys(schema: type, prefix: str = "", composed: DictConfig | None = None) -> list[tuple[str, str, list[Key]]]:
     """Sections in schema order: (dotted name, the dataclass's docstring, its keys); nested dataclasses follow their
-    parent as sections of their own."""
+    parent as sections of their own. A section whose class depends on its values (the dataset section: its
+    source's, `schema_for`) is the class `composed` has there."""
     hints = typing.get_type_hints(schema)
     meanings = field_meanings(schema)
     node = next((n for n in map(_class_node, schema.__mro__) if n is not None), None)
@@ -130,8 +131,10 @@ def keys(schema: type, prefix: str = "") -> list[tuple[str, str, list[Key]]]:
     own, nested = [], []
     for f in dataclasses.fields(schema):
         t = hints[f.name]
+        if hasattr(t, "schema_for"):
+            t = t.schema_for(OmegaConf.select(composed, f"{prefix}{f.name}") if composed is not None else None)
         if dataclasses.is_dataclass(t):
-            nested += keys(t, f"{prefix}{f.name}.")
+            nested += keys(t, f"{prefix}{f.name}.", composed)
         else:
             own.append(Key(f"{prefix}{f.name}", type_name(t), _default(f), meanings.get(f.name, "")))
     return [(prefix.rstrip("."), doc, own), *nested]
@@ -156,7 +159,7 @@ def help_text(schema: type, composed: DictConfig | None = None, width: int = WID
     """One entry per key, `key: type = default`, then `(here: value)` where `composed` (the config this command
     line composes) holds another value, then the key's meaning; grouped by section."""
     out = []
-    for section, doc, section_keys in keys(schema):
+    for section, doc, section_keys in keys(schema, composed=composed):
         if not section_keys:
             continue
         title = f"{section or '(top level)'}:" + (f" {doc}" if doc else "")

@@ -3,6 +3,7 @@ keys, and the checks on the mixture as a whole."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from omegaconf import OmegaConf
@@ -12,7 +13,7 @@ from core.errors import ConfigError
 from data.batches import allot
 from data.mixture import MIXTURE_BLOCK
 from training.config.base import fail
-from training.config.dataset import MIXTURE, DatasetConfig
+from training.config.dataset import MIXTURE, DatasetConfig, dataset_schema
 from training.config.nodes import CONF_DIR, one_line, schema_node
 
 # Keys a mixture's sources take from the run's dataset section unless the entry sets them: where the caches live and
@@ -31,7 +32,10 @@ MIXTURE_ENTRY_KEYS = ("dataset", "weight")
 
 def mixture_sources(d: DatasetConfig) -> list[tuple[str, float, DatasetConfig]]:
     """dataset.mixture as (name, weight, that source's complete dataset section): the entry's preset from
-    conf/dataset/, then the keys the run's dataset section lends it (MIXTURE_INHERITED), then the entry's own keys."""
+    conf/dataset/, then the keys the run's dataset section lends it (MIXTURE_INHERITED), then the entry's own keys.
+    None for a section of another source."""
+    if d.source != MIXTURE:
+        return []
     sources = []
     for i, entry in enumerate(d.mixture):
         where = f"dataset.mixture[{i}]"
@@ -47,11 +51,13 @@ def mixture_sources(d: DatasetConfig) -> list[tuple[str, float, DatasetConfig]]:
             key = "tokenizer" if "tokenizer" in entry else "mixture"
             fail(f"{where}.{key}", f"set by the run (dataset.{key}), not per source")
         own = {k: v for k, v in entry.items() if k not in MIXTURE_ENTRY_KEYS}
-        lent = {k: getattr(d, k) for k in MIXTURE_INHERITED}
+        values = OmegaConf.load(preset)
+        values.pop("defaults", None)  # the preset's first default: its source's class (dataset_schema)
+        schema = dataset_schema(values.get("source"))
+        fields = {f.name for f in dataclasses.fields(schema)}
+        lent = {k: getattr(d, k) for k in MIXTURE_INHERITED if k in fields}
         try:
-            node = OmegaConf.merge(
-                schema_node(DatasetConfig), OmegaConf.load(preset), lent, {"tokenizer": d.tokenizer}, own
-            )
+            node = OmegaConf.merge(schema_node(schema), values, lent, {"tokenizer": d.tokenizer}, own)
             source = OmegaConf.to_object(node)
         except OmegaConfBaseException as e:
             raise ConfigError(one_line(e).replace("config: ", f"config: {where}.", 1)) from None
@@ -68,18 +74,18 @@ def check_mixture(d: DatasetConfig, finetuning: bool) -> None:
             "dataset.mixture",
             "source=mixture needs at least one source, e.g. dataset.mixture=[{dataset: pystdlib, weight: 1}]",
         )
-    if d.prompt_column or finetuning:
+    if d.records or finetuning:
         fail("dataset.mixture", "mixes pretraining text; fine-tune on one prompt/completion source")
     names, sources = [], mixture_sources(d)
     for i, (name, weight, source) in enumerate(sources):
         at = f"dataset.mixture[{i}]"
         if not _positive_number(weight):
             fail(f"{at}.weight", f"must be a number > 0; got {weight!r}")
-        if source.notes or source.prompt_column:
+        if source.notes or source.records:
             fail(
                 f"{at}.dataset",
                 "a mixture mixes text for next-token pretraining; "
-                f"{source.source}{' records' if source.prompt_column else ''} cannot be mixed",
+                f"{source.source}{' records' if source.records else ''} cannot be mixed",
             )
         if name in names:
             fail(f"{at}.name", f"{name!r} names two sources; give each a name of its own")

@@ -13,6 +13,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from training.config.dataset import other_sources_hint
 from training.config.legacy import renamed_hint
 
 CONF_DIR = Path(__file__).resolve().parent.parent.parent / "conf"
@@ -76,7 +77,7 @@ def _unknown_key_or_option(e: BaseException, cause: BaseException, full_key: str
         if unknown:
             return (
                 f"config: unknown key '{key.group(1)}' (python train_jax.py --cfg lists every key)"
-                f"{renamed_hint(key.group(1))}"
+                f"{renamed_hint(key.group(1))}{other_sources_hint(key.group(1))}"
             )
     missing = re.search(r"Could not find '([\w/]+)/([^']+)'", str(e))
     if missing and missing.group(1).startswith("hydra/"):  # launchers and sweepers are plugins' as well as files
