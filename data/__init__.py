@@ -9,12 +9,13 @@ notes (pretraining) or of a piano task (fine-tuning), tokenised on the fly so th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 import numpy as np
 
 from core.errors import DataError
 from data.batches import EvalBatches, TrainBatches
+from data.config import DataConfig, DatasetConfig, TextConfig
 from data.examples import Examples, Records, Windows
 from data.mixture import MixtureTrainBatches
 from data.note_sources import FULL_VAL_SPLIT
@@ -23,6 +24,26 @@ from data.sources import MixtureCorpus, TextCorpus
 from data.tasks import NoteRecords
 from data.token_store import TokenStore
 from data.tokenizers import Tokenizer
+
+
+class BatchSettings(Protocol):
+    """What the batches take from the run's `train` section."""
+
+    batch_size: int
+    grad_accum_steps: int
+    eval_iters: int
+    seed: int
+
+
+class RunData(Protocol):
+    """What the data layer reads of the run's config (training/config/root.py `Config`)."""
+
+    dataset: DatasetConfig
+    data: DataConfig
+    train: BatchSettings
+    tasks: list[str]
+    task_weights: list[float]
+    loss_masking: str
 
 
 @dataclass
@@ -44,7 +65,12 @@ class Data:
 
 
 def make_data(
-    cfg: Any, corpus: Any, tokenizer: Tokenizer, context: int, process_index: int, process_count: int
+    cfg: RunData,
+    corpus: TextCorpus | MixtureCorpus | dict,
+    tokenizer: Tokenizer,
+    context: int,
+    process_index: int,
+    process_count: int,
 ) -> Data:
     """Wrap every split of `corpus` in its batch source. `cfg`: the whole run config."""
     if isinstance(corpus, MixtureCorpus):
@@ -74,7 +100,7 @@ def _eval_order(names: list[str], main: str) -> list[str]:
 
 
 def _windows(
-    d: Any, corpus: TextCorpus, tokenizer: Tokenizer, context: int, process_index: int, process_count: int
+    d: TextConfig, corpus: TextCorpus, tokenizer: Tokenizer, context: int, process_index: int, process_count: int
 ) -> tuple[TokenStore, dict[str, Windows]]:
     """The corpus's token store and its splits' windows (the extra validation splits in order of name), each split
     checked to hold at least two windows."""
@@ -93,7 +119,7 @@ def _windows(
 
 
 def _stream_windows(
-    cfg: Any, corpus: TextCorpus, tokenizer: Tokenizer, context: int, process_index: int, process_count: int
+    cfg: RunData, corpus: TextCorpus, tokenizer: Tokenizer, context: int, process_index: int, process_count: int
 ) -> tuple[dict[str, Examples], str, str]:
     store, splits = _windows(cfg.dataset, corpus, tokenizer, context, process_index, process_count)
     bytes_per_token = store.text_bytes("train") / max(len(splits["train"].tokens), 1)
@@ -102,7 +128,7 @@ def _stream_windows(
 
 
 def _mixture_data(
-    cfg: Any, corpus: MixtureCorpus, tokenizer: Tokenizer, context: int, process_index: int, process_count: int
+    cfg: RunData, corpus: MixtureCorpus, tokenizer: Tokenizer, context: int, process_index: int, process_count: int
 ) -> Data:
     """Training rows drawn from the sources by weight (data/mixture.py); evaluation on `val` (every source's
     validation split in proportion to its weight: the split that picks the best checkpoint) and on each source's
@@ -151,7 +177,7 @@ def _mixture_data(
     )
 
 
-def _records(cfg: Any, counts_and_makers: dict, tokenizer: Tokenizer, context: int) -> dict[str, Examples]:
+def _records(cfg: RunData, counts_and_makers: dict, tokenizer: Tokenizer, context: int) -> dict[str, Examples]:
     """`counts_and_makers`: split -> (number of records, make_record); each split checked to hold a record."""
     genai = tokenizer.genai_id if cfg.loss_masking == "finetuning" else None
     for name, (n, _) in counts_and_makers.items():
@@ -160,7 +186,9 @@ def _records(cfg: Any, counts_and_makers: dict, tokenizer: Tokenizer, context: i
     return {name: Records(n, make, context, tokenizer.pad_id, genai) for name, (n, make) in counts_and_makers.items()}
 
 
-def _note_records(cfg: Any, corpus: dict, tokenizer: Any, context: int) -> tuple[dict[str, Examples], str, str]:
+def _note_records(
+    cfg: RunData, corpus: dict, tokenizer: Tokenizer, context: int
+) -> tuple[dict[str, Examples], str, str]:
     d = cfg.dataset
     records = {}
     for name, pieces in corpus.items():
@@ -187,7 +215,7 @@ def _note_records(cfg: Any, corpus: dict, tokenizer: Any, context: int) -> tuple
 
 
 def _prompt_records(
-    cfg: Any, corpus: TextCorpus, tokenizer: Tokenizer, context: int
+    cfg: RunData, corpus: TextCorpus, tokenizer: Tokenizer, context: int
 ) -> tuple[dict[str, Examples], str, str]:
     """One `prompt <GENAI> completion <EOS>` record per row, tokenised once (cached by datasets)."""
     records = {}

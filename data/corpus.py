@@ -8,21 +8,22 @@ text corpora of its sources.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from data.config import DatasetConfig, TextConfig
 from data.note_sources import maestro_corpus, midi_files_corpus, music21_corpus
 from data.sources import MixtureCorpus, TextCorpus, hub_corpus, json_files_corpus, pystdlib_corpus, text_files_corpus
 
 if TYPE_CHECKING:
     import datasets
 
-TEXT_SOURCES: dict[str, Callable[[Any], TextCorpus]] = {
+TEXT_SOURCES: dict[str, Callable[..., TextCorpus]] = {  # each takes its source's section
     "pystdlib": pystdlib_corpus,
     "text_files": text_files_corpus,
     "json_files": json_files_corpus,
     "hf": hub_corpus,
 }
-NOTE_SOURCES: dict[str, Callable[[Any], dict[str, datasets.Dataset]]] = {
+NOTE_SOURCES: dict[str, Callable[..., dict[str, datasets.Dataset]]] = {
     "music21": music21_corpus,
     "maestro": maestro_corpus,
     "midi_files": midi_files_corpus,
@@ -30,7 +31,9 @@ NOTE_SOURCES: dict[str, Callable[[Any], dict[str, datasets.Dataset]]] = {
 LOADERS = {**TEXT_SOURCES, **NOTE_SOURCES}
 
 
-def load_corpus(d: Any, mixture: list[tuple[str, float, Any]] = ()) -> TextCorpus | MixtureCorpus | dict:
+def load_corpus(
+    d: DatasetConfig, mixture: list[tuple[str, float, TextConfig]] = ()
+) -> TextCorpus | MixtureCorpus | dict:
     """The corpus of the dataset section `d`; for source=mixture, `mixture` holds each source's name, weight and
     dataset section (training/config/mixture.py `mixture_sources`)."""
     if d.source == "mixture":

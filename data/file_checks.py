@@ -8,9 +8,12 @@ failure, or over the columns a run reads, and say where: `<file> line <n>`.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING
 
 from core.errors import DataError, first_line
+
+if TYPE_CHECKING:
+    import datasets
 
 
 def malformed_json(paths: list[str], error: Exception) -> DataError:
@@ -40,7 +43,7 @@ def malformed_json(paths: list[str], error: Exception) -> DataError:
     return DataError(f"dataset.files: {', '.join(paths[:3])}: datasets cannot read them as JSON ({reason})")
 
 
-def check_filled(ds: Any, columns: dict[str, str], paths: list[str]) -> None:
+def check_filled(ds: datasets.Dataset, columns: dict[str, str], paths: list[str]) -> None:
     """Every row has a value in each of `columns` ({config key: column}); else DataError naming the file and line
     (or record) of the first row without one. `ds` holds the rows of `paths`, in order."""
     for key, column in columns.items():

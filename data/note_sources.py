@@ -18,16 +18,18 @@ from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from fractions import Fraction
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from core.errors import DataError, first_line, warn
 from core.hf_datasets import hf_datasets
 from core.hub import hub_reachable, offline_hub
+from data.config import MaestroConfig, MidiFilesConfig, Music21Config, NotesConfig
 from data.files import expand_files
 from data.notes import Notes
 
 if TYPE_CHECKING:
     import datasets
+    import music21
 
 FULL_VAL_SPLIT = "full"
 MUSIC21_SKIPPED_SUFFIXES = (".rntxt",)  # Roman-numeral analyses, not notes
@@ -48,19 +50,19 @@ def note_features() -> datasets.Features:
     )
 
 
-def music21_corpus(d: Any) -> dict[str, datasets.Dataset]:
+def music21_corpus(d: Music21Config) -> dict[str, datasets.Dataset]:
     return _note_splits(_split_by_piece(_music21(d), d), d)
 
 
-def midi_files_corpus(d: Any) -> dict[str, datasets.Dataset]:
+def midi_files_corpus(d: MidiFilesConfig) -> dict[str, datasets.Dataset]:
     return _note_splits(_split_by_piece(_midi_files(d), d), d)
 
 
-def maestro_corpus(d: Any) -> dict[str, datasets.Dataset]:
+def maestro_corpus(d: MaestroConfig) -> dict[str, datasets.Dataset]:
     return _note_splits(_maestro(d), d)
 
 
-def _note_splits(corpus: dict[str, datasets.Dataset], d: Any) -> dict[str, datasets.Dataset]:
+def _note_splits(corpus: dict[str, datasets.Dataset], d: NotesConfig) -> dict[str, datasets.Dataset]:
     """Train, val and test capped by dataset.max_documents and checked; then val as `full` and one split per
     composer of dataset.eval_composers."""
     if d.max_documents is not None:
@@ -92,7 +94,7 @@ def _composer_key(name: str) -> str:
     return name.strip().split()[-1].lower() if name and name.strip() else ""
 
 
-def _split_by_piece(pieces: datasets.Dataset, d: Any) -> dict[str, datasets.Dataset]:
+def _split_by_piece(pieces: datasets.Dataset, d: NotesConfig) -> dict[str, datasets.Dataset]:
     """Held-out pieces per composer, chosen by a hash of the title: every composer with at least three pieces has
     one in validation and one in test (so each composer's validation split exists), the rest by the fractions."""
     by_composer: dict[str, list[tuple[float, int]]] = {}
@@ -133,7 +135,7 @@ def music21_paths(composers: list[str], max_pieces: int | None) -> list[tuple[st
     return found
 
 
-def _music21(d: Any) -> datasets.Dataset:
+def _music21(d: Music21Config) -> datasets.Dataset:
     listed = music21_paths(list(d.composers), d.max_pieces_per_composer)
     return _parse_in_parallel(_music21_pieces, listed, d, "music21")
 
@@ -160,7 +162,7 @@ def _music21_corpus_root() -> str:
     return str(common.getCorpusFilePath())
 
 
-def score_notes(score: Any, default_velocity: int) -> Notes:
+def score_notes(score: music21.stream.Score, default_velocity: int) -> Notes:
     """A music21 score as notes in seconds: offsets through the score's tempo map, ties merged, chords expanded,
     each part's velocity from its latest dynamic mark (`default_velocity` before the first one)."""
     from music21 import dynamics
@@ -189,7 +191,7 @@ def score_notes(score: Any, default_velocity: int) -> Notes:
     return Notes.from_lists(pitch, velocity, start, end)
 
 
-def _tempo_map(score: Any):
+def _tempo_map(score: music21.stream.Score):
     """quarter-note offset -> seconds, from the score's metronome marks (music21 assumes 120 bpm without any)."""
     spans = [
         (float(Fraction(a)), float(Fraction(b)), mark.secondsPerQuarter())
@@ -213,7 +215,7 @@ def _tempo_map(score: Any):
 # --- local MIDI files ----------------------------------------------------------------------------------------------
 
 
-def _midi_files(d: Any) -> datasets.Dataset:
+def _midi_files(d: MidiFilesConfig) -> datasets.Dataset:
     paths = [p for p in expand_files(d.files) if p.lower().endswith((".mid", ".midi"))]
     if not paths:
         raise DataError(f"dataset.files: {list(d.files)} holds no .mid or .midi files")
@@ -258,7 +260,7 @@ def _why_no_notes(path: str) -> str:
     return "holds no notes"
 
 
-def _parse_in_parallel(generator, items: list[tuple[str, str]], d: Any, label: str) -> datasets.Dataset:
+def _parse_in_parallel(generator, items: list[tuple[str, str]], d: NotesConfig, label: str) -> datasets.Dataset:
     """Run `generator` over shards of `items` in dataset.num_proc worker processes; datasets caches the result by
     the generator's code and its arguments, so the next run reads Arrow files instead of parsing."""
     shards = min(d.num_proc, len(items))
@@ -299,7 +301,7 @@ def _parse_shard(parse, items: list[tuple[str, str]], default_velocity: int) -> 
 # --- Hub datasets in the maestro layout ----------------------------------------------------------------------------
 
 
-def _maestro(d: Any) -> dict[str, datasets.Dataset]:
+def _maestro(d: MaestroConfig) -> dict[str, datasets.Dataset]:
     """`dataset.base_dataset_name` gives the validation and test splits, `dataset.extra_datasets` the training
     pieces (the base dataset's own train split when there are none). A name is a Hub id or a local folder."""
     if not hub_reachable():
@@ -313,7 +315,7 @@ def _maestro(d: Any) -> dict[str, datasets.Dataset]:
     return corpus
 
 
-def _maestro_split(name: str, split: str, d: Any) -> datasets.Dataset:
+def _maestro_split(name: str, split: str, d: MaestroConfig) -> datasets.Dataset:
     try:
         ds = hf_datasets().load_dataset(name, split=split, cache_dir=str(Path(d.cache_dir) / "hf"))
     except Exception as e:  # the Hub raises many types: connection, offline mode, not found, gated, bad config

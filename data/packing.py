@@ -14,9 +14,10 @@ import itertools
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from core.files import exclusive
+from data.config import HfConfig, TextConfig
 from data.sources import TextCorpus
 from data.token_store import (
     BuildContext,
@@ -41,7 +42,7 @@ ENCODE_BATCH_DOCS = 64  # documents per encode_batch call while building a token
 
 
 def tokenized_corpus(
-    corpus: TextCorpus, tokenizer: Tokenizer, d: Any, process_index: int = 0, process_count: int = 1
+    corpus: TextCorpus, tokenizer: Tokenizer, d: TextConfig, process_index: int = 0, process_count: int = 1
 ) -> TokenStore:
     """The corpus's token store for this tokenizer: opened when it exists, built (by all processes) when not."""
     inputs = {"corpus": corpus.fingerprint, "tokenizer": tokenizer.fingerprint(), "docs_per_chunk": d.docs_per_chunk}
@@ -72,7 +73,13 @@ def tokenized_corpus(
 
 
 def _build_store(
-    root: Path, inputs: dict, corpus: TextCorpus, tokenizer: Tokenizer, d: Any, process_index: int, process_count: int
+    root: Path,
+    inputs: dict,
+    corpus: TextCorpus,
+    tokenizer: Tokenizer,
+    d: TextConfig,
+    process_index: int,
+    process_count: int,
 ) -> TokenStore:
     clear_stale(root, process_index, d.build_timeout_s)
     bar = _BuildProgress(corpus.label) if process_index == 0 else None
@@ -117,7 +124,7 @@ def _shard_texts(split: str, ds: datasets.Dataset, num_shards: int, index: int) 
         yield split, [t for t in batch["text"] if t]  # an empty row (a blank line) is not a document
 
 
-def _build_stream(ctx: BuildContext, corpus: TextCorpus, d: Any) -> int:
+def _build_stream(ctx: BuildContext, corpus: TextCorpus, d: HfConfig) -> int:
     """Read the stream into chunks of `docs_per_chunk` rows until it ends or dataset.max_tokens is reached, going
     on after the last chunk a previous build finished. Returns the number of chunks."""
     k, state, total = 0, None, 0

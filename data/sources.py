@@ -23,6 +23,15 @@ from core.errors import DataError, first_line
 from core.hf_datasets import hf_datasets
 from core.hub import hub_reachable, offline_hub
 from core.secrets import secret
+from data.config import (
+    DatasetConfig,
+    HfConfig,
+    JsonFilesConfig,
+    PystdlibConfig,
+    RecordsConfig,
+    TextConfig,
+    TextFilesConfig,
+)
 from data.files import expand_files, file_stamps
 
 if TYPE_CHECKING:
@@ -70,7 +79,7 @@ class MixtureCorpus:
     names: list[str]
     weights: list[float]
     parts: list[TextCorpus]
-    configs: list[Any]
+    configs: list[TextConfig]
 
     @property
     def label(self) -> str:
@@ -92,7 +101,7 @@ def _checked(corpus: dict[str, datasets.Dataset], label: str) -> dict[str, datas
     return corpus
 
 
-def _capped(corpus: dict[str, datasets.Dataset], d: Any) -> dict[str, datasets.Dataset]:
+def _capped(corpus: dict[str, datasets.Dataset], d: DatasetConfig) -> dict[str, datasets.Dataset]:
     if d.max_documents is None:
         return corpus
     return {k: v.select(range(min(len(v), d.max_documents))) for k, v in corpus.items()}
@@ -122,7 +131,7 @@ def stdlib_files() -> tuple[Path, list[Path]]:
     return root, sorted(files)
 
 
-def pystdlib_corpus(d: Any) -> TextCorpus:
+def pystdlib_corpus(d: PystdlibConfig) -> TextCorpus:
     root, files = stdlib_files()
     if not files:
         raise DataError(f"dataset pystdlib: no .py files found under {root}; use dataset=text_files instead")
@@ -141,7 +150,7 @@ def pystdlib_corpus(d: Any) -> TextCorpus:
     return _file_corpus("pystdlib", by_split, d)
 
 
-def text_files_corpus(d: Any) -> TextCorpus:
+def text_files_corpus(d: TextFilesConfig) -> TextCorpus:
     """One document per file; a file's split is a hash of its path, so adding a file moves no other one."""
     by_split: dict[str, list[str]] = {}
     for path in expand_files(d.files):
@@ -149,7 +158,7 @@ def text_files_corpus(d: Any) -> TextCorpus:
     return _file_corpus(d.name, by_split, d)
 
 
-def _file_corpus(label: str, by_split: dict[str, list[str]], d: Any) -> TextCorpus:
+def _file_corpus(label: str, by_split: dict[str, list[str]], d: TextConfig) -> TextCorpus:
     stamps = {name: file_stamps(paths) for name, paths in sorted(by_split.items())}
     return TextCorpus(
         label,
@@ -158,7 +167,7 @@ def _file_corpus(label: str, by_split: dict[str, list[str]], d: Any) -> TextCorp
     )
 
 
-def json_files_corpus(d: Any) -> TextCorpus:
+def json_files_corpus(d: JsonFilesConfig) -> TextCorpus:
     """JSON / JSON-lines files (datasets' `json` loader): one row per object, split by a hash of the row index."""
     paths = expand_files(d.files)
 
@@ -186,7 +195,7 @@ def json_files_corpus(d: Any) -> TextCorpus:
     )
 
 
-def _load_text_files(by_split: dict[str, list[str]], d: Any, sample_by: str) -> dict[str, datasets.Dataset]:
+def _load_text_files(by_split: dict[str, list[str]], d: DatasetConfig, sample_by: str) -> dict[str, datasets.Dataset]:
     """datasets' own `text` loader, one document per file, cached under dataset.cache_dir."""
     loaded = hf_datasets().load_dataset(
         "text",
@@ -199,7 +208,7 @@ def _load_text_files(by_split: dict[str, list[str]], d: Any, sample_by: str) -> 
     return {name: loaded[name] for name in by_split}
 
 
-def _hash_split(ds: datasets.Dataset, d: Any) -> dict[str, datasets.Dataset]:
+def _hash_split(ds: datasets.Dataset, d: DatasetConfig) -> dict[str, datasets.Dataset]:
     """Split rows by a hash of their index (for sources that come as one split)."""
     labels = [split_of(f"row-{i}", d.val_fraction, d.test_fraction) for i in range(len(ds))]
     out = {}
@@ -210,7 +219,7 @@ def _hash_split(ds: datasets.Dataset, d: Any) -> dict[str, datasets.Dataset]:
     return out
 
 
-def hub_corpus(d: Any) -> TextCorpus:
+def hub_corpus(d: HfConfig) -> TextCorpus:
     label = d.hf_path + (f" ({d.hf_name})" if d.hf_name else "")
     kwargs = dict(
         path=d.hf_path,
@@ -240,7 +249,7 @@ def hub_corpus(d: Any) -> TextCorpus:
     return TextCorpus(label, fingerprint, lambda: _capped(corpus, d))
 
 
-def _hub_call(label: str, d: Any, load: Callable, connect: bool = True):
+def _hub_call(label: str, d: HfConfig, load: Callable, connect: bool = True):
     """Run `load` against the Hub (first going offline when it is unreachable, if `connect`); any failure to reach
     or read it becomes one line."""
     if connect and not hub_reachable():
@@ -258,7 +267,7 @@ def _hub_call(label: str, d: Any, load: Callable, connect: bool = True):
         ) from None
 
 
-def _hub_splits(d: Any, kwargs: dict) -> dict[str, datasets.Dataset]:
+def _hub_splits(d: HfConfig, kwargs: dict) -> dict[str, datasets.Dataset]:
     splits = {"train": d.train_split, "val": d.val_split, "test": d.test_split}
     corpus = {
         name: _text_column(hf_datasets().load_dataset(split=hf_split, **kwargs), d)
@@ -276,7 +285,7 @@ class HubStream:
     `state()` after a row is what `HubStream(..., state)` needs to go on after it without reading the rows before
     (datasets' own IterableDataset.state_dict)."""
 
-    def __init__(self, d: Any, kwargs: dict, label: str, state: dict | None) -> None:
+    def __init__(self, d: HfConfig, kwargs: dict, label: str, state: dict | None) -> None:
         self.d, self.label = d, label
         self._stream = _hub_call(
             label, d, lambda: hf_datasets().load_dataset(split=d.train_split, streaming=True, **kwargs)
@@ -305,7 +314,7 @@ class HubStream:
             yield split, row[d.text_column] or ""
 
 
-def _text_column(ds: datasets.Dataset, d: Any, label: str | None = None) -> datasets.Dataset:
+def _text_column(ds: datasets.Dataset, d: RecordsConfig, label: str | None = None) -> datasets.Dataset:
     """The column(s) the run reads, renamed to `text`, or to `prompt` and `completion` for fine-tuning records."""
     wanted = (
         {"prompt_column": "prompt", "completion_column": "completion"} if d.prompt_column else {"text_column": "text"}

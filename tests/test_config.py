@@ -233,9 +233,9 @@ DATASET_PRESETS = sorted(p.stem for p in (ROOT / "conf" / "dataset").glob("*.yam
 
 @pytest.mark.parametrize("preset", DATASET_PRESETS)
 def test_a_dataset_preset_composes_only_the_keys_its_source_reads(preset):
-    """`--cfg job` for dataset=X: the section is X's source's class (training/config/dataset.py SOURCE_CONFIGS),
+    """`--cfg job` for dataset=X: the section is X's source's class (data/config.py SOURCE_CONFIGS),
     every key of it and none of another source's (no `files` for pystdlib, no `composers` for text)."""
-    from training.config.dataset import SOURCE_CONFIGS, dataset_schema
+    from data.config import SOURCE_CONFIGS, dataset_schema
 
     composed = compose_config([f"dataset={preset}"])
     schema = dataset_schema(composed.dataset.source)

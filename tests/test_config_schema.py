@@ -19,9 +19,9 @@ from pathlib import Path
 
 import yaml
 
+from data.config import SOURCE_CONFIGS, dataset_schema
 from optimizers.registry import OWN_KEYS
 from training.config import CONF_DIR, Config, as_dict
-from training.config.dataset import SOURCE_CONFIGS, dataset_schema
 
 
 def schema_at(parts: tuple[str, ...]) -> type:

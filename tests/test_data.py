@@ -165,3 +165,13 @@ def test_the_hub_is_probed_only_outside_offline_mode(monkeypatch):
     assert hub_reachable() is False and lookups == []
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
     assert hub_reachable() is False and lookups == ["huggingface.co"]
+
+
+def test_every_loader_has_a_section_class_and_every_section_class_a_loader():
+    """data/corpus.py's loaders and data/config.py's sections name the same sources (a mixture has no loader of its
+    own: it loads its sources'), and the notes loaders are the notes sections."""
+    from data.config import MIXTURE, SOURCE_CONFIGS, NotesConfig
+    from data.corpus import LOADERS, NOTE_SOURCES
+
+    assert set(LOADERS) | {MIXTURE} == set(SOURCE_CONFIGS)
+    assert {s for s, c in SOURCE_CONFIGS.items() if issubclass(c, NotesConfig)} == set(NOTE_SOURCES)

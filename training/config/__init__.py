@@ -13,8 +13,8 @@ OmegaConf (plain data, YAML, one-line errors). The config never changes once che
 schedule length) are computed where they are used.
 """
 
+from data.config import AugmentationConfig, DataConfig, DatasetConfig, NotesTokenizerConfig, TokenizerKind
 from training.config.compose import compose_config, composition_error, finish, load_config, to_config
-from training.config.dataset import AugmentationConfig, DataConfig, DatasetConfig, NotesTokenizerConfig, TokenizerKind
 from training.config.loop import (
     CheckpointConfig,
     LoadMode,

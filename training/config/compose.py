@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from core.errors import ConfigError
-from training.config.dataset import SOURCE_CONFIGS, dataset_schema, other_sources_hint
+from data.config import SOURCE_CONFIGS, dataset_schema, other_sources_hint
 from training.config.legacy import read_earlier_values, renamed_hint
 from training.config.nodes import CONF_DIR, one_line, schema_node
 from training.config.root import Config, check_across, check_devices

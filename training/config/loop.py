@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Optional
 
-from training.config.base import either, fail, require_non_negative, require_positive
+from core.checks import either, fail, require_non_negative, require_positive
 
 
 @dataclass(frozen=True)

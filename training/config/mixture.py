@@ -9,11 +9,11 @@ from typing import Any
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from core.checks import fail
 from core.errors import ConfigError
 from data.batches import allot
+from data.config import MIXTURE, DatasetConfig, dataset_schema
 from data.mixture import MIXTURE_BLOCK
-from training.config.base import fail
-from training.config.dataset import MIXTURE, DatasetConfig, dataset_schema
 from training.config.nodes import CONF_DIR, one_line, schema_node
 
 # Keys a mixture's sources take from the run's dataset section unless the entry sets them: where the caches live and

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from core.checks import fail, require_positive
 from models import MODEL_BUILDERS
 from models.config import (  # noqa: F401 (the options' enums, imported from here by the rest of training/)
     Attention,
@@ -16,7 +17,6 @@ from models.config import (  # noqa: F401 (the options' enums, imported from her
     Position,
     Remat,
 )
-from training.config.base import fail, require_positive
 
 
 @dataclass(frozen=True)

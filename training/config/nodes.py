@@ -13,7 +13,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from training.config.dataset import other_sources_hint
+from data.config import other_sources_hint
 from training.config.legacy import renamed_hint
 
 CONF_DIR = Path(__file__).resolve().parent.parent.parent / "conf"

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Optional
 
+from core.checks import fail, require_fraction, require_non_negative
 from optimizers.groups import check_groups
 from optimizers.registry import check_optimizer, with_hyper_parameters
-from training.config.base import fail, require_fraction, require_non_negative
 
 
 class DecayMode(StrEnum):

@@ -10,14 +10,14 @@ from typing import Optional
 
 import jax
 
+from core.checks import either, fail
+from data.config import DataConfig, DatasetConfig
 from data.corpus import NOTE_SOURCES
 from data.task_names import TASK_NAMES
 from models import parameter_labels, resolve_attention
 from models.fp8 import native_fp8_problem
 from models.hf import HF_PREFIX
 from optimizers.groups import check_labels_present
-from training.config.base import either, fail
-from training.config.dataset import DataConfig, DatasetConfig
 from training.config.loop import CheckpointConfig, LoadMode, LoggingConfig, TrainConfig
 from training.config.mixture import check_mixture
 from training.config.model import ModelConfig

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Optional
 
-from training.config.base import fail
+from core.checks import fail
 
 
 class Dtype(StrEnum):

@@ -1,18 +1,20 @@
-"""The `dataset` and `data` sections: where documents or pieces come from, how they are tokenised and cut up, and
-the checks on their values."""
+"""The `dataset` and `data` sections of the run's config, owned by the package that reads them: where documents or
+pieces come from, how they are tokenised and cut up, and the checks on their values. The dataset section is the
+class of its source (SOURCE_CONFIGS): each loader of data/corpus.py takes its own."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-from data.corpus import LOADERS, NOTE_SOURCES
-from training.config.base import fail, require_positive
+from core.checks import fail, require_positive
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 MIXTURE = "mixture"  # dataset.source of a mixture: load_corpus (data/corpus.py) mixes the sources it lists
-SOURCES = (*LOADERS, MIXTURE)  # what dataset.source can name: a loader of data/corpus.py's table, or a mixture
 
 
 class TokenizerKind(StrEnum):
@@ -71,7 +73,7 @@ class DatasetConfig:
     cache_dir: str = ".cache"  # token stores, trained tokenizers, parsed notes (shared by all processes of a run)
 
     @classmethod
-    def schema_for(cls, node: Any) -> type[DatasetConfig]:
+    def schema_for(cls, node: DictConfig | None) -> type[DatasetConfig]:
         """The class of a dataset section holding `node`'s values (`--help` shows the chosen source's keys)."""
         return dataset_schema(getattr(node, "source", None) or "pystdlib")
 
@@ -83,12 +85,12 @@ class DatasetConfig:
     @property
     def notes(self) -> bool:
         """Whether the source gives pieces of notes (for the notes tokenizer) rather than text."""
-        return self.source in NOTE_SOURCES
+        return isinstance(self, NotesConfig)
 
     def check(self, at: str = "dataset") -> None:
         """`at`: where this section sits (the run's dataset section, or one source of its mixture)."""
-        if self.source not in SOURCES:
-            fail(f"{at}.source", f"must be one of {', '.join(SOURCES)}; got {self.source!r}")
+        if self.source not in SOURCE_CONFIGS:
+            fail(f"{at}.source", f"must be one of {', '.join(SOURCE_CONFIGS)}; got {self.source!r}")
         if type(self) is not SOURCE_CONFIGS[self.source]:
             fail(
                 f"{at}.source",

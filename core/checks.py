@@ -1,9 +1,10 @@
-"""What every config section shares: how a check fails (one `ConfigError` naming the key) and the common checks."""
+"""How a config check fails (one `ConfigError` naming the key) and the common checks: for the sections of the run's
+config, wherever their package defines them (data/config.py, models/config.py, training/config/)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from core.errors import ConfigError
 
@@ -18,7 +19,7 @@ def either(choices: Iterable[str]) -> str:
     return f"{', '.join(most)} or {last}" if most else last
 
 
-def require_positive(section: Any, at: str, *names: str) -> None:
+def require_positive(section: object, at: str, *names: str) -> None:
     """Each field `names` of `section` (which sits at `at` in the config) must be >= 1."""
     for name in names:
         value = getattr(section, name)
@@ -26,7 +27,7 @@ def require_positive(section: Any, at: str, *names: str) -> None:
             fail(f"{at}.{name}", f"must be >= 1; got {value}")
 
 
-def require_fraction(section: Any, at: str, *names: str) -> None:
+def require_fraction(section: object, at: str, *names: str) -> None:
     """Each field `names` of `section` must be in [0, 1): a probability or a decay rate."""
     for name in names:
         value = getattr(section, name)
@@ -34,7 +35,7 @@ def require_fraction(section: Any, at: str, *names: str) -> None:
             fail(f"{at}.{name}", f"must be in [0, 1); got {value}")
 
 
-def require_non_negative(section: Any, at: str, *names: str) -> None:
+def require_non_negative(section: object, at: str, *names: str) -> None:
     for name in names:
         value = getattr(section, name)
         if value < 0:
