@@ -3,8 +3,7 @@ of two trees."""
 
 from __future__ import annotations
 
-from typing import Any
-
+import chex
 import jax
 import jax.numpy as jnp
 
@@ -14,12 +13,12 @@ def path_name(path: tuple) -> str:
     return jax.tree_util.keystr(path, simple=True, separator=".")
 
 
-def path_names(tree: Any) -> list[str]:
+def path_names(tree: chex.ArrayTree) -> list[str]:
     """Every leaf's dotted name, in the tree's leaf order."""
     return [path_name(path) for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
 
 
-def tree_dot(a: Any, b: Any) -> jax.Array:
+def tree_dot(a: chex.ArrayTree, b: chex.ArrayTree) -> jax.Array:
     """<a, b> summed over the leaves of two trees of the same structure, accumulated in float32."""
     return sum(
         jnp.vdot(x.astype(jnp.float32), y.astype(jnp.float32)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Protocol
 
 import equinox as eqx
 import jax
@@ -19,7 +19,26 @@ from models.config import ModelOptions
 from models.gpt import GPT, GPTConfig
 
 
-def build_gpt(cfg: Any, vocab_size: int, key: jax.Array) -> GPT:
+class SystemSection(Protocol):
+    @property
+    def dtype(self) -> str: ...
+
+
+class RunConfig(Protocol):
+    """What a builder reads of the run's config (training/config/root.py's Config): the `model` section and the
+    compute dtype. A protocol, as models/ does not import training/."""
+
+    @property
+    def model(self) -> ModelOptions: ...
+
+    @property
+    def system(self) -> SystemSection: ...
+
+
+Builder = Callable[[RunConfig, int, jax.Array], GPT]  # (run config, vocab_size, key) -> model
+
+
+def build_gpt(cfg: RunConfig, vocab_size: int, key: jax.Array) -> GPT:
     return init_gpt(gpt_config(cfg.model, vocab_size, resolve_attention(cfg.model.attention, cfg.system.dtype)), key)
 
 
@@ -41,7 +60,7 @@ def gpt_config(model_cfg: ModelOptions, vocab_size: int, attention: str = "xla")
     return GPTConfig(**options | {"attention": attention}, vocab_size=vocab_size)
 
 
-def parameter_labels(model_cfg: Any) -> set[str]:
+def parameter_labels(model_cfg: ModelOptions) -> set[str]:
     """The labels of the parameters a model of this config has (GPT.parameter_labels), from its shapes alone: no
     array is made and no device is touched (the config is checked before jax.distributed starts)."""
     key = jax.ShapeDtypeStruct((2,), jnp.uint32)
@@ -75,4 +94,4 @@ def _cudnn_attention_runs(dtype: str) -> bool:
         return False
 
 
-MODEL_BUILDERS: dict[str, Callable[[Any, int, jax.Array], Any]] = {"gpt": build_gpt}  # GPT-2, Llama-style, modern
+MODEL_BUILDERS: dict[str, Builder] = {"gpt": build_gpt}  # GPT-2, Llama-style, modern

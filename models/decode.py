@@ -13,7 +13,7 @@ The cache holds the model's context. A generation that would run past it continu
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING
 
 import equinox as eqx
 import jax
@@ -22,12 +22,15 @@ import numpy as np
 
 from models.sampling import generate_no_cache, sample_logits
 
+if TYPE_CHECKING:
+    from models.gpt import GPT
+
 PROMPT_BUCKET = 16  # prompts are padded to a multiple of this, so similar lengths share one compiled prefill
 
 
 @functools.partial(eqx.filter_jit, donate="none")
 def _generate_cached(
-    model: Any,
+    model: GPT,
     tokens_BP: jax.Array,
     lengths_B: jax.Array,
     key: jax.Array,
@@ -69,7 +72,7 @@ def _generate_cached(
 
 
 def generate(
-    model: Any,
+    model: GPT,
     prompts: list[list[int]],
     max_new_tokens: int,
     *,

@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from typing import Any
 
 import equinox as eqx
 import jax
@@ -367,7 +366,7 @@ class GPT(eqx.Module):
         """A `tree_at` selector of the parameters with these dotted names ("blocks.fc.weight") that this model has
         (an option's absent parameter, e.g. wpe under rotary positions, is skipped)."""
 
-        def get(m: GPT, name: str) -> Any:
+        def get(m: GPT, name: str) -> jax.Array | None:  # the parameter, or None where the model lacks it
             for part in name.split("."):
                 m = None if m is None else getattr(m, part)
             return m
@@ -375,7 +374,7 @@ class GPT(eqx.Module):
         present = [n for n in names if get(self, n) is not None]
         return lambda m: tuple(get(m, n) for n in present)
 
-    def _mark(self, default: Any, where: dict[Any, tuple[str, ...]]) -> GPT:
+    def _mark(self, default: bool | str, where: dict[bool | str, tuple[str, ...]]) -> GPT:
         """A tree shaped like the model: each key of `where` at the parameters it names, `default` elsewhere."""
         tree = jax.tree.map(lambda _: default, self)
         for mark, names in where.items():

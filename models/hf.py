@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +23,7 @@ import numpy as np
 from core.errors import ConfigError, DataError, first_line
 from core.hub import hub_reachable
 from models import gpt_config
+from models.config import ModelOptions
 from models.gpt import GPT, INIT_STD, Block, GPTConfig, LayerNorm, Linear
 from models.hf_llama import (
     check_llama_config,
@@ -37,6 +38,18 @@ HF_PREFIX = "hf:"
 HF_FILES = ("config.json", "model.safetensors")
 LAYER_NORM_EPS = 1e-5  # ours and GPT-2's
 ARCHITECTURES = ("auto", "gpt2", "llama")  # what export_hf writes: auto = gpt2 where it can, else llama
+
+
+class ExportedTokenizer(Protocol):
+    """What the export reads of a tokenizer (data/tokenizer_base.py's Tokenizer; models/ does not import data/)."""
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def eos_id(self) -> int: ...
+
+    def to_json(self) -> dict: ...
 
 
 def gpt2_problem(cfg: GPTConfig) -> str | None:
@@ -115,7 +128,7 @@ def to_hf_tensors(model: GPT) -> dict[str, np.ndarray]:
     return tensors
 
 
-def _bias(value: Any, width: int) -> np.ndarray:
+def _bias(value: jax.Array | None, width: int) -> np.ndarray:
     return np.zeros((width,), np.float32) if value is None else np.asarray(value, np.float32)
 
 
@@ -144,7 +157,7 @@ def hf_config(cfg: GPTConfig, eos_id: int) -> dict[str, Any]:
     }
 
 
-def export_hf(model: GPT, tokenizer: Any, out_dir: str | Path, architecture: str = "auto") -> list[str]:
+def export_hf(model: GPT, tokenizer: ExportedTokenizer, out_dir: str | Path, architecture: str = "auto") -> list[str]:
     """Write the folder as `architecture` (ARCHITECTURES); returns the files written. Refuses a non-empty folder
     rather than mixing two models, and a model the architecture cannot express."""
     from safetensors.numpy import save_file
@@ -210,7 +223,7 @@ def resolve_hf(name: str, cache_dir: str) -> Path:
         ) from None
 
 
-def check_hf_config(folder: Path, model_cfg: Any) -> dict[str, Any]:
+def check_hf_config(folder: Path, model_cfg: ModelOptions) -> dict[str, Any]:
     """The folder's config, checked against the run's `model` section: one line naming what differs."""
     config = json.loads((folder / "config.json").read_text())
     cfg = gpt_config(model_cfg, 1)

@@ -11,6 +11,7 @@ logit soft-cap: `llama_problem` names the first such option, and export and impo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -130,7 +131,7 @@ def to_llama_tensors(model: GPT) -> dict[str, np.ndarray]:
     return tensors
 
 
-def check_llama_config(folder: Any, config: dict[str, Any], cfg: GPTConfig) -> None:
+def check_llama_config(folder: Path, config: dict[str, Any], cfg: GPTConfig) -> None:
     """The folder's Llama config against the run's model: one line naming every difference."""
     at = f"init_from=hf:{folder}"
     if not (Path(folder) / "gpt_jax_tokenizer.json").exists():
@@ -213,7 +214,7 @@ def from_llama_tensors(tensors: dict[str, np.ndarray], like: GPT, key: jax.Array
     def swiglu(kind: str) -> jax.Array:  # gate and up side by side: [.., F, 2]
         return jnp.asarray(np.stack([stacked("gate", kind), stacked("up", kind)], axis=-1))
 
-    def linear(make: Any) -> Linear:
+    def linear(make: Callable[[str], jax.Array]) -> Linear:
         return Linear(make("weight"), make("bias") if cfg.bias else None)
 
     blocks = Block(

@@ -20,19 +20,26 @@ Widening changes n_embd at a fixed n_head, as the coordinate check and the trans
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Protocol
 
 
-def hidden_init_std(cfg: Any, std: float) -> float:
+class Widths(Protocol):
+    """models/gpt.py's GPTConfig (which imports this module): μP's width multiplier m."""
+
+    @property
+    def width_multiplier(self) -> float: ...
+
+
+def hidden_init_std(cfg: Widths, std: float) -> float:
     """The hidden matrices' init std: `std` at the base width, / sqrt(m) around it."""
     return std / math.sqrt(cfg.width_multiplier)
 
 
-def attention_multiplier(cfg: Any) -> float:
+def attention_multiplier(cfg: Widths) -> float:
     """The queries' factor that turns 1/sqrt(head_dim) scores into sqrt(head_dim0)/head_dim ones: 1/sqrt(m)."""
     return 1.0 / math.sqrt(cfg.width_multiplier)
 
 
-def output_multiplier(cfg: Any) -> float:
+def output_multiplier(cfg: Widths) -> float:
     """The readout's 1/m."""
     return 1.0 / cfg.width_multiplier

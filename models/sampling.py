@@ -6,12 +6,15 @@ is checked against.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+if TYPE_CHECKING:
+    from models.gpt import GPT
 
 
 def sample_logits(
@@ -38,7 +41,7 @@ def sample_logits(
 
 @eqx.filter_jit
 def _next_token(
-    model: Any,
+    model: GPT,
     window_BC: jax.Array,
     lengths_B: jax.Array,
     key: jax.Array,
@@ -52,7 +55,7 @@ def _next_token(
 
 
 def generate_no_cache(
-    model: Any,
+    model: GPT,
     prompts: list[list[int]],
     max_new_tokens: int,
     *,

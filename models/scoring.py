@@ -11,12 +11,15 @@ The log-probability is computed as the training loss computes it: the target's l
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+if TYPE_CHECKING:
+    from models.gpt import GPT
 
 SHORTEST_LENGTH = 16  # the smallest padded length; shorter requests share it
 DEFAULT_BATCH_TOKENS = 8192  # padded tokens per call: rows = this // padded length (logits are rows x length x vocab)
@@ -38,7 +41,7 @@ def padded_rows(n: int, most: int) -> int:
 
 @eqx.filter_jit
 def _score_rows(
-    model: Any, inputs_BL: jax.Array, targets_BL: jax.Array, first_B: jax.Array, end_B: jax.Array
+    model: GPT, inputs_BL: jax.Array, targets_BL: jax.Array, first_B: jax.Array, end_B: jax.Array
 ) -> tuple[jax.Array, jax.Array]:
     """Per row: the summed log-probability of the targets at positions [first, end), and whether each of them is
     the most likely token there."""
@@ -53,7 +56,7 @@ def _score_rows(
 
 
 def continuation_logprobs(
-    model: Any, requests: Sequence[tuple[Sequence[int], Sequence[int]]], batch_tokens: int = DEFAULT_BATCH_TOKENS
+    model: GPT, requests: Sequence[tuple[Sequence[int], Sequence[int]]], batch_tokens: int = DEFAULT_BATCH_TOKENS
 ) -> list[tuple[float, bool]]:
     """(log P(continuation | context), is the continuation greedy) for each (context ids, continuation ids).
 

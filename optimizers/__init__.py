@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +30,7 @@ import optax
 from core.param_labels import BLOCK_MATRICES
 from optimizers.decay import fixed
 from optimizers.groups import build_grouped_direction, geometry_groups, lr_multipliers
+from optimizers.protocols import OptimizedModel, OptimizerSection
 from optimizers.registry import LR_USE, OPTIMIZERS, register
 from optimizers.schedules import build_schedule, own_warmups_in_steps
 from optimizers.wrappers import cautious
@@ -72,7 +73,7 @@ def record_grad_norm() -> optax.GradientTransformation:
     return optax.GradientTransformation(init, update)
 
 
-def grad_norm_of(opt_state: Any) -> jax.Array:
+def grad_norm_of(opt_state: optax.OptState) -> jax.Array:
     return optax.tree.get(opt_state, "grad_norm")
 
 
@@ -100,22 +101,22 @@ def scale_by_lr(schedule: optax.Schedule) -> optax.GradientTransformation:
     return optax.GradientTransformationExtraArgs(init, update)
 
 
-def lr_step_of(opt_state: Any) -> jax.Array:
+def lr_step_of(opt_state: optax.OptState) -> jax.Array:
     return optax.tree.get(opt_state, "lr_step")
 
 
-def applied_lr_of(opt_state: Any) -> jax.Array:
+def applied_lr_of(opt_state: optax.OptState) -> jax.Array:
     return optax.tree.get(opt_state, "applied_lr")
 
 
-def continue_schedule_at(opt_state: Any, lr_step: jax.Array) -> Any:
+def continue_schedule_at(opt_state: optax.OptState, lr_step: jax.Array) -> optax.OptState:
     """A (fresh) optimizer state whose schedule continues at `lr_step` instead of starting over: its moments stay
     fresh, its learning rate is the one the run had reached."""
     where = lr_step_of(opt_state).sharding
     return optax.tree.set(opt_state, lr_step=jax.device_put(jnp.asarray(lr_step, jnp.int32), where))
 
 
-def eval_params(opt_state: Any, params: Any) -> Any:
+def eval_params(opt_state: optax.OptState, params: optax.Params) -> optax.Params:
     """The weights to evaluate, sample and export: where the optimizer is schedule-free, its average x (the gradient
     is taken at y, which is what the train state's parameters hold); else the parameters themselves."""
     is_sf = lambda x: isinstance(x, optax.contrib.ScheduleFreeState)  # noqa: E731
@@ -123,7 +124,7 @@ def eval_params(opt_state: Any, params: Any) -> Any:
     return optax.contrib.schedule_free_eval_params(found[0], params) if found else params
 
 
-def lr_schedule_of(cfg: Any, schedule: optax.Schedule) -> optax.Schedule:
+def lr_schedule_of(cfg: OptimizerSection, schedule: optax.Schedule) -> optax.Schedule:
     """The schedule as `optimizer.name`'s method takes it (registry.register's `lr`): the lr `scale_by_lr` applies at
     each update count."""
     use = LR_USE.get(cfg.name, "schedule")
@@ -134,7 +135,7 @@ def lr_schedule_of(cfg: Any, schedule: optax.Schedule) -> optax.Schedule:
     return schedule
 
 
-def mup_lr_scale(model: Any) -> list[optax.GradientTransformation]:
+def mup_lr_scale(model: OptimizedModel) -> list[optax.GradientTransformation]:
     """μP (models/mup.py): the hidden matrices' steps (the blocks' four) times 1/m, m the model's width multiplier;
     nothing (not even a state) under standard parametrization, or at the base width."""
     m = getattr(getattr(model, "cfg", None), "width_multiplier", 1.0)
@@ -145,7 +146,7 @@ def mup_lr_scale(model: Any) -> list[optax.GradientTransformation]:
 
 
 def build_optimizer(
-    cfg: Any, schedule: optax.Schedule, model: Any, grad_accum_steps: int
+    cfg: OptimizerSection, schedule: optax.Schedule, model: OptimizedModel, grad_accum_steps: int
 ) -> optax.GradientTransformation:
     """`cfg`: the `optimizer` config section; `model`: gives the weight-decay masks and the parameters' labels."""
     direction = build_grouped_direction(cfg, model)

@@ -21,7 +21,7 @@ reference decays wpe too. The pipeline's lr is the paper's lr (the same value as
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -38,7 +38,7 @@ class Entries:
     def mean_square(self, g: jax.Array) -> jax.Array:
         return jnp.square(g)
 
-    def per_entry(self, v: Any, shape: tuple[int, ...]) -> jax.Array:
+    def per_entry(self, v: jax.Array, shape: tuple[int, ...]) -> jax.Array:
         return v
 
 
@@ -51,7 +51,7 @@ class Reduce:
     def mean_square(self, g: jax.Array) -> jax.Array:
         return jnp.mean(jnp.square(g), axis=self.axes, keepdims=True)
 
-    def per_entry(self, v: Any, shape: tuple[int, ...]) -> jax.Array:
+    def per_entry(self, v: jax.Array, shape: tuple[int, ...]) -> jax.Array:
         return v
 
 
@@ -68,14 +68,14 @@ class QkvHeads:
         g2 = jnp.square(g).reshape(L, D, rows, E // self.head_dim, self.head_dim)
         return jnp.mean(g2[:, :, :-1], axis=(1, 4)), jnp.mean(g2[:, :, -1], axis=1).reshape(L, E)
 
-    def per_entry(self, v: Any, shape: tuple[int, ...]) -> jax.Array:
+    def per_entry(self, v: tuple[jax.Array, jax.Array], shape: tuple[int, ...]) -> jax.Array:
         L, _, rows, E = shape
         v_qk, v_v = v
         qk = jnp.broadcast_to(v_qk[..., None], (L, rows - 1, E // self.head_dim, self.head_dim)).reshape(L, rows - 1, E)
         return jnp.concatenate([qk, v_v[:, None, :]], axis=1)[:, None]  # [L, 1, R, E], broadcast over inputs
 
 
-def block_rule(role: Role, shape: tuple[int, ...], head_dim: int, vocab: int) -> Any:
+def block_rule(role: Role, shape: tuple[int, ...], head_dim: int, vocab: int) -> Entries | Reduce | QkvHeads:
     """A tensor's partition into blocks, from its role."""
     if role.label == "bias":
         return Entries()
@@ -90,8 +90,8 @@ def block_rule(role: Role, shape: tuple[int, ...], head_dim: int, vocab: int) ->
 
 class ScaleByAdamMiniState(NamedTuple):
     count: jax.Array  # steps taken, for the bias corrections
-    mu: Any  # first moment, one per entry
-    nu: Any  # second moment, one per block (shapes from each tensor's rule)
+    mu: optax.Updates  # first moment, one per entry
+    nu: optax.Updates  # second moment, one per block (shapes from each tensor's rule)
 
 
 def scale_by_adam_mini(

@@ -22,7 +22,7 @@ in numpy, tests/test_optimizers_optax.py the bias-corrected form against optax's
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -37,9 +37,9 @@ class DAdaptState(NamedTuple):
     count: jax.Array  # k: updates so far
     d: jax.Array  # the step size estimate
     numerator: jax.Array  # r
-    mu: Any  # m, dlr-weighted
-    nu: Any  # v
-    s: Any  # the dlr-weighted gradient sum
+    mu: optax.Updates  # m, dlr-weighted
+    nu: optax.Updates  # v
+    s: optax.Updates  # the dlr-weighted gradient sum
 
 
 def dadapt_direction(

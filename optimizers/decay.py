@@ -4,24 +4,24 @@ lr, beside the adaptive update: AdamW, Lion, Muon) or as L2, added to the gradie
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
+import chex
 import optax
 
 
-def fixed(tree: Any) -> Callable[[Any], Any]:
+def fixed(tree: chex.ArrayTree) -> Callable[[optax.Params], chex.ArrayTree]:
     """Masks and labels shaped like the model are Equinox modules, which are callable: optax would call them as
     mask functions. Hand optax a function that returns the tree instead."""
     return lambda params: tree
 
 
-def l2(weight_decay: float, decay_mask: Any) -> optax.GradientTransformation:
+def l2(weight_decay: float, decay_mask: chex.ArrayTree) -> optax.GradientTransformation:
     """weight_decay x the masked parameters added to the gradient (nothing when it is 0)."""
     return optax.add_decayed_weights(weight_decay, fixed(decay_mask)) if weight_decay > 0 else optax.identity()
 
 
 def with_decay_mode(
-    mode: str, weight_decay: float, decay_mask: Any, build: Callable[[float], optax.GradientTransformation]
+    mode: str, weight_decay: float, decay_mask: chex.ArrayTree, build: Callable[[float], optax.GradientTransformation]
 ) -> optax.GradientTransformation:
     """`optimizer.weight_decay_mode`: `native` keeps the optimizer's own decay (`build(weight_decay)`); `l2` adds
     weight_decay x w to the gradient before the optimizer; `decoupled` subtracts it beside the optimizer's direction

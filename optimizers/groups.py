@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import chex
 import jax
 import optax
 
@@ -27,6 +28,7 @@ from core.errors import ConfigError
 from core.param_labels import BLOCK_MATRICES, EMBEDDINGS, LABELS, VECTORS
 from core.trees import path_name
 from optimizers.decay import fixed, with_decay_mode
+from optimizers.protocols import Group, OptimizedModel, OptimizerSection, Section
 from optimizers.registry import LR_USE, OPTIMIZERS, RESERVED, build_direction, hyper_parameter_values, hyper_parameters
 
 COARSE = {"matrix": BLOCK_MATRICES, "vector": VECTORS, "embedding": EMBEDDINGS}
@@ -38,7 +40,7 @@ def _fail(key: str, reason: str) -> None:
     raise ConfigError(f"config: optimizer.groups.{key}: {reason}")
 
 
-def group_labels(name: str, group: Any) -> tuple[str, ...]:
+def group_labels(name: str, group: Group) -> tuple[str, ...]:
     """The fine labels a group covers: its `labels` (or its own name), coarse ones expanded."""
     named = group.get("labels") or [name]
     named = [named] if isinstance(named, str) else list(named)
@@ -54,7 +56,7 @@ def group_labels(name: str, group: Any) -> tuple[str, ...]:
     return tuple(dict.fromkeys(fine))
 
 
-def check_groups(optimizer_cfg: Any) -> None:
+def check_groups(optimizer_cfg: OptimizerSection) -> None:
     """Each group's labels exist and no label is in two groups; each key is one its optimizer reads."""
     owner: dict[str, str] = {}
     for name, group in (optimizer_cfg.groups or {}).items():
@@ -83,7 +85,7 @@ def check_groups(optimizer_cfg: Any) -> None:
         group_config(optimizer_cfg, group)  # every hyper-parameter the group's optimizer needs has a value
 
 
-def check_labels_present(optimizer_cfg: Any, present: set[str]) -> None:
+def check_labels_present(optimizer_cfg: OptimizerSection, present: set[str]) -> None:
     """Each group names at least one label the model has (`present`: the labels of its parameters)."""
     for name, group in (optimizer_cfg.groups or {}).items():
         if not present & set(group_labels(name, group)):
@@ -94,7 +96,7 @@ def check_labels_present(optimizer_cfg: Any, present: set[str]) -> None:
             )
 
 
-def group_config(optimizer_cfg: Any, group: Any) -> Any:
+def group_config(optimizer_cfg: Section, group: Group) -> Section:
     """The `optimizer` section as the group's builder reads it: the section with the group's overrides."""
     overrides = {k: v for k, v in group.items() if k not in ("labels", "lr_multiplier")}
     names = {f.name for f in dataclasses.fields(optimizer_cfg)}
@@ -103,7 +105,7 @@ def group_config(optimizer_cfg: Any, group: Any) -> Any:
     return cfg
 
 
-def lr_multipliers(optimizer_cfg: Any) -> dict[str, float]:
+def lr_multipliers(optimizer_cfg: OptimizerSection) -> dict[str, float]:
     """Each group's learning rate relative to the schedule's (what `lr/<group>` reports)."""
     return {name: float(group.get("lr_multiplier", 1.0)) for name, group in (optimizer_cfg.groups or {}).items()}
 
@@ -111,17 +113,17 @@ def lr_multipliers(optimizer_cfg: Any) -> dict[str, float]:
 class _GroupView:
     """The model as a group's builder sees it: the same model, with the group's weight-decay mask."""
 
-    def __init__(self, model: Any, decay_mask: Any) -> None:
+    def __init__(self, model: OptimizedModel, decay_mask: chex.ArrayTree) -> None:
         self._model, self._decay_mask = model, decay_mask
 
-    def weight_decay_mask(self) -> Any:
+    def weight_decay_mask(self) -> chex.ArrayTree:
         return self._decay_mask
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> Any:  # any other attribute of the model, as it is
         return getattr(self._model, name)
 
 
-def directed(optimizer_cfg: Any, model: Any) -> optax.GradientTransformation:
+def directed(optimizer_cfg: OptimizerSection, model: OptimizedModel) -> optax.GradientTransformation:
     """One optimizer's direction with its weight decay as `optimizer.weight_decay_mode` says (optimizers/decay.py)."""
     return with_decay_mode(
         optimizer_cfg.weight_decay_mode,
@@ -131,7 +133,7 @@ def directed(optimizer_cfg: Any, model: Any) -> optax.GradientTransformation:
     )
 
 
-def assignment_of(optimizer_cfg: Any, model: Any) -> Any:
+def assignment_of(optimizer_cfg: OptimizerSection, model: OptimizedModel) -> chex.ArrayTree:
     """Each parameter's group (REST for none), as a tree shaped like the model's parameter labels."""
     labels = model.parameter_labels()
     check_labels_present(optimizer_cfg, set(jax.tree.leaves(labels)))
@@ -142,7 +144,7 @@ def assignment_of(optimizer_cfg: Any, model: Any) -> Any:
 
 
 def geometry_groups(
-    optimizer_cfg: Any, model: Any, whole: str = "model", rest: str = "rest"
+    optimizer_cfg: OptimizerSection, model: OptimizedModel, whole: str = "model", rest: str = "rest"
 ) -> tuple[tuple[str, str], ...]:
     """(parameter path, its group) for every parameter, as the update geometry reports them
     (training/step/geometry.py): the optimizer's groups, `rest` for the parameters of none; every parameter `whole`'s
@@ -152,7 +154,7 @@ def geometry_groups(
     return tuple((path_name(path), whole if not optimizer_cfg.groups else (name or rest)) for path, name in paths)
 
 
-def build_grouped_direction(optimizer_cfg: Any, model: Any) -> optax.GradientTransformation:
+def build_grouped_direction(optimizer_cfg: OptimizerSection, model: OptimizedModel) -> optax.GradientTransformation:
     """The step's direction for a unit learning rate: the section's optimizer, or one per group (optax.partition)."""
     groups = dict(optimizer_cfg.groups or {})
     if not groups:

@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import math
 import zlib
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
+import chex
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -74,7 +75,7 @@ class Side(eqx.Module):
     so a list of sides passes through lax.cond as it is."""
 
     kind: str | None = eqx.field(static=True)
-    q: Any
+    q: jax.Array | None
 
     # Q X (left) / X Q^T (right), and Q^T X / X Q, for X [B, m, n]
     def apply(self, x: jax.Array, left: bool, transpose: bool = False) -> jax.Array:
@@ -140,9 +141,9 @@ def norm_lower_bound(a: jax.Array) -> jax.Array:
 class KronState(NamedTuple):
     count: jax.Array  # steps taken
     key: jax.Array  # the draws: whether to refit, the probe V and the damping noise
-    mu: Any  # momentum, in the parameters' own shapes (float32)
-    q_left: Any  # each leaf's left factor ([B, m, m], [B, m] or None)
-    q_right: Any  # each leaf's right factor
+    mu: optax.Updates  # momentum, in the parameters' own shapes (float32)
+    q_left: chex.ArrayTree  # each leaf's left factor ([B, m, m], [B, m] or None)
+    q_right: chex.ArrayTree  # each leaf's right factor
     probability: jax.Array  # the probability this step had of refitting the preconditioner
 
 

@@ -25,7 +25,7 @@ The pipeline's lr is the paper's eta_t (its GPT-2 small runs: 6e-3 for MARS, 3e-
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax.numpy as jnp
 import optax
@@ -37,7 +37,7 @@ from optimizers.registry import register
 
 
 class MarsCorrectionState(NamedTuple):
-    previous_grad: Any  # g_{t-1}
+    previous_grad: optax.Updates  # g_{t-1}
 
 
 def scale_by_mars_correction(gamma: float, beta1: float, roles: dict[str, Role]) -> optax.GradientTransformation:

@@ -12,10 +12,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import chex
 import jax
 
 from core.param_labels import MATRICES
 from core.trees import path_name
+from optimizers.protocols import OptimizedModel
 
 
 class Role(NamedTuple):
@@ -33,10 +35,10 @@ class Role(NamedTuple):
         return 1 if self.stacked else 0
 
 
-def roles_of(model: Any) -> dict[str, Role]:
+def roles_of(model: OptimizedModel) -> dict[str, Role]:
     """Each parameter's path ("blocks.fc.weight") -> its role."""
 
-    def by_path(tree: Any) -> dict[str, Any]:
+    def by_path(tree: chex.ArrayTree) -> dict[str, Any]:  # the leaves: booleans, labels
         return {path_name(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
     decayed = by_path(model.weight_decay_mask())
@@ -46,6 +48,8 @@ def roles_of(model: Any) -> dict[str, Role]:
     }
 
 
-def map_roles(f: Callable[..., Any], roles: dict[str, Role], tree: Any, *rest: Any) -> Any:
+def map_roles(
+    f: Callable[..., chex.ArrayTree], roles: dict[str, Role], tree: chex.ArrayTree, *rest: chex.ArrayTree
+) -> chex.ArrayTree:
     """f(role, leaf, *the other trees' leaves or subtrees at its place) over the leaves of `tree`."""
     return jax.tree_util.tree_map_with_path(lambda path, x, *r: f(roles[path_name(path)], x, *r), tree, *rest)

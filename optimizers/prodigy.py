@@ -20,7 +20,7 @@ rule written out in numpy."""
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -36,10 +36,10 @@ class ProdigyState(NamedTuple):
     d: jax.Array  # the step size estimate
     d_max: jax.Array
     numerator: jax.Array  # r: the weighted sum of <g, x0 - x>
-    mu: Any  # m
-    nu: Any  # v
-    s: Any  # the weighted gradient sum
-    x0: Any  # the parameters at the start
+    mu: optax.Updates  # m
+    nu: optax.Updates  # v
+    s: optax.Updates  # the weighted gradient sum
+    x0: optax.Params  # the parameters at the start
 
 
 def prodigy_direction(

@@ -21,6 +21,7 @@ from typing import Any, Optional
 import optax
 
 from core.errors import ConfigError
+from optimizers.protocols import OptimizedModel, OptimizerSection
 
 Builder = Callable[..., optax.GradientTransformation]
 OPTIMIZERS: dict[str, Builder] = {}  # name -> builder, in the order the modules registered them
@@ -71,7 +72,7 @@ def with_hyper_parameters(schema: type) -> type:
     """`schema` (the `optimizer` section's dataclass) with a field for every registered builder's hyper-parameter it
     lacks: Optional[<the builder's annotation>], default None (= the builder's own default)."""
     known = {f.name for f in dataclasses.fields(schema)}
-    types: dict[str, Any] = {}
+    types: dict[str, object] = {}  # key -> its annotation (a type or a typing form)
     OWN_KEYS.clear()
     for name, builder in OPTIMIZERS.items():
         hints = typing.get_type_hints(builder)
@@ -96,13 +97,13 @@ def with_hyper_parameters(schema: type) -> type:
     return extended
 
 
-def build_direction(optimizer_cfg: Any, model: Any) -> optax.GradientTransformation:
+def build_direction(optimizer_cfg: OptimizerSection, model: OptimizedModel) -> optax.GradientTransformation:
     """The registered builder of `optimizer_cfg.name`, called with the hyper-parameters it names."""
     builder = OPTIMIZERS[optimizer_cfg.name]
     return builder(model, **hyper_parameter_values(optimizer_cfg))
 
 
-def hyper_parameter_values(optimizer_cfg: Any) -> dict[str, Any]:
+def hyper_parameter_values(optimizer_cfg: OptimizerSection) -> dict[str, Any]:
     """What the chosen builder receives: each of its hyper-parameters from the config, but those left null that the
     builder has a default for. Raises ConfigError naming a key the builder needs and nothing sets."""
     name = optimizer_cfg.name
@@ -119,7 +120,7 @@ def hyper_parameter_values(optimizer_cfg: Any) -> dict[str, Any]:
     return values
 
 
-def check_optimizer(optimizer_cfg: Any) -> None:
+def check_optimizer(optimizer_cfg: OptimizerSection) -> None:
     """`optimizer.name` is a registered optimizer, and its builder gets every hyper-parameter it needs."""
     if optimizer_cfg.name not in OPTIMIZERS:
         raise ConfigError(

@@ -16,10 +16,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import chex
 import jax
 import jax.numpy as jnp
 import optax
 
+# A reader takes one state of the type it is registered for: the registry holds readers of many state types.
 Reader = Callable[[Any], dict[str, jax.Array]]
 READERS: dict[type, Reader] = {}
 
@@ -38,7 +40,7 @@ class Reported(NamedTuple):
     values: dict[str, jax.Array]
 
 
-def report(name: str, measure: Callable[[Any], jax.Array]) -> optax.GradientTransformation:
+def report(name: str, measure: Callable[[optax.Updates], jax.Array]) -> optax.GradientTransformation:
     """Passes the updates through unchanged and keeps `measure(updates)` (float32 scalar) as `name`."""
 
     def init(params):
@@ -52,7 +54,7 @@ def report(name: str, measure: Callable[[Any], jax.Array]) -> optax.GradientTran
     return optax.GradientTransformation(init, update)
 
 
-def rms(tree: Any) -> jax.Array:
+def rms(tree: chex.ArrayTree) -> jax.Array:
     """Root mean square over every entry of the tree's arrays."""
     leaves = jax.tree.leaves(tree)
     total = sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in leaves)
@@ -65,17 +67,17 @@ def _reported(state: Reported) -> dict[str, jax.Array]:
 
 
 @reads(optax.contrib.MechanicState)
-def _mechanic(state: Any) -> dict[str, jax.Array]:
+def _mechanic(state: optax.contrib.MechanicState) -> dict[str, jax.Array]:
     return {"mechanic_scale": jnp.sum(state.s)}  # the learned scale of the base optimizer's updates
 
 
 @reads(optax.contrib.ScheduleFreeState)
-def _schedule_free(state: Any) -> dict[str, jax.Array]:
+def _schedule_free(state: optax.contrib.ScheduleFreeState) -> dict[str, jax.Array]:
     # the newest iterate's weight in the average x is max_lr^weight_lr_power / weight_sum
     return {"schedule_free_weight_sum": state.weight_sum, "schedule_free_max_lr": state.max_lr}
 
 
-def optimizer_metrics(opt_state: Any) -> dict[str, jax.Array]:
+def optimizer_metrics(opt_state: optax.OptState) -> dict[str, jax.Array]:
     """Every registered state's numbers in the optimizer state, named by the parameter group they are in."""
     found = jax.tree_util.tree_flatten_with_path(opt_state, is_leaf=lambda x: type(x) in READERS)[0]
     metrics = {}

@@ -17,19 +17,20 @@ Past `max_steps` every schedule holds its final value.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import optax
 
+from optimizers.protocols import LrSection, Section
 
-def warmup_steps(lr_cfg: Any, total_steps: int) -> int:
+
+def warmup_steps(lr_cfg: LrSection, total_steps: int) -> int:
     """The warmup in steps: `warmup` (1 or more), or that fraction of `total_steps` (rounded, at least 1)."""
     if 0 < lr_cfg.warmup < 1:
         return max(1, round(lr_cfg.warmup * total_steps))
     return int(lr_cfg.warmup)
 
 
-def own_warmups_in_steps(optimizer_cfg: Any, total_steps: int) -> Any:
+def own_warmups_in_steps(optimizer_cfg: Section, total_steps: int) -> Section:
     """The `optimizer` section (a dataclass) with the warmups its method runs inside itself (`sf_warmup` of the
     schedule-free methods: any hyper-parameter named `*_warmup`) in steps: like `lr_config.warmup`, a value below 1
     is that fraction of `total_steps` (rounded, at least 1)."""
@@ -44,7 +45,7 @@ def own_warmups_in_steps(optimizer_cfg: Any, total_steps: int) -> Any:
     return dataclasses.replace(optimizer_cfg, **fractions) if fractions else optimizer_cfg
 
 
-def build_schedule(lr_cfg: Any, total_steps: int) -> optax.Schedule:
+def build_schedule(lr_cfg: LrSection, total_steps: int) -> optax.Schedule:
     """`total_steps`: the schedule's length (optimizer steps), `lr_config.max_steps` or else `train.max_steps`."""
     peak, floor, warmup = lr_cfg.lr, lr_cfg.min_lr_ratio * lr_cfg.lr, warmup_steps(lr_cfg, total_steps)
     decay_steps = max(total_steps - warmup, 1)

@@ -33,8 +33,9 @@ The pipeline's lr is the paper's learning rate (the reference recommends 3e-3 wi
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
+import chex
 import jax
 import jax.numpy as jnp
 import optax
@@ -85,7 +86,7 @@ class Layout:
         return left, right
 
 
-def wide(dtype: Any) -> Any:
+def wide(dtype: jnp.dtype) -> jnp.dtype:
     """The precision SOAP computes in for parameters of `dtype`: float32, or the parameters' own if wider (float64
     runs the whole rule in float64, as tests/test_optimizers_research.py checks it against the paper's)."""
     return jnp.promote_types(dtype, jnp.float32)
@@ -113,12 +114,12 @@ def refreshed(
 
 class SoapState(NamedTuple):
     count: jax.Array  # calls so far; the first only builds the preconditioners, so Adam's step t = count
-    mu: Any  # first moment, in the parameters' own space
-    nu: Any  # second moment, in the eigenbasis (per entry for vectors)
-    gg_left: Any  # [B, m, m] moving average of G G^T (None: a vector, or a side over max_precond_dim)
-    gg_right: Any  # [B, n, n] moving average of G^T G
-    q_left: Any  # [B, m, m] eigenbasis of gg_left
-    q_right: Any  # [B, n, n] eigenbasis of gg_right
+    mu: optax.Updates  # first moment, in the parameters' own space
+    nu: optax.Updates  # second moment, in the eigenbasis (per entry for vectors)
+    gg_left: chex.ArrayTree  # [B, m, m] moving average of G G^T (None: a vector, or a side over max_precond_dim)
+    gg_right: chex.ArrayTree  # [B, n, n] moving average of G^T G
+    q_left: chex.ArrayTree  # [B, m, m] eigenbasis of gg_left
+    q_right: chex.ArrayTree  # [B, n, n] eigenbasis of gg_right
 
 
 def soap_direction(
@@ -135,11 +136,11 @@ def soap_direction(
     decay included), as in the reference."""
     s = beta2 if shampoo_beta < 0 else shampoo_beta
 
-    def each(f: Callable, tree: Any, *rest: Any) -> Any:
+    def each(f: Callable, tree: chex.ArrayTree, *rest: chex.ArrayTree) -> chex.ArrayTree:
         """f(layout, role, leaf, *the other trees' leaves or subtrees there) over the leaves of `tree`."""
         return map_roles(lambda role, x, *r: f(Layout(role, x.shape, max_precond_dim), role, x, *r), roles, tree, *rest)
 
-    def pick(tree: Any, pairs: Any, i: int) -> Any:
+    def pick(tree: chex.ArrayTree, pairs: chex.ArrayTree, i: int) -> chex.ArrayTree:
         """The i-th of the tuples `pairs` holds at each leaf of `tree`."""
         return jax.tree.map(lambda _, pair: pair[i], tree, pairs)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import sysconfig
 from pathlib import Path
-from typing import Any
+from typing import Literal, TypedDict
 
 import equinox as eqx
 import jax
@@ -27,6 +27,18 @@ from training.config import load_config
 from training.step.losses import mean_loss
 
 TEXT = Path(sysconfig.get_paths()["stdlib"]) / "json" / "decoder.py"  # real text that every Python ships
+
+
+class CoordCheck(TypedDict):
+    """One parametrization's measurements (what `coord_check` returns and `write_json` writes)."""
+
+    parametrization: str
+    widths: list[int]
+    steps: int
+    lr: float
+    optimizer: str
+    size: dict[str, list[list[float]]]  # activation -> [[mean |x| per width] per step]
+    change: dict[str, list[list[float]]]  # activation -> [[mean |x_t - x_0| per width] per step]
 
 
 def text_batch(batch: int, length: int) -> dict[str, jax.Array]:
@@ -62,7 +74,7 @@ def coord_check(
     batch: int = 8,
     seed: int = 0,
     optimizer: str = "adamw",
-) -> dict[str, Any]:
+) -> CoordCheck:
     """{"widths", "steps", "size": {activation: [[mean |x| per width] per step]}, "change": {... |x_t - x_0| ...}};
     μP's base width is the narrowest."""
     data = text_batch(batch, length)
@@ -122,11 +134,11 @@ def coord_check(
     }
 
 
-def growth(result: dict[str, Any], name: str, kind: str = "change") -> float:
+def growth(result: CoordCheck, name: str, kind: Literal["change", "size"] = "change") -> float:
     """How much `name`'s measure at the last step grows from the narrowest to the widest model (a ratio)."""
     last = result[kind][name][-1]
     return last[-1] / max(last[0], 1e-30)
 
 
-def write_json(results: list[dict[str, Any]], path: Path) -> None:
+def write_json(results: list[CoordCheck], path: Path) -> None:
     path.write_text(json.dumps(results, indent=1))

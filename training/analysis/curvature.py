@@ -28,15 +28,16 @@ left to jit: the vectors take the parameters' layouts, so it runs on the run's m
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
+import chex
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from core.trees import tree_dot
-from training.step.losses import mean_loss
+from training.step.losses import Batch, mean_loss
 
 if TYPE_CHECKING:
     from data import Data
@@ -46,7 +47,7 @@ ITERS = 20  # Lanczos steps (Hessian-vector products) per measurement, unless to
 CLOSED = 1e-6  # a residual this small against |H| closes the Krylov space (float32 rounding is ~1e-7 of it)
 SEED = 0  # the starting vector's PRNG seed: the loop action and scripts/tools/hessian.py start from the same vector
 
-LossFn = Callable[[Any, Any], jax.Array]  # (params, batch) -> scalar loss
+LossFn = Callable[[chex.ArrayTree, Batch], jax.Array]  # (params, batch) -> scalar loss
 
 
 class Extremes(NamedTuple):
@@ -55,13 +56,13 @@ class Extremes(NamedTuple):
     iterations: jax.Array  # Hessian-vector products computed (int32)
 
 
-def hvp(loss_fn: LossFn, params: Any, batch: Any, v: Any) -> Any:
+def hvp(loss_fn: LossFn, params: chex.ArrayTree, batch: Batch, v: chex.ArrayTree) -> chex.ArrayTree:
     """H v at `params`, H the Hessian of `loss_fn(., batch)`: the directional derivative of the gradient along v."""
     return jax.jvp(lambda p: jax.grad(loss_fn)(p, batch), (params,), (v,))[1]
 
 
 def hessian_extremes(
-    loss_fn: LossFn, params: Any, batch: Any, iters: int = ITERS, key: jax.Array | None = None
+    loss_fn: LossFn, params: chex.ArrayTree, batch: Batch, iters: int = ITERS, key: jax.Array | None = None
 ) -> Extremes:
     """`iters` Lanczos steps from a random unit vector (`key`): the extreme eigenvalues of T. Traceable (call it under
     jit); `iters` is static. Should the Krylov space close early (a residual of zero: only when `iters` reaches the
@@ -106,18 +107,18 @@ def hessian_extremes(
     return Extremes(ritz[-1], ritz[0], jnp.asarray(iters, jnp.int32))
 
 
-def model_loss(static: Any) -> LossFn:
+def model_loss(static: GPT) -> LossFn:
     """The evaluation's masked mean token loss of the model (static part `static`) with parameters `params`, float32
     and without dropout."""
     return lambda params, batch: mean_loss(eqx.combine(params, static), batch, None, jnp.float32)
 
 
-def sharpness_fn(iters: int = ITERS) -> Callable[[GPT, Any, jax.Array], Extremes]:
+def sharpness_fn(iters: int = ITERS) -> Callable[[GPT, Batch, jax.Array], Extremes]:
     """`sharpness(model, batch, key) -> Extremes`: the extreme Hessian eigenvalues of the eval loss at the model's
     float32 parameters, compiled on its first call (once per model structure and batch shape)."""
 
     @eqx.filter_jit
-    def sharpness(model: GPT, batch: Any, key: jax.Array) -> Extremes:
+    def sharpness(model: GPT, batch: Batch, key: jax.Array) -> Extremes:
         params, static = eqx.partition(model, eqx.is_array)
         params = jax.tree.map(lambda x: x.astype(jnp.float32), params)
         return hessian_extremes(model_loss(static), params, batch, iters, key)
@@ -131,7 +132,7 @@ def fixed_batch(data: Data) -> dict[str, np.ndarray]:
     return next(iter(data.evals[data.main_split]))
 
 
-def _unit(v: Any) -> Any:
+def _unit(v: chex.ArrayTree) -> chex.ArrayTree:
     """v / |v| (a zero vector stays zero: a Hessian that vanishes along v has eigenvalue 0 there)."""
     norm = jnp.sqrt(tree_dot(v, v))
     return jax.tree.map(lambda x: x / jnp.maximum(norm, jnp.finfo(jnp.float32).tiny), v)

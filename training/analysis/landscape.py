@@ -20,8 +20,8 @@ directions as columns; the residual says how much of the offset lies off the pla
 from __future__ import annotations
 
 import functools
-from typing import Any
 
+import chex
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -30,7 +30,7 @@ import numpy as np
 from models.gpt import GPT, Linear
 from training.step.losses import token_losses
 
-Params = Any  # a pytree of the model's arrays (eqx.filter(model, eqx.is_array))
+Params = chex.ArrayTree  # a pytree of the model's arrays (eqx.filter(model, eqx.is_array))
 
 
 def params_of(model: GPT) -> Params:

@@ -30,9 +30,10 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 import absl.logging
+import chex
 import equinox as eqx
 import jax
 import orbax.checkpoint as ocp
@@ -56,6 +57,14 @@ META = "meta"
 STATS = "stats"  # training-statistics buffers: saved only by runs whose knobs made them (training/step/stats.py)
 EVAL_MODEL = "eval_model"  # the weights to evaluate and export where they are not the parameters (schedule-free's x)
 _finite_params = jax.jit(all_finite)  # a save checks the parameters first: it writes no NaN weights
+
+
+class Planned(Protocol):
+    """What the metadata reads of the run's plan (training/checkpoints/resume.py's RunPlan; resume.py imports this
+    module, so not the other way round)."""
+
+    @property
+    def run_dir(self) -> Path: ...
 
 
 def _val_loss(metrics: dict) -> float:
@@ -227,7 +236,7 @@ class Checkpointer:
         restored = self._restore_part(step, part, eqx.filter(like, is_leaf))
         return eqx.combine(restored, eqx.filter(like, is_leaf, inverse=True))
 
-    def _restore_part(self, step: int, part: str, arrays: Any) -> Any:
+    def _restore_part(self, step: int, part: str, arrays: chex.ArrayTree) -> chex.ArrayTree:
         target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), arrays)
         try:
             try:
@@ -257,7 +266,7 @@ class Checkpointer:
             ) from None
 
 
-def _restore_from_before_new_fields(path: Path, target: Any) -> Any | None:
+def _restore_from_before_new_fields(path: Path, target: chex.ArrayTree) -> chex.ArrayTree | None:
     """A checkpoint saved before the model gained its optional parameters (models/gpt.py: an untied head, QK-norm;
     None-valued fields in a GPT-2 model) holds the same arrays under the same names but no entry for those Nones,
     which Orbax's strict restore refuses: restore it partially, when its arrays are exactly the target's (names and
@@ -266,7 +275,7 @@ def _restore_from_before_new_fields(path: Path, target: Any) -> Any | None:
 
     try:
 
-        def named_shapes(tree: Any) -> dict[str, tuple[int, ...]]:
+        def named_shapes(tree: chex.ArrayTree) -> dict[str, tuple[int, ...]]:
             return {path_name(p): tuple(x.shape) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
         if named_shapes(ocp.StandardCheckpointHandler().metadata(epath.Path(path))) != named_shapes(target):
@@ -288,7 +297,7 @@ def _drop_abandoned_io() -> None:
         return
     previous = sys.unraisablehook
 
-    def hook(unraisable: Any) -> None:
+    def hook(unraisable: sys.UnraisableHookArgs) -> None:
         echo = isinstance(unraisable.exc_value, RuntimeError) and str(unraisable.exc_value) == "Event loop is closed"
         if not (echo or _from_orbax(unraisable)):
             previous(unraisable)
@@ -298,7 +307,7 @@ def _drop_abandoned_io() -> None:
     logging.getLogger("asyncio").addFilter(lambda record: "exception was never retrieved" not in record.getMessage())
 
 
-def _from_orbax(unraisable: Any) -> bool:
+def _from_orbax(unraisable: sys.UnraisableHookArgs) -> bool:
     """Raised by Orbax's code: the object's repr names it, or a coroutine's or the traceback's frames are Orbax's."""
     files, tb = [], unraisable.exc_traceback
     while tb is not None:
@@ -309,13 +318,13 @@ def _from_orbax(unraisable: Any) -> bool:
     return "orbax" in repr(unraisable.object) or any("orbax" in f for f in files)
 
 
-def _eval_weights(state: TrainState) -> Any:
+def _eval_weights(state: TrainState) -> GPT | None:
     """The evaluated weights (training/step/state.py eval_model) when they are not the parameters; else None."""
     evaluated = eval_model(state)
     return None if evaluated is state.model else eqx.filter(evaluated, eqx.is_array)
 
 
-def _parts(state: TrainState) -> dict[str, Any]:
+def _parts(state: TrainState) -> dict[str, chex.ArrayTree]:
     return {
         "model": eqx.filter(state.model, eqx.is_array),
         "opt_state": state.opt_state,
@@ -350,7 +359,7 @@ def holds_checkpoints(path: Path) -> bool:
 
 def checkpoint_meta(
     cfg: Config,
-    plan: Any,
+    plan: Planned,
     tokenizer: Tokenizer,
     step: int,
     tokens_seen: int,

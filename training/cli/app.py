@@ -12,6 +12,7 @@ job(composed, main)  inside Hydra, once per job: the composed config, finished (
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import sys
@@ -19,7 +20,6 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException
@@ -38,7 +38,7 @@ from training.distributed.peers import abandon, lost_peer
 ROOT = Path(__file__).resolve().parents[2]
 CFG_CHOICES = ("job", "hydra", "all")
 EXCLUDE_KEYS = "hydra.job.config.override_dirname.exclude_keys"
-Main = Callable[[DictConfig, list, float], Any]
+Main = Callable[[config_lib.Config, list[str], float], float | None]  # train_jax.main: the final val loss
 
 
 def hydra_argv(argv: list[str]) -> list[str]:
@@ -52,7 +52,7 @@ def hydra_argv(argv: list[str]) -> list[str]:
     return out
 
 
-def _parsed(argv: list[str]) -> Any:
+def _parsed(argv: list[str]) -> argparse.Namespace | None:
     from hydra._internal.utils import get_args_parser  # the parser hydra.main itself uses
 
     try:
@@ -82,7 +82,7 @@ def name_jobs_by_what_varies(argv: list[str]) -> list[str]:
     return [*argv, f"{EXCLUDE_KEYS}=[{','.join(repr(k) for k in fixed)}]"] if fixed else argv
 
 
-def execute(app: Callable[[], Any], argv: list[str]) -> int:
+def execute(app: Callable[[], object], argv: list[str]) -> int:
     """Run `app` (the hydra.main-decorated task) on `argv`; the exit code."""
     argv = name_jobs_by_what_varies(hydra_argv(as_overrides(argv)))  # as_overrides: trainit's README forms too
     multirun = (args := _parsed(argv)) is not None and args.multirun
@@ -163,7 +163,7 @@ def expected_failure(e: Exception) -> PipelineError | None:
     return None
 
 
-def job(composed: DictConfig, main: Main) -> Any:
+def job(composed: DictConfig, main: Main) -> float | None:
     """One Hydra job: `main(config, overrides, started)` on the finished config; returns what main returns."""
     started = time.time()
     hydra = HydraConfig.get()
@@ -178,7 +178,9 @@ def job(composed: DictConfig, main: Main) -> Any:
     return _sweep_job(composed, main, hydra, overrides, started)
 
 
-def _sweep_job(composed: DictConfig, main: Main, hydra: DictConfig, overrides: list[str], started: float) -> Any:
+def _sweep_job(
+    composed: DictConfig, main: Main, hydra: DictConfig, overrides: list[str], started: float
+) -> float | None:
     """A job of a sweep: its run directory is Hydra's job directory (unless logging.run_dir is set), and job.json
     there says how it went; a failure is one line naming the job, and fails this job only."""
     job_dir = Path(hydra.runtime.output_dir)

@@ -53,7 +53,7 @@ class SweepSummary(Callback):
         started.append(Path(str(config.hydra.sweep.dir)).absolute())
 
 
-def job_dirname(num: Any, overrides: str | None) -> str:
+def job_dirname(num: int, overrides: str | None) -> str:
     """`<num>-<overrides>` (Hydra's override_dirname: `optimizer.lr_config.lr=0.001,optimizer=lion`) as one directory
     name: a `/` (of `optimizer/lr_config=linear` or a path) or a space becomes `_`, and a long one is cut; the number
     keeps it unique; a list's brackets become parentheses."""

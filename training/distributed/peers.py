@@ -19,7 +19,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 
@@ -30,11 +30,33 @@ JAX_HEARTBEAT_MARGIN_S = 30  # JAX declares a process dead this long after the w
 _KEY = "gpt_jax/alive"
 _verdict = threading.Event()
 _said = threading.Lock()
-_watched: list = []  # the system config of a watched run
 _stopping = threading.Event()
 
 
-def watch_peers(system: Any) -> None:
+class Processes(Protocol):
+    """What joining and watching the processes read of the `system` section (training/config/system.py's
+    SystemConfig; training/distributed/ does not import training/config/)."""
+
+    @property
+    def num_processes(self) -> int | None: ...
+
+    @property
+    def process_id(self) -> int | None: ...
+
+    @property
+    def coordinator_address(self) -> str | None: ...
+
+    @property
+    def cpu_devices_per_process(self) -> int | None: ...
+
+    @property
+    def distributed_timeout_s(self) -> int: ...
+
+
+_watched: list[Processes] = []  # the system config of a watched run
+
+
+def watch_peers(system: Processes) -> None:
     """Start the watch thread (multi-process runs only; call after jax.distributed joined them)."""
     if not jax.distributed.is_initialized() or jax.process_count() == 1:
         return
@@ -87,7 +109,7 @@ def _watch(me: int, count: int, timeout: float, coordinator: str | None) -> None
         _stopping.wait(HEARTBEAT_S)
 
 
-def _try_get(client: Any, key: str) -> str | None:
+def _try_get(client: Any, key: str) -> str | None:  # client: jaxlib's DistributedRuntimeClient (private)
     try:
         return client.key_value_try_get(key)
     except Exception as e:

@@ -18,18 +18,21 @@ The step and the model never name devices: they receive these shardings.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, TypeVar
 
+import chex
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from core.errors import ConfigError, first_line
-from training.distributed.peers import JAX_HEARTBEAT_MARGIN_S
+from training.distributed.peers import JAX_HEARTBEAT_MARGIN_S, Processes
 
 DATA_AXIS, MODEL_AXIS = "data", "model"
 FSDP_MIN_SIZE = 2**14  # arrays smaller than this stay replicated: sharding them saves nothing worth a collective
+
+State = TypeVar("State")  # the (abstract) train state; its shardings are a tree of the same type
 
 
 def cluster_env_present() -> bool:
@@ -43,7 +46,7 @@ def cluster_env_present() -> bool:
     )
 
 
-def init_distributed(system: Any) -> None:
+def init_distributed(system: Processes) -> None:
     """Join the other processes when `system.num_processes` > 1 or a launcher's environment says so.
 
     Must run before JAX touches a device. Values left null in the config come from the environment (JAX detects
@@ -99,15 +102,15 @@ def put_batch(batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
 
 
 def state_shardings(
-    abstract_state: Any, mesh: Mesh, layout: str, tensor_parallel_axes: dict[tuple[str, ...], int] | None = None
-) -> Any:
+    abstract_state: State, mesh: Mesh, layout: str, tensor_parallel_axes: dict[tuple[str, ...], int] | None = None
+) -> State:
     """A sharding for every array leaf of the (abstract) train state; `layout` is `dp` or `fsdp`;
     `tensor_parallel_axes`: the model's (path suffix -> axis split over `model`), default the state's model's own."""
     if tensor_parallel_axes is None:
         tensor_parallel_axes = getattr(getattr(abstract_state, "model", None), "TENSOR_PARALLEL_AXES", {})
     n_data, n_model = mesh.shape[DATA_AXIS], mesh.shape[MODEL_AXIS]
 
-    def leaf(path: tuple, x: Any) -> Any:
+    def leaf(path: tuple, x: Any) -> NamedSharding | None:  # x: any leaf of the state
         if not hasattr(x, "shape"):
             return None
         spec: list[str | None] = [None] * len(x.shape)
@@ -145,9 +148,9 @@ def max_over_processes(value: int) -> int:
     return int(np.max(multihost_utils.process_allgather(np.asarray(value, np.int32))))
 
 
-def per_device_bytes(abstract_state: Any, shardings: Any) -> int:
+def per_device_bytes(abstract_state: chex.ArrayTree, shardings: chex.ArrayTree) -> int:
     """Bytes of the state that the most loaded device holds (from shapes and shardings; nothing is allocated)."""
-    per_device: dict[Any, int] = {}
+    per_device: dict[jax.Device, int] = {}
     for x, sharding in zip(jax.tree.leaves(abstract_state), jax.tree.leaves(shardings)):
         shard_bytes = int(np.prod(sharding.shard_shape(x.shape))) * np.dtype(x.dtype).itemsize
         for device in sharding.device_set:

@@ -12,6 +12,7 @@ lm-eval is an optional extra (requirements-eval.txt), imported when an adapter i
 from __future__ import annotations
 
 import json
+import types
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,12 +25,14 @@ from models.gpt import GPT
 from models.scoring import DEFAULT_BATCH_TOKENS, continuation_logprobs, padded_rows
 
 if TYPE_CHECKING:
+    from lm_eval.api.model import LM
+
     from data.tokenizers import Tokenizer
 
 DEFAULT_MAX_GEN_TOKS = 256  # lm-eval's default when a task does not say
 
 
-def import_lm_eval() -> Any:
+def import_lm_eval() -> types.ModuleType:
     """The lm_eval package, or one line saying how to install it."""
     try:
         import lm_eval
@@ -117,14 +120,14 @@ class HarnessAnswers:
         return (self.tokenizer.encode(context) or [self.eot_token_id])[-keep:]
 
 
-def harness_lm(model: GPT, tokenizer: Tokenizer, batch_tokens: int = DEFAULT_BATCH_TOKENS) -> Any:
+def harness_lm(model: GPT, tokenizer: Tokenizer, batch_tokens: int = DEFAULT_BATCH_TOKENS) -> LM:
     """An `lm_eval.api.model.LM` that answers with `model`, encoding and decoding with `tokenizer`."""
     template = import_lm_eval().api.model.TemplateLM
     return type("GptJaxLM", (HarnessAnswers, template), {})(model, tokenizer, batch_tokens)
 
 
 def evaluate_tasks(
-    lm: Any,
+    lm: LM,
     tasks: list[str],
     *,
     include_path: str | None = None,

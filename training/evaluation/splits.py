@@ -8,8 +8,8 @@ the loss is the target tokens' loss.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
 
 import jax
 import numpy as np
@@ -22,7 +22,11 @@ if TYPE_CHECKING:
 
 
 def evaluate(
-    eval_step: Callable, model: GPT, splits: dict[str, Any], mesh: Mesh, token_bytes: np.ndarray
+    eval_step: Callable,
+    model: GPT,
+    splits: Mapping[str, Iterable[dict[str, np.ndarray]]],
+    mesh: Mesh,
+    token_bytes: np.ndarray,
 ) -> dict[str, dict[str, float]]:
     pending = {}
     for name, batches in splits.items():

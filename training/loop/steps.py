@@ -15,11 +15,12 @@ import contextlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from training.loop.transfer_guard import no_device_to_host
 
 if TYPE_CHECKING:
+    from training.step.losses import Batch
     from training.step.state import TrainState
 
 
@@ -56,7 +57,7 @@ class Action:
 def run_loop(
     loop: LoopState,
     train_step: Callable,
-    batch_of: Callable[[int], Any],
+    batch_of: Callable[[int], Batch],
     actions: list[Action],
     end: int,
     tokens_per_step: int,

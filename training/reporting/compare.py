@@ -88,7 +88,7 @@ def table(records: list[dict[str, Any]], main: str = "val") -> tuple[list[str], 
     return columns, rows
 
 
-def _cell(value: Any) -> str:
+def _cell(value: object) -> str:
     if value is None:
         return ""
     if isinstance(value, float):

@@ -8,7 +8,6 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any
 
 from training.config import layout
 
@@ -17,7 +16,7 @@ class MetricsFile:
     def __init__(self, run_dir: Path) -> None:
         self.file = open(run_dir / layout.METRICS, "a", buffering=1)
 
-    def log(self, step: int, split: str, values: dict[str, Any]) -> None:
+    def log(self, step: int, split: str, values: dict[str, float]) -> None:
         row = {"step": step, "split": split, "time": time.time(), **{k: _plain(v) for k, v in values.items()}}
         self.file.write(json.dumps(row) + "\n")
 
@@ -25,7 +24,7 @@ class MetricsFile:
         self.file.close()
 
 
-def _plain(v: Any) -> Any:
+def _plain(v: float) -> float | str:
     if isinstance(v, float) and not math.isfinite(v):
         return str(v)
     return v

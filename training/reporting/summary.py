@@ -74,7 +74,7 @@ def summarize_metrics(rows: list[dict], extra: dict[str, Any]) -> dict[str, Any]
     }
 
 
-def finite_number(x: Any) -> bool:
+def finite_number(x: object) -> bool:
     """A finite int or float; None, a string or NaN is not."""
     return isinstance(x, (int, float)) and math.isfinite(x)
 

@@ -28,7 +28,7 @@ class TensorBoard:
         self.writer.close()
 
 
-def _hparam(v: Any) -> Any:
+def _hparam(v: object) -> int | float | str | bool:
     return v if isinstance(v, (int, float, str, bool)) else str(v)
 
 

@@ -24,10 +24,9 @@ add 0 to the sums.
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import jax.numpy as jnp
+import optax
 
 from core.trees import path_names
 
@@ -83,10 +82,10 @@ def cosine(dot: jax.Array, a_squared: jax.Array, b_squared: jax.Array) -> jax.Ar
 
 def step_geometry(
     buffers: dict,
-    last_params: Any,
-    params: Any,
-    new_params: Any,
-    grads: Any,
+    last_params: optax.Params,
+    params: optax.Params,
+    new_params: optax.Params,
+    grads: optax.Updates,
     loss: jax.Array,
     first: jax.Array,
     assignment: tuple[tuple[str, str], ...],

@@ -13,7 +13,7 @@ lines and it must live in TrainState to be checkpointed and resumed (optax has n
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypeVar
 
 import equinox as eqx
 import jax
@@ -61,7 +61,10 @@ def all_finite(tree) -> jax.Array:
     return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
 
 
-def keep_if_finite(finite: jax.Array, new: Any, old: Any) -> Any:
+Tree = TypeVar("Tree")  # a pytree of arrays (the new and old states are the same structure)
+
+
+def keep_if_finite(finite: jax.Array, new: Tree, old: Tree) -> Tree:
     """The non-finite guard: after a step whose gradients were not finite, the old arrays (the whole tree)."""
     return jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
 

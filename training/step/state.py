@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -58,8 +56,8 @@ def place_state(
     dtype: jnp.dtype = jnp.float32,
     knobs: StatsKnobs = StatsKnobs(),
     fp8_history: int = 0,
-) -> tuple[TrainState, Any]:
-    """A fresh TrainState laid out on the mesh, and the shardings of its arrays.
+) -> tuple[TrainState, TrainState]:
+    """A fresh TrainState laid out on the mesh, and the shardings of its arrays (a TrainState of NamedShardings).
 
     The optimizer state is created under jit straight into its sharding, never first as one full copy per device.
     """

@@ -24,17 +24,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from core.trees import tree_dot
 from training.step.geometry import cosine, init_geometry, step_geometry
 from training.step.precision import keep_if_finite
 
 if TYPE_CHECKING:
+    from models.gpt import GPT
     from training.config import LoggingConfig
 
 
@@ -97,11 +100,11 @@ class StatsKnobs:
         return names
 
 
-def init_stats(knobs: StatsKnobs, params: Any) -> dict | None:
+def init_stats(knobs: StatsKnobs, params: optax.Params) -> dict | None:
     if not knobs.any:
         return None
     zeros = lambda: jax.tree.map(jnp.zeros_like, params)  # noqa: E731
-    stats: dict[str, Any] = {"count": jnp.zeros([], jnp.int32)}  # steps that updated the buffers
+    stats: dict[str, chex.ArrayTree] = {"count": jnp.zeros([], jnp.int32)}  # steps that updated the buffers
     if knobs.store_last_grads:
         stats["last_grads"] = zeros()
     if knobs.store_past_grads:
@@ -115,20 +118,21 @@ def init_stats(knobs: StatsKnobs, params: Any) -> dict | None:
     return stats
 
 
-def _norm(a: Any) -> jax.Array:
+def _norm(a: chex.ArrayTree) -> jax.Array:
     return jnp.sqrt(tree_dot(a, a))
 
 
-def _cos(a: Any, b: Any) -> jax.Array:
+def _cos(a: chex.ArrayTree, b: chex.ArrayTree) -> jax.Array:
     return cosine(tree_dot(a, b), tree_dot(a, a), tree_dot(b, b))
 
 
-def _sub(a: Any, b: Any) -> Any:
+def _sub(a: chex.ArrayTree, b: chex.ArrayTree) -> chex.ArrayTree:
     return jax.tree.map(jnp.subtract, a, b)
 
 
-def layer_norms(model_like: Any) -> jax.Array:
-    """[n_layer] norms of each transformer block's arrays (the stacked leading axis is the layer)."""
+def layer_norms(model_like: GPT) -> jax.Array:
+    """[n_layer] norms of each transformer block's arrays (the stacked leading axis is the layer). `model_like`: a
+    tree shaped like the model (its parameters, gradients or an update)."""
     squares = [
         jnp.sum(jnp.square(x.astype(jnp.float32)), axis=tuple(range(1, x.ndim)))
         for x in jax.tree.leaves(model_like.blocks)
@@ -139,11 +143,11 @@ def layer_norms(model_like: Any) -> jax.Array:
 def update_stats(
     knobs: StatsKnobs,
     stats: dict,
-    params: Any,
-    new_params: Any,
-    grads: Any,
+    params: optax.Params,
+    new_params: optax.Params,
+    grads: optax.Updates,
     loss: jax.Array,
-    last_loss_and_grads: Callable[[Any], tuple[jax.Array, Any]],
+    last_loss_and_grads: Callable[[optax.Params], tuple[jax.Array, optax.Updates | None]],
     finite: jax.Array,
 ) -> tuple[dict, dict[str, jax.Array]]:
     """(the new buffers, the step's statistics). `params`: x_t; `new_params`: x_{t+1}; `grads`: g_t; `loss`:
@@ -184,7 +188,7 @@ def update_stats(
     return keep_if_finite(finite, new, stats), out  # a skipped step leaves every buffer as it was
 
 
-def _norms(params: Any, new_params: Any, grads: Any) -> dict[str, jax.Array]:
+def _norms(params: optax.Params, new_params: optax.Params, grads: optax.Updates) -> dict[str, jax.Array]:
     """log_callback_data: global and per-layer norms of x_t, g_t and Δ_t, and ⟨g_t, Δ_t⟩."""
     update = _sub(new_params, params)
     return dict(
@@ -199,11 +203,11 @@ def _norms(params: Any, new_params: Any, grads: Any) -> dict[str, jax.Array]:
 
 def _since_last_params(
     knobs: StatsKnobs,
-    last: Any,
-    params: Any,
-    grads: Any,
+    last: optax.Params,
+    params: optax.Params,
+    grads: optax.Updates,
     loss: jax.Array,
-    last_loss_and_grads: Callable[[Any], tuple[jax.Array, Any]],
+    last_loss_and_grads: Callable[[optax.Params], tuple[jax.Array, optax.Updates | None]],
 ) -> dict[str, jax.Array]:
     """store_last_params and what needs it: the last step's length, and (compute_last_loss / compute_last_grads)
     the loss and gradient differences on this step's batch, from the extra pass at x_{t−1}."""

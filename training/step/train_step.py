@@ -58,7 +58,7 @@ class StepSpec:
     """What the step is made with (static: a new spec is a new compilation)."""
 
     optimizer: optax.GradientTransformation
-    shardings: Any  # the TrainState's shardings (training/distributed/sharding.py)
+    shardings: TrainState  # the TrainState's shardings: NamedSharding leaves (training/distributed/sharding.py)
     dtype: jnp.dtype  # the compute dtype
     skip_nonfinite: bool = False
     knobs: StatsKnobs = field(default_factory=StatsKnobs)
@@ -114,9 +114,10 @@ class Carry(NamedTuple):
     """What the micro-batches carry from one to the next."""
 
     model: GPT
-    opt_state: Any
+    opt_state: optax.OptState
     finite: jax.Array  # every gradient so far finite
-    grad_sum: Any  # the step's gradient g_t, summed over the micro-batches (only when the statistics need it)
+    # the step's gradient g_t, summed over the micro-batches (only when the statistics need it)
+    grad_sum: optax.Updates | None
     fp8_amax: jax.Array | None  # the largest |x| each FP8 matmul saw (models/fp8.py)
 
 
@@ -187,8 +188,8 @@ def accumulate(
 
 
 def loss_on_last_params(
-    knobs: StatsKnobs, objective: StepObjective, state: TrainState, batch: Batch, last_params: Any
-) -> tuple[jax.Array, Any]:
+    knobs: StatsKnobs, objective: StepObjective, state: TrainState, batch: Batch, last_params: optax.Params
+) -> tuple[jax.Array, optax.Updates | None]:
     """f(x; b_t) at other parameters `last_params` (and its gradient, with knobs.compute_last_grads) over the step's
     micro-batches, with the step's dropout keys: the statistics' extra pass (training/step/stats.py)."""
     last_model = eqx.combine(last_params, state.model)
@@ -211,7 +212,7 @@ def loss_on_last_params(
 
 def step_metrics(
     spec: StepSpec,
-    opt_state: Any,
+    opt_state: optax.OptState,
     loss: jax.Array,
     z_term: jax.Array,
     step_tokens: jax.Array,
@@ -276,10 +277,11 @@ class TrainStep:
     """`train_step(state, batch) -> (state, metrics)`: the schedule's lr at the state's update count from a small
     program of its own, then the compiled step fed that lr (the module's docstring says why they are two)."""
 
-    def __init__(self, step: Callable, lr_schedule: optax.Schedule, state_shardings: Any) -> None:
+    def __init__(self, step: Callable, lr_schedule: optax.Schedule, state_shardings: TrainState) -> None:
         self.step = step
 
-        def lr_schedule_at(opt_state: Any) -> jax.Array:  # its name is the program's in profiles: jit_lr_schedule_at
+        # its name is the program's in profiles: jit_lr_schedule_at
+        def lr_schedule_at(opt_state: optax.OptState) -> jax.Array:
             return jnp.asarray(lr_schedule(lr_step_of(opt_state)), jnp.float32)
 
         # placed as the update count is (replicated over the mesh) whatever the schedule: a constant one does not
@@ -290,14 +292,15 @@ class TrainStep:
         return self.step(state, batch, self.lr_at(state.opt_state))
 
     def lower(self, state: TrainState, batch: Batch) -> Any:
-        """The step proper, lowered for these arguments (what tests and profiles read)."""
+        """The step proper, lowered for these arguments (what tests and profiles read): Equinox's Lowered, a private
+        class (`as_text()`, `compile()`)."""
         return self.step.lower(state, batch, self.lr_at(state.opt_state))
 
 
 def make_train_step(
     optimizer: optax.GradientTransformation,
     lr_schedule: optax.Schedule,
-    state_shardings: Any,
+    state_shardings: TrainState,
     dtype: jnp.dtype,
     skip_nonfinite: bool = False,
     jit: bool = True,
