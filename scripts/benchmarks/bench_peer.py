@@ -3,7 +3,8 @@
     python -m scripts.benchmarks.bench_peer --nanogpt ~/src/nanoGPT                       # gpt2 (124M), batch 16 x 1024
     python -m scripts.benchmarks.bench_peer --nanogpt ~/src/nanoGPT --model gpt2 --batch 32 --steps 10 --rounds 6
     python -m scripts.benchmarks.bench_peer --nanogpt ~/src/nanoGPT --ours "model.remat=block"  # our side only
-    python -m scripts.benchmarks.bench_peer --nanogpt ~/src/nanoGPT --device cpu --model gpt2-tiny --batch 2  # smoke
+    python -m scripts.benchmarks.bench_peer --nanogpt ~/src/nanoGPT --device cpu --model gpt2-mini --vocab 259 \
+        --ours "model.bias=false" --steps 5 --rounds 6   # the CPU: 6 x 384, context 256, batch 16, bytes
 
 PATH is the user's checkout of github.com/karpathy/nanoGPT; its model.py is imported at run time in a worker, never
 copied here. Only a ratio measured in one run holds across machines (DESIGN.md, "Known pitfalls"). This process
@@ -20,8 +21,12 @@ shape (vocab 50,304, our bias and dropout): bf16 autocast, TF32 matmuls, `torch.
 GPU: our worker gets XLA_PYTHON_CLIENT_MEM_FRACTION=--jax-mem-fraction (0.45), torch the rest; raise it for larger
 batches. Printed, one JSON object: per side tokens/s (the median step over all rounds), ms/step median/min/max and per
 round, compile and warm-up seconds, peak memory, MFU (training/reporting/flops.py's PaLM convention, 6N + 12·L·C·T,
-each side's own N); the config; `ratio` = our tokens/s / nanoGPT's. `--device cpu` (float32, no torch.compile) tests
-the plumbing only: its times mean nothing.
+each side's own N); the config; `ratio` = our tokens/s / nanoGPT's.
+
+`--device cpu`: the newcomer's comparison, float32 on both sides (nanoGPT's train.py on a CPU: eager, no autocast,
+unfused AdamW; ours: the pipeline's CPU defaults), each with its library's default threads (one per core), the CPU's
+model and vector extensions in the JSON. The CPU comparison of the CPU issue: gpt2-mini without biases and a byte
+vocabulary, `--model gpt2-mini --ours "model.bias=false" --vocab 259 --batch 16` (context 256).
 """
 
 from __future__ import annotations
@@ -66,12 +71,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--model", default="gpt2", help="a conf/model preset (default gpt2, 124M)")
     p.add_argument("--batch", type=int, default=16, help="sequences per step (default 16)")
     p.add_argument("--context", type=int, default=None, help="tokens per sequence (default: the model's)")
+    p.add_argument("--vocab", type=int, default=VOCAB, help="token ids (default GPT-2's 50,257; 259: bytes)")
     p.add_argument("--steps", type=int, default=10, help="timed steps per side per round (default 10)")
     p.add_argument("--rounds", type=int, default=6, help="rounds, alternating which side goes first (default 6)")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps first, the compiling one included")
     p.add_argument("--ours", default="", help='hydra overrides for our side only, one string: "model.remat=full"')
     p.add_argument("--jax-mem-fraction", type=float, default=0.45, help="of the GPU's memory JAX takes (0.45)")
-    p.add_argument("--device", choices=("gpu", "cpu"), default="gpu", help="cpu: an orchestration smoke test")
+    p.add_argument("--device", choices=("gpu", "cpu"), default="gpu", help="cpu: float32 on the CPU, both sides")
     p.add_argument("--worker", choices=SIDES, help=argparse.SUPPRESS)
     p.add_argument("--shape", help=argparse.SUPPRESS)  # the nanoGPT worker's model, as our worker reported it
     return p.parse_args(argv)
@@ -85,7 +91,7 @@ def argument_problem(args: argparse.Namespace) -> str | None:
     if not (ROOT / "conf" / "model" / f"{args.model}.yaml").is_file():
         names = sorted(p.stem for p in (ROOT / "conf" / "model").glob("*.yaml"))
         return f"--model {args.model}: no such preset; choose one of {', '.join(names)}"
-    for name in ("batch", "steps", "rounds", "warmup") + (("context",) if args.context is not None else ()):
+    for name in ("batch", "steps", "rounds", "warmup", "vocab") + (("context",) if args.context is not None else ()):
         if getattr(args, name) < 1:
             return f"--{name} must be at least 1; got {getattr(args, name)}"
     if not 0 < args.jax_mem_fraction < 1:
@@ -99,7 +105,7 @@ def gpu_problem() -> str | None:
         return "no GPU: CUDA_VISIBLE_DEVICES hides every GPU (bench_peer times CUDA train steps)"
     smi = shutil.which("nvidia-smi")
     if smi is None:
-        return "no NVIDIA GPU: nvidia-smi is not on PATH (bench_peer times CUDA train steps; --device cpu smoke-tests)"
+        return "no NVIDIA GPU: nvidia-smi is not on PATH (bench_peer times CUDA train steps; --device cpu: the CPU)"
     try:
         listed = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as e:
@@ -165,12 +171,12 @@ def ours(args: argparse.Namespace, commands: TextIO, replies: TextIO) -> None:
     config_lib.check_devices(cfg, jax.local_device_count())
     mesh = init_mesh(cfg.system.num_devices, cfg.system.mesh_model)
     model_key, train_key = jax.random.split(jax.random.PRNGKey(cfg.train.seed))
-    model = init_model(cfg, VOCAB, model_key)
+    model = init_model(cfg, args.vocab, model_key)
     schedule = init_scheduler(cfg)
     optimizer = init_optimizer(cfg, schedule, model)
     state, _, train_step, _ = init_state_and_steps(cfg, model, schedule, optimizer, train_key, mesh)
     context, accum = config_lib.context_size(cfg), cfg.train.grad_accum_steps
-    tokens = np.random.default_rng(0).integers(0, VOCAB, (accum, cfg.train.batch_size, context + 1), np.int32)
+    tokens = np.random.default_rng(0).integers(0, args.vocab, (accum, cfg.train.batch_size, context + 1), np.int32)
     inputs, targets = tokens[..., :-1], tokens[..., 1:]
     batch = {"inputs": inputs, "targets": targets, "loss_mask": np.ones(targets.shape, np.float32)}
     out: dict[str, Any] = {"state": state}
@@ -196,7 +202,7 @@ def ours(args: argparse.Namespace, commands: TextIO, replies: TextIO) -> None:
         "bias": m.bias,
         "dropout": m.dropout,
         "vocab": m.padded_vocab_size,
-        "tokens": VOCAB,
+        "tokens": args.vocab,
         "batch": cfg.train.batch_size,
         "grad_accum_steps": accum,
         "weight_decay": o.weight_decay,
@@ -252,7 +258,7 @@ def nanogpt(args: argparse.Namespace, commands: TextIO, replies: TextIO) -> None
         )
     ).to(device)
     optimizer = model.configure_optimizers(shape["weight_decay"], 6e-4, tuple(shape["betas"]), device)
-    compiled = torch.compile(model) if cuda else model  # CPU: no compiler needed, a smoke test only
+    compiled = torch.compile(model) if cuda else model  # CPU: eager, as train.py runs there (compile=False)
     autocast = torch.autocast(device, dtype=torch.bfloat16) if cuda else contextlib.nullcontext()
     accum, batch, context = shape["grad_accum_steps"], shape["batch"], shape["context"]
     tokens = torch.randint(0, shape["tokens"], (accum, batch, context + 1), generator=torch.Generator().manual_seed(0))
@@ -328,6 +334,8 @@ class Worker:
             str(args.warmup),
             "--device",
             args.device,
+            "--vocab",
+            str(args.vocab),
             f"--ours={args.ours}",
             f"--nanogpt={args.nanogpt}",
             *extra,
@@ -443,10 +451,30 @@ def summary(args: argparse.Namespace, shape: dict, ready: dict, times: dict, las
             "ours_overrides": args.ours,
             "jax_mem_fraction": args.jax_mem_fraction,
             "nanogpt": str(args.nanogpt),
+            **({"cpu": cpu_description()} if args.device == "cpu" else {}),
         },
         "mfu_formula": "6N + 12*L*C*T (PaLM, nanoGPT; training/reporting/flops.py)",
         "peak_flops": peak,
     }
+
+
+CPU_EXTENSIONS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile")
+
+
+def cpu_description() -> dict:
+    """The CPU both sides ran on: its model, the vector extensions that decide which kernels each library picks, and
+    its cores (each worker's intra-op threads: JAX's and torch's defaults, one per core)."""
+    model, flags = "unknown", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and model == "unknown":
+                model = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = set(value.split())
+    except OSError:
+        pass
+    return {"model": model, "extensions": [e for e in CPU_EXTENSIONS if e in flags], "cores": os.cpu_count()}
 
 
 def main(argv: list[str]) -> int:
