@@ -33,6 +33,24 @@ from optimizers.registry import register
 from optimizers.reporting import reads
 
 
+def adapted_step(
+    updates: optax.Updates,
+    d: jax.Array,
+    count: jax.Array,
+    lr: jax.Array | float | None,
+    beta1: float,
+    beta2: float,
+    bias_correction: bool,
+) -> tuple[optax.Updates, jax.Array, jax.Array, jax.Array | float, jax.Array]:
+    """What D-Adaptation's and Prodigy's updates start from: the gradient in float32, the schedule's lr (1 outside the
+    train step), the estimate d, Adam's bias correction c at this count (1 without), and the step size d·lr·c."""
+    lr = jnp.asarray(1.0 if lr is None else lr, jnp.float32)
+    g = jax.tree.map(lambda u: u.astype(jnp.float32), updates)
+    k = count.astype(jnp.float32)
+    c = jnp.sqrt(1 - beta2 ** (k + 1)) / (1 - beta1 ** (k + 1)) if bias_correction else 1.0
+    return g, lr, d, c, d * lr * c
+
+
 class DAdaptState(NamedTuple):
     count: jax.Array  # k: updates so far
     d: jax.Array  # the step size estimate
@@ -72,11 +90,7 @@ def dadapt_direction(
         del extra
         if params is None:
             raise ValueError("dadapt_adamw needs the parameters (for its weight decay)")
-        lr = jnp.asarray(1.0 if lr is None else lr, jnp.float32)
-        g = jax.tree.map(lambda u: u.astype(jnp.float32), updates)
-        d, k = state.d, state.count.astype(jnp.float32)
-        c = jnp.sqrt(1 - beta2 ** (k + 1)) / (1 - beta1 ** (k + 1)) if bias_correction else 1.0
-        dlr = d * lr * c
+        g, lr, d, c, dlr = adapted_step(updates, state.d, state.count, lr, beta1, beta2, bias_correction)
         along = optax.tree.sum(jax.tree.map(lambda gi, si, v: gi * si / (jnp.sqrt(v) + eps), g, state.s, state.nu))
         numerator = b * state.numerator + (1 - b) * dlr * along
         mu = jax.tree.map(lambda m, gi: beta1 * m + dlr * (1 - beta1) * gi, state.mu, g)

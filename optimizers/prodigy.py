@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from optimizers.dadapt_adamw import adapted_step
 from optimizers.param_roles import Role, map_roles, roles_of
 from optimizers.registry import register
 from optimizers.reporting import reads
@@ -78,12 +79,8 @@ def prodigy_direction(
         del extra
         if params is None:
             raise ValueError("prodigy needs the parameters (its estimate reads x0 - x)")
-        lr = jnp.asarray(1.0 if lr is None else lr, jnp.float32)
-        g = jax.tree.map(lambda u: u.astype(jnp.float32), updates)
+        g, lr, d, c, dlr = adapted_step(updates, state.d, state.count, lr, beta1, beta2, bias_correction)
         x = jax.tree.map(lambda p: p.astype(jnp.float32), params)
-        d, k = state.d, state.count.astype(jnp.float32)
-        c = jnp.sqrt(1 - beta2 ** (k + 1)) / (1 - beta1 ** (k + 1)) if bias_correction else 1.0
-        dlr = d * lr * c
         weight = (d / d0) * dlr
         travelled = optax.tree.sum(jax.tree.map(lambda gi, a, b: gi * (a - b), g, state.x0, x))  # <g, x0 - x>
         numerator = b3 * state.numerator + weight * travelled
