@@ -25,9 +25,10 @@ from training.config.nodes import CONF_DIR, one_line, schema_node
 from training.config.root import Config, check_across, check_devices
 
 ConfigStore.instance().store(name="base_config", node=schema_node(Config))  # conf/config.yaml's first default
-# Each dataset preset's first default (conf/dataset/*.yaml: `/dataset_schema/<source>@_here_`): its source's class
+# Each dataset preset's first default (conf/dataset/*.yaml: `/dataset_schema_<source>@_here_`): its source's class.
+# Configs, not a group: nothing to choose on the command line (`dataset=...` chooses), none listed by --help.
 for _source, _schema in SOURCE_CONFIGS.items():
-    ConfigStore.instance().store(group="dataset_schema", name=_source, node=schema_node(_schema))
+    ConfigStore.instance().store(name=f"dataset_schema_{_source}", node=schema_node(_schema))
 
 
 def load_config(overrides: list[str], num_local_devices: int | None = None) -> Config:
