@@ -125,7 +125,7 @@ def test_off_leaves_the_state_and_the_compiled_step_as_they_were(data_cache):
 
     def lowered(parts):
         batch = put_batch(parts.data.train.batch(0), parts.mesh)
-        module = parts.train_step.lower(parts.state, batch).lowered.compiler_ir("stablehlo")
+        module = parts.train_step.lower(parts.state, batch).compiler_ir("stablehlo")
         return module.operation.get_asm(enable_debug_info=True)  # with the named scopes
 
     off = build(tiny_overrides(data_cache, "logging.update_geometry=false"))

@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import equinox as eqx
 import jax
@@ -287,13 +287,18 @@ class TrainStep:
         # placed as the update count is (replicated over the mesh) whatever the schedule: a constant one does not
         # read the count, and its lr would otherwise land on one device, a different input layout for the step
         self.lr_at = jax.jit(lr_schedule_at, out_shardings=lr_step_of(state_shardings.opt_state))
+        # On a GPU or TPU the call returns once the step is dispatched, and the host prepares the next while the
+        # device computes. On the CPU host and "device" share the cores: the host's work between steps would take
+        # them from XLA's threads (gpt2-mini, 2 cores: 1,850-2,020 tokens/s dispatching ahead against 2,100-2,180
+        # waiting, BENCHMARKS.md), so there each call waits for its step.
+        self.wait = jax.default_backend() == "cpu"
 
     def __call__(self, state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
-        return self.step(state, batch, self.lr_at(state.opt_state))
+        out = self.step(state, batch, self.lr_at(state.opt_state))
+        return jax.block_until_ready(out) if self.wait else out
 
-    def lower(self, state: TrainState, batch: Batch) -> Any:
-        """The step proper, lowered for these arguments (what tests and profiles read): Equinox's Lowered, a private
-        class (`as_text()`, `compile()`)."""
+    def lower(self, state: TrainState, batch: Batch) -> jax.stages.Lowered:
+        """The step proper, lowered for these arguments (what tests and profiles read)."""
         return self.step.lower(state, batch, self.lr_at(state.opt_state))
 
 
@@ -318,4 +323,9 @@ def make_train_step(
         return train_step(spec, state, batch, lr)
 
     step.__name__ = step.__qualname__ = "train_step"  # the name profiles and scripts/tools/profile_summary.py look for
-    return TrainStep(eqx.filter_jit(step, donate="all"), lr_schedule, state_shardings) if jit else step
+    # jax.jit, not eqx.filter_jit: Equinox's waits for every call to finish (to raise its runtime errors), which would
+    # make the host wait for the device at every step; the state and batch are all arrays (static parts are in the
+    # state's tree structure), so jax.jit takes them as they are, and the call returns once the step is dispatched.
+    # The state is donated (the new one takes its buffers); the batch and lr match no output, so donating them gains
+    # nothing.
+    return TrainStep(jax.jit(step, donate_argnums=0), lr_schedule, state_shardings) if jit else step
