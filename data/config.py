@@ -97,9 +97,8 @@ class DatasetConfig:
                 f"{self.source} reads other keys than this {self.name} section holds; choose the source with "
                 f"dataset={self.source} (a preset of conf/dataset/), not dataset.source",
             )
-        for key in ("max_documents",):
-            if getattr(self, key) is not None and getattr(self, key) < 1:
-                fail(f"{at}.{key}", f"must be >= 1; got {getattr(self, key)}")
+        if self.max_documents is not None and self.max_documents < 1:
+            fail(f"{at}.max_documents", f"must be >= 1; got {self.max_documents}")
         require_positive(self, at, "docs_per_chunk", "num_proc")
         if self.build_timeout_s <= 0:
             fail(f"{at}.build_timeout_s", f"must be > 0; got {self.build_timeout_s}")

@@ -56,6 +56,7 @@ def test_bad_options_are_one_line(tmp_path, monkeypatch, capsys):
     path = str(nanogpt_lookalike(tmp_path))
     assert "--model gpt3: no such preset" in refused(["--nanogpt", path, "--model", "gpt3"], monkeypatch, capsys)
     assert "--steps must be at least 1" in refused(["--nanogpt", path, "--steps", "0"], monkeypatch, capsys)
+    assert "--vocab must be at least 1" in refused(["--nanogpt", path, "--vocab", "0"], monkeypatch, capsys)
     assert "unrecognized arguments: --bogus" in refused(["--nanogpt", path, "--bogus"], monkeypatch, capsys)
 
 

@@ -55,7 +55,17 @@ def sample_text(trained: Trained, args: argparse.Namespace) -> int:
     tok = trained.tokenizer
     texts = args.prompt or [""]
     prompts = [[tok.eos_id] + tok.encode(text) for text in texts for _ in range(args.num_samples)]
-    continuations = generate(
+    continuations = _generate(trained, prompts, args)
+    print(f"# {trained.cfg.model.name}, step {trained.step}, temperature {args.temperature}")
+    for prompt_ids, ids in zip(prompts, continuations):
+        print("-" * 60)
+        print(tok.decode(prompt_ids[1:] + ids))
+    return 0
+
+
+def _generate(trained: Trained, prompts: list[list[int]], args: argparse.Namespace) -> list[list[int]]:
+    """Each prompt's continuation with the command line's sampling settings, stopping at the tokenizer's <EOS>."""
+    return generate(
         trained.model,
         prompts,
         args.max_new_tokens,
@@ -63,13 +73,8 @@ def sample_text(trained: Trained, args: argparse.Namespace) -> int:
         top_k=args.top_k,
         top_p=args.top_p,
         seed=args.seed,
-        eos_id=tok.eos_id,
+        eos_id=trained.tokenizer.eos_id,
     )
-    print(f"# {trained.cfg.model.name}, step {trained.step}, temperature {args.temperature}")
-    for prompt_ids, ids in zip(prompts, continuations):
-        print("-" * 60)
-        print(tok.decode(prompt_ids[1:] + ids))
-    return 0
 
 
 def sample_notes(trained: Trained, args: argparse.Namespace) -> int:
@@ -91,16 +96,7 @@ def sample_notes(trained: Trained, args: argparse.Namespace) -> int:
     if len(given) == 0:
         raise DataError(f"the prompt ({source}) has no notes")
     prompt = note_prompt(task, given, tok)
-    generated = generate(
-        trained.model,
-        [prompt] * args.num_samples,
-        args.max_new_tokens,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        seed=args.seed,
-        eos_id=tok.eos_id,
-    )
+    generated = _generate(trained, [prompt] * args.num_samples, args)
     out = Path(args.out or Path(trained.meta.get("run_dir") or Path(args.path)) / layout.SAMPLES)
     quantised = tok.quantise(given)
     draw_piano_roll(
