@@ -25,7 +25,7 @@ each side's own N); the config; `ratio` = our tokens/s / nanoGPT's.
 
 `--device cpu`: the newcomer's comparison, float32 on both sides (nanoGPT's train.py on a CPU: eager, no autocast,
 unfused AdamW; ours: the pipeline's CPU defaults), each with its library's default threads (one per core), the CPU's
-model and vector extensions in the JSON. The CPU comparison of the CPU issue: gpt2-mini without biases and a byte
+model and vector extensions in the JSON. nanoGPT's own CPU model is gpt2-mini without biases and a byte
 vocabulary, `--model gpt2-mini --ours "model.bias=false" --vocab 259 --batch 16` (context 256).
 """
 
