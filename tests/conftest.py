@@ -1,21 +1,27 @@
 """Test set-up: 8 simulated CPU devices, wandb offline and quiet, one shared data cache per session, and a hermetic
-suite: no test reaches the network or writes into the checkout, and every process a test starts dies with it."""
+suite: no test reaches the network or writes into the checkout, and every process a test starts dies with it.
+
+The suite runs on the CPU, also on a machine with a GPU; `pytest -m gpu` (scripts/test_gpu.sh) runs the tests marked
+`gpu`, those whose behaviour depends on the backend, on JAX's default backend instead: the GPU where there is one."""
 
 import os
 import socket
+from importlib.metadata import version
 
 # Before JAX starts, here and in the processes tests start: 8 host devices, so sharded and single-device runs can be
 # compared in one process; and XLA:CPU's cheapest code generation, since compiling, not running, is what a test's tiny
 # model costs: LLVM's lowest level, and fusions emitted by the classic emitter instead of the MLIR fusion emitters
 # (gpt2-tiny's train step compiles in 0.7-1.2 s instead of 3.9-4.0 s at XLA's defaults and its steps take 66-78 ms
 # instead of 20 ms, with the same losses: these settings change how XLA:CPU generates machine code, not what it
-# computes). BENCHMARKS.md has the figures.
+# computes). BENCHMARKS.md has the figures. XLA aborts the process on a flag it does not know, and jaxlib 0.11's
+# XLA:CPU has no classic fusion emitter left (nor its flag): the flag goes only to the jaxlib that has it.
+_CLASSIC_EMITTER = tuple(int(n) for n in version("jaxlib").split(".")[:2]) < (0, 11)
 os.environ["XLA_FLAGS"] = " ".join(
     [
         os.environ.get("XLA_FLAGS", ""),
         "--xla_force_host_platform_device_count=8",
         "--xla_backend_optimization_level=0",
-        "--xla_cpu_use_fusion_emitters=false",
+        *(["--xla_cpu_use_fusion_emitters=false"] if _CLASSIC_EMITTER else []),
     ]
 ).strip()
 os.environ.setdefault("WANDB_SILENT", "true")
@@ -24,9 +30,29 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # processes tests start; Hub code paths take their offline branch, and local folders load as they do offline.
 os.environ["HF_HUB_OFFLINE"] = "1"
 
+import jax  # noqa: E402
 import pytest  # noqa: E402
 
 import helpers  # noqa: E402
+
+
+def pytest_configure(config):
+    """The CPU for everything but a `-m gpu` selection (here, in xdist's workers and in the processes tests start):
+    the suite's tests expect 8 CPU devices and the CPU's kernels. Before anything starts JAX's backend."""
+    selection = config.option.markexpr or ""
+    if "gpu" not in selection or "not gpu" in selection:
+        os.environ["JAX_PLATFORMS"] = "cpu"
+        jax.config.update("jax_platforms", "cpu")
+
+
+@pytest.fixture
+def float32_matmuls():
+    """Float32 matmuls in float32 for the test: JAX's default on a recent NVIDIA GPU rounds their operands to TF32 (10
+    mantissa bits), which a test of float32 equalities between two programs would read as a bug. The CPU computes
+    float32 either way."""
+    with jax.default_matmul_precision("float32"):
+        yield
+
 
 LOOPBACK = {"localhost", "127.0.0.1", "::1", "0.0.0.0", "::", "", None, socket.gethostname()}
 

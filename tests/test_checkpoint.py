@@ -51,6 +51,7 @@ def test_max_to_keep_keeps_the_latest_n_plus_the_best_plus_listed_steps(state, t
     assert Checkpointer(tmp_path, read_only=True).resolve("best") == 2
 
 
+@pytest.mark.gpu
 def test_a_checkpoint_holds_the_whole_state_and_restores_it(tmp_path):
     """Every leaf comes back, scalars and integers included: the step, the PRNG key, MultiSteps' micro-step and
     update counters and its gradient accumulator, Adam's count and moments, the loss scale and its counters."""

@@ -1,7 +1,8 @@
 """system.dtype=fp8: the blocks' matmuls with float8 operands at delayed per-tensor scales kept in the train state.
 
-On this CPU the FP8 rounding runs with 16-bit matmuls (models/fp8.py): the numbers a GPU's FP8 GEMMs compute, which
-is what these tests check; the speed is a GPU's to show.
+On a CPU the FP8 rounding runs with 16-bit matmuls (models/fp8.py): the numbers a GPU's FP8 GEMMs compute, which is
+what these tests check; on a GPU with FP8 matmuls (`pytest -m gpu`) the same tests run there, and the compiled step
+must hold cuBLASLt's FP8 GEMMs.
 """
 
 import warnings
@@ -13,11 +14,13 @@ import pytest
 
 from core.errors import ConfigError
 from helpers import build, read_metrics, run_in_process, tiny_overrides
-from models.fp8 import E4M3, E5M2, Fp8State, fp8_dot, quantize_dequantize, scales_from_history
+from models.fp8 import E4M3, E5M2, Fp8State, fp8_dot, native_fp8_problem, quantize_dequantize, scales_from_history
 from training.config import check_devices, load_config
 from training.distributed.sharding import put_batch
 
+pytestmark = pytest.mark.gpu
 STEPS = 20
+FP8_GEMM = "__cublas$lt$matmul$f8"  # the custom call XLA's GPU compiler makes of a quantise-dequantise dot
 
 
 def rounded(x, dtype, scale):
@@ -26,6 +29,7 @@ def rounded(x, dtype, scale):
     return np.asarray(np.clip(np.asarray(x, np.float32) / scale, -limit, limit).astype(dtype), np.float32) * scale
 
 
+@pytest.mark.usefixtures("float32_matmuls")  # the numpy references sum float32 products
 def test_fp8_dot_rounds_its_operands_and_gradient_and_reports_their_amaxes():
     kx, kw, kg = jax.random.split(jax.random.PRNGKey(0), 3)
     x = jax.random.normal(kx, (8, 16), jnp.float32)
@@ -70,8 +74,12 @@ def test_fp8_training_tracks_bfloat16_and_records_every_matmuls_amax(bfloat16_cu
     assert parts.state.fp8.history.shape == (n_layer, 4, 3, 4) and not jnp.any(parts.state.fp8.history)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # lowering alone reports the donated buffers as unused
-        hlo = parts.train_step.lower(parts.state, put_batch(parts.data.train.batch(0), parts.mesh)).as_text()
+        lowered = parts.train_step.lower(parts.state, put_batch(parts.data.train.batch(0), parts.mesh))
+    hlo = lowered.as_text()
     assert "f8E4M3FN" in hlo and "f8E5M2" in hlo  # XLA's GPU compiler turns these into FP8 GEMMs
+    # ... and does, where the GPU has them: 4 matmuls x 3 (forward, two gradients) in the scanned block
+    gemms = lowered.compile().as_text().count(f'custom_call_target="{FP8_GEMM}"')
+    assert gemms >= 12 if native_fp8_problem() is None else gemms == 0, gemms
     curve = [float(parts.step(s)["loss"]) for s in range(STEPS)]
     assert np.mean(np.abs(np.array(curve) - np.array(bfloat16_curve))) < 0.03  # bfloat16's own tolerance vs float32
     assert curve[-1] < curve[0] - 0.5
@@ -103,7 +111,9 @@ def test_fp8_scales_are_checkpointed_and_a_resumed_run_equals_the_straight_one(d
     run(tmp_path / "straight")
     split = tmp_path / "split"
     first = run(split, "checkpoint.load=auto", "checkpoint.num_steps=4")
-    assert "system.dtype=fp8: the cpu backend has no FP8 matmuls" in first.stderr  # said once, in one line
+    problem = native_fp8_problem()  # a CPU: said once, in one line; a GPU with FP8 matmuls: nothing to say
+    assert first.stderr.count("system.dtype=fp8:") == (problem is not None)
+    assert problem is None or f"system.dtype=fp8: {problem}" in first.stderr
     second = run(split, "checkpoint.load=auto")
     assert "resuming" in second.stdout + second.stderr
     losses = {r["step"]: r["loss"] for r in read_metrics(split, "train")}

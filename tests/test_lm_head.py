@@ -38,30 +38,42 @@ def loss_and_grads(head_loss, dtype, chunk=8192):
     return eqx.filter_value_and_grad(objective)(model, tokens, targets, mask, dtype)
 
 
+def relative_error(g, reference) -> float:
+    """|g - reference| / |reference|, both as float32."""
+    g, reference = g.astype(jnp.float32), reference.astype(jnp.float32)
+    return float(jnp.linalg.norm(g - reference)) / float(jnp.linalg.norm(reference))
+
+
 # float32: dense and chunked are two programs (logsumexp over 259 logits, sums over 52 targets in other orders): each
-# a few ulp (~1e-7 relative) off the exact value; 1e-5 leaves ~100x. bfloat16: 8 mantissa bits, 2^-8 ~ 4e-3 a rounding
-@pytest.mark.parametrize(
-    "dtype, tolerance, chunk",
-    [
-        (jnp.float32, 1e-5, 4),  # one position a chunk
-        (jnp.float32, 1e-5, 24),  # 6 positions fit; 4 divide the context
-        (jnp.float32, 1e-5, 64),  # the whole batch in one chunk
-        (jnp.bfloat16, 1e-2, 24),
-    ],
-)
-def test_chunked_head_and_loss_equal_the_dense_ones_and_so_do_their_gradients(dtype, tolerance, chunk):
-    dense_loss, dense_grads = loss_and_grads("dense", dtype)
-    loss, grads = loss_and_grads("chunked", dtype, chunk)
-    np.testing.assert_allclose(loss, dense_loss, rtol=tolerance)
+# a few ulp (~1e-7 relative) off the exact value; 1e-5 leaves ~100x
+@pytest.mark.gpu
+@pytest.mark.usefixtures("float32_matmuls")
+@pytest.mark.parametrize("chunk", [4, 24, 64])  # one position a chunk; 6 positions fit, 4 divide the context; all
+def test_chunked_head_and_loss_equal_the_dense_ones_and_so_do_their_gradients(chunk):
+    dense_loss, dense_grads = loss_and_grads("dense", jnp.float32)
+    loss, grads = loss_and_grads("chunked", jnp.float32, chunk)
+    np.testing.assert_allclose(loss, dense_loss, rtol=1e-5)
     for g, dense_g in zip(jax.tree.leaves(grads), jax.tree.leaves(dense_grads)):
         assert jnp.any(dense_g != 0)
-        # relative to the gradient's norm: 16-bit rounding moves single small entries by more than 1e-2 of their own
-        # size in either path (each is ~0.5% from the float32 gradient, measured)
-        assert float(jnp.linalg.norm((g - dense_g).astype(jnp.float32))) <= tolerance * float(
-            jnp.linalg.norm(dense_g.astype(jnp.float32))
-        )
+        assert relative_error(g, dense_g) <= 1e-5  # relative to the gradient's norm
 
 
+@pytest.mark.gpu
+@pytest.mark.usefixtures("float32_matmuls")
+def test_in_bfloat16_the_chunked_head_is_as_close_to_the_float32_gradient_as_the_dense_one():
+    """bfloat16 (8 mantissa bits, ~4e-3 a rounding): each path's gradients are 0.3-1.2% from the float32 ones, and
+    apart from each other by as much (measured on two XLA:CPU versions), so the chunked path is held to the dense
+    path's own error: within 1.5x of it (measured <= 1.12x) and 2% of the float32 gradient."""
+    reference_loss, reference = loss_and_grads("dense", jnp.float32)
+    dense_loss, dense_grads = loss_and_grads("dense", jnp.bfloat16)
+    loss, grads = loss_and_grads("chunked", jnp.bfloat16, 24)
+    assert abs(float(loss) - float(reference_loss)) <= 1.5 * abs(float(dense_loss) - float(reference_loss)) + 1e-3
+    for g, dense_g, ref in zip(*(jax.tree.leaves(t) for t in (grads, dense_grads, reference))):
+        assert relative_error(g, ref) <= min(0.02, 1.5 * relative_error(dense_g, ref)), ref.shape
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("float32_matmuls")
 def test_the_chunked_head_never_gives_a_padded_row_probability():
     _, grads = loss_and_grads("chunked", jnp.float32, chunk=8)
     padded = grads.wte[CFG.vocab_size :]
@@ -99,6 +111,7 @@ def float32_array_shapes(parts) -> set[tuple[int, ...]]:
     }
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("head_loss", ["dense", "chunked"])
 def test_the_chunked_train_step_never_holds_the_logits_of_the_whole_batch(head_loss, data_cache):
     parts = build(tiny_overrides(data_cache, f"model.head_loss={head_loss}", "model.head_loss_chunk=128"))

@@ -21,6 +21,7 @@ def tokens(shape, vocab=259, seed=0):
     return jnp.asarray(np.random.default_rng(seed).integers(0, vocab, shape), jnp.int32)
 
 
+@pytest.mark.gpu
 def test_logits_shape_and_padded_vocab_never_predicted():
     model = GPT.init(TINY, jax.random.PRNGKey(0))
     assert TINY.padded_vocab_size == 320 and model.wte.shape == (320, 64)
@@ -69,6 +70,7 @@ def test_loss_at_init_is_within_5_percent_of_log_vocab():
     assert abs(loss - math.log(259)) / math.log(259) < 0.05, loss
 
 
+@pytest.mark.gpu
 def test_changing_a_future_token_leaves_earlier_logits_unchanged():
     model = GPT.init(TINY, jax.random.PRNGKey(0))
     x = tokens((2, 32))
@@ -113,6 +115,7 @@ def test_biases_are_optional():
 MASKED_BACKENDS = ["xla", "blocked"] + (["cudnn"] if jax.default_backend() == "gpu" else [])
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("attention", MASKED_BACKENDS)
 def test_with_document_masking_a_documents_logits_ignore_what_precedes_it(attention):
     """Two windows end with the same document after different ones: with segment ids its logits agree (attention

@@ -47,6 +47,7 @@ def float32_curve(data_cache):
     return [float(parts.step(s)["loss"]) for s in range(STEPS)]
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_16_bit_compute_tracks_the_float32_curve(dtype, float32_curve, data_cache):
     parts = build(tiny_overrides(data_cache, f"train.max_steps={STEPS}", f"system.dtype={dtype}"))
@@ -70,6 +71,7 @@ def unchanged(a, b):
     )
 
 
+@pytest.mark.gpu
 def test_float16_overflow_halves_the_scale_and_skips_the_step(data_cache):
     parts = build(tiny_overrides(data_cache, "system.dtype=float16"))
     assert float(parts.state.loss_scale.scale) == 2.0**15
@@ -87,6 +89,7 @@ def test_float16_overflow_halves_the_scale_and_skips_the_step(data_cache):
     assert not unchanged(before[0], parts.state.model)
 
 
+@pytest.mark.gpu
 def test_skip_nonfinite_skips_a_nan_step_in_float32(data_cache):
     parts = build(tiny_overrides(data_cache, "train.skip_nonfinite=true"))
     before = jax.device_get((parts.state.model, parts.state.opt_state))
@@ -136,6 +139,8 @@ def traced_ops(cfg: GPTConfig) -> collections.Counter:
     return counts
 
 
+@pytest.mark.gpu
+@pytest.mark.usefixtures("float32_matmuls")
 @pytest.mark.parametrize(
     "scan,remat", [(s, r) for s in (True, False) for r in ("none", "block", "full") if (s, r) != (False, "none")]
 )
@@ -191,11 +196,22 @@ def test_cudnn_attention_on_cpu_is_one_clear_line(tmp_path, capsys, data_cache):
     )
 
 
-def test_auto_attention_picks_the_blocked_kernel_on_cpu(data_cache):
-    parts = build(tiny_overrides(data_cache, "model.attention=auto"))
-    assert parts.state.model.cfg.attention == "blocked"
+@pytest.mark.gpu
+def test_auto_attention_picks_the_backends_kernel_and_the_step_runs_it(data_cache):
+    """`auto` at 16-bit compute: cuDNN's fused attention on a GPU (its custom call in the compiled step), the causal-
+    blocked kernel on a CPU."""
+    parts = build(tiny_overrides(data_cache, "model.attention=auto", "system.dtype=bfloat16"))
+    gpu = jax.default_backend() == "gpu"
+    assert parts.state.model.cfg.attention == ("cudnn" if gpu else "blocked")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # lowering alone reports the donated buffers as unused
+        compiled = parts.train_step.lower(parts.state, put_batch(parts.data.train.batch(0), parts.mesh)).compile()
+    assert ("__cudnn$fmha" in compiled.as_text()) == gpu
+    assert float(parts.step(0)["loss"]) == pytest.approx(np.log(259), rel=0.05)  # it runs: the loss at init
 
 
+@pytest.mark.gpu
+@pytest.mark.usefixtures("float32_matmuls")
 @pytest.mark.parametrize("seq", [64, 48])
 def test_blocked_attention_equals_xla_attention(seq):
     from models.attention import blocked_causal_attention
@@ -238,6 +254,7 @@ def parameter_casts(parts) -> collections.Counter:
     return counts
 
 
+@pytest.mark.gpu
 def test_parameters_are_cast_to_the_compute_dtype_once_per_step_not_per_micro_batch(data_cache):
     parts = build(tiny_overrides(data_cache, "system.dtype=bfloat16", "train.grad_accum_steps=4"))
     leaves = len(jax.tree.leaves(eqx.filter(parts.state.model, eqx.is_array)))

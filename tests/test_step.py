@@ -43,6 +43,7 @@ def test_step_sharded_over_8_devices_equals_the_1_device_step(data_cache):
         assert len(parts.state.model.wte.sharding.device_set) == devices
 
 
+@pytest.mark.gpu
 def test_a_step_is_the_same_program_whatever_the_schedule_does_after_it(data_cache):
     """A 3-step run at a constant lr, and a 6-step run whose piecewise schedule holds that lr for 3 steps and then
     halves it (a schedule search's branch and the schedule it finds): the step is one program for both (the lr is its
@@ -69,6 +70,7 @@ def test_a_step_is_the_same_program_whatever_the_schedule_does_after_it(data_cac
     assert [float(m["lr"]) for m in long_metrics] == [np.float32(3e-3)] * 3 + [np.float32(1.5e-3)] * 3
 
 
+@pytest.mark.gpu
 def test_the_step_donates_the_old_state(data_cache):
     parts = build(tiny_overrides(data_cache))
     old = parts.state
@@ -76,6 +78,7 @@ def test_the_step_donates_the_old_state(data_cache):
     assert old.model.wte.is_deleted() and int(parts.state.step) == 1
 
 
+@pytest.mark.gpu
 def test_training_lowers_the_loss_on_real_text(data_cache):
     parts = build(tiny_overrides(data_cache, "train.max_steps=30", "optimizer.lr_config.lr=3e-3"))
     losses = [float(parts.step(s)["loss"]) for s in range(30)]
@@ -102,6 +105,8 @@ def uneven_finetuning(tmp_path, data_cache, *extra):
     )
 
 
+@pytest.mark.gpu
+@pytest.mark.usefixtures("float32_matmuls")
 def test_every_target_token_counts_once_whatever_the_accumulation(tmp_path, data_cache):
     """Masked fine-tuning records, one per micro-batch, with 2 or ~50 target tokens: k = 4 micro-batches give the
     parameters one batch of 4 gives, and the step's loss is the mean over its target tokens, not over micro-batches."""
@@ -173,6 +178,8 @@ def applied_lr(parts, step):
     return -float(delta @ g) / float(g @ g), metrics
 
 
+@pytest.mark.gpu
+@pytest.mark.usefixtures("float32_matmuls")
 def test_z_loss_adds_exactly_its_term(data_cache):
     coefficient = 1e-2
     parts = build(sgd_overrides(data_cache, f"train.z_loss={coefficient}", "train.batch_size=4"))
