@@ -1,7 +1,8 @@
-"""Benchmark the train step of a config: N timed steps after warm-up, one JSON line out.
+"""Benchmark the train step of a config: N timed steps after warm-up, one JSON line out per configuration.
 
     python -m scripts.benchmarks.bench [--steps 20] [--warmup 3] [hydra overrides ...]
     python -m scripts.benchmarks.bench --steps 20 model=gpt2-mini dataset.tokenizer=byte train.batch_size=16
+    python -m scripts.benchmarks.bench --steps 20 model=gpt2 --variant "" --variant "model.scan_layers=false"
     python -m scripts.benchmarks.bench --loader --steps 200 model=gpt2          # the data path alone
     python -m scripts.benchmarks.bench --compile-only model=gpt2-xl  # compile time and XLA's memory plan, nothing
                                                                       # allocated
@@ -10,46 +11,65 @@ Each timed step is synchronised (block_until_ready), so ms/step is the device ti
 median is reported. Batches come from the real data pipeline, prepared before timing. Reported: tokens/s, ms/step
 (median, min, max), compile seconds, MFU where the device's peak is known under both conventions of
 training/reporting/flops.py (`mfu`: 6N + 12·L·C·T as PaLM and nanoGPT count, the pipeline's; `mfu_llmc`: 6N + 6·L·C·T,
-causal attention halved, as llm.c counts), peak memory where the backend reports it, device kind and a config summary.
+causal attention halved, as llm.c counts), XLA's memory plan for the step (arguments + outputs + temporaries - what
+the donated state's buffers alias), the device's peak memory where the backend reports it (first configuration of
+the process only: the peak is the process's), the loss of every step run, the custom calls of the compiled step
+(`__cudnn$fmha...`: cuDNN's fused attention; `__cublas$lt$matmul$f8`: FP8 GEMMs), device kind and a config summary.
+
+`--variant "OVERRIDES"` (repeatable) times several configurations in one process, each the common overrides plus its
+own, one JSON line each: the corpus and tokenizer are loaded once. `system.xla_flags` belongs with the common
+overrides (XLA reads its flags once per process, before the backend starts; bench.py sets them then).
+On a GPU every configuration's line is also kept as a record under benchmarks/results/ (scripts/benchmarks/records.py;
+`--record DIR` elsewhere or on any backend, `--no-record` never).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
+import shlex
 import statistics
 import sys
 import time
+from collections import Counter
+from typing import Any
 
 import jax
 
-from core.errors import PipelineError, say
+from core.errors import ConfigError, PipelineError, say
 from models.gpt import count_params
+from scripts.benchmarks import records
 from training import config as config_lib
 from training.distributed.sharding import put_batch
+from training.loop.compilation import init_xla_flags
 from training.pipeline.build import build, init_model, init_optimizer, init_scheduler
 from training.reporting.flops import MFU_FORMULA, flops_per_token, mfu, peak_flops
 
 
-def bench(overrides: list[str], steps: int, warmup: int) -> dict:
+def bench(overrides: list[str], steps: int, warmup: int, first: bool = True) -> dict:
     cfg = config_lib.load_config(overrides, jax.local_device_count())
     p = build(cfg)
     mesh, data, state, train_step = p.mesh, p.data, p.state, p.train_step
     batches = [put_batch(data.train.batch(s), mesh) for s in range(warmup + steps)]
 
+    losses = []
     t0 = time.perf_counter()
     state, metrics = train_step(state, batches[0])
     jax.block_until_ready(metrics)
     compile_s = time.perf_counter() - t0
+    losses.append(float(metrics["loss"]))
     for b in batches[1:warmup]:
         state, metrics = train_step(state, b)
-    jax.block_until_ready(metrics)
+        losses.append(float(metrics["loss"]))  # waits for the step
     times = []
     for b in batches[warmup:]:
         t = time.perf_counter()
         state, metrics = train_step(state, b)
         jax.block_until_ready(metrics)
         times.append(time.perf_counter() - t)
+        losses.append(float(metrics["loss"]))  # outside the timed interval
+    compiled = train_step.lower(state, batches[0]).compile()  # the executable just run (jit's cache: no compiling)
 
     context = config_lib.context_size(cfg)
     tokens_per_step = data.train.global_batch * context
@@ -72,12 +92,17 @@ def bench(overrides: list[str], steps: int, warmup: int) -> dict:
             for key, convention in (("mfu", "palm"), ("mfu_llmc", "llmc"))
         },
         "mfu_formulas": {"mfu": MFU_FORMULA["palm"], "mfu_llmc": MFU_FORMULA["llmc"]},
-        "peak_memory_bytes": stats.get("peak_bytes_in_use"),  # devices that report it (GPUs)
+        "planned_memory_bytes": planned_memory(compiled),
+        # the device's peak since the process started (devices that report it: GPUs): this configuration's own only
+        # when it ran first
+        "peak_memory_bytes": stats.get("peak_bytes_in_use") if first else None,
         "peak_host_memory_bytes": host_peak,
         "device_kind": device.device_kind,
         "num_devices": len(mesh.devices.flat),
         "steps_timed": steps,
-        "loss_last": float(metrics["loss"]),
+        "loss_last": losses[-1],
+        "losses": [round(x, 5) for x in losses],
+        "custom_calls": custom_calls(compiled.as_text()),
         "config": {
             "model": cfg.model.name,
             "n_layer": cfg.model.n_layer,
@@ -85,6 +110,7 @@ def bench(overrides: list[str], steps: int, warmup: int) -> dict:
             "n_head": cfg.model.n_head,
             "context": context,
             "vocab": p.tokenizer.vocab_size,
+            "padded_vocab": state.model.cfg.padded_vocab_size,
             "params": count_params(state.model),
             "flops_per_token": {c: flops_per_token(state.model, context, c) for c in ("palm", "llmc")},
             "global_batch": data.train.global_batch,
@@ -94,10 +120,26 @@ def bench(overrides: list[str], steps: int, warmup: int) -> dict:
             "mesh_model": cfg.system.mesh_model,
             "remat": cfg.model.remat,
             "scan_layers": cfg.model.scan_layers,
+            "head_loss": cfg.model.head_loss,
             "attention": state.model.cfg.attention,
             "optimizer": cfg.optimizer.name,
+            "xla_flags": cfg.system.xla_flags,
         },
     }
+
+
+def planned_memory(compiled: Any) -> int | None:
+    """Bytes XLA's plan for the compiled step holds at once: arguments, outputs and temporaries, less the outputs
+    that reuse donated arguments' buffers."""
+    m = compiled.memory_analysis()
+    if m is None:
+        return None
+    return m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
+
+
+def custom_calls(hlo_text: str) -> dict[str, int]:
+    """How often each custom-call target occurs in a compiled program's HLO (cuDNN's attention, cuBLAS's GEMMs...)."""
+    return dict(sorted(Counter(re.findall(r'custom_call_target="([^"]+)"', hlo_text)).items()))
 
 
 def _round(x: float | None) -> float | None:
@@ -186,18 +228,49 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--loader", action="store_true", help="time the data path alone (no model)")
     parser.add_argument("--compile-only", action="store_true", help="compile from abstract shapes, run nothing")
     parser.add_argument("--vocab", type=int, default=50257, help="--compile-only: the vocab size to build")
+    parser.add_argument(
+        "--variant", action="append", metavar="OVERRIDES", help="a configuration: overrides added to the common ones"
+    )
+    parser.add_argument("--record", metavar="DIR", help=f"keep each result as a record in DIR (GPU: {records.RESULTS})")
+    parser.add_argument("--no-record", action="store_true", help="keep no record, even on a GPU")
     args, overrides = parser.parse_known_args(argv)
     try:
+        init_xla_flags(config_lib.load_config(overrides).system.xla_flags)  # before the backend starts
         if args.compile_only:
-            result = bench_compile(overrides, args.vocab)
+            print(json.dumps(bench_compile(overrides, args.vocab)), flush=True)
         elif args.loader:
-            result = bench_loader(overrides, args.steps)
+            print(json.dumps(bench_loader(overrides, args.steps)), flush=True)
         else:
-            result = bench(overrides, args.steps, max(args.warmup, 1))
-        print(json.dumps(result), flush=True)
+            for i, variant in enumerate(args.variant or [""]):
+                extra = shlex.split(variant)
+                if any(o.lstrip("+").startswith("system.xla_flags") for o in extra):
+                    raise ConfigError(
+                        f"--variant {variant!r}: system.xla_flags goes with the common overrides (XLA reads its flags "
+                        "once per process); run one bench.py per set of flags"
+                    )
+                result = bench(overrides + extra, args.steps, max(args.warmup, 1), first=i == 0)
+                result = {**({"variant": variant} if args.variant else {}), **result}
+                keep(args, result, argv)
+                print(json.dumps(result), flush=True)
     except PipelineError as e:
         return say(e)
     return 0
+
+
+def keep(args: argparse.Namespace, result: dict, argv: list[str]) -> None:
+    """A record of a train-step result: always on a GPU (unless --no-record), elsewhere with --record DIR."""
+    directory = args.record or (records.RESULTS if jax.default_backend() == "gpu" else None)
+    if args.no_record or directory is None:
+        return
+    path = records.write(
+        directory,
+        "bench",
+        result["device_kind"],
+        result,
+        ["python", "-m", "scripts.benchmarks.bench", *argv],
+        jax.__version__,
+    )
+    print(f"bench: recorded {path}", file=sys.stderr)
 
 
 if __name__ == "__main__":

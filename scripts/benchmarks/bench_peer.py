@@ -44,6 +44,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
+from scripts.benchmarks import records
+
 ROOT = Path(__file__).resolve().parents[2]
 VOCAB = 50257  # GPT-2's tokens; both models pad their embedding to 50,304 rows
 PALM_ATTENTION_FLOPS = 12  # training/reporting/flops.py's palm `a` in 6N + a·L·C·T (that module imports JAX; here none)
@@ -78,6 +80,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--ours", default="", help='hydra overrides for our side only, one string: "model.remat=full"')
     p.add_argument("--jax-mem-fraction", type=float, default=0.45, help="of the GPU's memory JAX takes (0.45)")
     p.add_argument("--device", choices=("gpu", "cpu"), default="gpu", help="cpu: float32 on the CPU, both sides")
+    p.add_argument("--record", metavar="DIR", help=f"keep the result as a record in DIR (GPU: {records.RESULTS})")
+    p.add_argument("--no-record", action="store_true", help="keep no record, even on a GPU")
     p.add_argument("--worker", choices=SIDES, help=argparse.SUPPRESS)
     p.add_argument("--shape", help=argparse.SUPPRESS)  # the nanoGPT worker's model, as our worker reported it
     return p.parse_args(argv)
@@ -380,7 +384,7 @@ def worker_env(args: argparse.Namespace, side: str) -> dict[str, str]:
     return env
 
 
-def compare(args: argparse.Namespace) -> int:
+def compare(args: argparse.Namespace, argv: list[str]) -> int:
     workers: dict[str, Worker] = {}
     try:
         workers["ours"] = Worker("ours", args, [], worker_env(args, "ours"))
@@ -403,7 +407,14 @@ def compare(args: argparse.Namespace) -> int:
     finally:
         for w in workers.values():
             w.close()
-    print(json.dumps(summary(args, shape, ready, times, last)), flush=True)
+    result = summary(args, shape, ready, times, last)
+    directory = args.record or (records.RESULTS if args.device == "gpu" else None)
+    if directory and not args.no_record:
+        command = ["python", "-m", "scripts.benchmarks.bench_peer", *argv]
+        device = result["config"]["device_kind"]
+        path = records.write(directory, "bench_peer", device, result, command, ready["ours"]["jax"])
+        print(f"bench_peer: recorded {path}", file=sys.stderr)
+    print(json.dumps(result), flush=True)
     return 0
 
 
@@ -485,7 +496,7 @@ def main(argv: list[str]) -> int:
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    return compare(args)
+    return compare(args, argv)
 
 
 if __name__ == "__main__":

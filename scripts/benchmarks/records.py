@@ -1,0 +1,171 @@
+"""Benchmark records: a JSON file per measurement under benchmarks/results/, and the Markdown tables made of them.
+
+    python -m scripts.benchmarks.records                          # the tables of benchmarks/results/, printed
+    python -m scripts.benchmarks.records --update BENCHMARKS.md   # rewrite the block between its records markers
+
+`bench.py` and `bench_peer.py` write a record of every run on a GPU (and, with `--record DIR`, anywhere): the kind of
+measurement, the UTC date, the commit (`+dirty` when the checkout had uncommitted changes; GPT_JAX_COMMIT where no
+git checkout is at hand), the device, the JAX version, the command line and the result, as the script printed it. A
+record is never rewritten: its file name holds its date, device, kind and a hash of its content. The tables are
+written from the records alone, so a figure in BENCHMARKS.md's records block can always be traced to its file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import hashlib
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path("benchmarks") / "results"  # relative to where the script runs: the checkout's root
+START, END = "<!-- records:start -->", "<!-- records:end -->"
+GIB = 2**30
+
+
+def commit() -> str:
+    """The checkout's commit, `+dirty` when files differ from it; GPT_JAX_COMMIT where git cannot tell."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=30, check=True
+        ).stdout.strip()
+        status = ["git", "status", "--porcelain", "--untracked-files=no"]
+        dirty = subprocess.run(status, cwd=root, capture_output=True, text=True, timeout=30).stdout.strip()
+        return sha + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return os.environ.get("GPT_JAX_COMMIT", "unknown")
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "unknown"
+
+
+def write(directory: str | Path, kind: str, device: str, result: dict, argv: list[str], jax_version: str) -> Path:
+    """Keep one measurement as a record file in `directory`; returns its path."""
+    now = dt.datetime.now(dt.UTC)
+    record = {
+        "kind": kind,
+        "date": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "commit": commit(),
+        "device": device,
+        "jax": jax_version,
+        "command": shlex.join(argv),
+        "result": result,
+    }
+    text = json.dumps(record, indent=1, sort_keys=True) + "\n"
+    digest = hashlib.sha256(text.encode()).hexdigest()[:8]
+    path = Path(directory) / f"{now:%Y%m%dT%H%M%S}-{slug(device)}-{kind}-{digest}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def read(directory: str | Path) -> list[dict]:
+    """Every record in `directory`, oldest first (file names start with the date)."""
+    return [json.loads(p.read_text()) for p in sorted(Path(directory).glob("*.json"))]
+
+
+def _gib(n: Any) -> str:
+    return "" if n is None else f"{n / GIB:.1f}"
+
+
+def _pct(x: Any) -> str:
+    return "" if x is None else f"{100 * x:.1f}%"
+
+
+def _table(header: list[str], rows: Iterable[list[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def _where(r: dict) -> list[Any]:
+    """A record's date, device and commit (`+` where the checkout had uncommitted changes)."""
+    return [r["date"][:10], r["device"], r["commit"][:7] + ("+" if r["commit"].endswith("+dirty") else "")]
+
+
+def bench_rows(records: list[dict]) -> list[list[Any]]:
+    rows = []
+    for r in records:
+        x, c = r["result"], r["result"]["config"]
+        batch = f"{c['global_batch']} x {c['context']}"
+        if c.get("grad_accum_steps", 1) > 1:
+            batch += f" (k={c['grad_accum_steps']})"
+        memory = x.get("planned_memory_bytes", x.get("peak_memory_bytes"))
+        rows.append(
+            [*_where(r), c["model"], batch, c["dtype"], f"`{x['variant']}`" if x.get("variant") else "(as set)"]
+            + [f"{x['tokens_per_s']:,.0f}", x["ms_per_step_median"], _pct(x.get("mfu")), _gib(memory), x["compile_s"]]
+        )
+    return rows
+
+
+def peer_rows(records: list[dict]) -> list[list[Any]]:
+    rows = []
+    for r in records:
+        x, c = r["result"], r["result"]["config"]
+        ours, theirs = x["ours"], x["nanogpt"]
+        rows.append(
+            [
+                *_where(r),
+                c["model"],
+                f"{c['batch']} x {c['context']}",
+                f"`{c['ours_overrides']}`" * bool(c["ours_overrides"]),
+            ]
+            + [f"{ours['tokens_per_s']:,.0f}", f"{theirs['tokens_per_s']:,.0f}", f"**{x['ratio']:.3f}x**"]
+            + [_pct(ours.get("mfu")), _pct(theirs.get("mfu"))]
+        )
+    return rows
+
+
+def tables(records: list[dict]) -> str:
+    """The Markdown of every record, a table per kind, in the order the records were made."""
+    out: list[str] = []
+    bench = [r for r in records if r["kind"] == "bench"]
+    peer = [r for r in records if r["kind"] == "bench_peer"]
+    if bench:
+        title = "Train step (`bench.py`; MFU 6N + 12·L·C·T of the device's data-sheet peak; memory: XLA's plan)"
+        out += [title, ""]
+        header = ["date", "device", "commit", "model", "batch", "dtype", "variant", "tokens/s", "ms/step", "MFU"]
+        out += _table(header + ["memory GiB", "compile s"], bench_rows(bench)) + [""]
+    if peer:
+        out += ["Against nanoGPT in the same run (`bench_peer.py`: alternating rounds, median step)", ""]
+        header = ["date", "device", "commit", "model", "batch", "our overrides", "ours tokens/s", "nanoGPT tokens/s"]
+        out += _table(header + ["ratio", "our MFU", "nanoGPT MFU"], peer_rows(peer)) + [""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def update(markdown: Path, directory: str | Path) -> None:
+    """Rewrite the block between the records markers of `markdown` with the tables of `directory`'s records."""
+    text = markdown.read_text()
+    if START not in text or END not in text:
+        raise SystemExit(f"error: {markdown} has no {START} ... {END} block to rewrite")
+    head, rest = text.split(START, 1)
+    _, tail = rest.split(END, 1)
+    markdown.write_text(f"{head}{START}\n{tables(read(directory))}{END}{tail}")
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("directory", nargs="?", default=str(RESULTS), help=f"the records' folder (default {RESULTS})")
+    p.add_argument("--update", metavar="MARKDOWN", help="rewrite this file's records block instead of printing")
+    args = p.parse_args(argv)
+    if not Path(args.directory).is_dir():
+        print(f"error: {args.directory}: no such folder of records", file=sys.stderr)
+        return 2
+    if args.update:
+        update(Path(args.update), args.directory)
+    else:
+        print(tables(read(args.directory)), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
