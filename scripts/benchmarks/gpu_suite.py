@@ -1,0 +1,251 @@
+"""The GPU measurements of BENCHMARKS.md's GPU section in one run within a time budget, most important first.
+
+    python -m scripts.benchmarks.gpu_suite --nanogpt ~/src/nanoGPT --out runs/gpu-suite            # all, 570 s
+    python -m scripts.benchmarks.gpu_suite --nanogpt ~/src/nanoGPT --out runs/gpu-suite --budget 1800
+    python -m scripts.benchmarks.gpu_suite --out runs/gpu-suite --only tests,levers                 # some stages
+
+Stages, in this order (`--only` picks some; each is a command of its own, its output in OUT/logs/<stage>.log):
+  environment  nvidia-smi, and `python check_env.py` after `source activate_env.sh` (which installs this checkout)
+  newcomer   `bash scripts/train_lm.sh`, the README's first command: it must train on the GPU
+  tests      `bash scripts/test_gpu.sh`: the tests whose behaviour depends on the backend, on the GPU
+  data       gpt2's data: a byte-level BPE with GPT-2's 50,257 ids (+2 specials) on pystdlib, then its token store
+             (the device may have no Hub access for `dataset.tokenizer=gpt2`); the loader's own speed
+  (the three above run side by side: none is timed against the others; XLA_PYTHON_CLIENT_PREALLOCATE=false)
+  profile    gpt2's step traced (`system.profile_steps`), then scripts/tools/profile_summary.py's table
+  peer       scripts/benchmarks/bench_peer.py: nanoGPT (torch.compile, flash SDPA, fused AdamW) against ours
+  levers     bench.py, one process: gpt2 at batch 32 in bfloat16 with each lever switched from its default
+  big        bench.py: gpt2-xl, -large, -medium and llama-1.5b in bfloat16 and FP8 with full remat
+  flags      bench.py, a process per XLA flag (XLA reads its flags once per process)
+  fp8_curve  bench.py: gpt2 for 150 steps in bfloat16 and in FP8, every step's loss kept
+Every bench.py and bench_peer.py result is kept as a record in OUT/results (scripts/benchmarks/records.py). A stage
+starts only while the budget holds its usual length; each gets what is left at most. OUT/summary.json lists each
+stage's exit code and seconds; OUT is packed into OUT.tar.gz after every stage (traces left out), so a run cut short
+keeps what it had.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+from pathlib import Path
+
+# gpt2's data, as BENCHMARKS.md's GPU section names it `$C`
+GPT2_DATA = ["dataset.tokenizer=bpe", "dataset.bpe_vocab_size=50259"]
+BENCH = [sys.executable, "-m", "scripts.benchmarks.bench"]
+LEVERS = [
+    "",
+    "model.vocab_multiple=1",  # 50,259 rows, not padded to 50,304
+    "model.head_loss=chunked",
+    "model.head_loss=chunked model.head_loss_chunk=32768",
+    "model.scan_layers=false",
+    "train.batch_size=8 train.grad_accum_steps=4",  # optax.MultiSteps, k = 4, the same 32 sequences a step
+    "model.remat=full",
+    "model.remat=full train.batch_size=96",
+    "model.attention=xla",
+    "system.dtype=fp8",
+]
+FLAGS = [
+    "--xla_gpu_enable_triton_gemm=false",
+    "--xla_gpu_enable_command_buffer=",
+    "--xla_gpu_enable_latency_hiding_scheduler=true",
+    "--xla_gpu_autotune_level=0",
+]
+BIG = [
+    ("gpt2-xl", ["model.remat=full train.batch_size=16", "model.remat=full train.batch_size=16 system.dtype=fp8"]),
+    ("gpt2-large", ["model.remat=full train.batch_size=16", "model.remat=full train.batch_size=16 system.dtype=fp8"]),
+    ("gpt2-medium", ["model.remat=full train.batch_size=32", "model.remat=full train.batch_size=32 system.dtype=fp8"]),
+    ("llama-1.5b", ["model.remat=full train.batch_size=16"]),
+]
+
+
+class Suite:
+    def __init__(self, args: argparse.Namespace):
+        self.out = Path(args.out).resolve()
+        self.deadline = time.monotonic() + args.budget
+        self.started = time.monotonic()
+        self.only = set(args.only.split(",")) if args.only else None
+        self.args = args
+        self.summary: dict[str, dict] = {}
+        self.lock = threading.Lock()
+        (self.out / "logs").mkdir(parents=True, exist_ok=True)
+        data = shlex.split(args.data) if args.data is not None else GPT2_DATA
+        self.data = [f"dataset.cache_dir={self.out / 'cache'}", *data]
+        self.gpt2 = [f"model={args.model}", *self.data, "system.dtype=bfloat16", f"train.batch_size={args.batch}"]
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def wanted(self, stage: str) -> bool:
+        return self.only is None or stage in self.only
+
+    def run(self, stage: str, command: list[str], usual: float, env: dict | None = None, most: float = 1e9) -> int:
+        """Run one command of a stage if the budget holds its usual length; its output to OUT/logs/<stage>.log."""
+        left = self.left()
+        if left < usual:
+            self.note(stage, {"skipped": f"{left:.0f} s left, usually takes {usual:.0f} s", "command": command})
+            return -1
+        limit = min(left, most)
+        t0 = time.monotonic()
+        self.say(f"{stage}: {shlex.join(command)} (at most {limit:.0f} s)")
+        with open(self.out / "logs" / f"{stage}.log", "a") as log:
+            log.write(f"$ {shlex.join(command)}\n")
+            log.flush()
+            proc = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, start_new_session=True
+            )
+            try:
+                code = proc.wait(timeout=limit)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, 9)
+                proc.wait()
+                code = 124
+        seconds = time.monotonic() - t0
+        self.note(stage, {"exit": code, "seconds": round(seconds, 1), "command": command})
+        self.say(f"{stage}: exit {code} after {seconds:.0f} s")
+        self.pack()
+        return code
+
+    def note(self, stage: str, entry: dict) -> None:
+        with self.lock:
+            self.summary.setdefault(stage, {"runs": []})["runs"].append(entry)
+            (self.out / "summary.json").write_text(json.dumps(self.summary, indent=1))
+
+    def say(self, text: str) -> None:
+        print(f"[{time.monotonic() - self.started:6.0f} s] {text}", flush=True)
+
+    def pack(self) -> None:
+        """OUT as OUT.tar.gz without traces and caches: what a run cut short still hands back."""
+        with self.lock:
+            tmp = self.out.with_suffix(".tar.gz.tmp")
+            with tarfile.open(tmp, "w:gz") as tar:
+                tar.add(self.out, arcname=self.out.name, filter=_small)
+            tmp.replace(self.out.with_suffix(".tar.gz"))
+
+    # ---- the stages ----
+
+    def side_by_side(self) -> None:
+        """The environment first (activate_env.sh installs this checkout once), then newcomer, tests and data on
+        threads of their own: checks, not timings."""
+        env = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+        self.run(
+            "environment",
+            ["bash", "-c", "nvidia-smi; source activate_env.sh && python check_env.py"],
+            usual=5,
+            env=env,
+            most=120,
+        )
+        threads = [
+            threading.Thread(target=self.run, args=(stage, command), kwargs={"usual": 30, "env": env, "most": 300})
+            for stage, command in (
+                ("newcomer", ["bash", "scripts/train_lm.sh"]),
+                ("tests", ["bash", "scripts/test_gpu.sh", "-p", "no:cacheprovider"]),
+                ("data", [*BENCH, "--loader", "--steps", "50", f"model={self.args.model}", *self.data]),
+            )
+            if self.wanted(stage) or (stage == "data" and self.only - {"newcomer", "tests"})
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    def profile(self) -> None:
+        run_dir = self.out / "profile-gpt2"
+        command = [
+            sys.executable,
+            "train_jax.py",
+            *self.gpt2,
+            "train.max_steps=14",
+            "train.eval_interval=1000",
+            "train.log_interval=7",
+            "system.profile_steps=[10,12]",
+            f"logging.run_dir={run_dir}",
+            "logging.wandb=disabled",
+            "logging.progress=lines",
+            "checkpoint.save=false",
+            "system.compilation_cache_dir=null",
+        ]
+        if self.run("profile", command, usual=40, most=120) == 0:
+            for fmt in ([], ["--json"]):
+                self.run(
+                    "profile",
+                    [sys.executable, "-m", "scripts.tools.profile_summary", str(run_dir), "--top", "25", *fmt],
+                    usual=5,
+                    most=60,
+                )
+
+    def peer(self) -> None:
+        if not self.args.nanogpt:
+            self.note("peer", {"skipped": "no --nanogpt checkout"})
+            return
+        a = self.args
+        peer = f"--nanogpt {a.nanogpt} --model {a.model} --batch {a.batch} --steps 10 --rounds 6"
+        record = ["--record", str(self.out / "results")]
+        self.run("peer", [sys.executable, "-m", "scripts.benchmarks.bench_peer", *peer.split(), *record], 90, most=240)
+
+    def bench(self, stage: str, common: list[str], variants: list[str], usual: float, steps: int = 20) -> int:
+        command = [
+            *BENCH,
+            "--steps",
+            str(steps),
+            "--record",
+            str(self.out / "results"),
+            *common,
+            "system.compilation_cache_dir=null",
+        ]
+        for v in variants:
+            command += ["--variant", v]
+        return self.run(stage, command, usual=usual)
+
+    def levers(self) -> None:
+        self.bench("levers", self.gpt2, LEVERS, usual=60)
+
+    def big(self) -> None:
+        for model, variants in BIG:
+            self.bench("big", [f"model={model}", *self.data], variants, usual=45, steps=8)
+
+    def flags(self) -> None:
+        for flag in FLAGS:
+            self.bench("flags", [*self.gpt2, f"system.xla_flags=['{flag}']"], [""], usual=25)
+
+    def fp8_curve(self) -> None:
+        curve = [*self.gpt2[:-1], f"train.batch_size={max(1, self.args.batch // 2)}"]
+        self.bench("fp8_curve", curve, ["", "system.dtype=fp8"], usual=60, steps=150)
+
+
+def _small(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+    """Leave out what is large and can be remade: traces, caches, checkpoints."""
+    parts = Path(info.name).parts
+    if any(p in ("cache", "plugins", "checkpoints", "tensorboard") for p in parts) or info.name.endswith(".pb"):
+        return None
+    return info
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="the folder for logs, records and the summary (made if missing)")
+    p.add_argument("--nanogpt", metavar="PATH", help="a nanoGPT checkout, for the peer stage")
+    p.add_argument("--budget", type=float, default=570, help="seconds for the whole suite (default 570)")
+    p.add_argument("--only", help="comma-separated stages to run (default: all)")
+    p.add_argument("--model", default="gpt2", help="the model of profile, peer, levers, flags, fp8_curve (gpt2)")
+    p.add_argument("--batch", type=int, default=32, help="their batch (32)")
+    p.add_argument("--data", help=f'their dataset overrides, one string (default "{" ".join(GPT2_DATA)}")')
+    args = p.parse_args(argv)
+    suite = Suite(args)
+    suite.side_by_side()
+    for stage in ("profile", "peer", "levers", "big", "flags", "fp8_curve"):
+        if suite.wanted(stage):
+            getattr(suite, stage)()
+    suite.say(f"done, {suite.left():.0f} s of the budget left")
+    suite.pack()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
