@@ -211,6 +211,19 @@ def test_auto_attention_picks_the_backends_kernel_and_the_step_runs_it(data_cach
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("setting", ["null", "true", "false"])
+def test_scan_layers_null_unrolls_on_a_gpu_and_scans_elsewhere(setting, data_cache):
+    parts = build(tiny_overrides(data_cache, f"model.scan_layers={setting}", "train.max_steps=2"))
+    scanned = {"null": jax.default_backend() != "gpu", "true": True, "false": False}[setting]
+    assert parts.state.model.cfg.scan_layers is scanned
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # lowering alone reports the donated buffers as unused
+        text = parts.train_step.lower(parts.state, put_batch(parts.data.train.batch(0), parts.mesh)).as_text()
+    # the layers' loop (the micro-batch loop and the optimizer add none at one micro-batch)
+    assert ("stablehlo.while" in text) == scanned
+
+
+@pytest.mark.gpu
 @pytest.mark.usefixtures("float32_matmuls")
 @pytest.mark.parametrize("seq", [64, 48])
 def test_blocked_attention_equals_xla_attention(seq):

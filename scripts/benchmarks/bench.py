@@ -119,7 +119,7 @@ def bench(overrides: list[str], steps: int, warmup: int, first: bool = True) -> 
             "sharding": cfg.system.sharding,
             "mesh_model": cfg.system.mesh_model,
             "remat": cfg.model.remat,
-            "scan_layers": cfg.model.scan_layers,
+            "scan_layers": state.model.cfg.scan_layers,
             "head_loss": cfg.model.head_loss,
             "attention": state.model.cfg.attention,
             "optimizer": cfg.optimizer.name,
