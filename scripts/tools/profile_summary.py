@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 from training.config import layout
 
 MODULE, CALL = "jit_train_step", "PjitFunction(train_step)"
+XLA_DUMP = "xla_dump"  # where a run's optimised HLO is looked for (--xla_dump_to=<run_dir>/xla_dump)
 CATEGORIES = {
     "matmul": "weight matmuls (qkv, attention output, MLP)",
     "attention": "attention (scores, softmax, values)",
@@ -143,8 +144,14 @@ def _instructions(module: dict) -> dict[str, tuple[str, set[str], str]]:
             )  # ShapeProto: dimensions 3, tuple shapes 4
             for inst in map(_message, comp[2])
         ]
+    return _flatten(computations)
 
-    def body(called: list[int]) -> tuple[str, set[str], str]:
+
+def _flatten(computations: dict[Any, list[tuple]]) -> dict[str, tuple[str, set[str], str]]:
+    """{instruction: (scope path, opcodes, custom-call targets)} of computations given as lists of (name, opcode,
+    op_name, target, called computations, is scalar)."""
+
+    def body(called: list) -> tuple[str, set[str], str]:
         path, opcodes, targets = "", set(), ""
         for _name, opcode, op_name, target, inner, scalar in (i for c in called for i in computations.get(c, [])):
             sub = body(inner) if opcode == "fusion" else ("", set(), "")
@@ -157,6 +164,44 @@ def _instructions(module: dict) -> dict[str, tuple[str, set[str], str]]:
         fused = body(called) if opcode == "fusion" else ("", set(), "")
         out[name] = (op_name or fused[0], {opcode} | fused[1], target + fused[2])
     return out
+
+
+HLO_COMPUTATION = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) .*\{$")
+HLO_INSTRUCTION = re.compile(r"^\s+(?:ROOT )?%?([\w.\-]+) = (\S+|\(.*?\)) ([a-z][a-z0-9\-]*)\((.*)$")
+
+
+def text_instructions(text: str) -> dict[str, tuple[str, set[str], str]]:
+    """The same as `_instructions`, from a module's HLO text (XLA's `--xla_dump_to` files), whose names are those
+    of the optimised program: the fusions and library calls a GPU's kernels are named after."""
+    computations: dict[str, list[tuple]] = {}
+    current: list[tuple] = []
+    for line in text.splitlines():
+        if m := HLO_COMPUTATION.match(line):
+            current = computations.setdefault(m.group(1), [])
+        elif m := HLO_INSTRUCTION.match(line):
+            name, shape, opcode, rest = m.groups()
+            op_name = re.search(r'op_name="([^"]*)"', rest)
+            target = re.search(r'custom_call_target="([^"]*)"', rest)
+            called = re.findall(r"(?:calls|to_apply|body|condition)=%?([\w.\-]+)", rest)
+            for group in re.findall(r"(?:calls|branch_computations)=\{([^}]*)\}", rest):
+                called += re.findall(r"%?([\w.\-]+)", group)
+            scalar = bool(re.fullmatch(r"[a-z0-9]+\[\](?:\{\})?", shape))
+            current.append((name, opcode, op_name[1] if op_name else "", target[1] if target else "", called, scalar))
+    return _flatten(computations)
+
+
+def kernel_key(name: str) -> str:
+    """An HLO instruction's name as a GPU kernel is named after it (XLA writes `loop_fusion.4` as `loop_fusion_4`)."""
+    return re.sub(r"[.\-]", "_", name)
+
+
+def optimized_hlo(run_dir: Path) -> dict[str, tuple[str, set[str], str]]:
+    """The train step's optimised HLO from an XLA dump in the run directory (`system.xla_flags` with
+    `--xla_dump_to=<run_dir>/xla_dump`), keyed by kernel name; {} without one."""
+    dumps = sorted((run_dir / XLA_DUMP).glob(f"*{MODULE}*after_optimizations.txt"), key=lambda f: f.stat().st_size)
+    if not dumps:
+        return {}
+    return {kernel_key(name): v for name, v in text_instructions(dumps[-1].read_text()).items()}
 
 
 def _packed(buf: memoryview) -> Iterator[int]:
@@ -230,7 +275,9 @@ def attribute(ops: list[Op], start: float, end: float) -> tuple[dict[int, float]
     for indices in by_line.values():
         stack: list[list] = []  # [op index, end, where its own time resumes]
         for i in sorted(indices, key=lambda i: (ops[i].start, -ops[i].end)):
-            while stack and stack[-1][1] <= ops[i].start:
+            # an op inside the one before it (a while-loop's body on a CPU thread) nests; one that outlasts it (two
+            # kernels of a CUDA graph overlapping on one stream) does not: both run, the overlap split between them
+            while stack and (stack[-1][1] <= ops[i].start or stack[-1][1] < ops[i].end):
                 _close(stack, segments)
             op_end = ops[i].end
             if stack:
@@ -283,8 +330,11 @@ def hlo_of_programs(hlo: dict, ops: list) -> dict:
     return programs
 
 
-def summarize(xplane: Path, top: int = 0) -> dict:
-    """The table's rows (and the `top` most expensive ops) for the trace of one run's steps."""
+def summarize(xplane: Path, top: int = 0, optimized: dict | None = None) -> dict:
+    """The table's rows (and the `top` most expensive ops) for the trace of one run's steps. `optimized`: the step's
+    optimised HLO by kernel name (`optimized_hlo`), where a GPU's kernels are looked up first: the trace's own HLO is
+    the program before XLA's passes, which names no fusion, and kernels of a CUDA graph carry the graph's name."""
+    optimized = optimized or {}
     hlo = hlo_instructions(xplane.read_bytes())
     ops, calls = read_ops(xplane)
     step_ops = [op for op in ops if op.module == MODULE]
@@ -299,8 +349,13 @@ def summarize(xplane: Path, top: int = 0) -> dict:
     categories, paths, looked_up = [], [], 0
     for op in ops:
         insts = programs.get((op.module, op.program), {})
-        path, opcodes, targets = insts.get(op.hlo_op, ("", set(), ""))
-        looked_up += op.hlo_op in insts
+        found = (
+            optimized.get(kernel_key(op.kernel)) or optimized.get(kernel_key(op.hlo_op))
+            if op.module == MODULE
+            else None
+        )
+        path, opcodes, targets = found or insts.get(op.hlo_op, ("", set(), ""))
+        looked_up += bool(found) or op.hlo_op in insts
         if not opcodes:  # no HLO for it: the op's name says what it is (XLA names fusions after their ops)
             opcodes = set(re.split(r"[_.]", re.sub(r"\.\d+$", "", op.hlo_op)))
         path = path or op.path
@@ -409,7 +464,7 @@ def main(argv: list[str]) -> int:
         )
         return 2
     try:
-        summary = summarize(traces[-1], args.top)
+        summary = summarize(traces[-1], args.top, optimized_hlo(Path(args.run_dir)))
     except LookupError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
