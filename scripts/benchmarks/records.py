@@ -31,7 +31,10 @@ GIB = 2**30
 
 
 def commit() -> str:
-    """The checkout's commit, `+dirty` when files differ from it; GPT_JAX_COMMIT where git cannot tell."""
+    """The checkout's commit, `+dirty` when files differ from it; GPT_JAX_COMMIT, where set, instead (a copy of the
+    files without their git history, as on a machine the checkout was copied to)."""
+    if os.environ.get("GPT_JAX_COMMIT"):
+        return os.environ["GPT_JAX_COMMIT"]
     root = Path(__file__).resolve().parents[2]
     try:
         sha = subprocess.run(
@@ -41,7 +44,7 @@ def commit() -> str:
         dirty = subprocess.run(status, cwd=root, capture_output=True, text=True, timeout=30).stdout.strip()
         return sha + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
-        return os.environ.get("GPT_JAX_COMMIT", "unknown")
+        return "unknown"
 
 
 def slug(text: str) -> str:
