@@ -10,6 +10,7 @@ import json
 import shutil
 import signal
 import socket
+import sys
 import threading
 import time
 
@@ -320,6 +321,18 @@ def _closed_port() -> int:
 
 API_KEY = "0123456789abcdef" * 2 + "fedcba98"  # 40 characters, like a real key
 HF_TOKEN = "hf_" + "s3cr3tT0k3n" * 3
+
+
+def test_a_wandb_that_cannot_be_imported_is_one_line_and_trains_nothing(data_cache, tmp_path, monkeypatch, capsys):
+    """wandb present but one of its own packages missing (seen on a machine whose image lacked platformdirs)."""
+    monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` raises ImportError
+    overrides = tiny_overrides(data_cache, f"logging.run_dir={tmp_path}/run", "logging.wandb=offline")
+    result = run_command(overrides, capsys, own_process=False)
+    assert result.returncode == 2
+    line = failed_in_one_line(result)
+    assert line.startswith("error: logging.wandb=offline: wandb cannot be imported ("), line
+    assert line.endswith("or use logging.wandb=disabled"), line
+    assert not read_metrics(tmp_path / "run", "train")
 
 
 def test_wandb_online_without_a_server_that_takes_the_key_stops_within_60_s_in_one_line(

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
-from core.errors import ConfigError, PipelineError, first_line, warn
+from core.errors import ConfigError, MissingPackageError, PipelineError, first_line, warn
 from core.secrets import secret
 
 if TYPE_CHECKING:
@@ -38,8 +38,15 @@ class Wandb:
 def _start_wandb(cfg: Config, run_dir: Path, run_id: str | None):
     """wandb in the configured mode. Online, a server that cannot be reached or refuses the key is known within
     WANDB_CONNECT_TIMEOUT_S + WANDB_INIT_TIMEOUT_S (wandb alone would retry for minutes and end in its own multi-line
-    error): then one line, or (logging.wandb_fallback=offline) a warning and an offline run."""
-    import wandb
+    error): then one line, or (logging.wandb_fallback=offline) a warning and an offline run. A wandb that cannot
+    be imported (it, or a package of its own, missing) is one line too: the environment's fault, not the run's."""
+    try:
+        import wandb
+    except ImportError as e:
+        raise MissingPackageError(
+            f"logging.wandb={cfg.logging.wandb}: wandb cannot be imported ({first_line(e)}); install the pinned "
+            "packages (source activate_env.sh), or use logging.wandb=disabled"
+        ) from None
 
     mode = cfg.logging.wandb
     api_key = secret("WANDB_API_KEY")
