@@ -162,3 +162,70 @@ def test_a_run_without_a_profile_is_one_line_and_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1
     assert str(tmp_path) in err and "system.profile_steps" in err
+
+
+def op(start, end, kernel, hlo_op=None, line="stream"):
+    return profile_summary.Op(
+        start,
+        end,
+        ("/device:GPU:0", line),
+        ("/device:GPU:0", 0),
+        hlo_op or kernel,
+        profile_summary.MODULE,
+        1,
+        None,
+        kernel,
+        "",
+    )
+
+
+def test_kernels_overlapping_on_one_stream_share_the_overlap_and_leave_no_gap():
+    """A CUDA graph's kernels on one stream can overlap by a little (b starts before a ends and outlasts it): both
+    ran, so the overlap is split between them; neither is cut short and nothing is counted as a host gap. A kernel
+    inside another (a CPU while-loop's body inside its thunk) still takes its parent's time while it runs."""
+    share, idle = profile_summary.attribute([op(0, 10, "a"), op(8, 20, "b")], 0, 20)
+    assert idle == 0 and share == {0: 9, 1: 11}
+    share, idle = profile_summary.attribute([op(0, 10, "loop"), op(2, 6, "body"), op(12, 14, "c")], 0, 14)
+    assert share == {0: 6, 1: 4, 2: 2} and idle == 2
+
+
+HLO = """HloModule jit_train_step, entry_computation_layout={()->f32[]}
+
+%fused_computation.4 (param_0.1: f32[768], param_1.2: f32[]) -> f32[768] {
+  %param_0.1 = f32[768]{0} parameter(0)
+  %param_1.2 = f32[] parameter(1)
+  %broadcast.3 = f32[768]{0} broadcast(f32[] %param_1.2), dimensions={}
+  ROOT %multiply.7 = f32[768]{0} multiply(f32[768]{0} %param_0.1, f32[768]{0} %broadcast.3), metadata={op_name="jit(train_step)/optimizer/mul"}
+}
+
+ENTRY %main.9 (p0: f32[768], p1: f32[], p2: bf16[8,768], p3: bf16[768,768]) -> (f32[768], bf16[8,768]) {
+  %p0 = f32[768]{0} parameter(0)
+  %p1 = f32[] parameter(1)
+  %p2 = bf16[8,768]{1,0} parameter(2)
+  %p3 = bf16[768,768]{1,0} parameter(3)
+  %loop_multiply_fusion.4 = f32[768]{0} fusion(f32[768]{0} %p0, f32[] %p1), kind=kLoop, calls=%fused_computation.4
+  %custom-call.12 = (bf16[8,768]{1,0}, s8[0]{0}) custom-call(bf16[8,768]{1,0} %p2, bf16[768,768]{1,0} %p3), custom_call_target="__cublas$lt$matmul", metadata={op_name="jit(train_step)/jvp(lm_head_loss)/dot_general"}
+  %get-tuple-element.1 = bf16[8,768]{1,0} get-tuple-element((bf16[8,768]{1,0}, s8[0]{0}) %custom-call.12), index=0
+  ROOT %tuple.2 = (f32[768]{0}, bf16[8,768]{1,0}) tuple(f32[768]{0} %loop_multiply_fusion.4, bf16[8,768]{1,0} %get-tuple-element.1)
+}
+"""  # noqa: E501 (XLA's lines, as it writes them)
+
+
+def test_an_optimised_hlo_dump_names_a_gpus_kernels_and_their_scopes():
+    """XLA's GPU kernels are named after the optimised program's instructions (`loop_multiply_fusion.4` runs as
+    `loop_multiply_fusion_4`); the dump gives each its scope path and its fused body's opcodes, and a library call
+    its target: the table's rows then follow the named scopes, as on a CPU."""
+    hlo = {profile_summary.kernel_key(k): v for k, v in profile_summary.text_instructions(HLO).items()}
+    path, opcodes, targets = hlo["loop_multiply_fusion_4"]
+    assert path == "jit(train_step)/optimizer/mul" and {"multiply", "broadcast"} <= opcodes
+    assert profile_summary.classify(path, opcodes, "loop_multiply_fusion_4") == "optimizer"
+    path, opcodes, targets = hlo["custom_call_12"]
+    assert targets == "__cublas$lt$matmul" and "lm_head_loss" in path
+    assert profile_summary.classify(path, opcodes, targets) == "lm_head_loss"
+    # without a dump, a kernel of a CUDA graph is classified by its own name
+    assert (
+        profile_summary.classify("", {"nvjet", "sm90", "tst"}, "nvjet_sm90_tst_128x160_64x5_2x1_v_bz_NNT") == "matmul"
+    )
+    sdpa = "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x64_4x1x1_cga1x1x1_kernel0_0"
+    assert profile_summary.classify("", {"cudnn", "generated"}, sdpa) == "attention"
+    assert profile_summary._name(op(0, 1, "loop_add_fusion_3", "command_buffer_1")) == "loop_add_fusion_3"

@@ -44,7 +44,8 @@ SCOPES = ("attention", "lm_head_loss", "optimizer")
 COLLECTIVE = re.compile(
     r"all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute|collective-broadcast|nccl", re.I
 )
-GEMM = re.compile(r"gemm|cublas|cutlass|xmma|matmul", re.I)  # GPU GEMM kernels and custom-call targets
+GEMM = re.compile(r"gemm|cublas|cutlass|xmma|nvjet|matmul", re.I)  # GPU GEMM kernels and custom-call targets
+FUSED_ATTENTION = re.compile(r"cudnn|fmha|flash|sdpa|compute_dot_do_o", re.I)  # cuDNN's attention kernels
 MOVEMENT = {
     "convert",
     "copy",
@@ -218,8 +219,8 @@ def classify(path: str, opcodes: set[str], names: str) -> str:
     for scope in SCOPES:
         if re.search(rf"(^|[/(]){scope}([/)]|$)", path):
             return scope
-    if "custom-call" in opcodes and re.search(r"cudnn|fmha|flash", names, re.I):
-        return "attention"  # cuDNN's fused attention: the model has no convolutions
+    if ("custom-call" in opcodes or not opcodes & {"dot", "fusion"}) and FUSED_ATTENTION.search(names):
+        return "attention"  # cuDNN's fused attention (its custom call, or its kernels by name): no convolutions here
     if opcodes & {"dot", "convolution"} or GEMM.search(names):
         return "matmul"
     if (opcodes - STRUCTURAL and opcodes - STRUCTURAL <= MOVEMENT) or re.search(r"memcpy|memset", names, re.I):
@@ -357,7 +358,7 @@ def summarize(xplane: Path, top: int = 0, optimized: dict | None = None) -> dict
         path, opcodes, targets = found or insts.get(op.hlo_op, ("", set(), ""))
         looked_up += bool(found) or op.hlo_op in insts
         if not opcodes:  # no HLO for it: the op's name says what it is (XLA names fusions after their ops)
-            opcodes = set(re.split(r"[_.]", re.sub(r"\.\d+$", "", op.hlo_op)))
+            opcodes = set(re.split(r"[_.]", re.sub(r"\.\d+$", "", _name(op))))
         path = path or op.path
         paths.append(path)
         categories.append(classify(path, opcodes, f"{op.kernel} {targets}"))
@@ -372,8 +373,9 @@ def summarize(xplane: Path, top: int = 0, optimized: dict | None = None) -> dict
             ms = share.get(k, 0.0) / 1e6 / len(devices)
             rows[categories[i]]["ms"] += ms
             rows[categories[i]]["ops"] += 1
+            name = _name(ops[i])
             entry = per_op.setdefault(
-                ops[i].hlo_op, {"op": ops[i].hlo_op, "category": categories[i], "ms": 0.0, "runs": 0, "path": paths[i]}
+                name, {"op": name, "category": categories[i], "ms": 0.0, "runs": 0, "path": paths[i]}
             )
             entry["ms"], entry["runs"] = entry["ms"] + ms, entry["runs"] + 1 / len(devices)  # per device, as ms
     window_ms = (end - start) / 1e6
@@ -415,6 +417,11 @@ def summarize(xplane: Path, top: int = 0, optimized: dict | None = None) -> dict
         "notes": notes,
         "top": top_ops[:top],
     }
+
+
+def _name(op: Op) -> str:
+    """The op's name: its HLO instruction's, or, for a kernel of a CUDA graph (whose HLO op is the graph), its own."""
+    return op.kernel if op.hlo_op.startswith("command_buffer") else op.hlo_op
 
 
 def _times(ms: float, steps: int, window_ms: float) -> dict[str, float]:
