@@ -42,6 +42,60 @@ def test_bench_times_the_step_the_loader_and_a_compile(data_cache, monkeypatch, 
     assert compiled["model"] == "gpt2-tiny" and compiled["compile_s"] > 0
 
 
+def test_bench_variants_share_a_process_and_each_is_kept_as_a_record(data_cache, tmp_path, monkeypatch, capsys):
+    """Two configurations in one bench.py: a JSON line and a record each (their variant, every step's loss, XLA's
+    memory plan), and the records' table lists both; system.xla_flags in a variant is one line (flags are per
+    process)."""
+    from scripts.benchmarks import records
+
+    args = ["--steps", "2", "--warmup", "2", "--record", str(tmp_path), *tiny_overrides(data_cache)]
+    out = run_script(
+        "scripts.benchmarks.bench", [*args, "--variant", "", "--variant", "train.batch_size=4"], monkeypatch, capsys
+    )
+    lines = [json.loads(line) for line in out.strip().splitlines()]
+    assert [x["variant"] for x in lines] == ["", "train.batch_size=4"]
+    assert [x["config"]["global_batch"] for x in lines] == [8, 4]
+    kept = records.read(tmp_path)
+    assert [r["kind"] for r in kept] == ["bench", "bench"] and [r["result"] for r in kept] == lines
+    for r in kept:
+        assert len(r["result"]["losses"]) == 4 and r["result"]["planned_memory_bytes"] > 0
+        assert r["device"] == "cpu" and r["command"].startswith("python -m scripts.benchmarks.bench --steps 2")
+    table = records.tables(kept)
+    assert "| (as set) |" in table and "| `train.batch_size=4` |" in table
+    refused = script_in_process(
+        "scripts.benchmarks.bench", [*args, "--variant", "system.xla_flags=['--xla_dump_to=x']"], monkeypatch, capsys
+    )
+    assert (
+        refused.returncode == 2
+        and refused.stderr.count("\n") == 1
+        and "goes with the common overrides" in refused.stderr
+    )
+
+
+def test_fp8_gemm_runs_every_form_and_each_rounds_as_fp8_does(monkeypatch, capsys):
+    out = run_script(
+        "scripts.benchmarks.fp8_gemm", ["--m", "64", "--k", "32", "--n", "48", "--iters", "2"], monkeypatch, capsys
+    )
+    lines = [json.loads(line) for line in out.strip().splitlines()]
+    assert len(lines) == 7 and lines[-1]["form"] == "fp8_dot forward and backward"
+    *fp8, plain = lines[:-1]
+    assert plain["form"] == "bfloat16 product (no FP8)" and plain["relative_error"] < 0.005  # bf16's output rounding
+    # e4m3's 3 mantissa bits on both operands: a few percent from the bf16 product, in every form alike
+    assert all(0.01 < x["relative_error"] < 0.1 for x in fp8), fp8
+    assert max(x["relative_error"] for x in fp8) - min(x["relative_error"] for x in fp8) < 0.005
+    assert not any("f8" in c for x in lines for c in x["custom_calls"])  # the CPU has no FP8 GEMMs
+
+
+def test_benchmarks_records_block_is_the_table_of_the_records_kept():
+    """BENCHMARKS.md's GPU records table is written from benchmarks/results/ (records.py --update), not by hand."""
+    from scripts.benchmarks import records
+
+    text = (ROOT / "BENCHMARKS.md").read_text()
+    block = text.split(records.START, 1)[1].split(records.END, 1)[0]
+    assert block == "\n" + records.tables(records.read(ROOT / records.RESULTS))
+    assert records.read(ROOT / records.RESULTS)  # the block is not empty by having no records
+
+
 def test_bench_decode_times_both_decoders(monkeypatch, capsys):
     result = last_json(
         run_script(

@@ -1,0 +1,118 @@
+"""Which forms of an FP8 matrix product XLA compiles into FP8 GEMMs on this device, and how fast each runs.
+
+    python -m scripts.benchmarks.fp8_gemm                       # 8192 x 4096 x 4096, one JSON line per form
+    python -m scripts.benchmarks.fp8_gemm --m 4096 --k 768 --n 2304 --iters 50
+
+Each form computes x W with float8_e4m3fn operands at per-tensor scales; reported: the compiled program's custom
+calls (`__cublas$lt$matmul$f8` where XLA's GPU compiler made a cuBLASLt FP8 GEMM of it), the median time of
+`--iters` calls and TFLOP/s, and the product's distance from the plain bfloat16 one (relative, in norm: FP8's
+rounding), beside that bfloat16 product. The forms: models/fp8.py's `fp8_dot` (quantise-
+dequantise in bfloat16, W as [K, N]: the train step's form), the same with W as [N, K], the same dequantised in
+float32, float8 operands given to `dot_general` directly, and `fp8_dot` with its scales passed as a runtime argument
+(as the train step reads them from its amax history) rather than as constants; and `fp8_dot`'s forward and backward
+together. Another backend than a GPU runs every form as bfloat16 or float32 arithmetic (no FP8 GEMM): its times say
+nothing of FP8.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+from models.fp8 import E4M3, fp8_dot, quantize_dequantize
+
+SCALES = (4.0 / 448, 0.1 / 448, 1e-3 / 57344)  # the input's, the weight's and the output gradient's
+
+
+def _quantize(a: jax.Array, scale: jax.Array) -> jax.Array:
+    limit = float(jnp.finfo(E4M3).max)
+    return jnp.clip(a / scale.astype(a.dtype), -limit, limit).astype(E4M3)
+
+
+def _qdq_f32(a: jax.Array, scale: jax.Array) -> jax.Array:
+    return quantize_dequantize(a.astype(jnp.float32), E4M3, scale)
+
+
+def forms(scales: jax.Array) -> dict[str, Callable]:
+    """name -> f(x [M, K], w [K, N], w_t [N, K], runtime scales [3])."""
+    contract_last = (((1,), (1,)), ((), ()))
+    return {
+        "fp8_dot: bf16 quantise-dequantise, W [K, N] (the train step's form)": lambda x, w, w_t, s: fp8_dot(
+            x, w, scales
+        ),
+        "fp8_dot with runtime scales": lambda x, w, w_t, s: fp8_dot(x, w, s),
+        "bf16 quantise-dequantise, W [N, K]": lambda x, w, w_t, s: jax.lax.dot_general(
+            quantize_dequantize(x, E4M3, scales[0]), quantize_dequantize(w_t, E4M3, scales[1]), contract_last
+        ),
+        "float32 quantise-dequantise, W [N, K]": lambda x, w, w_t, s: jax.lax.dot_general(
+            _qdq_f32(x, scales[0]), _qdq_f32(w_t, scales[1]), contract_last
+        ),
+        "float8 operands to dot_general, W [N, K]": lambda x, w, w_t, s: (
+            jax.lax.dot_general(
+                _quantize(x, scales[0]), _quantize(w_t, scales[1]), contract_last, preferred_element_type=jnp.bfloat16
+            )
+            * (scales[0] * scales[1]).astype(jnp.bfloat16)
+        ),
+        "bfloat16 product (no FP8)": lambda x, w, w_t, s: x @ w,
+    }
+
+
+def custom_calls(compiled) -> dict[str, int]:
+    return dict(sorted(Counter(re.findall(r'custom_call_target="([^"]+)"', compiled.as_text())).items()))
+
+
+def measure(f: Callable, args: tuple, iters: int) -> tuple[dict[str, int], float, jax.Array]:
+    """The compiled program's custom calls, the median ms of `iters` synchronised calls, and the product."""
+    jitted = jax.jit(f)
+    calls = custom_calls(jitted.lower(*args).compile())
+    y = jax.block_until_ready(jitted(*args))
+    times = []
+    for _ in range(iters):
+        t = time.perf_counter()
+        jax.block_until_ready(jitted(*args))
+        times.append(time.perf_counter() - t)
+    return calls, 1000 * statistics.median(times), y
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--m", type=int, default=8192, help="rows of x (tokens)")
+    p.add_argument("--k", type=int, default=4096, help="the contracted width")
+    p.add_argument("--n", type=int, default=4096, help="columns of W")
+    p.add_argument("--iters", type=int, default=20)
+    args = p.parse_args(argv)
+    kx, kw = jax.random.split(jax.random.PRNGKey(0))
+    x = jax.random.normal(kx, (args.m, args.k), jnp.bfloat16)
+    w = (0.02 * jax.random.normal(kw, (args.k, args.n), jnp.float32)).astype(jnp.bfloat16)
+    scales = jnp.asarray(SCALES, jnp.float32)
+    operands = (x, w, w.T, scales)
+    flops = 2 * args.m * args.k * args.n
+    device = jax.devices()[0].device_kind
+    reference = jnp.matmul(x, w, preferred_element_type=jnp.float32)
+    for name, f in forms(scales).items():
+        calls, ms, y = measure(f, operands, args.iters)
+        error = float(jnp.linalg.norm(y.astype(jnp.float32) - reference) / jnp.linalg.norm(reference))
+        line = {"form": name, "custom_calls": calls, "ms": round(ms, 4), "tflops": round(flops / ms / 1e9, 1)}
+        line |= {"relative_error": round(error, 5), "shape": [args.m, args.k, args.n], "device": device}
+        print(json.dumps(line), flush=True)
+
+    def loss(x, w):
+        return jnp.sum(jnp.square(fp8_dot(x, w, scales).astype(jnp.float32)))
+
+    gradient = jax.jit(jax.grad(loss, argnums=(0, 1)))
+    fp8_gemms = custom_calls(gradient.lower(x, w).compile())
+    print(json.dumps({"form": "fp8_dot forward and backward", "custom_calls": fp8_gemms, "device": device}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
