@@ -86,6 +86,28 @@ def test_fp8_gemm_runs_every_form_and_each_rounds_as_fp8_does(monkeypatch, capsy
     assert not any("f8" in c for x in lines for c in x["custom_calls"])  # the CPU has no FP8 GEMMs
 
 
+def test_gpu_suite_runs_its_stages_within_the_budget_and_packs_what_it_has(tmp_path, monkeypatch, capsys):
+    """The suite's machinery on a CPU: a stage runs as a command with its log, one whose usual length the budget no
+    longer holds is skipped and says so, and the output folder is packed (the data's caches left out)."""
+    import tarfile
+
+    out = tmp_path / "suite"
+    data = "dataset.tokenizer=byte dataset.max_documents=24 dataset.num_proc=1"
+    args = ["--out", str(out), "--only", "data,levers", "--budget", "45", "--model", "gpt2-tiny", "--batch", "8"]
+    run_script("scripts.benchmarks.gpu_suite", [*args, "--data", data], monkeypatch, capsys)
+    summary = json.loads((out / "summary.json").read_text())
+    assert [r["exit"] for r in summary["environment"]["runs"]] == [0]  # check_env.py ran (nvidia-smi may be absent)
+    assert [r["exit"] for r in summary["data"]["runs"]] == [0]
+    assert "usually takes 60 s" in summary["levers"]["runs"][0]["skipped"]  # 45 s cannot hold the levers' 60
+    assert "newcomer" not in summary and "tests" not in summary  # not asked for
+    loader = json.loads((out / "logs" / "data.log").read_text().strip().splitlines()[-1])
+    assert loader["model"] == "gpt2-tiny" and loader["tokens_per_batch"] == 8 * 64
+    with tarfile.open(out.with_suffix(".tar.gz")) as tar:
+        names = tar.getnames()
+    assert "suite/summary.json" in names and "suite/logs/data.log" in names
+    assert not any("/cache" in n for n in names)
+
+
 def test_benchmarks_records_block_is_the_table_of_the_records_kept():
     """BENCHMARKS.md's GPU records table is written from benchmarks/results/ (records.py --update), not by hand."""
     from scripts.benchmarks import records

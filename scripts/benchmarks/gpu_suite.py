@@ -10,9 +10,13 @@ Stages, in this order (`--only` picks some; each is a command of its own, its ou
   tests      `bash scripts/test_gpu.sh`: the tests whose behaviour depends on the backend, on the GPU
   data       gpt2's data: a byte-level BPE with GPT-2's 50,257 ids (+2 specials) on pystdlib, then its token store
              (the device may have no Hub access for `dataset.tokenizer=gpt2`); the loader's own speed
-  (the three above run side by side: none is timed against the others; XLA_PYTHON_CLIENT_PREALLOCATE=false)
+  determinism  the bit-for-bit tests (one program run twice, resumed against straight runs) with deterministic GPU
+             kernels (`XLA_FLAGS=--xla_gpu_deterministic_ops=true`): the GPU's default kernels are not
+  (the four above run side by side: none is timed against the others; XLA_PYTHON_CLIENT_PREALLOCATE=false)
   profile    gpt2's step traced (`system.profile_steps`), then scripts/tools/profile_summary.py's table
   peer       scripts/benchmarks/bench_peer.py: nanoGPT (torch.compile, flash SDPA, fused AdamW) against ours
+  fp8_gemm   scripts/benchmarks/fp8_gemm.py at its default shape and at gpt2's qkv shape: which FP8 forms XLA
+             rewrites into FP8 GEMMs
   levers     bench.py, one process: gpt2 at batch 32 in bfloat16 with each lever switched from its default
   big        bench.py: gpt2-xl, -large, -medium and llama-1.5b in bfloat16 and FP8 with full remat
   flags      bench.py, a process per XLA flag (XLA reads its flags once per process)
@@ -56,6 +60,11 @@ FLAGS = [
     "--xla_gpu_enable_latency_hiding_scheduler=true",
     "--xla_gpu_autotune_level=0",
 ]
+# the bit-for-bit tests, with deterministic kernels (test_gpu.sh runs them with the GPU's defaults)
+DETERMINISM = (
+    "XLA_FLAGS=--xla_gpu_deterministic_ops=true python -m pytest -p no:cacheprovider -m gpu -n 3 tests/test_step.py "
+    "tests/test_fp8.py tests/test_trainit_commands.py -k 'same_program or resumed_run or num_steps'"
+)
 BIG = [
     ("gpt2-xl", ["model.remat=full train.batch_size=16", "model.remat=full train.batch_size=16 system.dtype=fp8"]),
     ("gpt2-large", ["model.remat=full train.batch_size=16", "model.remat=full train.batch_size=16 system.dtype=fp8"]),
@@ -145,9 +154,10 @@ class Suite:
             for stage, command in (
                 ("newcomer", ["bash", "scripts/train_lm.sh"]),
                 ("tests", ["bash", "scripts/test_gpu.sh", "-p", "no:cacheprovider"]),
-                ("data", [*BENCH, "--loader", "--steps", "50", f"model={self.args.model}", *self.data]),
+                ("determinism", ["bash", "-c", DETERMINISM]),
+                ("data", [*BENCH, "--loader", "--steps", "50", *self.gpt2]),
             )
-            if self.wanted(stage) or (stage == "data" and self.only - {"newcomer", "tests"})
+            if self.wanted(stage) or (stage == "data" and self.only - {"newcomer", "tests", "determinism"})
         ]
         for t in threads:
             t.start()
@@ -192,6 +202,11 @@ class Suite:
         peer = f"--nanogpt {a.nanogpt} --model {a.model} --batch {a.batch} --steps 10 --rounds 6"
         record = ["--record", str(self.out / "results")]
         self.run("peer", [sys.executable, "-m", "scripts.benchmarks.bench_peer", *peer.split(), *record], 90, most=240)
+
+    def fp8_gemm(self) -> None:
+        module = [sys.executable, "-m", "scripts.benchmarks.fp8_gemm"]
+        self.run("fp8_gemm", module, usual=20, most=90)
+        self.run("fp8_gemm", [*module, "--m", "32768", "--k", "768", "--n", "2304"], usual=20, most=90)
 
     def bench(self, stage: str, common: list[str], variants: list[str], usual: float, steps: int = 20) -> int:
         command = [
@@ -245,7 +260,7 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     suite = Suite(args)
     suite.side_by_side()
-    for stage in ("profile", "peer", "levers", "big", "flags", "fp8_curve"):
+    for stage in ("profile", "peer", "fp8_gemm", "levers", "big", "flags", "fp8_curve"):
         if suite.wanted(stage):
             getattr(suite, stage)()
     suite.say(f"done, {suite.left():.0f} s of the budget left")
