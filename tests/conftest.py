@@ -13,8 +13,9 @@ from importlib.metadata import version
 # model costs: LLVM's lowest level, and fusions emitted by the classic emitter instead of the MLIR fusion emitters
 # (gpt2-tiny's train step compiles in 0.7-1.2 s instead of 3.9-4.0 s at XLA's defaults and its steps take 66-78 ms
 # instead of 20 ms, with the same losses: these settings change how XLA:CPU generates machine code, not what it
-# computes). BENCHMARKS.md has the figures. XLA aborts the process on a flag it does not know, and jaxlib 0.11's
-# XLA:CPU has no classic fusion emitter left (nor its flag): the flag goes only to the jaxlib that has it.
+# computes; under `-m gpu` they reach the GPU's compiler too, where tests are not timed). BENCHMARKS.md has the
+# figures. XLA aborts the process on a flag it does not know, and jaxlib 0.11's XLA:CPU has no classic fusion emitter
+# left (nor its flag): that flag goes only to the jaxlib that has it.
 _CLASSIC_EMITTER = tuple(int(n) for n in version("jaxlib").split(".")[:2]) < (0, 11)
 os.environ["XLA_FLAGS"] = " ".join(
     [
@@ -37,10 +38,17 @@ import helpers  # noqa: E402
 
 
 def pytest_configure(config):
-    """The CPU for everything but a `-m gpu` selection (here, in xdist's workers and in the processes tests start):
-    the suite's tests expect 8 CPU devices and the CPU's kernels. Before anything starts JAX's backend."""
-    selection = config.option.markexpr or ""
-    if "gpu" not in selection or "not gpu" in selection:
+    """The CPU for everything but a selection of `gpu` tests alone (`-m gpu`: it takes a test marked gpu and leaves an
+    unmarked one), here, in xdist's workers and in the processes tests start: the rest of the suite expects 8 CPU
+    devices and the CPU's kernels. Before anything starts JAX's backend."""
+    from _pytest.mark.expression import Expression
+
+    selection = config.option.markexpr
+    gpu_only = bool(selection) and (
+        Expression.compile(selection).evaluate(lambda name, **_: name == "gpu")
+        and not Expression.compile(selection).evaluate(lambda name, **_: False)
+    )
+    if not gpu_only:
         os.environ["JAX_PLATFORMS"] = "cpu"
         jax.config.update("jax_platforms", "cpu")
 
