@@ -96,10 +96,9 @@ def test_gpu_suite_runs_its_stages_within_the_budget_and_packs_what_it_has(tmp_p
     args = ["--out", str(out), "--only", "data,levers", "--budget", "45", "--model", "gpt2-tiny", "--batch", "8"]
     run_script("scripts.benchmarks.gpu_suite", [*args, "--data", data], monkeypatch, capsys)
     summary = json.loads((out / "summary.json").read_text())
-    assert [r["exit"] for r in summary["environment"]["runs"]] == [0]  # check_env.py ran (nvidia-smi may be absent)
     assert [r["exit"] for r in summary["data"]["runs"]] == [0]
     assert "usually takes 60 s" in summary["levers"]["runs"][0]["skipped"]  # 45 s cannot hold the levers' 60
-    assert "newcomer" not in summary and "tests" not in summary  # not asked for
+    assert not {"environment", "newcomer", "tests", "determinism"} & summary.keys()  # not asked for
     loader = json.loads((out / "logs" / "data.log").read_text().strip().splitlines()[-1])
     assert loader["model"] == "gpt2-tiny" and loader["tokens_per_batch"] == 8 * 64
     with tarfile.open(out.with_suffix(".tar.gz")) as tar:

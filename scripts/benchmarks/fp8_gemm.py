@@ -3,15 +3,16 @@
     python -m scripts.benchmarks.fp8_gemm                       # 8192 x 4096 x 4096, one JSON line per form
     python -m scripts.benchmarks.fp8_gemm --m 4096 --k 768 --n 2304 --iters 50
 
-Each form computes x W with float8_e4m3fn operands at per-tensor scales; reported: the compiled program's custom
-calls (`__cublas$lt$matmul$f8` where XLA's GPU compiler made a cuBLASLt FP8 GEMM of it), the median time of
-`--iters` calls and TFLOP/s, and the product's distance from the plain bfloat16 one (relative, in norm: FP8's
-rounding), beside that bfloat16 product. The forms: models/fp8.py's `fp8_dot` (quantise-
-dequantise in bfloat16, W as [K, N]: the train step's form), the same with W as [N, K], the same dequantised in
-float32, float8 operands given to `dot_general` directly, and `fp8_dot` with its scales passed as a runtime argument
-(as the train step reads them from its amax history) rather than as constants; and `fp8_dot`'s forward and backward
-together. Another backend than a GPU runs every form as bfloat16 or float32 arithmetic (no FP8 GEMM): its times say
-nothing of FP8.
+Each form computes x W from bfloat16 x [M, K] and W, with float8_e4m3fn operands at per-tensor scales. The forms, in
+the order printed: models/fp8.py's `fp8_dot` (quantise-dequantise in bfloat16, W as [K, N]: the train step's form)
+with constant scales, the same with its scales as a runtime argument (as the train step reads them from its amax
+history), the quantise-dequantise in bfloat16 with W as [N, K], the same dequantised in float32, float8 operands given
+to `dot_general` directly, and the plain bfloat16 product; then `fp8_dot`'s forward and backward together (custom
+calls only). Reported per form: the compiled program's custom calls (`__cublas$lt$matmul$f8` where XLA's GPU compiler
+made a cuBLASLt FP8 GEMM of it), the median time of `--iters` calls, TFLOP/s, and the product's distance from x W
+computed from the same bfloat16 operands into float32 (relative, in norm: FP8's rounding, or bfloat16's output
+rounding for the plain product). Another backend than a GPU runs every form as bfloat16 or float32 arithmetic (no FP8
+GEMM): its times say nothing of FP8.
 """
 
 from __future__ import annotations

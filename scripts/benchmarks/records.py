@@ -5,9 +5,10 @@
 
 `bench.py` and `bench_peer.py` write a record of every run on a GPU (and, with `--record DIR`, anywhere): the kind of
 measurement, the UTC date, the commit (`+dirty` when the checkout had uncommitted changes; GPT_JAX_COMMIT where no
-git checkout is at hand), the device, the JAX version, the command line and the result, as the script printed it. A
-record is never rewritten: its file name holds its date, device, kind and a hash of its content. The tables are
-written from the records alone, so a figure in BENCHMARKS.md's records block can always be traced to its file.
+git checkout is at hand), the device, the JAX version, the command line and the result, as the script printed it. Its
+file name holds its date, device, kind and a hash of its content as written (a record corrected later says so in a
+field of its own, `commit_note`). The tables are written from the records alone, so a figure in BENCHMARKS.md's
+records block can always be traced to its file.
 """
 
 from __future__ import annotations
@@ -103,8 +104,9 @@ def bench_rows(records: list[dict]) -> list[list[Any]]:
         if c.get("grad_accum_steps", 1) > 1:
             batch += f" (k={c['grad_accum_steps']})"
         memory = x.get("planned_memory_bytes", x.get("peak_memory_bytes"))
+        change = " ".join([x.get("variant", ""), *(f"xla_flags={f}" for f in c.get("xla_flags", []))]).strip()
         rows.append(
-            [*_where(r), c["model"], batch, c["dtype"], f"`{x['variant']}`" if x.get("variant") else "(as set)"]
+            [*_where(r), c["model"], batch, c["dtype"], f"`{change}`" if change else "(as set)"]
             + [f"{x['tokens_per_s']:,.0f}", x["ms_per_step_median"], _pct(x.get("mfu")), _gib(memory), x["compile_s"]]
         )
     return rows
