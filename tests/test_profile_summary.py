@@ -9,7 +9,7 @@ import pytest
 
 import train_jax
 from helpers import run_cli, tiny_overrides
-from scripts.tools import profile_summary
+from scripts.tools import profile_hlo, profile_summary
 
 FIRST, LAST = 3, 5
 
@@ -215,7 +215,7 @@ def test_an_optimised_hlo_dump_names_a_gpus_kernels_and_their_scopes():
     """XLA's GPU kernels are named after the optimised program's instructions (`loop_multiply_fusion.4` runs as
     `loop_multiply_fusion_4`); the dump gives each its scope path and its fused body's opcodes, and a library call
     its target: the table's rows then follow the named scopes, as on a CPU."""
-    hlo = {profile_summary.kernel_key(k): v for k, v in profile_summary.text_instructions(HLO).items()}
+    hlo = {profile_hlo.kernel_key(k): v for k, v in profile_hlo.text_instructions(HLO).items()}
     path, opcodes, targets = hlo["loop_multiply_fusion_4"]
     assert path == "jit(train_step)/optimizer/mul" and {"multiply", "broadcast"} <= opcodes
     assert profile_summary.classify(path, opcodes, "loop_multiply_fusion_4") == "optimizer"
