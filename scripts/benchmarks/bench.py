@@ -259,8 +259,8 @@ def main(argv: list[str]) -> int:
 
 def keep(args: argparse.Namespace, result: dict, argv: list[str]) -> None:
     """A record of a train-step result: always on a GPU (unless --no-record), elsewhere with --record DIR."""
-    directory = args.record or (records.RESULTS if jax.default_backend() == "gpu" else None)
-    if args.no_record or directory is None:
+    directory = records.destination(args.record, args.no_record, jax.default_backend() == "gpu")
+    if directory is None:
         return
     path = records.write(
         directory,

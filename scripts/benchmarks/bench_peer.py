@@ -408,8 +408,8 @@ def compare(args: argparse.Namespace, argv: list[str]) -> int:
         for w in workers.values():
             w.close()
     result = summary(args, shape, ready, times, last)
-    directory = args.record or (records.RESULTS if args.device == "gpu" else None)
-    if directory and not args.no_record:
+    directory = records.destination(args.record, args.no_record, args.device == "gpu")
+    if directory is not None:
         command = ["python", "-m", "scripts.benchmarks.bench_peer", *argv]
         device = result["config"]["device_kind"]
         path = records.write(directory, "bench_peer", device, result, command, ready["ours"]["jax"])

@@ -19,17 +19,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import sys
 import time
-from collections import Counter
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 
 from models.fp8 import E4M3, fp8_dot, quantize_dequantize
+from scripts.benchmarks.bench import custom_calls
 
 SCALES = (4.0 / 448, 0.1 / 448, 1e-3 / 57344)  # the input's, the weight's and the output gradient's
 
@@ -67,14 +66,10 @@ def forms(scales: jax.Array) -> dict[str, Callable]:
     }
 
 
-def custom_calls(compiled) -> dict[str, int]:
-    return dict(sorted(Counter(re.findall(r'custom_call_target="([^"]+)"', compiled.as_text())).items()))
-
-
 def measure(f: Callable, args: tuple, iters: int) -> tuple[dict[str, int], float, jax.Array]:
     """The compiled program's custom calls, the median ms of `iters` synchronised calls, and the product."""
     jitted = jax.jit(f)
-    calls = custom_calls(jitted.lower(*args).compile())
+    calls = custom_calls(jitted.lower(*args).compile().as_text())
     y = jax.block_until_ready(jitted(*args))
     times = []
     for _ in range(iters):
@@ -110,7 +105,7 @@ def main(argv: list[str]) -> int:
         return jnp.sum(jnp.square(fp8_dot(x, w, scales).astype(jnp.float32)))
 
     gradient = jax.jit(jax.grad(loss, argnums=(0, 1)))
-    fp8_gemms = custom_calls(gradient.lower(x, w).compile())
+    fp8_gemms = custom_calls(gradient.lower(x, w).compile().as_text())
     print(json.dumps({"form": "fp8_dot forward and backward", "custom_calls": fp8_gemms, "device": device}), flush=True)
     return 0
 

@@ -52,6 +52,14 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "unknown"
 
 
+def destination(record: str | None, no_record: bool, on_gpu: bool) -> str | Path | None:
+    """Where a benchmark keeps its record: `--record DIR`, else benchmarks/results/ on a GPU; nowhere with
+    `--no-record` (or off a GPU without `--record`)."""
+    if no_record:
+        return None
+    return record or (RESULTS if on_gpu else None)
+
+
 def write(directory: str | Path, kind: str, device: str, result: dict, argv: list[str], jax_version: str) -> Path:
     """Keep one measurement as a record file in `directory`; returns its path."""
     now = dt.datetime.now(dt.UTC)
