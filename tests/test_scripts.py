@@ -264,3 +264,31 @@ def test_activate_env_uses_a_python_that_already_has_everything(which, hidden, t
     )
     assert result.stdout.split() == [f"PYTHONPATH={env['PYTHONPATH'] or ''}", "training", "models"]
     assert sorted(p.name for p in tmp_path.iterdir() if p.name != "hide") == sorted(ENV_FILES)  # no .venv
+
+
+def test_test_gpu_sh_without_a_gpu_says_so_in_one_line_and_runs_no_test(tmp_path):
+    """`bash scripts/test_gpu.sh` where JAX sees no GPU: check_env.py's report, then one line naming the whole suite's
+    command, exit 2, and no pytest run (nothing created beside the copied files)."""
+    for name in (*ENV_FILES, "check_env.py", "scripts/test_gpu.sh"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, tmp_path / name)
+    python = os.path.dirname(sys.executable)
+    env = {"PYTHON": sys.executable, "PATH": f"{python}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": None}
+    proc = spawn(
+        ["bash", "scripts/test_gpu.sh"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    result = communicate(proc, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert "backend       cpu" in result.stdout and "passed" not in result.stdout
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [
+        "error: JAX sees no GPU here (python check_env.py names its backend); the whole suite: bash scripts/test.sh"
+    ]
+    assert sorted(str(f.relative_to(tmp_path)) for f in tmp_path.rglob("*") if f.is_file()) == sorted(
+        [*ENV_FILES, "check_env.py", "scripts/test_gpu.sh"]
+    )
