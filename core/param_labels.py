@@ -7,6 +7,6 @@ EMBEDDINGS = ("token_embedding", "head", "position")
 # and Scion's hidden matrices, μP's width-scaled ones.
 BLOCK_MATRICES = ("attn_qkv", "attn_out", "mlp_in", "mlp_out")
 MATRICES = (*EMBEDDINGS, *BLOCK_MATRICES)
-# Norm weights (QK-norm's too) and every bias.
-VECTORS = ("norm", "bias")
+# Norm weights (QK-norm's too), every bias, and the speedrun's learned scalars (the U-net skips' weights).
+VECTORS = ("norm", "bias", "scalar")
 LABELS = (*MATRICES, *VECTORS)

@@ -98,6 +98,12 @@ class ModelOptions:
     qk_norm: bool = False  # normalise queries and keys per head (with model.norm) before attention: QK-norm
     tie_embeddings: bool = True  # the LM head is the token embedding (GPT-2); false: a head matrix of its own
     logit_softcap: float = 0.0  # logits -> c tanh(logits / c), c this value (Gemma 2; the speedrun's 30); 0 = off
+    # The modded-nanogpt speedrun's pieces (models/gpt.py); each default leaves the model as it was.
+
+    # U-net skips: the last n_layer // 2 blocks' inputs add a learned weight (starting at 1) times the output of the
+    # first half's blocks, mirrored (the last block gets the first block's); the weights are labelled `scalar`
+    unet_skips: bool = False
+    zero_init_mlp_out: bool = False  # the MLP's output projections start at zero: each block starts as attention alone
     # mup: hidden init std and Adam lr / m, scores / head_dim, readout / m, m = n_embd / mup_base_width (models/mup.py)
     parametrization: Parametrization = Parametrization.standard
     mup_base_width: int = 256  # parametrization=mup: the width that trains exactly as standard (gpt2-micro's)

@@ -95,7 +95,8 @@ class Linear(eqx.Module):
     @staticmethod
     def init(key: jax.Array, d_in: int, d_out: int | tuple[int, ...], bias: bool, std: float = INIT_STD) -> Linear:
         out = (d_out,) if isinstance(d_out, int) else tuple(d_out)
-        weight = std * jax.random.normal(key, (d_in, *out), jnp.float32)
+        shape = (d_in, *out)
+        weight = std * jax.random.normal(key, shape, jnp.float32) if std else jnp.zeros(shape, jnp.float32)
         return Linear(weight, jnp.zeros(out, jnp.float32) if bias else None)
 
     def __call__(self, x: jax.Array, fp8_scales: jax.Array | None = None) -> jax.Array:
@@ -146,7 +147,7 @@ class Block(eqx.Module):
             attn_proj=Linear.init(k2, d, d, cfg.bias, std=residual_std),
             ln2=norm(d),
             fc=Linear.init(k3, d, mlp_in_shape(cfg.mlp, F), cfg.bias, std=std),
-            mlp_proj=Linear.init(k4, F, d, cfg.bias, std=residual_std),
+            mlp_proj=Linear.init(k4, F, d, cfg.bias, std=0.0 if cfg.zero_init_mlp_out else residual_std),
             q_norm=norm(cfg.head_dim) if cfg.qk_norm else None,
             k_norm=norm(cfg.head_dim) if cfg.qk_norm else None,
         )
@@ -217,6 +218,7 @@ class GPT(eqx.Module):
     blocks: Block  # every leaf stacked along a leading n_layer axis
     ln_f: LayerNorm | RMSNorm
     lm_head: jax.Array | None  # [V, D] an untied LM head (model.tie_embeddings=false); None when tied
+    skip_weights: jax.Array | None  # [n_layer // 2] the U-net skips' weights (model.unet_skips); None without
     cfg: GPTConfig = eqx.field(static=True)
 
     # Megatron's tensor-parallel layout: the axis of each array split over the mesh's `model` axis (blocks' arrays
@@ -254,6 +256,7 @@ class GPT(eqx.Module):
             ln_f=init_norm(cfg.norm, cfg.n_embd, cfg.bias, cfg.norm_weight),
             # a key of its own that leaves GPT-2's three (and so its init) as they were
             lm_head=None if cfg.tie_embeddings else embedding(jax.random.fold_in(key, 3)),
+            skip_weights=jnp.ones((cfg.n_layer // 2,), jnp.float32) if cfg.unet_skips else None,
             cfg=cfg,
         )
 
@@ -314,23 +317,44 @@ class GPT(eqx.Module):
         kv_L = None if cache is None else (cache.k, cache.v)
         # Decoding always scans: unrolled, each token would copy every layer's slice of the stacked cache out and
         # back (measured: a gpt2-mini decode step 20.7 ms unrolled vs 5.2 ms scanned on CPU).
-        if resolve_scan_layers(cfg.scan_layers) or cache is not None:
+        scanned = resolve_scan_layers(cfg.scan_layers) or cache is not None
+
+        def layers(lo: int, hi: int, x, collect: bool = False, skip_w=None, skip_x=None):
+            """Blocks lo..hi-1 on x: the last x, with `collect` each block's output stacked ([hi - lo, B, T, D]),
+            and their keys and values (decoding). `skip_w` [hi - lo] and `skip_x` [hi - lo, B, T, D]: each block's
+            input adds its weighted skip first (the U-net's second half)."""
+            whole = (lo, hi) == (0, cfg.n_layer)
+            cut = lambda tree: tree if tree is None or whole else jax.tree.map(lambda a: a[lo:hi], tree)  # noqa: E731
 
             def body(x, layer):
-                p, k, kv, scales = layer
-                return block_fn(eqx.combine(p, static), x, k, kv, scales)
+                p, k, kv, scales, w, s = layer
+                if w is not None:
+                    x = x + w.astype(x.dtype) * s
+                x, kv = block_fn(eqx.combine(p, static), x, k, kv, scales)
+                return x, (x if collect else None, kv)
 
-            x_BTD, kv_L = jax.lax.scan(body, x_BTD, (params, layer_keys, kv_L, fp8_scales))
-        else:
-            for i in range(cfg.n_layer):
-                block = eqx.combine(jax.tree.map(lambda a: a[i], params), static)
-                x_BTD, _ = block_fn(
-                    block,
-                    x_BTD,
-                    None if key is None else layer_keys[i],
-                    None,
-                    None if fp8_scales is None else fp8_scales[i],
-                )
+            xs = (cut(params), cut(layer_keys), cut(kv_L), cut(fp8_scales), skip_w, skip_x)
+            if scanned:
+                x, (outs, kv) = jax.lax.scan(body, x, xs)
+                return x, outs, kv
+            outs = []
+            for i in range(hi - lo):
+                x, (out, _) = body(x, jax.tree.map(lambda a: a[i], xs))
+                outs.append(out)
+            return x, jnp.stack(outs) if collect else None, None
+
+        if not cfg.unet_skips:
+            x_BTD, _, kv_L = layers(0, cfg.n_layer, x_BTD)
+        else:  # the first half's outputs, mirrored, into the last half's inputs; an odd middle block has no skip
+            L, n = cfg.n_layer, cfg.n_layer // 2
+            x_BTD, outs_nBTD, kv_first = layers(0, n, x_BTD, collect=True)
+            kv_middle = None
+            if L - n > n:
+                x_BTD, _, kv_middle = layers(n, L - n, x_BTD)
+            x_BTD, _, kv_last = layers(L - n, L, x_BTD, skip_w=self.skip_weights, skip_x=outs_nBTD[::-1])
+            if cache is not None:
+                parts = [kv for kv in (kv_first, kv_middle, kv_last) if kv is not None]
+                kv_L = jax.tree.map(lambda *a: jnp.concatenate(a), *parts)
         if cache is not None:
             cache = KVCache(kv_L[0], kv_L[1], cache.lengths + T)
         h_BTD = self.ln_f(x_BTD)
@@ -399,7 +423,7 @@ class GPT(eqx.Module):
     def parameter_labels(self) -> GPT:
         """Each parameter's label for the optimizer's groups (optimizers/groups.py): token_embedding (also the LM
         head when tied), head (an untied LM head), position, attn_qkv, attn_out, mlp_in (SwiGLU's gate and up),
-        mlp_out, norm (norm weights, QK-norm's too), bias (every bias)."""
+        mlp_out, norm (norm weights, QK-norm's too), bias (every bias), scalar (the U-net skips' weights)."""
         norms = ("blocks.ln1", "blocks.ln2", "blocks.q_norm", "blocks.k_norm", "ln_f")
         return self._mark(
             "",
@@ -409,6 +433,7 @@ class GPT(eqx.Module):
                 "position": ("wpe",),
                 **{label: (path,) for label, path in BLOCK_MATRIX_PATHS.items()},
                 "norm": tuple(f"{n}.weight" for n in norms),
+                "scalar": ("skip_weights",),
                 "bias": tuple(f"blocks.{f}.bias" for f in ("qkv", "attn_proj", "fc", "mlp_proj"))
                 + tuple(f"{n}.bias" for n in norms),
             },

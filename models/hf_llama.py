@@ -32,6 +32,7 @@ def llama_problem(cfg: GPTConfig) -> str | None:
         (cfg.mlp != "swiglu", f"model.mlp={cfg.mlp}: Llama's MLP is SwiGLU only (swiglu)"),
         (not cfg.norm_weight, "model.norm_weight=false: Llama's RMSNorm has a learned weight"),
         (cfg.qk_norm, "model.qk_norm=true: Llama has no QK-norm"),
+        (cfg.unet_skips, "model.unet_skips=true: Llama has no skip connections between blocks"),
         (cfg.logit_softcap > 0, f"model.logit_softcap={cfg.logit_softcap}: Llama has no logit soft-cap"),
         (
             cfg.width_multiplier != 1,
@@ -234,5 +235,6 @@ def from_llama_tensors(tensors: dict[str, np.ndarray], like: GPT, key: jax.Array
         blocks=blocks,
         ln_f=RMSNorm(jnp.asarray(tensors["model.norm.weight"])),
         lm_head=head,
+        skip_weights=None,
         cfg=cfg,
     )

@@ -45,11 +45,21 @@ CHANGED = {
     "qk_norm": {"qk_norm": True},
     "tie_embeddings": {"tie_embeddings": True},
     "logit_softcap": {"logit_softcap": 30.0},
+    "unet_skips": {"unet_skips": True},
+    "zero_init_mlp_out": {"zero_init_mlp_out": True},
     "parametrization": {"parametrization": "mup", "mup_base_width": 32},
     "mup_base_width": {"parametrization": "mup", "mup_base_width": 32},
 }
-# How the model computes, not what it computes: an export has nothing to write for them.
-COMPUTE_ONLY = {"attention", "remat", "scan_layers", "head_loss", "head_loss_chunk", "vocab_multiple"}
+# How the model computes or where its weights start, not what it computes: an export has nothing to write for them.
+COMPUTE_ONLY = {
+    "attention",
+    "remat",
+    "scan_layers",
+    "head_loss",
+    "head_loss_chunk",
+    "vocab_multiple",
+    "zero_init_mlp_out",
+}
 BASES = ("gpt2-tiny", "llama-tiny")  # an export as GPT-2 and one as Llama
 # Options that do not act on a base's model: rotary frequencies without rotary positions; Llama has no dropout.
 IRRELEVANT = {("gpt2-tiny", "rope_theta"), ("llama-tiny", "dropout")}

@@ -212,8 +212,10 @@ def test_parameter_labels_weight_decay_and_muon_matrices_cover_the_new_weights()
     # The labels models give are the vocabulary the optimizers read (core/param_labels.py), all of it in use
     from core.param_labels import LABELS
 
-    given = parameter_labels(load_config(["model=gpt2"]).model) | parameter_labels(
-        load_config(["model=llama-124m"]).model
+    given = (
+        parameter_labels(load_config(["model=gpt2"]).model)
+        | parameter_labels(load_config(["model=llama-124m"]).model)
+        | parameter_labels(load_config(["model=gpt2-tiny", "model.unet_skips=true"]).model)
     )
     assert given == set(LABELS)
     assert parameter_labels(load_config(["model=llama-124m"]).model) == {

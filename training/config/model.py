@@ -54,3 +54,8 @@ class ModelConfig(ModelOptions):
             fail("model.logit_softcap", f"must be >= 0 (0 = off); got {self.logit_softcap}")
         if not 0.0 <= self.dropout < 1.0:
             fail("model.dropout", f"must be in [0, 1); got {self.dropout}")
+        if self.unet_skips and self.n_layer < 2:
+            fail(
+                "model.unet_skips",
+                f"joins the first half's blocks to the last half's: needs n_layer >= 2; got {self.n_layer}",
+            )

@@ -1,0 +1,105 @@
+"""The modded-nanogpt speedrun's pieces as model options (models/config.py), each against a NumPy reference of its
+math, each leaving the model as it was when off."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from helpers import build, tiny_overrides
+from models.decode import generate, generate_no_cache
+from models.gpt import GPT, GPTConfig
+
+BASE = GPTConfig(vocab_size=61, n_layer=4, n_head=2, n_embd=32, context_size=16, bias=False)
+hidden = eqx.filter_jit(lambda model, x: model.hidden(x)[0])
+
+
+def tokens(shape, seed=0):
+    return jnp.asarray(np.random.default_rng(seed).integers(0, 61, shape), jnp.int32)
+
+
+def blocks_one_by_one(model: GPT, tokens_BT, between) -> np.ndarray:
+    """The final norm's output with each block run on its own (the model's Block, layer i's weights), and
+    `between(i, x, outputs)` -> the block's input from the last output and every earlier block's output (NumPy)."""
+    params, static = eqx.partition(model.blocks, eqx.is_array)
+    x = np.asarray(model.wte[tokens_BT] + model.wpe[jnp.arange(tokens_BT.shape[1])])
+    outputs = []
+    for i in range(model.cfg.n_layer):
+        block = eqx.combine(jax.tree.map(lambda a: a[i], params), static)
+        x = np.asarray(block(jnp.asarray(between(i, x, outputs)), model.cfg, None)[0])
+        outputs.append(x)
+    return np.asarray(model.ln_f(jnp.asarray(x)))
+
+
+@pytest.mark.parametrize("n_layer", [4, 5])
+@pytest.mark.parametrize("scan", [True, False])
+def test_unet_skips_add_the_mirrored_first_half_outputs_with_their_weights(n_layer, scan):
+    cfg = dataclasses.replace(BASE, n_layer=n_layer, unet_skips=True, scan_layers=scan)
+    model = GPT.init(cfg, jax.random.PRNGKey(0))
+    n = n_layer // 2
+    assert model.skip_weights.shape == (n,) and np.all(np.asarray(model.skip_weights) == 1.0)  # the speedrun's init
+    weights = np.array([0.3, -0.7][:n], np.float32)  # away from 1, so that a weight left out shows
+    model = eqx.tree_at(lambda m: m.skip_weights, model, jnp.asarray(weights))
+
+    def between(i, x, outputs):  # block i >= L - n adds w[i - (L - n)] times block (L - 1 - i)'s output
+        first_of_last_half = n_layer - n
+        return x + weights[i - first_of_last_half] * outputs[n_layer - 1 - i] if i >= first_of_last_half else x
+
+    x = tokens((2, 16))
+    reference = blocks_one_by_one(model, x, between)
+    np.testing.assert_allclose(hidden(model, x), reference, rtol=1e-5, atol=1e-5)
+    plain = blocks_one_by_one(model, x, lambda i, x, outputs: x)
+    assert np.abs(reference - plain).max() > 1e-2  # the skips change the output
+
+
+def test_without_unet_skips_the_model_has_no_skip_weights_and_runs_its_blocks_in_a_row():
+    model = GPT.init(BASE, jax.random.PRNGKey(0))
+    assert model.skip_weights is None
+    x = tokens((2, 16))
+    reference = blocks_one_by_one(model, x, lambda i, x, outputs: x)
+    np.testing.assert_allclose(hidden(model, x), reference, rtol=1e-5, atol=1e-5)
+
+
+def test_cached_decoding_with_unet_skips_equals_decoding_without_the_cache():
+    cfg = dataclasses.replace(BASE, n_layer=5, unet_skips=True)
+    model = jax.tree.map(lambda a: 8.0 * a, GPT.init(cfg, jax.random.PRNGKey(3)))
+    prompts = [[1, 2, 3], [7], [4, 4, 4, 4, 9, 10]]
+    cached = generate(model, prompts, 8, temperature=0.0)
+    assert cached == generate_no_cache(model, prompts, 8, temperature=0.0)
+    assert len({t for row in cached for t in row}) > 3
+
+
+def test_zero_init_mlp_out_starts_each_block_as_attention_alone_and_the_projection_learns():
+    default = GPT.init(BASE, jax.random.PRNGKey(0))
+    model = GPT.init(dataclasses.replace(BASE, zero_init_mlp_out=True), jax.random.PRNGKey(0))
+    assert np.all(np.asarray(model.blocks.mlp_proj.weight) == 0.0)
+    # every other weight starts as the default model's (the same keys draw them)
+    leaves = lambda m: jax.tree.leaves(eqx.tree_at(lambda m: m.blocks.mlp_proj.weight, m, 0.0))  # noqa: E731
+    for a, b in zip(leaves(default), leaves(model), strict=True):
+        np.testing.assert_array_equal(a, b)
+    # the MLP adds nothing yet: its first matrix may hold anything
+    scrambled = eqx.tree_at(lambda m: m.blocks.fc.weight, model, 5.0 * model.blocks.fc.weight[::-1])
+    x = tokens((2, 16))
+    np.testing.assert_array_equal(hidden(model, x), hidden(scrambled, x))
+    # and the projection's gradient is not zero: it learns
+    grads = eqx.filter_grad(lambda m: jnp.mean(jnp.subtract(*m.loss_terms(x[:, :-1], x[:, 1:]))))(model)
+    assert np.abs(np.asarray(grads.blocks.mlp_proj.weight)).max() > 1e-6
+
+
+def test_the_skip_weights_are_scalars_trained_by_adam_under_muon_without_weight_decay(data_cache):
+    parts = build(
+        tiny_overrides(data_cache, "model.unet_skips=true", "optimizer=muon", "optimizer.groups.adam.lr_multiplier=5")
+    )
+    model = parts.state.model
+    assert model.parameter_labels().skip_weights == "scalar"
+    assert model.weight_decay_mask().skip_weights is False and model.block_matrices_mask().skip_weights is False
+    before = np.asarray(model.skip_weights)
+    for step in range(3):
+        metrics = parts.step(step)
+    after = np.asarray(parts.state.model.skip_weights)
+    assert np.isfinite(float(metrics["loss"])) and np.abs(after - before).min() > 0
