@@ -10,6 +10,7 @@ import numpy as np
 import optax
 import pytest
 
+from core.errors import ConfigError
 from models.gpt import GPT, GPTConfig
 from optimizers import OPTIMIZERS, build_optimizer, build_schedule, matrices
 from optimizers.decay import fixed
@@ -814,3 +815,59 @@ def test_muon_steps_follow_the_rule():
     # 5 Newton-Schulz steps in float32 against float64: matmul chains, ~1e-6 of each tensor's scale; 1e-4 in scale
     # (an orthogonalised matrix's error spreads over the whole tensor, as an eigenbasis' does)
     assert_steps_match_in_scale(got, muon_reference(grads, hyper["momentum"], hyper["weight_decay"]), 1e-4)
+
+
+def polar_express(x: np.ndarray, eps: float = 1e-6, eps_inside: bool = False) -> np.ndarray:
+    """The modded-nanogpt speedrun's polar_express (float64, without its bfloat16): X / (||X||_F 1.02 + 1e-6) on the
+    wide side, then five steps X <- a X + (b A + c A^2) X, A = X X^T, each with its own (a, b, c). `eps_inside`:
+    X / ((||X||_F + eps) 1.02), optax's placement of eps (a difference only for a matrix whose norm is near eps)."""
+    coefficients = [
+        (8.156554524902461, -22.48329292557795, 15.878769915207462),
+        (4.042929935166739, -2.808917465908714, 0.5000178451051316),
+        (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
+        (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
+        (2.3465413258596377, -1.7097828382687081, 0.42323551169305323),
+    ]
+    wide = x.T if x.shape[0] > x.shape[1] else x
+    norm = np.linalg.norm(wide)
+    y = wide / ((norm + eps) * 1.02 if eps_inside else norm * 1.02 + eps)
+    for a, b, c in coefficients:
+        gram = y @ y.T
+        y = a * y + (b * gram + c * gram @ gram) @ y
+    return y.T if x.shape[0] > x.shape[1] else y
+
+
+@pytest.mark.parametrize("shape", [(24, 40), (40, 24)])
+def test_polar_express_orthogonalises_as_the_speedrun_does(shape):
+    from optimizers.muon import polar_express_coefficients
+
+    x = np.random.default_rng(0).standard_normal(shape) * np.geomspace(0.05, 1.0, shape[1])  # spread singular values
+    # the orthogonalisation alone: Muon's scaling by momentum 0 (the update is the orthogonalised gradient)
+    orthogonalise = optax.contrib.scale_by_muon(polar_express_coefficients(), beta=0.0, nesterov=False, eps=1e-6 / 1.02)
+    got, _ = orthogonalise.update(jnp.asarray(x, jnp.float32), orthogonalise.init(jnp.zeros(shape)))
+    want = polar_express(x)
+    # float32 matmul chains against float64, through five steps whose slopes near 0 multiply to ~1e3: in scale 1e-4
+    assert_steps_match_in_scale([{"x": np.asarray(got)}], [{"x": want}], 1e-4)
+    singular = np.linalg.svd(want, compute_uv=False)
+    assert singular.min() > 0.6 and singular.max() < 1.3, singular  # orthogonal up to Polar Express's band
+    assert np.abs(newton_schulz(x) - want).max() > 1e-2  # not Newton-Schulz's polynomial
+
+
+def test_muon_runs_polar_express_when_asked_and_refuses_other_names():
+    hyper = dict(momentum=0.95, nesterov=True, beta1=0.9, beta2=0.95, weight_decay=0.0)
+    grads = gradients(1)
+    got = directions("muon", grads, orthogonalizer="polar_express", **hyper)
+    want = {}
+    for n in BLOCK_WEIGHTS:
+        g = grads[0][n]  # step 1: Nesterov's bias-corrected look-ahead is a multiple of the gradient
+        layers = []
+        for layer in range(g.shape[0]):
+            a = g[layer].reshape(g.shape[1], -1)
+            scale = np.sqrt(max(1.0, a.shape[1] / a.shape[0]))
+            layers.append((scale * polar_express(a, 1e-8, eps_inside=True)).reshape(g.shape[1:]))
+        want[n] = -np.stack(layers)
+    assert_steps_match_in_scale([{n: got[0][n] for n in BLOCK_WEIGHTS}], [want], 1e-4)
+    with pytest.raises(ConfigError, match="optimizer.orthogonalizer: must be one of newton_schulz, polar_express"):
+        OPTIMIZERS["muon"](MODEL, orthogonalizer="polar", **hyper)
+    with pytest.raises(ConfigError, match="optimizer.ns_steps: polar_express's coefficients are for 5 steps; got 4"):
+        OPTIMIZERS["muon"](MODEL, orthogonalizer="polar_express", ns_steps=4, **hyper)
