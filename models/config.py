@@ -104,6 +104,10 @@ class ModelOptions:
     # first half's blocks, mirrored (the last block gets the first block's); the weights are labelled `scalar`
     unet_skips: bool = False
     zero_init_mlp_out: bool = False  # the MLP's output projections start at zero: each block starts as attention alone
+    # value embeddings: k tables [vocab, n_embd]; the first k blocks and the last k (tables 0..k-1 in both) add their
+    # table's row of each token to the attention values, gated per key/value head by 2 sigmoid(w . x[:12]) of the
+    # block's normed input (w starting at 0: a gate of 1); the tables are labelled `value_embedding`; 0 = off
+    value_embeddings: int = 0
     # mup: hidden init std and Adam lr / m, scores / head_dim, readout / m, m = n_embd / mup_base_width (models/mup.py)
     parametrization: Parametrization = Parametrization.standard
     mup_base_width: int = 256  # parametrization=mup: the width that trains exactly as standard (gpt2-micro's)

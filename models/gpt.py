@@ -38,6 +38,8 @@ from models.norms import LayerNorm, RMSNorm, init_norm
 from models.rope import apply_rotary, rotary_angles
 
 INIT_STD = 0.02  # GPT-2's init for every weight matrix and both embeddings.
+VALUE_EMBEDDING_STD = 0.01  # the speedrun's init of its value-embedding tables
+VE_GATE_CHANNELS = 12  # a value embedding's gate reads the first 12 channels of the block's normed input
 REMAT_POLICIES = {
     # "block": keep the matmul outputs, recompute the cheap elementwise work in the backward pass.
     "block": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
@@ -161,14 +163,22 @@ class Block(eqx.Module):
         segment_ids_BT: jax.Array | None = None,
         fp8_scales: jax.Array | None = None,
         rotary: tuple[jax.Array, jax.Array] | None = None,
+        ve: tuple[jax.Array, jax.Array] | None = None,
     ) -> tuple[jax.Array, LayerCache | None]:
         """The block's output, and (decoding) the cache with this call's keys and values written in.
         `fp8_scales` ([4, 3], models/fp8.py MATMULS order): the four matmuls in FP8. `rotary`: the cos and sin of
-        the tokens' rotary angles (models/rope.py), None with learned positions."""
+        the tokens' rotary angles (models/rope.py), None with learned positions. `ve`: this layer's value embedding
+        of each token [B, T, D] and its gate's weights [K, G] (model.value_embeddings)."""
         B, T, D = x_BTD.shape
         keys = (None, None) if key is None else tuple(jax.random.split(key, 2))
         scales = dict.fromkeys(MATMULS) if fp8_scales is None else dict(zip(MATMULS, fp8_scales))
-        q_BTNH, k_BTKH, v_BTKH = split_heads(self.qkv(self.ln1(x_BTD), scales["qkv"]), cfg)
+        h_BTD = self.ln1(x_BTD)
+        q_BTNH, k_BTKH, v_BTKH = split_heads(self.qkv(h_BTD, scales["qkv"]), cfg)
+        if ve is not None:  # the speedrun's: v + 2 sigmoid(w_k . h[:G]) ve per key/value head k (1 while w = 0)
+            ve_BTD, gate_KG = ve
+            G = gate_KG.shape[-1]
+            gate_BTK = 2 * jax.nn.sigmoid(jnp.einsum("btg,kg->btk", h_BTD[..., :G], gate_KG.astype(h_BTD.dtype)))
+            v_BTKH = v_BTKH + gate_BTK[..., None] * ve_BTD.reshape(v_BTKH.shape)
         if self.q_norm is not None:
             q_BTNH, k_BTKH = self.q_norm(q_BTNH), self.k_norm(k_BTKH)
         if rotary is not None:
@@ -204,6 +214,40 @@ def split_heads(qkv_BTRE: jax.Array, cfg: GPTConfig) -> tuple[jax.Array, jax.Arr
     return q_BTNH, qkv_BTRE[:, :, G].reshape(B, T, K, H), qkv_BTRE[:, :, G + 1].reshape(B, T, K, H)
 
 
+@dataclasses.dataclass(frozen=True)
+class Segment:
+    """Blocks lo..hi-1 that run alike (one scan, or one loop unrolled): whether their outputs are the U-net's first
+    half (`collect`), which of the mirrored first-half outputs and skip weights they add (`skips`: a range of both),
+    which value-embedding tables and gates they mix into their values (`tables`, `gates`: ranges)."""
+
+    lo: int
+    hi: int
+    collect: bool = False
+    skips: tuple[int, int] | None = None
+    tables: tuple[int, int] | None = None
+    gates: tuple[int, int] | None = None
+
+
+def layer_segments(cfg: GPTConfig) -> list[Segment]:
+    """The blocks cut where the U-net's halves (model.unet_skips: the first n = L // 2 and the last n of L) and the
+    value embeddings' layers (model.value_embeddings = k: the first k and the last k, both with tables 0..k-1) begin
+    or end. Without either, one segment of every block."""
+    L, k = cfg.n_layer, cfg.value_embeddings
+    n = L // 2 if cfg.unet_skips else 0
+    cuts = sorted({0, L, n, L - n, k, L - k})
+    segments = []
+    for lo, hi in zip(cuts, cuts[1:], strict=False):
+        skips = (lo - (L - n), hi - (L - n)) if n and lo >= L - n else None
+        tables = gates = None
+        if k and hi <= k:
+            tables = gates = (lo, hi)
+        elif k and lo >= L - k:
+            tables = (lo - (L - k), hi - (L - k))
+            gates = (k + tables[0], k + tables[1])
+        segments.append(Segment(lo, hi, bool(n) and hi <= n, skips, tables, gates))
+    return segments
+
+
 def _dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
     """Inverted dropout; a no-op at rate 0 or without a key (inference)."""
     if key is None or rate == 0.0:
@@ -219,18 +263,22 @@ class GPT(eqx.Module):
     ln_f: LayerNorm | RMSNorm
     lm_head: jax.Array | None  # [V, D] an untied LM head (model.tie_embeddings=false); None when tied
     skip_weights: jax.Array | None  # [n_layer // 2] the U-net skips' weights (model.unet_skips); None without
+    value_embeds: jax.Array | None  # [k, V, D] value-embedding tables (model.value_embeddings = k); None without
+    ve_gates: jax.Array | None  # [2k, K, G] their gates' weights, layers 0..k-1 then the last k; None without
     cfg: GPTConfig = eqx.field(static=True)
 
     # Megatron's tensor-parallel layout: the axis of each array split over the mesh's `model` axis (blocks' arrays
     # are stacked, so their axis 0 is the layer). QKV and the first MLP matrix are split by output columns, so each
     # device holds whole heads (whole key/value heads with their query heads, under GQA: `qkv_shape`) and a slice of
     # the hidden units (SwiGLU's gate and up columns of a unit together: models/mlp.py); the attention output and
-    # second MLP matrices by input rows (XLA adds one all-reduce after each); the token embedding and an untied head
-    # by vocabulary rows. Every other array is replicated over `model`. training/distributed/sharding.py applies this
-    # to the parameters and to every optimizer and statistics buffer shaped like them.
+    # second MLP matrices by input rows (XLA adds one all-reduce after each); the token embedding, an untied head and
+    # the value-embedding tables by vocabulary rows. Every other array is replicated over `model`.
+    # training/distributed/sharding.py applies this to the parameters and to every optimizer and statistics buffer
+    # shaped like them.
     TENSOR_PARALLEL_AXES = {
         ("wte",): 0,
         ("lm_head",): 0,
+        ("value_embeds",): 1,
         ("blocks", "qkv", "weight"): 3,
         ("blocks", "qkv", "bias"): 2,
         ("blocks", "fc", "weight"): 2,
@@ -257,6 +305,18 @@ class GPT(eqx.Module):
             # a key of its own that leaves GPT-2's three (and so its init) as they were
             lm_head=None if cfg.tie_embeddings else embedding(jax.random.fold_in(key, 3)),
             skip_weights=jnp.ones((cfg.n_layer // 2,), jnp.float32) if cfg.unet_skips else None,
+            # the speedrun's: tables drawn with std 0.01, gates at 0 (2 sigmoid(0) = 1)
+            value_embeds=(
+                VALUE_EMBEDDING_STD
+                * jax.random.normal(jax.random.fold_in(key, 4), (cfg.value_embeddings, *vocab_shape), jnp.float32)
+                if cfg.value_embeddings
+                else None
+            ),
+            ve_gates=(
+                jnp.zeros((2 * cfg.value_embeddings, cfg.kv_heads, min(VE_GATE_CHANNELS, cfg.n_embd)), jnp.float32)
+                if cfg.value_embeddings
+                else None
+            ),
             cfg=cfg,
         )
 
@@ -305,9 +365,9 @@ class GPT(eqx.Module):
             rotary = rotary_angles(positions, cfg.head_dim, cfg.rope_theta)
         x_BTD = _dropout(x_BTD, cfg.dropout, keys[0])
 
-        def block_fn(block, x, k, kv, scales):
+        def block_fn(block, x, k, kv, scales, ve):
             layer_cache = None if cache is None else LayerCache(kv[0], kv[1], cache.lengths, cache.empty)
-            x, layer_cache = block(x, cfg, k, layer_cache, segment_ids_BT, scales, rotary)
+            x, layer_cache = block(x, cfg, k, layer_cache, segment_ids_BT, scales, rotary, ve)
             return x, None if layer_cache is None else (layer_cache.k, layer_cache.v)
 
         if cfg.remat != "none" and cache is None:
@@ -319,21 +379,21 @@ class GPT(eqx.Module):
         # back (measured: a gpt2-mini decode step 20.7 ms unrolled vs 5.2 ms scanned on CPU).
         scanned = resolve_scan_layers(cfg.scan_layers) or cache is not None
 
-        def layers(lo: int, hi: int, x, collect: bool = False, skip_w=None, skip_x=None):
+        def layers(lo: int, hi: int, x, collect: bool, skip, ve):
             """Blocks lo..hi-1 on x: the last x, with `collect` each block's output stacked ([hi - lo, B, T, D]),
-            and their keys and values (decoding). `skip_w` [hi - lo] and `skip_x` [hi - lo, B, T, D]: each block's
-            input adds its weighted skip first (the U-net's second half)."""
+            and their keys and values (decoding). `skip` (weights [hi - lo], inputs [hi - lo, B, T, D]): each
+            block's input adds its weighted skip first. `ve` (value embeddings [hi - lo, B, T, D], gates)."""
             whole = (lo, hi) == (0, cfg.n_layer)
             cut = lambda tree: tree if tree is None or whole else jax.tree.map(lambda a: a[lo:hi], tree)  # noqa: E731
 
             def body(x, layer):
-                p, k, kv, scales, w, s = layer
-                if w is not None:
-                    x = x + w.astype(x.dtype) * s
-                x, kv = block_fn(eqx.combine(p, static), x, k, kv, scales)
+                p, k, kv, scales, skip, ve = layer
+                if skip is not None:
+                    x = x + skip[0].astype(x.dtype) * skip[1]
+                x, kv = block_fn(eqx.combine(p, static), x, k, kv, scales, ve)
                 return x, (x if collect else None, kv)
 
-            xs = (cut(params), cut(layer_keys), cut(kv_L), cut(fp8_scales), skip_w, skip_x)
+            xs = (cut(params), cut(layer_keys), cut(kv_L), cut(fp8_scales), skip, ve)
             if scanned:
                 x, (outs, kv) = jax.lax.scan(body, x, xs)
                 return x, outs, kv
@@ -343,18 +403,23 @@ class GPT(eqx.Module):
                 outs.append(out)
             return x, jnp.stack(outs) if collect else None, None
 
-        if not cfg.unet_skips:
-            x_BTD, _, kv_L = layers(0, cfg.n_layer, x_BTD)
-        else:  # the first half's outputs, mirrored, into the last half's inputs; an odd middle block has no skip
-            L, n = cfg.n_layer, cfg.n_layer // 2
-            x_BTD, outs_nBTD, kv_first = layers(0, n, x_BTD, collect=True)
-            kv_middle = None
-            if L - n > n:
-                x_BTD, _, kv_middle = layers(n, L - n, x_BTD)
-            x_BTD, _, kv_last = layers(L - n, L, x_BTD, skip_w=self.skip_weights, skip_x=outs_nBTD[::-1])
-            if cache is not None:
-                parts = [kv for kv in (kv_first, kv_middle, kv_last) if kv is not None]
-                kv_L = jax.tree.map(lambda *a: jnp.concatenate(a), *parts)
+        # Each token's rows of the value-embedding tables, [tables, B, T, D] (model.value_embeddings)
+        ve_kBTD = None if self.value_embeds is None else self.value_embeds[:, tokens_BT].astype(x_BTD.dtype)
+        firsts, mirrored, kvs = [], None, []  # the U-net's first-half outputs; the last half's skips
+        for seg in layer_segments(cfg):
+            skip = ve = None
+            if seg.skips is not None:
+                mirrored = jnp.concatenate(firsts)[::-1] if mirrored is None else mirrored
+                skip = (self.skip_weights[slice(*seg.skips)], mirrored[slice(*seg.skips)])
+            if seg.tables is not None:
+                ve = (ve_kBTD[slice(*seg.tables)], self.ve_gates[slice(*seg.gates)])
+            x_BTD, out, kv = layers(seg.lo, seg.hi, x_BTD, seg.collect, skip, ve)
+            firsts += [out] if seg.collect else []
+            kvs.append(kv)
+        if cache is not None and len(kvs) > 1:
+            kv_L = jax.tree.map(lambda *a: jnp.concatenate(a), *kvs)
+        elif cache is not None:
+            kv_L = kvs[0]
         if cache is not None:
             cache = KVCache(kv_L[0], kv_L[1], cache.lengths + T)
         h_BTD = self.ln_f(x_BTD)
@@ -416,14 +481,15 @@ class GPT(eqx.Module):
         return tree
 
     def weight_decay_mask(self) -> GPT:
-        """True for the matrices that multiply activations (linear weights, token embedding, an untied head);
+        """True for the matrices that multiply activations (linear weights, token and value embeddings, a head);
         False for biases, norms and the position embedding."""
-        return self._mark(False, {True: ("wte", "lm_head", *BLOCK_MATRICES)})
+        return self._mark(False, {True: ("wte", "lm_head", "value_embeds", *BLOCK_MATRICES)})
 
     def parameter_labels(self) -> GPT:
         """Each parameter's label for the optimizer's groups (optimizers/groups.py): token_embedding (also the LM
         head when tied), head (an untied LM head), position, attn_qkv, attn_out, mlp_in (SwiGLU's gate and up),
-        mlp_out, norm (norm weights, QK-norm's too), bias (every bias), scalar (the U-net skips' weights)."""
+        mlp_out, norm (norm weights, QK-norm's too), bias (every bias), scalar (the U-net skips' weights, the value
+        embeddings' gates), value_embedding (the value-embedding tables)."""
         norms = ("blocks.ln1", "blocks.ln2", "blocks.q_norm", "blocks.k_norm", "ln_f")
         return self._mark(
             "",
@@ -433,7 +499,8 @@ class GPT(eqx.Module):
                 "position": ("wpe",),
                 **{label: (path,) for label, path in BLOCK_MATRIX_PATHS.items()},
                 "norm": tuple(f"{n}.weight" for n in norms),
-                "scalar": ("skip_weights",),
+                "scalar": ("skip_weights", "ve_gates"),
+                "value_embedding": ("value_embeds",),
                 "bias": tuple(f"blocks.{f}.bias" for f in ("qkv", "attn_proj", "fc", "mlp_proj"))
                 + tuple(f"{n}.bias" for n in norms),
             },
@@ -463,6 +530,8 @@ def count_params(model: GPT, *, exclude_position_embedding: bool = False) -> int
 
 def matmul_params(model: GPT) -> int:
     """The parameters each token multiplies (training/reporting/flops.py's N): all but the lookup tables, i.e. the
-    position embedding and, when the head is untied, the token embedding (tied, it is the head's matmul)."""
+    position embedding, the value-embedding tables and, when the head is untied, the token embedding (tied, it is the
+    head's matmul)."""
     lookups = 0 if model.lm_head is None else math.prod(model.wte.shape)
+    lookups += 0 if model.value_embeds is None else math.prod(model.value_embeds.shape)
     return count_params(model, exclude_position_embedding=True) - lookups

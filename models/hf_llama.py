@@ -33,6 +33,7 @@ def llama_problem(cfg: GPTConfig) -> str | None:
         (not cfg.norm_weight, "model.norm_weight=false: Llama's RMSNorm has a learned weight"),
         (cfg.qk_norm, "model.qk_norm=true: Llama has no QK-norm"),
         (cfg.unet_skips, "model.unet_skips=true: Llama has no skip connections between blocks"),
+        (cfg.value_embeddings > 0, f"model.value_embeddings={cfg.value_embeddings}: Llama has no value embeddings"),
         (cfg.logit_softcap > 0, f"model.logit_softcap={cfg.logit_softcap}: Llama has no logit soft-cap"),
         (
             cfg.width_multiplier != 1,
@@ -236,5 +237,7 @@ def from_llama_tensors(tensors: dict[str, np.ndarray], like: GPT, key: jax.Array
         ln_f=RMSNorm(jnp.asarray(tensors["model.norm.weight"])),
         lm_head=head,
         skip_weights=None,
+        value_embeds=None,
+        ve_gates=None,
         cfg=cfg,
     )

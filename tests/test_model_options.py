@@ -47,6 +47,7 @@ CHANGED = {
     "logit_softcap": {"logit_softcap": 30.0},
     "unet_skips": {"unet_skips": True},
     "zero_init_mlp_out": {"zero_init_mlp_out": True},
+    "value_embeddings": {"value_embeddings": 1},
     "parametrization": {"parametrization": "mup", "mup_base_width": 32},
     "mup_base_width": {"parametrization": "mup", "mup_base_width": 32},
 }

@@ -215,7 +215,7 @@ def test_parameter_labels_weight_decay_and_muon_matrices_cover_the_new_weights()
     given = (
         parameter_labels(load_config(["model=gpt2"]).model)
         | parameter_labels(load_config(["model=llama-124m"]).model)
-        | parameter_labels(load_config(["model=gpt2-tiny", "model.unet_skips=true"]).model)
+        | parameter_labels(load_config(["model=gpt2-tiny", "model.unet_skips=true", "model.value_embeddings=1"]).model)
     )
     assert given == set(LABELS)
     assert parameter_labels(load_config(["model=llama-124m"]).model) == {

@@ -103,3 +103,98 @@ def test_the_skip_weights_are_scalars_trained_by_adam_under_muon_without_weight_
         metrics = parts.step(step)
     after = np.asarray(parts.state.model.skip_weights)
     assert np.isfinite(float(metrics["loss"])) and np.abs(after - before).min() > 0
+
+
+def numpy_block(x, p, n_head, ve=None, gate=None):
+    """GPT-2's pre-norm block (no biases) in float64 NumPy, layer weights `p`; with a value embedding `ve` [B, T, D]
+    and its gate's weights [N, G]: each head's values add 2 sigmoid(w_n . h[:G]) ve (h the normed input)."""
+
+    def norm(x, w):
+        mean, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+        return (x - mean) / np.sqrt(var + 1e-5) * w
+
+    B, T, D = x.shape
+    H = D // n_head
+    h = norm(x, p["ln1"])
+    q, k, v = (np.einsum("btd,de->bte", h, p["qkv"][:, i]).reshape(B, T, n_head, H) for i in range(3))
+    if ve is not None:
+        g = 2 / (1 + np.exp(-np.einsum("btg,ng->btn", h[..., : gate.shape[-1]], gate)))
+        v = v + g[..., None] * ve.reshape(B, T, n_head, H)
+    scores = np.einsum("btnh,bsnh->bnts", q, k) / np.sqrt(H)
+    scores = np.where(np.tril(np.ones((T, T), bool)), scores, -np.inf)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    x = x + np.einsum("bnts,bsnh->btnh", weights, v).reshape(B, T, D) @ p["attn_proj"]
+    u = norm(x, p["ln2"]) @ p["fc"]
+    gelu = 0.5 * u * (1 + np.tanh(np.sqrt(2 / np.pi) * (u + 0.044715 * u**3)))
+    return x + gelu @ p["mlp_proj"]
+
+
+def numpy_layer_weights(model: GPT, i: int) -> dict:
+    b = model.blocks
+    pick = lambda a: np.asarray(a[i], np.float64)  # noqa: E731
+    return {
+        "ln1": pick(b.ln1.weight),
+        "qkv": pick(b.qkv.weight),
+        "attn_proj": pick(b.attn_proj.weight),
+        "ln2": pick(b.ln2.weight),
+        "fc": pick(b.fc.weight),
+        "mlp_proj": pick(b.mlp_proj.weight),
+    }
+
+
+@pytest.mark.parametrize("n_layer, k", [(4, 2), (5, 1), (4, 0)])
+@pytest.mark.parametrize("scan", [True, False])
+def test_value_embeddings_are_gated_into_the_values_of_the_first_and_last_k_blocks(n_layer, k, scan):
+    cfg = dataclasses.replace(BASE, n_layer=n_layer, value_embeddings=k, scan_layers=scan)
+    model = GPT.init(cfg, jax.random.PRNGKey(0))
+    if not k:
+        assert model.value_embeds is None and model.ve_gates is None
+    else:
+        assert model.value_embeds.shape == (k, 64, 32) and model.ve_gates.shape == (2 * k, 2, 12)
+        assert np.all(np.asarray(model.ve_gates) == 0.0)  # a gate of 2 sigmoid(0) = 1 at the start
+        rng = np.random.default_rng(1)  # tables and gates away from their init, so that each shows
+        model = eqx.tree_at(
+            lambda m: (m.value_embeds, m.ve_gates),
+            model,
+            (jnp.asarray(rng.normal(0, 0.5, (k, 64, 32)), jnp.float32), jnp.asarray(rng.normal(0, 1, (2 * k, 2, 12)))),
+        )
+    x = tokens((2, 16))
+    tok = np.asarray(x)
+    h = np.asarray(model.wte, np.float64)[tok] + np.asarray(model.wpe, np.float64)[:16]
+    for i in range(n_layer):
+        table = i if i < k else i - (n_layer - k) if i >= n_layer - k else None
+        gate = None if table is None else np.asarray(model.ve_gates[table if i < k else k + table], np.float64)
+        ve = None if table is None else np.asarray(model.value_embeds[table], np.float64)[tok]
+        h = numpy_block(h, numpy_layer_weights(model, i), 2, ve, gate)
+    w = np.asarray(model.ln_f.weight, np.float64)
+    want = (h - h.mean(-1, keepdims=True)) / np.sqrt(h.var(-1, keepdims=True) + 1e-5) * w
+    np.testing.assert_allclose(hidden(model, x), want, rtol=1e-4, atol=1e-4)  # float32 against float64
+
+
+def test_cached_decoding_with_value_embeddings_equals_decoding_without_the_cache():
+    cfg = dataclasses.replace(BASE, n_layer=4, value_embeddings=2, unet_skips=True)
+    model = jax.tree.map(lambda a: 8.0 * a, GPT.init(cfg, jax.random.PRNGKey(3)))
+    prompts = [[1, 2, 3], [7], [4, 4, 4, 4, 9, 10]]
+    cached = generate(model, prompts, 8, temperature=0.0)
+    assert cached == generate_no_cache(model, prompts, 8, temperature=0.0)
+
+
+def test_value_embeddings_are_embeddings_to_the_optimizer_and_lookups_to_the_flops():
+    from models.gpt import matmul_params
+
+    plain = GPT.init(BASE, jax.random.PRNGKey(0))
+    model = GPT.init(dataclasses.replace(BASE, value_embeddings=2), jax.random.PRNGKey(0))
+    labels, decayed = model.parameter_labels(), model.weight_decay_mask()
+    assert (labels.value_embeds, labels.ve_gates) == ("value_embedding", "scalar")
+    assert decayed.value_embeds is True and decayed.ve_gates is False
+    assert model.block_matrices_mask().value_embeds is False
+    assert matmul_params(model) == matmul_params(plain) + 4 * 2 * 12  # the gates multiply; the tables are looked up
+
+
+def test_too_many_value_embedding_tables_are_one_line():
+    from core.errors import ConfigError
+    from training.config import load_config
+
+    with pytest.raises(ConfigError, match=r"model.value_embeddings: .* needs 0 <= 2 k <= n_layer=2; got 2"):
+        load_config(["model=gpt2-tiny", "model.value_embeddings=2"])

@@ -54,6 +54,12 @@ class ModelConfig(ModelOptions):
             fail("model.logit_softcap", f"must be >= 0 (0 = off); got {self.logit_softcap}")
         if not 0.0 <= self.dropout < 1.0:
             fail("model.dropout", f"must be in [0, 1); got {self.dropout}")
+        if not 0 <= 2 * self.value_embeddings <= self.n_layer:
+            fail(
+                "model.value_embeddings",
+                f"the first k blocks and the last k take the k tables: needs 0 <= 2 k <= n_layer={self.n_layer}; "
+                f"got {self.value_embeddings}",
+            )
         if self.unet_skips and self.n_layer < 2:
             fail(
                 "model.unet_skips",
