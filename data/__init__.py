@@ -22,6 +22,7 @@ from data.note_sources import FULL_VAL_SPLIT
 from data.packing import tokenize_prompts, tokenized_corpus
 from data.sources import MixtureCorpus, TextCorpus
 from data.tasks import NoteRecords
+from data.token_shards import ShardCorpus, ShardStore
 from data.token_store import TokenStore
 from data.tokenizers import Tokenizer
 
@@ -100,11 +101,19 @@ def _eval_order(names: list[str], main: str) -> list[str]:
 
 
 def _windows(
-    d: TextConfig, corpus: TextCorpus, tokenizer: Tokenizer, context: int, process_index: int, process_count: int
-) -> tuple[TokenStore, dict[str, Windows]]:
+    d: TextConfig,
+    corpus: TextCorpus | ShardCorpus,
+    tokenizer: Tokenizer,
+    context: int,
+    process_index: int,
+    process_count: int,
+) -> tuple[TokenStore | ShardStore, dict[str, Windows]]:
     """The corpus's token store and its splits' windows (the extra validation splits in order of name), each split
     checked to hold at least two windows."""
-    store = tokenized_corpus(corpus, tokenizer, d, process_index, process_count)
+    if isinstance(corpus, ShardCorpus):  # tokenised already: the shards are the store
+        store = corpus.store(tokenizer.vocab_size, tokenizer.token_byte_lengths())
+    else:
+        store = tokenized_corpus(corpus, tokenizer, d, process_index, process_count)
     eos = tokenizer.eos_id if d.document_mask else None
     splits = {}
     for name in store.splits:

@@ -228,6 +228,30 @@ class HfConfig(RecordsConfig):
 
 
 @dataclass(frozen=True)
+class TokenShardsConfig(TextConfig):
+    """Token shards of llm.c's format in a local folder (data/token_shards.py): FineWeb10B as the speedrun caches it."""
+
+    source: str = "token_shards"  # the loader (dataset=fineweb10b picks this section)
+    folder: str = "data/fineweb10B"  # the shards' folder (relative: to where the run starts)
+    train_files: str = "fineweb_train_*.bin"  # glob of the training shards in folder, read in name order
+    val_files: str = "fineweb_val_*.bin"  # glob of the validation shards
+    # val's tokens evaluated, from its start (the speedrun's 10,485,760); null = all of them
+    val_tokens: Optional[int] = 10485760
+    max_train_shards: Optional[int] = None  # the first this many training shards; null = every one
+
+    def check(self, at: str = "dataset") -> None:
+        super().check(at)
+        if self.tokenizer == TokenizerKind.bpe:
+            fail(
+                "dataset.tokenizer",
+                "token shards are tokenised already: name the tokenizer they were written with (gpt2 for FineWeb10B)",
+            )
+        for key in ("val_tokens", "max_train_shards"):
+            if getattr(self, key) is not None and getattr(self, key) < 1:
+                fail(f"{at}.{key}", f"must be >= 1 or null; got {getattr(self, key)}")
+
+
+@dataclass(frozen=True)
 class MixtureConfig(TextConfig):
     """Several text sources at set weights (training/config/mixture.py)."""
 
@@ -311,6 +335,7 @@ SOURCE_CONFIGS: dict[str, type[DatasetConfig]] = {
     "text_files": TextFilesConfig,
     "json_files": JsonFilesConfig,
     "hf": HfConfig,
+    "token_shards": TokenShardsConfig,
     "music21": Music21Config,
     "maestro": MaestroConfig,
     "midi_files": MidiFilesConfig,

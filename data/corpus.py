@@ -1,6 +1,7 @@
 """`dataset.source` -> the loader of its corpus: one table for every source, text and notes.
 
-`load_corpus(cfg.dataset)` returns what the source's loader gives: a `TextCorpus` for text (data/sources.py),
+`load_corpus(cfg.dataset)` returns what the source's loader gives: a `TextCorpus` for text (data/sources.py), a
+`ShardCorpus` for token shards (data/token_shards.py),
 `{split: datasets.Dataset}` of pieces for notes (data/note_sources.py); source=mixture gives a `MixtureCorpus` of the
 text corpora of its sources.
 """
@@ -10,18 +11,32 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from data.config import DatasetConfig, TextConfig
+from data.config import DatasetConfig, TextConfig, TokenShardsConfig
 from data.note_sources import maestro_corpus, midi_files_corpus, music21_corpus
 from data.sources import MixtureCorpus, TextCorpus, hub_corpus, json_files_corpus, pystdlib_corpus, text_files_corpus
+from data.token_shards import ShardCorpus, shard_files
 
 if TYPE_CHECKING:
     import datasets
 
-TEXT_SOURCES: dict[str, Callable[..., TextCorpus]] = {  # each takes its source's section
+
+def token_shards_corpus(d: TokenShardsConfig) -> ShardCorpus:
+    """The shard files of each split (the training ones up to max_train_shards), named in order; nothing is read."""
+    hint = (
+        f"get the shards with `python -m scripts.tools.download_fineweb --shards 8 --folder {d.folder}` (the Hugging "
+        "Face dataset kjj0/fineweb10B-gpt2; needs the network), or point dataset.folder at them"
+    )
+    train = shard_files(d.folder, d.train_files, d.name, hint)[: d.max_train_shards]
+    val = shard_files(d.folder, d.val_files, d.name, hint)
+    return ShardCorpus(d.name, {"train": train, "val": val}, {"val": d.val_tokens})
+
+
+TEXT_SOURCES: dict[str, Callable[..., TextCorpus | ShardCorpus]] = {  # each takes its source's section
     "pystdlib": pystdlib_corpus,
     "text_files": text_files_corpus,
     "json_files": json_files_corpus,
     "hf": hub_corpus,
+    "token_shards": token_shards_corpus,
 }
 NOTE_SOURCES: dict[str, Callable[..., dict[str, datasets.Dataset]]] = {
     "music21": music21_corpus,

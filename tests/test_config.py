@@ -260,7 +260,7 @@ def test_the_cfg_of_a_dataset_preset_and_a_key_of_another_source_on_the_command_
         "dataset=text_files, json_files, hf, midi_files (pick the source with dataset=...)"
     ]
     helped = run_in_process(["--help"], capsys).stdout  # the section classes are configs, not a group to choose
-    assert "\ndataset: fineweb_edu, hf, json_files" in helped and "dataset_schema" not in helped
+    assert "\ndataset: fineweb10b, fineweb_edu, hf, json_files" in helped and "dataset_schema" not in helped
     switched = run_in_process(["dataset=pystdlib", "dataset.source=text_files"], capsys)
     assert (
         switched.returncode == 2 and "dataset.source: text_files is chosen with dataset=text_files" in switched.stderr

@@ -1,0 +1,74 @@
+"""Download FineWeb10B's GPT-2 token shards as the modded-nanogpt speedrun caches them (the Hugging Face dataset
+kjj0/fineweb10B-gpt2) into a folder that `dataset=fineweb10b` reads (data/token_shards.py).
+
+    python -m scripts.tools.download_fineweb --shards 8 --folder data/fineweb10B   # 800M training tokens, ~1.8 GB
+    python -m scripts.tools.download_fineweb --shards 103                           # all ~10B tokens, ~20 GB
+
+Fetches the validation shard fineweb_val_000000.bin and the training shards fineweb_train_000001.bin onwards (each
+~100M tokens, 200 MB), skipping files already there whose header and size check out. Needs the network; without it
+(or with HF_HUB_OFFLINE=1) it stops in one line, exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from core.errors import DataError, say
+from core.hub import hub_reachable
+from data.token_shards import read_shard
+
+REPO = "kjj0/fineweb10B-gpt2"
+
+
+def shard_names(shards: int) -> list[str]:
+    """The validation shard, then training shards 1..shards (the dataset numbers its training shards from 1)."""
+    return ["fineweb_val_000000.bin", *(f"fineweb_train_{i:06d}.bin" for i in range(1, shards + 1))]
+
+
+def present(path: Path) -> bool:
+    """A whole shard is there already (header and size agree)."""
+    try:
+        read_shard(path)
+        return True
+    except (OSError, DataError):
+        return False
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shards", type=int, default=8, help="training shards of ~100M tokens (1..103; default 8)")
+    parser.add_argument("--folder", default="data/fineweb10B", help="where to put them (default data/fineweb10B)")
+    args = parser.parse_args(argv)
+    if not 1 <= args.shards <= 103:
+        parser.error(f"--shards must be in 1..103 (the dataset has 103 training shards); got {args.shards}")
+    folder = Path(args.folder)
+    wanted = [name for name in shard_names(args.shards) if not present(folder / name)]
+    if not wanted:
+        print(f"{folder}: all {args.shards + 1} shards are there")
+        return 0
+    if not hub_reachable():
+        return say(
+            DataError(
+                f"download_fineweb: the Hugging Face Hub cannot be reached (offline, or HF_HUB_OFFLINE=1); "
+                f"{len(wanted)} shards of {REPO} are missing from {folder}: run this where there is a network and "
+                "copy the folder"
+            )
+        )
+    from huggingface_hub import hf_hub_download
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, name in enumerate(wanted, start=1):
+        print(f"[{i}/{len(wanted)}] {name}", flush=True)
+        try:
+            hf_hub_download(REPO, name, repo_type="dataset", local_dir=str(folder))
+        except Exception as e:  # the Hub's errors (HTTP, connection) name neither the file nor what to do
+            return say(DataError(f"download_fineweb: {name} of {REPO}: {type(e).__name__}: {str(e).splitlines()[0]}"))
+        read_shard(folder / name)  # the header and the size: a cut download fails here, not in a run
+    print(f"{folder}: {len(wanted)} shards downloaded")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

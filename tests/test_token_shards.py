@@ -1,0 +1,128 @@
+"""Token shards in llm.c's format (data/token_shards.py, dataset=fineweb10b), on shards these tests write: the header
+checked, the splits read in place across shard boundaries, val cut to its tokens, and a run trained on them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from core.errors import ConfigError, DataError
+from data.token_shards import HEADER_BYTES, MAGIC, ShardedTokens, read_shard, write_shard
+from helpers import build, script_in_process, tiny_overrides
+
+EOS = 256  # the byte tokenizer's <EOS>: it leads every document here, as GPT-2's 50256 does in FineWeb10B
+
+
+def documents(rng: np.random.Generator, tokens: int) -> np.ndarray:
+    """About `tokens` ids of documents (lowercase letters and spaces: real bytes), each led by EOS."""
+    out = []
+    while sum(map(len, out)) < tokens:
+        out.append(np.concatenate([[EOS], rng.integers(97, 123, int(rng.integers(20, 200)))]))
+    return np.concatenate(out)[:tokens]
+
+
+def write_fineweb_like(folder, sizes=(3000, 2500), val=1500, seed=0) -> dict[str, list[np.ndarray]]:
+    """Training shards 1.. and validation shard 0, named as kjj0/fineweb10B-gpt2 names them."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    train = [documents(rng, n) for n in sizes]
+    for i, tokens in enumerate(train, start=1):
+        write_shard(folder / f"fineweb_train_{i:06d}.bin", tokens)
+    val_tokens = documents(rng, val)
+    write_shard(folder / "fineweb_val_000000.bin", val_tokens)
+    return {"train": train, "val": [val_tokens]}
+
+
+def test_a_shard_is_its_header_then_its_tokens_in_uint16(tmp_path):
+    tokens = np.array([EOS, 1, 2, 65535], np.int64)
+    write_shard(tmp_path / "s.bin", tokens)
+    raw = (tmp_path / "s.bin").read_bytes()
+    assert len(raw) == HEADER_BYTES + 2 * len(tokens)
+    assert list(np.frombuffer(raw[:12], np.int32)) == [MAGIC, 1, 4] and not any(raw[12:HEADER_BYTES])
+    read = read_shard(tmp_path / "s.bin")
+    assert read.dtype == np.uint16 and list(read) == list(tokens)
+
+
+def test_a_damaged_shard_is_one_line_naming_the_file(tmp_path):
+    write_shard(tmp_path / "cut.bin", np.arange(100))
+    (tmp_path / "cut.bin").write_bytes((tmp_path / "cut.bin").read_bytes()[:-10])
+    with pytest.raises(DataError, match=r"cut.bin: its header says 100 tokens, the file holds 95: cut short"):
+        read_shard(tmp_path / "cut.bin")
+    (tmp_path / "text.bin").write_text("not a shard")
+    with pytest.raises(DataError, match=r"text.bin: not a shard of llm.c's format"):
+        read_shard(tmp_path / "text.bin")
+    header = np.zeros(256, np.int32)
+    header[:3] = (MAGIC, 2, 0)
+    (tmp_path / "v2.bin").write_bytes(header.tobytes())
+    with pytest.raises(DataError, match=r"v2.bin: version 2, this reader knows version 1"):
+        read_shard(tmp_path / "v2.bin")
+
+
+def test_slices_across_shards_equal_the_concatenation(tmp_path):
+    shards = write_fineweb_like(tmp_path)["train"]
+    whole = np.concatenate(shards)
+    tokens = ShardedTokens([read_shard(tmp_path / f"fineweb_train_{i:06d}.bin") for i in (1, 2)])
+    assert len(tokens) == len(whole) and tokens.shape == whole.shape and tokens.dtype == np.uint16
+    rng = np.random.default_rng(1)
+    for a, b in [(0, 10), (2990, 3010), (2999, 3000), (3000, 3001), (0, len(whole)), *rng.integers(0, 5500, (20, 2))]:
+        a, b = sorted((int(a), int(b)))
+        np.testing.assert_array_equal(tokens[a:b], whole[a:b])
+    limited = ShardedTokens(tokens.shards, limit=3100)
+    assert len(limited) == 3100 and len(limited[2900:4000]) == 200  # a limit cuts the split
+
+
+def test_a_run_trains_on_the_shards_and_evaluates_val_from_its_start(tmp_path, data_cache):
+    written = write_fineweb_like(tmp_path / "fineweb")
+    parts = build(
+        tiny_overrides(
+            data_cache,
+            "dataset=fineweb10b",
+            f"dataset.folder={tmp_path / 'fineweb'}",
+            "dataset.tokenizer=byte",
+            "dataset.val_tokens=1000",
+            "train.batch_size=4",
+        )
+    )
+    train, val = parts.data.train, parts.data.evals["val"]
+    assert list(parts.data.evals) == ["val"] and parts.data.test is None
+    context = parts.cfg.model.context_size
+    # val: windows from the start of the val shard, cut at val_tokens
+    windows = val.splits[0]
+    assert len(windows.tokens) == 1000 and windows.num_fixed == (1000 - 1) // context
+    np.testing.assert_array_equal(windows.rows(np.array([0]))[0], written["val"][0][: context + 1])
+    np.testing.assert_array_equal(next(iter(val))["inputs"][0], written["val"][0][:context])
+    # train: every row is a window of the two training shards, joined
+    whole = np.concatenate(written["train"])
+    batch = train.batch(0)
+    for row, target in zip(batch["inputs"][0], batch["targets"][0], strict=True):
+        starts = [i for i in range(len(whole) - context) if np.array_equal(whole[i : i + context], row)]
+        assert starts and np.array_equal(whole[starts[0] + 1 : starts[0] + context + 1], target)
+    losses = [float(parts.step(step)["loss"]) for step in range(4)]
+    assert all(np.isfinite(losses)) and losses[-1] < losses[0]
+
+
+def test_missing_shards_a_foreign_tokenizer_and_bpe_are_one_line(tmp_path, data_cache):
+    with pytest.raises(
+        DataError, match=r"does not exist; get the shards with `python -m scripts.tools.download_fineweb"
+    ):
+        build(tiny_overrides(data_cache, "dataset=fineweb10b", f"dataset.folder={tmp_path / 'none'}"))
+    folder = tmp_path / "gpt2"
+    folder.mkdir()
+    write_shard(folder / "fineweb_train_000001.bin", np.full(2000, 50256))  # GPT-2's ids, read with the byte tokenizer
+    write_shard(folder / "fineweb_val_000000.bin", np.full(2000, 50256))
+    with pytest.raises(DataError, match=r"holds id 50256, past the tokenizer's 259 ids"):
+        build(tiny_overrides(data_cache, "dataset=fineweb10b", f"dataset.folder={folder}", "dataset.tokenizer=byte"))
+    with pytest.raises(ConfigError, match=r"dataset.tokenizer: token shards are tokenised already"):
+        build(tiny_overrides(data_cache, "dataset=fineweb10b", "dataset.tokenizer=bpe"))
+
+
+def test_the_download_says_in_one_line_that_the_hub_cannot_be_reached(tmp_path, monkeypatch, capsys):
+    write_shard(tmp_path / "fineweb_val_000000.bin", np.arange(10))  # present: not fetched again
+    result = script_in_process(
+        "scripts.tools.download_fineweb", ["--shards", "2", "--folder", str(tmp_path)], monkeypatch, capsys
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        f"error: download_fineweb: the Hugging Face Hub cannot be reached (offline, or HF_HUB_OFFLINE=1); 2 shards "
+        f"of kjj0/fineweb10B-gpt2 are missing from {tmp_path}: run this where there is a network and copy the folder"
+    ]
