@@ -4,6 +4,9 @@
 parameters of no group (the blocks' matrices), and a group `adam` of every embedding and vector with AdamW at a tenth
 of the learning rate. A parameter that reaches this builder and is not a block matrix gets optax's Adam fallback.
 
+`normuon_beta2` (null: off; 0.95 in the speedrun): NorMuon's per-neuron second moment normalises each orthogonalised
+matrix (`scale_by_normuon`). `cautious_weight_decay`: the blocks' matrices decay only where the update moves them
+towards 0 already (`descent_decay`); with either, Muon's decay is applied after them (still times the schedule's lr).
 Knobs: `orthogonalizer` (`newton_schulz`: `ns_steps` quintic steps with Keller Jordan's coefficients (3.4445, -4.775,
 2.0315) from X / ||X||_F; `polar_express`: Amsel et al. 2025's five steps, each with its own coefficients, from
 X / (1.02 ||X||_F), the modded-nanogpt speedrun's), `ns_steps` (Newton-Schulz iterations, 5), `consistent_rms`
@@ -14,7 +17,7 @@ gives the update AdamW's RMS, so that with decoupled weight decay one lr and one
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -58,6 +61,8 @@ def muon(
     weight_decay: float,
     ns_steps: int = 5,
     orthogonalizer: str = "newton_schulz",
+    normuon_beta2: Optional[float] = None,
+    cautious_weight_decay: bool = False,
     consistent_rms: Optional[float] = None,
     orthogonalize_embeddings: bool = False,
 ) -> optax.GradientTransformation:
@@ -72,6 +77,14 @@ def muon(
         raise ConfigError(
             f"config: optimizer.ns_steps: polar_express's coefficients are for {len(POLAR_EXPRESS)} steps; "
             f"got {ns_steps}"
+        )
+    if normuon_beta2 is not None and not 0.0 <= normuon_beta2 < 1.0:
+        raise ConfigError(f"config: optimizer.normuon_beta2: must be in [0, 1) or null (off); got {normuon_beta2}")
+    own_decay = normuon_beta2 is not None or cautious_weight_decay  # the decay comes after NorMuon / is gated
+    if own_decay and orthogonalize_embeddings:
+        raise ConfigError(
+            "config: optimizer.orthogonalize_embeddings: NorMuon and cautious weight decay act on the blocks' "
+            "matrices only; set orthogonalize_embeddings=false or turn them off"
         )
     is_matrix = model.block_matrices_mask()
     labels = model.parameter_labels()
@@ -95,7 +108,7 @@ def muon(
         ns_steps=ns_steps,
         beta=momentum,
         nesterov=nesterov,
-        weight_decay=weight_decay,
+        weight_decay=0.0 if own_decay else weight_decay,
         weight_decay_mask=fixed(model.weight_decay_mask()),
         consistent_rms=consistent_rms,
         adam_b1=beta1,
@@ -103,4 +116,73 @@ def muon(
         adam_weight_decay=weight_decay,
         muon_weight_dimension_numbers=dimensions,
     )
-    return optax.chain(muon_update, report("muon_update_rms", rms))  # logged as optimizer/muon_update_rms
+    steps = [muon_update]
+    if normuon_beta2 is not None:
+        steps.append(optax.masked(scale_by_normuon(normuon_beta2), fixed(is_matrix)))
+    if own_decay and weight_decay:
+        steps.append(optax.masked(descent_decay(weight_decay, cautious_weight_decay), fixed(is_matrix)))
+    return optax.chain(*steps, report("muon_update_rms", rms))  # logged as optimizer/muon_update_rms
+
+
+class NorMuonState(NamedTuple):
+    second_moment: optax.Updates  # per matrix [L, 1, out] or [L, in, 1]: the longer side's mean squared update
+
+
+def _matrices(u: jax.Array) -> jax.Array:
+    """A stacked block matrix [L, in, *out] as [L, in, out] in float32."""
+    return u.reshape(*u.shape[:2], -1).astype(jnp.float32)
+
+
+def _reduced_axis(u3: jax.Array) -> int:
+    """NorMuon keeps a statistic for each entry of the longer side, averaged over the shorter: over `in` (axis 1)
+    when out >= in, else over `out` (axis 2)."""
+    return 1 if u3.shape[2] >= u3.shape[1] else 2
+
+
+def scale_by_normuon(beta2: float) -> optax.GradientTransformation:
+    """NorMuon (Li et al. 2025, arXiv 2510.05491), as the modded-nanogpt speedrun runs it after the orthogonalisation:
+    v <- beta2 v + (1 - beta2) mean(u^2) over the shorter side (no bias correction); u <- u / sqrt(max(v, 1e-10)),
+    rescaled to the Frobenius norm u had (each layer of the stack on its own)."""
+
+    def init(params):
+        def zeros(p):
+            u3 = _matrices(p)
+            shape = list(u3.shape)
+            shape[_reduced_axis(u3)] = 1
+            return jnp.zeros(shape, jnp.float32)
+
+        return NorMuonState(jax.tree.map(zeros, params))
+
+    def update(updates, state, params=None):
+        del params
+
+        def one(u, v):
+            u3 = _matrices(u)
+            mean = jnp.mean(jnp.square(u3), axis=_reduced_axis(u3), keepdims=True)
+            v = beta2 * v + (1 - beta2) * mean
+            scaled = u3 * jax.lax.rsqrt(jnp.maximum(v, 1e-10))
+            norm = jnp.sqrt(jnp.sum(jnp.square(u3), axis=(1, 2), keepdims=True))
+            scaled_norm = jnp.sqrt(jnp.sum(jnp.square(scaled), axis=(1, 2), keepdims=True))
+            return (scaled * (norm / jnp.maximum(scaled_norm, 1e-10))).reshape(u.shape).astype(u.dtype), v
+
+        pairs = jax.tree.map(one, updates, state.second_moment)
+        outer = jax.tree.structure(updates)
+        new_updates, second = jax.tree.transpose(outer, jax.tree.structure((0, 0)), pairs)
+        return new_updates, NorMuonState(second)
+
+    return optax.GradientTransformation(init, update)
+
+
+def descent_decay(weight_decay: float, cautious: bool) -> optax.GradientTransformation:
+    """Decoupled weight decay on a descent direction (the update already points downhill: -weight_decay x w added).
+    `cautious` (Chen et al. 2025, arXiv 2510.12402; the speedrun's): only where the update moves w towards 0 already
+    (update x w <= 0), so the decay never pushes against the step."""
+
+    def update(updates, state, params):
+        def one(u, w):
+            decay = weight_decay * w.astype(u.dtype)
+            return u - (jnp.where(u * w <= 0, decay, 0.0) if cautious else decay)
+
+        return jax.tree.map(one, updates, params), state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)

@@ -871,3 +871,46 @@ def test_muon_runs_polar_express_when_asked_and_refuses_other_names():
         OPTIMIZERS["muon"](MODEL, orthogonalizer="polar", **hyper)
     with pytest.raises(ConfigError, match="optimizer.ns_steps: polar_express's coefficients are for 5 steps; got 4"):
         OPTIMIZERS["muon"](MODEL, orthogonalizer="polar_express", ns_steps=4, **hyper)
+
+
+def normuon(orth: np.ndarray, second: np.ndarray | None, beta2: float) -> tuple[np.ndarray, np.ndarray]:
+    """The speedrun's _apply_normuon_variance_reduction on one [in, out] matrix (its torch weights are [out, in]: a
+    statistic per entry of the longer side), float64: the new second moment and the normalised update."""
+    axis = 0 if orth.shape[1] >= orth.shape[0] else 1
+    mean = np.mean(orth**2, axis=axis, keepdims=True)
+    second = (1 - beta2) * mean if second is None else beta2 * second + (1 - beta2) * mean
+    step = 1 / np.sqrt(np.maximum(second, 1e-10))
+    scaled = orth * step
+    return scaled * np.linalg.norm(orth) / max(np.linalg.norm(scaled), 1e-10), second
+
+
+@pytest.mark.parametrize("cautious", [False, True])
+def test_normuon_and_cautious_weight_decay_step_as_the_speedrun_does(cautious):
+    """3 steps of Muon with NorMuon's second moment (beta2 0.9) and decay 0.1, cautious or not, against NumPy."""
+    hyper = dict(momentum=0.95, nesterov=True, beta1=0.9, beta2=0.95, weight_decay=0.1)
+    grads = gradients(3)
+    got = directions("muon", grads, normuon_beta2=0.9, cautious_weight_decay=cautious, **hyper)
+    x = flat(PARAMS)
+    m = {n: np.zeros_like(x[n]) for n in BLOCK_WEIGHTS}
+    second = {}
+    for t, g in enumerate(grads, start=1):
+        want = {}
+        for n in BLOCK_WEIGHTS:
+            m[n] = 0.95 * m[n] + 0.05 * g[n]
+            look = 0.95 * m[n] / (1 - 0.95 ** (t + 1)) + 0.05 * g[n] / (1 - 0.95**t)
+            layers = []
+            for layer in range(look.shape[0]):
+                a = look[layer].reshape(look.shape[1], -1)
+                orth = np.sqrt(max(1.0, a.shape[1] / a.shape[0])) * newton_schulz(a)
+                layers_out, second[n, layer] = normuon(orth, second.get((n, layer)), 0.9)
+                layers.append(layers_out.reshape(look.shape[1:]))
+            direction = np.stack(layers)  # the step is -direction; decay where it moves w towards 0 (cautious)
+            decay = 0.1 * x[n] * ((direction * x[n] >= 0) if cautious else 1.0)
+            want[n] = -(direction + decay)
+            x[n] = x[n] + LR * want[n]
+        assert_steps_match_in_scale([{n: got[t - 1][n] for n in BLOCK_WEIGHTS}], [want], 1e-4)
+        if cautious:  # the gate leaves some entries undecayed and decays others
+            assert 0 < np.mean(decay == 0) < 1
+    normalised = got[0]["blocks.fc.weight"][0]  # [in, out] = [32, 128]: one statistic per output neuron
+    plain = directions("muon", grads[:1], **hyper)[0]["blocks.fc.weight"][0]
+    assert np.std(np.sqrt(np.mean(normalised**2, axis=0))) < 0.5 * np.std(np.sqrt(np.mean(plain**2, axis=0)))
