@@ -4,6 +4,8 @@
 parameters of no group (the blocks' matrices), and a group `adam` of every embedding and vector with AdamW at a tenth
 of the learning rate. A parameter that reaches this builder and is not a block matrix gets optax's Adam fallback.
 
+`momentum_warmup` (steps, or a fraction of the run below 1; 0: off) and `momentum_start`: Muon's momentum rises
+linearly from momentum_start to `momentum` over the warm-up (the speedrun's 0.85 -> 0.95 over 300 steps).
 `normuon_beta2` (null: off; 0.95 in the speedrun): NorMuon's per-neuron second moment normalises each orthogonalised
 matrix (`scale_by_normuon`). `cautious_weight_decay`: the blocks' matrices decay only where the update moves them
 towards 0 already (`descent_decay`); with either, Muon's decay is applied after them (still times the schedule's lr).
@@ -40,6 +42,16 @@ POLAR_EXPRESS = (
 )
 POLAR_EXPRESS_SAFETY = 1.02
 ORTHOGONALIZERS = ("newton_schulz", "polar_express")
+# optax.contrib.muon's arguments that are not numbers a schedule may drive (inject_hyperparams would call a function
+# argument with the step count)
+MUON_STATIC_ARGS = (
+    "ns_coeffs",
+    "ns_steps",
+    "weight_decay_mask",
+    "muon_weight_dimension_numbers",
+    "nesterov",
+    "mu_dtype",
+)
 
 
 def polar_express_coefficients() -> jax.Array:
@@ -63,6 +75,8 @@ def muon(
     orthogonalizer: str = "newton_schulz",
     normuon_beta2: Optional[float] = None,
     cautious_weight_decay: bool = False,
+    momentum_warmup: float = 0,
+    momentum_start: float = 0.85,
     consistent_rms: Optional[float] = None,
     orthogonalize_embeddings: bool = False,
 ) -> optax.GradientTransformation:
@@ -102,11 +116,22 @@ def muon(
 
         return jax.tree.map(spec, is_matrix, labels, params)
 
-    muon_update = optax.contrib.muon(
+    if momentum_warmup < 0 or not 0.0 <= momentum_start < 1.0:
+        raise ConfigError(
+            "config: optimizer.momentum_warmup, momentum_start: the warm-up must be >= 0 steps and its start in "
+            f"[0, 1); got {momentum_warmup}, {momentum_start}"
+        )
+    # Momentum warm-up (the speedrun's: 0.85 -> 0.95 over 300 steps): optax's Muon with its beta a function of the step
+    muon = optax.contrib.muon
+    beta = momentum
+    if momentum_warmup:
+        muon = optax.inject_hyperparams(muon, static_args=MUON_STATIC_ARGS)
+        beta = lambda count: momentum_start + jnp.minimum(count / momentum_warmup, 1.0) * (momentum - momentum_start)  # noqa: E731
+    muon_update = muon(
         1.0,
         **({"ns_coeffs": polar_express_coefficients()} if orthogonalizer == "polar_express" else {}),
         ns_steps=ns_steps,
-        beta=momentum,
+        beta=beta,
         nesterov=nesterov,
         weight_decay=0.0 if own_decay else weight_decay,
         weight_decay_mask=fixed(model.weight_decay_mask()),

@@ -914,3 +914,26 @@ def test_normuon_and_cautious_weight_decay_step_as_the_speedrun_does(cautious):
     normalised = got[0]["blocks.fc.weight"][0]  # [in, out] = [32, 128]: one statistic per output neuron
     plain = directions("muon", grads[:1], **hyper)[0]["blocks.fc.weight"][0]
     assert np.std(np.sqrt(np.mean(normalised**2, axis=0))) < 0.5 * np.std(np.sqrt(np.mean(plain**2, axis=0)))
+
+
+def test_muon_momentum_warms_up_from_its_start_to_its_momentum():
+    """Over a warm-up of 4 steps from 0.85 to 0.95, step t (from 0) runs Muon with beta 0.85 + 0.1 min(t / 4, 1)
+    (optax's Nesterov look-ahead and bias correction at that beta), against NumPy over 6 steps."""
+    hyper = dict(momentum=0.95, nesterov=True, beta1=0.9, beta2=0.95, weight_decay=0.0)
+    grads = gradients(6)
+    got = directions("muon", grads, momentum_warmup=4, momentum_start=0.85, **hyper)
+    m = {n: np.zeros_like(v) for n, v in flat(PARAMS).items() if n in BLOCK_WEIGHTS}
+    for t, g in enumerate(grads, start=1):
+        b = 0.85 + 0.1 * min((t - 1) / 4, 1.0)
+        want = {}
+        for n in BLOCK_WEIGHTS:
+            m[n] = b * m[n] + (1 - b) * g[n]
+            look = b * m[n] / (1 - b ** (t + 1)) + (1 - b) * g[n] / (1 - b**t)
+            layers = []
+            for layer in range(look.shape[0]):
+                a = look[layer].reshape(look.shape[1], -1)
+                layers.append((np.sqrt(max(1.0, a.shape[1] / a.shape[0])) * newton_schulz(a)).reshape(look.shape[1:]))
+            want[n] = -np.stack(layers)
+        assert_steps_match_in_scale([{n: got[t - 1][n] for n in BLOCK_WEIGHTS}], [want], 1e-4)
+    steady = directions("muon", grads, **hyper)
+    assert np.abs(got[1]["blocks.fc.weight"] - steady[1]["blocks.fc.weight"]).max() > 1e-3  # the warm-up shows
