@@ -781,6 +781,24 @@ def test_dadapt_adamw_steps_follow_the_reference():
 # ------------------------------------------------------------------------------------------------------------- Muon
 
 
+def nesterov_look(m, g, beta, t):
+    """optax's Muon momentum at step t (from 1): m <- beta m + (1 - beta) g, then the bias-corrected Nesterov
+    look-ahead; returns both."""
+    m = beta * m + (1 - beta) * g
+    return m, beta * m / (1 - beta ** (t + 1)) + (1 - beta) * g / (1 - beta**t)
+
+
+def orthogonalised(look: np.ndarray, orthogonalise=None) -> np.ndarray:
+    """Each layer's matrix of a stacked [L, in, *out] tensor orthogonalised (Newton-Schulz unless `orthogonalise`) as
+    [in, out] and scaled by sqrt(max(1, out / in)), optax's width scaling."""
+    orthogonalise = orthogonalise or newton_schulz
+    layers = []
+    for layer in range(look.shape[0]):
+        a = look[layer].reshape(look.shape[1], -1)  # [in, out]
+        layers.append((np.sqrt(max(1.0, a.shape[1] / a.shape[0])) * orthogonalise(a)).reshape(look.shape[1:]))
+    return np.stack(layers)
+
+
 def muon_reference(grads, momentum, weight_decay):
     """Muon as the pipeline runs it (optax.contrib.muon, float64 numpy), on each layer's block matrix [in, out]: an EMA
     of the gradient with Nesterov's look-ahead, both bias-corrected (m = b m + (1 - b) g; b m / (1 - b^(t+1)) +
@@ -794,14 +812,8 @@ def muon_reference(grads, momentum, weight_decay):
     for t, g in enumerate(grads, start=1):
         d = {}
         for n in BLOCK_WEIGHTS:
-            m[n] = momentum * m[n] + (1 - momentum) * g[n]
-            look = momentum * m[n] / (1 - momentum ** (t + 1)) + (1 - momentum) * g[n] / (1 - momentum**t)
-            layers = []
-            for layer in range(look.shape[0]):
-                a = look[layer].reshape(look.shape[1], -1)  # [in, out]
-                scale = np.sqrt(max(1.0, a.shape[1] / a.shape[0]))
-                layers.append((scale * newton_schulz(a)).reshape(look.shape[1:]))
-            d[n] = -(np.stack(layers) + weight_decay * x[n])
+            m[n], look = nesterov_look(m[n], g[n], momentum, t)
+            d[n] = -(orthogonalised(look) + weight_decay * x[n])
             x[n] = x[n] + LR * d[n]
         out.append(d)
     return out
@@ -859,13 +871,8 @@ def test_muon_runs_polar_express_when_asked_and_refuses_other_names():
     got = directions("muon", grads, orthogonalizer="polar_express", **hyper)
     want = {}
     for n in BLOCK_WEIGHTS:
-        g = grads[0][n]  # step 1: Nesterov's bias-corrected look-ahead is a multiple of the gradient
-        layers = []
-        for layer in range(g.shape[0]):
-            a = g[layer].reshape(g.shape[1], -1)
-            scale = np.sqrt(max(1.0, a.shape[1] / a.shape[0]))
-            layers.append((scale * polar_express(a, 1e-8, eps_inside=True)).reshape(g.shape[1:]))
-        want[n] = -np.stack(layers)
+        # step 1: Nesterov's bias-corrected look-ahead is a multiple of the gradient
+        want[n] = -orthogonalised(grads[0][n], lambda a: polar_express(a, 1e-8, eps_inside=True))
     assert_steps_match_in_scale([{n: got[0][n] for n in BLOCK_WEIGHTS}], [want], 1e-4)
     with pytest.raises(ConfigError, match="optimizer.orthogonalizer: must be one of newton_schulz, polar_express"):
         OPTIMIZERS["muon"](MODEL, orthogonalizer="polar", **hyper)
@@ -896,14 +903,13 @@ def test_normuon_and_cautious_weight_decay_step_as_the_speedrun_does(cautious):
     for t, g in enumerate(grads, start=1):
         want = {}
         for n in BLOCK_WEIGHTS:
-            m[n] = 0.95 * m[n] + 0.05 * g[n]
-            look = 0.95 * m[n] / (1 - 0.95 ** (t + 1)) + 0.05 * g[n] / (1 - 0.95**t)
+            m[n], look = nesterov_look(m[n], g[n], 0.95, t)
+            orth = orthogonalised(look)
             layers = []
-            for layer in range(look.shape[0]):
-                a = look[layer].reshape(look.shape[1], -1)
-                orth = np.sqrt(max(1.0, a.shape[1] / a.shape[0])) * newton_schulz(a)
-                layers_out, second[n, layer] = normuon(orth, second.get((n, layer)), 0.9)
-                layers.append(layers_out.reshape(look.shape[1:]))
+            for layer in range(orth.shape[0]):
+                a = orth[layer].reshape(orth.shape[1], -1)
+                normalised, second[n, layer] = normuon(a, second.get((n, layer)), 0.9)
+                layers.append(normalised.reshape(orth.shape[1:]))
             direction = np.stack(layers)  # the step is -direction; decay where it moves w towards 0 (cautious)
             decay = 0.1 * x[n] * ((direction * x[n] >= 0) if cautious else 1.0)
             want[n] = -(direction + decay)
@@ -927,13 +933,8 @@ def test_muon_momentum_warms_up_from_its_start_to_its_momentum():
         b = 0.85 + 0.1 * min((t - 1) / 4, 1.0)
         want = {}
         for n in BLOCK_WEIGHTS:
-            m[n] = b * m[n] + (1 - b) * g[n]
-            look = b * m[n] / (1 - b ** (t + 1)) + (1 - b) * g[n] / (1 - b**t)
-            layers = []
-            for layer in range(look.shape[0]):
-                a = look[layer].reshape(look.shape[1], -1)
-                layers.append((np.sqrt(max(1.0, a.shape[1] / a.shape[0])) * newton_schulz(a)).reshape(look.shape[1:]))
-            want[n] = -np.stack(layers)
+            m[n], look = nesterov_look(m[n], g[n], b, t)
+            want[n] = -orthogonalised(look)
         assert_steps_match_in_scale([{n: got[t - 1][n] for n in BLOCK_WEIGHTS}], [want], 1e-4)
     steady = directions("muon", grads, **hyper)
     assert np.abs(got[1]["blocks.fc.weight"] - steady[1]["blocks.fc.weight"]).max() > 1e-3  # the warm-up shows
