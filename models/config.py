@@ -49,6 +49,20 @@ class Position(StrEnum):
     rope = "rope"  # rotary: every block turns queries and keys by their position (RoFormer, Llama); no parameters
 
 
+class RopeFrequencies(StrEnum):
+    """Which frequencies rotary positions turn a head's pairs of dimensions by (models/rope.py)."""
+
+    standard = "standard"  # every pair i of H/2 at theta^(-2i / H) (RoFormer, Llama)
+    half_truncated = "half_truncated"  # the speedrun's: H/4 pairs at (1/theta)^linspace(0, 1, H/4), H/4 not turned
+
+
+class SoftcapForm(StrEnum):
+    """How model.logit_softcap = c bounds the logits (models/lm_head.py)."""
+
+    tanh = "tanh"  # c tanh(x / c) (Gemma 2; the speedrun's)
+    algebraic = "algebraic"  # c x / sqrt(x^2 + c^2) (the speedrun's optimization track)
+
+
 class Norm(StrEnum):
     """The normalisation before attention, the MLP and the head (models/norms.py)."""
 
@@ -87,6 +101,7 @@ class ModelOptions:
 
     position: Position = Position.learned  # position information: a learned embedding (GPT-2) or rotary (rope)
     rope_theta: float = 10000.0  # position=rope: base of the rotary frequencies (Llama 2: 10000; Llama 3: 500000)
+    rope_frequencies: RopeFrequencies = RopeFrequencies.standard  # position=rope: all pairs, or the speedrun's half
     norm: Norm = Norm.layernorm  # the norm before attention, MLP and head
     norm_weight: bool = True  # a learned per-channel scale in every norm; false: none (the speedrun's RMSNorm)
     mlp: Mlp = Mlp.gelu  # the MLP's nonlinearity
@@ -98,6 +113,7 @@ class ModelOptions:
     qk_norm: bool = False  # normalise queries and keys per head (with model.norm) before attention: QK-norm
     tie_embeddings: bool = True  # the LM head is the token embedding (GPT-2); false: a head matrix of its own
     logit_softcap: float = 0.0  # logits -> c tanh(logits / c), c this value (Gemma 2; the speedrun's 30); 0 = off
+    logit_softcap_form: SoftcapForm = SoftcapForm.tanh  # logit_softcap's curve: tanh, or algebraic c x / sqrt(x^2+c^2)
     # The modded-nanogpt speedrun's pieces (models/gpt.py); each default leaves the model as it was.
 
     # U-net skips: the last n_layer // 2 blocks' inputs add a learned weight (starting at 1) times the output of the

@@ -362,7 +362,7 @@ class GPT(eqx.Module):
         if self.wpe is not None:
             x_BTD = x_BTD + self.wpe[positions]
         else:  # rotary: the same positions (restarting per document) turn the queries and keys in every block
-            rotary = rotary_angles(positions, cfg.head_dim, cfg.rope_theta)
+            rotary = rotary_angles(positions, cfg.head_dim, cfg.rope_theta, cfg.rope_frequencies)
         x_BTD = _dropout(x_BTD, cfg.dropout, keys[0])
 
         def block_fn(block, x, k, kv, scales, ve):
@@ -433,7 +433,10 @@ class GPT(eqx.Module):
         return self.wte if self.lm_head is None else self.lm_head
 
     def logits(self, h_BTD: jax.Array) -> jax.Array:
-        return masked_logits(h_BTD, self.head.astype(h_BTD.dtype), self.cfg.vocab_size, self.cfg.logit_softcap)
+        cfg = self.cfg
+        return masked_logits(
+            h_BTD, self.head.astype(h_BTD.dtype), cfg.vocab_size, cfg.logit_softcap, cfg.logit_softcap_form
+        )
 
     def loss_terms(
         self,
@@ -456,6 +459,7 @@ class GPT(eqx.Module):
                     self.cfg.vocab_size,
                     self.cfg.head_loss_chunk,
                     self.cfg.logit_softcap,
+                    self.cfg.logit_softcap_form,
                 )
             return log_z_and_target_logit(self.logits(h_BTD), targets_BT)
 

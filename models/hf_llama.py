@@ -32,6 +32,10 @@ def llama_problem(cfg: GPTConfig) -> str | None:
         (cfg.mlp != "swiglu", f"model.mlp={cfg.mlp}: Llama's MLP is SwiGLU only (swiglu)"),
         (not cfg.norm_weight, "model.norm_weight=false: Llama's RMSNorm has a learned weight"),
         (cfg.qk_norm, "model.qk_norm=true: Llama has no QK-norm"),
+        (
+            cfg.rope_frequencies != "standard",
+            f"model.rope_frequencies={cfg.rope_frequencies}: Llama's rotary frequencies are the standard ones",
+        ),
         (cfg.unet_skips, "model.unet_skips=true: Llama has no skip connections between blocks"),
         (cfg.value_embeddings > 0, f"model.value_embeddings={cfg.value_embeddings}: Llama has no value embeddings"),
         (cfg.logit_softcap > 0, f"model.logit_softcap={cfg.logit_softcap}: Llama has no logit soft-cap"),

@@ -11,8 +11,9 @@ target's logit. The cross-entropy is log Z - target logit; z-loss is (log Z)^2. 
            Costs one more head matmul (the recomputation) per step.
 
 With a soft-cap c > 0 (`model.logit_softcap`; Gemma 2, the modded-nanogpt speedrun) every logit is c tanh(logit / c)
-before anything reads it, in both heads; the chunked backward pass multiplies the logits' gradient by the cap's
-derivative 1 - (capped / c)^2.
+(or, `model.logit_softcap_form=algebraic`, c logit / sqrt(logit^2 + c^2), the speedrun's optimization track) before
+anything reads it, in both heads; the chunked backward pass multiplies the logits' gradient by the cap's derivative,
+from the capped value y: 1 - (y / c)^2, or its 3/2 power for the algebraic form.
 
 Padded vocabulary rows (ids >= vocab_size, GPTConfig.padded_vocab_size) get a logit of -1e9 inside the same fused
 computation that reads the logits, so they never receive probability and no extra pass over [B, T, V] is made.
@@ -31,13 +32,27 @@ from models.attention import cpu_float16_to_float32
 PADDED_LOGIT = -1e9  # the logit of a padded vocabulary row: exp(PADDED_LOGIT - log Z) is 0 in float32
 
 
-def masked_logits(h_BTD: jax.Array, w_VD: jax.Array, vocab_size: int, softcap: float = 0.0) -> jax.Array:
-    """Float32 logits [B, T, V] of the padded vocabulary (soft-capped when `softcap` > 0), padded rows at
+def soft_cap(x: jax.Array, c: float, form: str) -> jax.Array:
+    """x bounded to (-c, c): c tanh(x / c), or c x / sqrt(x^2 + c^2) (`algebraic`)."""
+    return c * x * jax.lax.rsqrt(x * x + c * c) if form == "algebraic" else c * jnp.tanh(x / c)
+
+
+def soft_cap_slope(y: jax.Array, c: float, form: str) -> jax.Array:
+    """The cap's derivative at x, from its value y = soft_cap(x): 1 - (y / c)^2, its 3/2 power when algebraic (0 at
+    a padded row's PADDED_LOGIT, which no cap gives)."""
+    s = jnp.maximum(1.0 - jnp.square(y / c), 0.0)
+    return s * jnp.sqrt(s) if form == "algebraic" else s
+
+
+def masked_logits(
+    h_BTD: jax.Array, w_VD: jax.Array, vocab_size: int, softcap: float = 0.0, form: str = "tanh"
+) -> jax.Array:
+    """Float32 logits [B, T, V] of the padded vocabulary (soft-capped when `softcap` > 0, by `form`), padded rows at
     PADDED_LOGIT."""
     h_BTD, w_VD = cpu_float16_to_float32(h_BTD, w_VD)
     logits_BTV = _head_matmul(h_BTD, w_VD) if h_BTD.dtype != jnp.float32 else _logits(h_BTD, w_VD)
     if softcap:
-        logits_BTV = softcap * jnp.tanh(logits_BTV / softcap)
+        logits_BTV = soft_cap(logits_BTV, softcap, form)
     is_real = jnp.arange(w_VD.shape[0]) < vocab_size
     return jnp.where(is_real, logits_BTV, PADDED_LOGIT)
 
@@ -85,12 +100,18 @@ def chunk_length(batch: int, time: int, chunk_tokens: int) -> int:
 
 
 def chunked_log_z_and_target_logit(
-    h_BTD: jax.Array, w_VD: jax.Array, targets_BT: jax.Array, vocab_size: int, chunk_tokens: int, softcap: float = 0.0
+    h_BTD: jax.Array,
+    w_VD: jax.Array,
+    targets_BT: jax.Array,
+    vocab_size: int,
+    chunk_tokens: int,
+    softcap: float = 0.0,
+    form: str = "tanh",
 ) -> tuple[jax.Array, jax.Array]:
     """log Z and the target's logit ([B, T] float32 each) without the [B, T, V] logits; equal to
     `log_z_and_target_logit(masked_logits(...), targets)` up to float rounding, and so are their gradients."""
     B, T = targets_BT.shape
-    return _chunked(h_BTD, w_VD, targets_BT, vocab_size, chunk_length(B, T, chunk_tokens), float(softcap))
+    return _chunked(h_BTD, w_VD, targets_BT, vocab_size, chunk_length(B, T, chunk_tokens), (float(softcap), str(form)))
 
 
 def _to_chunks(x: jax.Array, t: int) -> jax.Array:
@@ -112,7 +133,7 @@ def _chunked(h_BTD, w_VD, targets_BT, vocab_size, t, softcap):
 def _forward(h_BTD, w_VD, targets_BT, vocab_size, t, softcap):
     def chunk(_, xs):
         h_BtD, targets_Bt = xs
-        return None, log_z_and_target_logit(masked_logits(h_BtD, w_VD, vocab_size, softcap), targets_Bt)
+        return None, log_z_and_target_logit(masked_logits(h_BtD, w_VD, vocab_size, *softcap), targets_Bt)
 
     _, (log_z, target_logit) = jax.lax.scan(chunk, None, (_to_chunks(h_BTD, t), _to_chunks(targets_BT, t)))
     return _from_chunks(log_z), _from_chunks(target_logit)
@@ -131,12 +152,12 @@ def _chunked_bwd(vocab_size, t, softcap, residuals, cotangents):
 
     def chunk(dw_VD, xs):
         h_BtD, targets_Bt, log_z_Bt, d_log_z_Bt, d_target_Bt = xs
-        logits_BtV = masked_logits(h_BtD, w_VD, vocab_size, softcap)
+        logits_BtV = masked_logits(h_BtD, w_VD, vocab_size, *softcap)
         probs_BtV = jnp.exp(logits_BtV - log_z_Bt[..., None])
         is_target_BtV = jnp.arange(V) == targets_Bt[..., None]
         d_logits_BtV = d_log_z_Bt[..., None] * probs_BtV + jnp.where(is_target_BtV, d_target_Bt[..., None], 0.0)
-        if softcap:  # through c tanh(x / c): its derivative 1 - tanh^2 (padded rows' gradient is 0 already)
-            d_logits_BtV = d_logits_BtV * (1.0 - jnp.square(logits_BtV / softcap))
+        if softcap[0]:  # through the cap: its slope from the capped logits (padded rows' gradient is 0 already)
+            d_logits_BtV = d_logits_BtV * soft_cap_slope(logits_BtV, *softcap)
         d_logits_BtV = d_logits_BtV.astype(w_op.dtype)
         dh_BtD = jnp.einsum("btv,vd->btd", d_logits_BtV, w_op, preferred_element_type=jnp.float32)
         dw_VD = dw_VD + jnp.einsum(

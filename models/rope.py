@@ -13,10 +13,19 @@ import jax
 import jax.numpy as jnp
 
 
-def rotary_angles(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+def rotary_angles(
+    positions: jax.Array, head_dim: int, theta: float, frequencies: str = "standard"
+) -> tuple[jax.Array, jax.Array]:
     """cos and sin of every pair's angle, [T, 1, H/2] for positions [T] or [B, T, 1, H/2] for [B, T] (the 1
-    broadcasts over heads)."""
-    inv_freq_h = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))  # as transformers
+    broadcasts over heads). `frequencies` (`model.rope_frequencies`): `standard`, pair i at theta^(-2i / H), as
+    transformers; `half_truncated`, the modded-nanogpt speedrun's: the first H/4 pairs at (1/theta)^linspace(0, 1,
+    H/4) (its own end points: 1 and 1/theta), the other H/4 at 0 (not turned: they carry no position)."""
+    if frequencies == "half_truncated":
+        quarter = head_dim // 4
+        turned = (1.0 / theta) ** jnp.linspace(0.0, 1.0, quarter, dtype=jnp.float32)
+        inv_freq_h = jnp.concatenate([turned, jnp.zeros(head_dim // 2 - quarter, jnp.float32)])
+    else:
+        inv_freq_h = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))  # as transformers
     angles = positions.astype(jnp.float32)[..., None] * inv_freq_h
     return jnp.cos(angles)[..., None, :], jnp.sin(angles)[..., None, :]
 

@@ -37,6 +37,7 @@ CHANGED = {
     "head_loss_chunk": {"head_loss_chunk": 1024},
     "position": {"position": "learned"},
     "rope_theta": {"rope_theta": 500000.0},
+    "rope_frequencies": {"rope_frequencies": "half_truncated"},
     "norm": {"norm": "layernorm"},
     "norm_weight": {"norm_weight": False},
     "mlp": {"mlp": "relu2"},
@@ -45,6 +46,7 @@ CHANGED = {
     "qk_norm": {"qk_norm": True},
     "tie_embeddings": {"tie_embeddings": True},
     "logit_softcap": {"logit_softcap": 30.0},
+    "logit_softcap_form": {"logit_softcap": 30.0, "logit_softcap_form": "algebraic"},
     "unet_skips": {"unet_skips": True},
     "zero_init_mlp_out": {"zero_init_mlp_out": True},
     "value_embeddings": {"value_embeddings": 1},
@@ -63,7 +65,7 @@ COMPUTE_ONLY = {
 }
 BASES = ("gpt2-tiny", "llama-tiny")  # an export as GPT-2 and one as Llama
 # Options that do not act on a base's model: rotary frequencies without rotary positions; Llama has no dropout.
-IRRELEVANT = {("gpt2-tiny", "rope_theta"), ("llama-tiny", "dropout")}
+IRRELEVANT = {("gpt2-tiny", "rope_theta"), ("gpt2-tiny", "rope_frequencies"), ("llama-tiny", "dropout")}
 
 
 def changed(base: str, option: str) -> Config:

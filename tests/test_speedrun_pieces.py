@@ -198,3 +198,49 @@ def test_too_many_value_embedding_tables_are_one_line():
 
     with pytest.raises(ConfigError, match=r"model.value_embeddings: .* needs 0 <= 2 k <= n_layer=2; got 2"):
         load_config(["model=gpt2-tiny", "model.value_embeddings=2"])
+
+
+def test_half_truncated_rope_turns_a_quarter_of_the_pairs_by_the_speedruns_frequencies():
+    from models.rope import apply_rotary, rotary_angles
+
+    positions = jnp.arange(12)
+    cos, sin = rotary_angles(positions, 16, 1024.0, "half_truncated")
+    frequencies = np.concatenate([(1 / 1024) ** np.linspace(0, 1, 4), np.zeros(4)])  # the speedrun's Rotary
+    angles = np.arange(12)[:, None] * frequencies
+    np.testing.assert_allclose(cos[:, 0], np.cos(angles), atol=1e-6)
+    np.testing.assert_allclose(sin[:, 0], np.sin(angles), atol=1e-6)
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((2, 12, 3, 16)), jnp.float32)
+    turned = np.asarray(apply_rotary(x, cos, sin))
+    untouched = np.r_[4:8, 12:16]  # pairs 4..7: dimension i of each half, i >= H/4
+    np.testing.assert_array_equal(turned[..., untouched], np.asarray(x)[..., untouched])
+    assert np.abs(turned[:, 1:, :, :4] - np.asarray(x)[:, 1:, :, :4]).min() > 0  # the first quarter turns
+    standard = np.asarray(apply_rotary(x, *rotary_angles(positions, 16, 1024.0)))
+    assert np.abs(standard[..., untouched] - np.asarray(x)[..., untouched]).max() > 1e-2
+
+
+@pytest.mark.parametrize("form", ["tanh", "algebraic"])
+def test_each_soft_cap_form_bounds_the_logits_and_the_chunked_head_follows_it(form):
+    from models.lm_head import chunked_log_z_and_target_logit, log_z_and_target_logit, masked_logits
+
+    rng = np.random.default_rng(0)
+    h = jnp.asarray(rng.standard_normal((2, 8, 16)) * 4, jnp.float32)
+    w = jnp.asarray(rng.standard_normal((64, 16)), jnp.float32)
+    targets = jnp.asarray(rng.integers(0, 61, (2, 8)))
+    raw = np.einsum("btd,vd->btv", np.asarray(h, np.float64), np.asarray(w, np.float64))
+    capped = 5 * raw / np.sqrt(raw**2 + 25) if form == "algebraic" else 5 * np.tanh(raw / 5)
+    logits = np.asarray(masked_logits(h, w, 61, 5.0, form))
+    np.testing.assert_allclose(logits[..., :61], capped[..., :61], rtol=1e-5, atol=1e-5)
+    assert np.abs(logits[..., :61]).max() < 5 < np.abs(raw).max()
+
+    def dense(h, w):
+        log_z, target = log_z_and_target_logit(masked_logits(h, w, 61, 5.0, form), targets)
+        return jnp.mean(log_z - target)
+
+    def chunked(h, w):
+        log_z, target = chunked_log_z_and_target_logit(h, w, targets, 61, 4, 5.0, form)
+        return jnp.mean(log_z - target)
+
+    (loss, grads), (loss_c, grads_c) = (jax.value_and_grad(f, (0, 1))(h, w) for f in (dense, chunked))
+    assert float(loss_c) == pytest.approx(float(loss), rel=1e-6)
+    for g, g_c in zip(grads, grads_c, strict=True):
+        np.testing.assert_allclose(g_c, g, rtol=1e-5, atol=1e-7)

@@ -45,6 +45,12 @@ class ModelConfig(ModelOptions):
                 f"rope turns pairs of a head's dimensions: the head size n_embd / n_head = "
                 f"{self.n_embd} / {self.n_head} = {head_dim} must be even",
             )
+        if self.position == Position.rope and self.rope_frequencies == "half_truncated" and head_dim % 4:
+            fail(
+                "model.rope_frequencies",
+                f"half_truncated turns a quarter of a head's dimensions in pairs: the head size {head_dim} must be a "
+                "multiple of 4",
+            )
         if self.rope_theta <= 0:
             fail("model.rope_theta", f"must be > 0; got {self.rope_theta}")
         if self.mlp_hidden is not None and self.mlp_hidden < 1:
