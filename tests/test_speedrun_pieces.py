@@ -244,3 +244,29 @@ def test_each_soft_cap_form_bounds_the_logits_and_the_chunked_head_follows_it(fo
     assert float(loss_c) == pytest.approx(float(loss), rel=1e-6)
     for g, g_c in zip(grads, grads_c, strict=True):
         np.testing.assert_allclose(g_c, g, rtol=1e-5, atol=1e-7)
+
+
+SPEEDRUN_MUON = [
+    "optimizer=muon",
+    "optimizer.orthogonalizer=polar_express",
+    "optimizer.normuon_beta2=0.95",
+    "optimizer.cautious_weight_decay=true",
+    "optimizer.momentum_warmup=0.5",
+]
+
+
+def test_the_speedrun_micro_preset_trains_with_the_speedruns_muon(data_cache):
+    overrides = tiny_overrides(data_cache, "model.context_size=64", "train.batch_size=4", *SPEEDRUN_MUON)
+    overrides[0] = "model=speedrun-micro"
+    parts = build(overrides)
+    model = parts.state.model
+    cfg = model.cfg
+    assert (cfg.unet_skips, cfg.value_embeddings, cfg.zero_init_mlp_out, cfg.rope_frequencies) == (
+        True,
+        1,
+        True,
+        "half_truncated",
+    )
+    assert model.skip_weights.shape == (2,) and model.value_embeds.shape[0] == 1
+    losses = [float(parts.step(step)["loss"]) for step in range(6)]
+    assert all(np.isfinite(losses)) and losses[-1] < losses[0] - 0.1

@@ -1,0 +1,237 @@
+"""Tokens and seconds to a target loss: GPT-2 with AdamW (the baseline: scripts/train_lm.sh's run) against the
+modded-nanogpt speedrun's recipe at the same size (model=speedrun-micro, the speedrun's Muon), on the embedded corpus.
+
+    python -m scripts.experiments.time_to_target --out runs/ttt                  # baseline and recipe, 2 seeds each
+    python -m scripts.experiments.time_to_target --out runs/ttt --ablation       # + the recipe less each piece
+    python -m scripts.experiments.time_to_target --out runs/ttt --summarize      # the table of the runs done so far
+
+Every variant trains `--steps` steps of 16 x 256 tokens (train_lm.sh's budget) for each of `--seeds` seeds, one run
+directory each under --out, evaluated every `--eval-every` steps; a run whose directory holds a finished metrics file
+is not run again (stop and start the script at will). The target is the baseline's final `val` loss (the mean over
+its seeds); for each run the tokens and the seconds (the run's own clock, `elapsed_s`: from its start, compiling and
+evaluations included) at which `val` first reaches it, linearly interpolated between evaluations, and their fractions
+of the baseline's full run. Writes `time_to_target.json` (every run's curve, the crossings, the fractions, the
+recipe's final nats/byte), a Markdown table and `time_to_target.png` (val against tokens and against seconds, every
+seed's curve) into --out. Extra arguments after `--` are Hydra overrides for every run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+# gpt2-micro with AdamW at train_lm.sh's settings (its 20 warmup steps of 320 as a fraction), and the recipe at the
+# same width, depth and MLP: the same 3.1M non-embedding parameters (its untied head and value embeddings are
+# embeddings). The recipe's step sizes are modern-gpt's with Muon at this size (lr 0.02, floor 0.1, AdamW group 0.15).
+BASELINE = ["model=gpt2-micro", "optimizer=adamw", "optimizer.lr_config.lr=3e-3", "optimizer.lr_config.warmup=0.0625"]
+RECIPE = [
+    "model=speedrun-micro",
+    "optimizer=muon",
+    "optimizer.lr_config.lr=0.02",
+    "optimizer.lr_config.min_lr_ratio=0.1",
+    "optimizer.groups.adam.lr_multiplier=0.15",
+    "optimizer.orthogonalizer=polar_express",
+    "optimizer.normuon_beta2=0.95",
+    "optimizer.cautious_weight_decay=true",
+    "optimizer.momentum_warmup=0.1",
+]
+# The recipe less one piece each: what the piece buys at this scale.
+ABLATIONS = {
+    "unet_skips": ["model.unet_skips=false"],
+    "value_embeddings": ["model.value_embeddings=0"],
+    "zero_init_mlp_out": ["model.zero_init_mlp_out=false"],
+    "half_truncated_rope": ["model.rope_frequencies=standard", "model.rope_theta=10000"],
+    "logit_softcap": ["model.logit_softcap=0"],
+    "polar_express": ["optimizer.orthogonalizer=newton_schulz"],
+    "normuon": ["optimizer.normuon_beta2=null"],
+    "cautious_weight_decay": ["optimizer.cautious_weight_decay=false"],
+    "momentum_warmup": ["optimizer.momentum_warmup=0"],
+}
+BATCH, CONTEXT = 16, 256
+
+
+def variants(ablation: bool) -> dict[str, list[str]]:
+    out = {"baseline": BASELINE, "recipe": RECIPE}
+    if ablation:
+        out.update({f"recipe-no-{piece}": RECIPE + extra for piece, extra in ABLATIONS.items()})
+    return out
+
+
+def run_overrides(overrides: list[str], run_dir: Path, seed: int, steps: int, eval_every: int) -> list[str]:
+    return [
+        *overrides,
+        f"train.max_steps={steps}",
+        f"train.eval_interval={eval_every}",
+        f"train.log_interval={eval_every}",
+        f"train.batch_size={BATCH}",
+        f"train.seed={seed}",
+        "train.max_training_hours=2",
+        f"logging.run_dir={run_dir}",
+        "logging.wandb=disabled",
+        "logging.plot=false",
+        "logging.progress=lines",
+    ]
+
+
+def finished(run_dir: Path, steps: int) -> bool:
+    return any(row["step"] >= steps and row["split"] == "val" for row in metrics(run_dir))
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def curve(run_dir: Path) -> list[dict]:
+    """Each evaluation of `val`: step, training tokens, seconds (`elapsed_s` of the train row logged at that step),
+    loss per token and per byte."""
+    rows = metrics(run_dir)
+    seconds = {r["step"]: r["elapsed_s"] for r in rows if r["split"] == "train" and "elapsed_s" in r}
+    return [
+        {
+            "step": r["step"],
+            "tokens": r["step"] * BATCH * CONTEXT,
+            "seconds": seconds.get(r["step"]),
+            "loss": r["loss"],
+            "nats_per_byte": r["nats_per_byte"],
+        }
+        for r in rows
+        if r["split"] == "val"
+    ]
+
+
+def crossing(points: list[dict], target: float) -> dict | None:
+    """Tokens and seconds at which the loss first reaches `target`, linearly interpolated between the evaluation
+    before and the one that reaches it; None when it never does."""
+    before = None
+    for point in points:
+        if point["loss"] <= target:
+            if before is None:
+                return {"tokens": point["tokens"], "seconds": point["seconds"]}
+            share = (before["loss"] - target) / (before["loss"] - point["loss"])
+            return {
+                key: before[key] + share * (point[key] - before[key])
+                for key in ("tokens", "seconds")
+                if point[key] is not None and before[key] is not None
+            }
+        before = point
+    return None
+
+
+def summarize(runs: dict[str, list[list[dict]]]) -> dict:
+    """The target (the baseline's mean final val loss), each run's crossing and its fractions of the baseline's
+    full run (tokens, seconds), and each variant's mean final nats/byte."""
+    baseline = runs["baseline"]
+    target = statistics.mean(points[-1]["loss"] for points in baseline)
+    full_tokens = statistics.mean(points[-1]["tokens"] for points in baseline)
+    full_seconds = statistics.mean(points[-1]["seconds"] for points in baseline)
+    out = {"target_val_loss": target, "baseline_tokens": full_tokens, "baseline_seconds": full_seconds, "variants": {}}
+    for name, seeds in runs.items():
+        crossings = [crossing(points, target) for points in seeds]
+        reached = [c for c in crossings if c is not None]
+        out["variants"][name] = {
+            "seeds": len(seeds),
+            "crossings": crossings,
+            "tokens_fraction": (
+                statistics.mean(c["tokens"] for c in reached) / full_tokens if len(reached) == len(seeds) else None
+            ),
+            "seconds_fraction": (
+                statistics.mean(c["seconds"] for c in reached) / full_seconds if len(reached) == len(seeds) else None
+            ),
+            "final_val_loss": statistics.mean(points[-1]["loss"] for points in seeds),
+            "final_val_nats_per_byte": statistics.mean(points[-1]["nats_per_byte"] for points in seeds),
+        }
+    return out
+
+
+def table(summary: dict) -> str:
+    lines = [
+        f"target: the baseline's final val loss {summary['target_val_loss']:.4f} per token, reached by it in "
+        f"{summary['baseline_tokens']:,.0f} tokens and {summary['baseline_seconds']:.0f} s",
+        "| variant | seeds | tokens to target | seconds to target | final val (nats/byte) |",
+        "|---|--:|--:|--:|--:|",
+    ]
+    for name, v in summary["variants"].items():
+        tokens = "not reached" if v["tokens_fraction"] is None else f"{v['tokens_fraction']:.1%}"
+        seconds = "not reached" if v["seconds_fraction"] is None else f"{v['seconds_fraction']:.1%}"
+        lines.append(f"| {name} | {v['seeds']} | {tokens} | {seconds} | {v['final_val_nats_per_byte']:.4f} |")
+    return "\n".join(lines)
+
+
+def plot(runs: dict[str, list[list[dict]]], target: float, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for i, (name, seeds) in enumerate(runs.items()):
+        for s, points in enumerate(seeds):
+            label = name if s == 0 else None
+            for ax, key in zip(axes, ("tokens", "seconds"), strict=True):
+                xs = [p[key] for p in points]
+                if None not in xs:
+                    ax.plot(xs, [p["loss"] for p in points], color=f"C{i}", alpha=0.8, label=label)
+    for ax, key in zip(axes, ("training tokens", "seconds since the run started"), strict=True):
+        ax.axhline(target, color="k", ls=":", lw=1)
+        ax.set_xlabel(key)
+    axes[0].set_ylabel("val loss per token")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str]) -> int:
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="a folder for the runs, the record, the table and the picture")
+    p.add_argument("--seeds", type=int, default=2, help="seeds per variant (default 2)")
+    p.add_argument("--steps", type=int, default=320, help="steps per run (default 320: train_lm.sh's)")
+    p.add_argument("--eval-every", type=int, default=20, help="steps between evaluations (default 20)")
+    p.add_argument("--ablation", action="store_true", help="also the recipe less each of its pieces")
+    p.add_argument("--summarize", action="store_true", help="run nothing: the table of the runs finished so far")
+    args = p.parse_args(argv)
+    if args.seeds < 1 or args.steps < 1 or args.eval_every < 1:
+        p.error("--seeds, --steps and --eval-every must be at least 1")
+    out = Path(args.out)
+    chosen = variants(args.ablation)
+    for name, overrides in chosen.items():
+        for seed in range(args.seeds):
+            run_dir = out / f"{name}-s{seed}"
+            if args.summarize or finished(run_dir, args.steps):
+                continue
+            command = [
+                sys.executable,
+                "train_jax.py",
+                *run_overrides(overrides, run_dir, seed, args.steps, args.eval_every),
+            ]
+            print(f"[{name} seed {seed}] {' '.join(command[1:])}", flush=True)
+            done = subprocess.run([*command, *extra], cwd=Path(__file__).resolve().parents[2], env=os.environ)
+            if done.returncode:
+                print(f"error: {name} seed {seed} exited {done.returncode}", file=sys.stderr)
+                return done.returncode
+    runs = {
+        name: [curve(out / f"{name}-s{seed}") for seed in range(args.seeds)]
+        for name in chosen
+        if all(finished(out / f"{name}-s{seed}", args.steps) for seed in range(args.seeds))
+    }
+    if "baseline" not in runs:
+        print("error: time_to_target: no finished baseline runs under --out yet", file=sys.stderr)
+        return 1
+    summary = summarize(runs)
+    record = {"summary": summary, "runs": runs, "steps": args.steps, "seeds": args.seeds, "extra_overrides": extra}
+    (out / "time_to_target.json").write_text(json.dumps(record, indent=1))
+    (out / "time_to_target.md").write_text(table(summary) + "\n")
+    plot(runs, summary["target_val_loss"], out / "time_to_target.png")
+    print(table(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,68 @@
+"""scripts/experiments/time_to_target.py: where a curve first reaches the target, the fractions of the baseline's run,
+and the whole script on tiny runs (its record, table and picture; finished runs not run again)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import helpers
+from helpers import ROOT
+from scripts.experiments import time_to_target as ttt
+
+
+def points(losses, step=10):
+    return [
+        {"step": step * (i + 1), "tokens": 100 * (i + 1), "seconds": 2.0 * (i + 1), "loss": x, "nats_per_byte": x / 2}
+        for i, x in enumerate(losses)
+    ]
+
+
+def test_the_crossing_is_interpolated_between_the_evaluations_around_it():
+    assert ttt.crossing(points([5.0, 4.0, 3.0]), 3.5) == {"tokens": 250.0, "seconds": 5.0}
+    assert ttt.crossing(points([3.0, 2.0]), 3.5) == {"tokens": 100, "seconds": 2.0}  # reached at the first evaluation
+    assert ttt.crossing(points([5.0, 4.0]), 3.5) is None
+
+
+def test_fractions_are_of_the_baselines_whole_run_averaged_over_seeds():
+    runs = {
+        "baseline": [points([5.0, 4.0, 3.0, 2.0]), points([5.0, 4.0, 3.0, 2.2])],  # target 2.1
+        "recipe": [points([4.0, 2.1, 1.5, 1.0]), points([4.0, 3.1, 2.1, 1.9])],  # reach it at 200 and 300 tokens
+        "slow": [points([5.0, 4.0, 3.0, 2.5]), points([5.0, 4.0, 3.0, 2.0])],
+    }
+    summary = ttt.summarize(runs)
+    assert summary["target_val_loss"] == pytest.approx(2.1)
+    recipe = summary["variants"]["recipe"]
+    assert recipe["tokens_fraction"] == pytest.approx(250 / 400) and recipe["seconds_fraction"] == pytest.approx(5 / 8)
+    assert recipe["final_val_nats_per_byte"] == pytest.approx((0.5 + 0.95) / 2)
+    assert summary["variants"]["slow"]["tokens_fraction"] is None  # one seed never reaches it
+    assert "| slow | 2 | not reached | not reached |" in ttt.table(summary)
+
+
+def test_the_script_runs_each_variant_once_and_writes_its_record_table_and_picture(tmp_path, data_cache):
+    out = tmp_path / "ttt"
+    tiny = [
+        "model.n_layer=2",
+        "model.n_embd=64",
+        "model.n_head=2",
+        "model.context_size=32",
+        "dataset.tokenizer=byte",
+        "dataset.max_documents=24",
+        "dataset.num_proc=1",
+        f"dataset.cache_dir={data_cache}",
+        "system.num_devices=1",
+        "train.eval_iters=1",
+        f"system.compilation_cache_dir={helpers.COMPILE_CACHE}",
+    ]
+    argv = ["--out", str(out), "--seeds", "1", "--steps", "4", "--eval-every", "2", "--", *tiny]
+    assert ttt.main(argv) == 0
+    record = json.loads((out / "time_to_target.json").read_text())
+    assert set(record["runs"]) == {"baseline", "recipe"} and [p["step"] for p in record["runs"]["recipe"][0]] == [2, 4]
+    baseline = record["summary"]["variants"]["baseline"]
+    assert baseline["crossings"][0] is not None and (out / "time_to_target.png").stat().st_size > 1000
+    assert "| recipe | 1 |" in (out / "time_to_target.md").read_text()
+    stamp = (out / "recipe-s0" / "metrics.jsonl").stat().st_mtime
+    assert ttt.main(argv) == 0  # finished: nothing runs again
+    assert (out / "recipe-s0" / "metrics.jsonl").stat().st_mtime == stamp
+    assert (ROOT / "conf" / "model" / "speedrun-micro.yaml").exists()
