@@ -124,6 +124,9 @@ class ModelOptions:
     # table's row of each token to the attention values, gated per key/value head by 2 sigmoid(w . x[:12]) of the
     # block's normed input (w starting at 0: a gate of 1); the tables are labelled `value_embedding`; 0 = off
     value_embeddings: int = 0
+    # the smear gate: each token's embedding adds lambda sigmoid(w . x[:12]) times the previous token's (one token of
+    # look-back; never across a document's start); lambda and w start at 0, labelled `scalar`
+    smear_gate: bool = False
     # mup: hidden init std and Adam lr / m, scores / head_dim, readout / m, m = n_embd / mup_base_width (models/mup.py)
     parametrization: Parametrization = Parametrization.standard
     mup_base_width: int = 256  # parametrization=mup: the width that trains exactly as standard (gpt2-micro's)

@@ -265,6 +265,7 @@ class GPT(eqx.Module):
     skip_weights: jax.Array | None  # [n_layer // 2] the U-net skips' weights (model.unet_skips); None without
     value_embeds: jax.Array | None  # [k, V, D] value-embedding tables (model.value_embeddings = k); None without
     ve_gates: jax.Array | None  # [2k, K, G] their gates' weights, layers 0..k-1 then the last k; None without
+    smear: jax.Array | None  # [G + 1] the smear gate's weights w, then its lambda (model.smear_gate); None without
     cfg: GPTConfig = eqx.field(static=True)
 
     # Megatron's tensor-parallel layout: the axis of each array split over the mesh's `model` axis (blocks' arrays
@@ -317,6 +318,7 @@ class GPT(eqx.Module):
                 if cfg.value_embeddings
                 else None
             ),
+            smear=jnp.zeros((min(VE_GATE_CHANNELS, cfg.n_embd) + 1,), jnp.float32) if cfg.smear_gate else None,
             cfg=cfg,
         )
 
@@ -335,7 +337,8 @@ class GPT(eqx.Module):
         cfg = self.cfg
         shape = (cfg.n_layer, batch, cfg.context_size, cfg.kv_heads, cfg.head_dim)
         zeros = jnp.zeros(shape, self.wte.dtype)
-        return KVCache(zeros, zeros, jnp.zeros((batch,), jnp.int32), empty=True)
+        tokens = jnp.zeros((batch, cfg.context_size), jnp.int32) if cfg.smear_gate else None  # the smear's look-back
+        return KVCache(zeros, zeros, jnp.zeros((batch,), jnp.int32), empty=True, tokens=tokens)
 
     def hidden(
         self,
@@ -358,6 +361,8 @@ class GPT(eqx.Module):
         else:
             positions = jnp.arange(T) if cache is None else cache.lengths[:, None] + jnp.arange(T)
         x_BTD = self.wte[tokens_BT]
+        if self.smear is not None:
+            x_BTD, cache = self._smear(x_BTD, tokens_BT, positions, cache)
         rotary = None
         if self.wpe is not None:
             x_BTD = x_BTD + self.wpe[positions]
@@ -421,11 +426,31 @@ class GPT(eqx.Module):
         elif cache is not None:
             kv_L = kvs[0]
         if cache is not None:
-            cache = KVCache(kv_L[0], kv_L[1], cache.lengths + T)
+            cache = KVCache(kv_L[0], kv_L[1], cache.lengths + T, tokens=cache.tokens)
         h_BTD = self.ln_f(x_BTD)
         if cfg.parametrization == "mup":  # the readout's 1/m (models/mup.py): every head and loss reads h
             h_BTD = h_BTD * jnp.asarray(output_multiplier(cfg), h_BTD.dtype)
         return h_BTD, cache
+
+    def _smear(
+        self, x_BTD: jax.Array, tokens_BT: jax.Array, positions: jax.Array, cache: KVCache | None
+    ) -> tuple[jax.Array, KVCache | None]:
+        """The speedrun's smear gate: x_t + lambda sigmoid(w . x_t[:G]) x_{t-1}, x the token embeddings, nothing added
+        at a position 0 (a sequence's or a document's start). Decoding reads the previous token of a call's first
+        new token from the cache's ids, and writes this call's ids there."""
+        G = self.smear.shape[0] - 1
+        w, lam = self.smear[:G].astype(x_BTD.dtype), self.smear[G].astype(x_BTD.dtype)
+        previous_BT = jnp.concatenate([tokens_BT[:, :1], tokens_BT[:, :-1]], axis=1)
+        if cache is not None:
+            tokens_BC = cache.tokens
+            before_B = jnp.take_along_axis(tokens_BC, jnp.maximum(cache.lengths - 1, 0)[:, None], axis=1)[:, 0]
+            previous_BT = previous_BT.at[:, 0].set(before_B)
+            write = jax.vmap(lambda row, new, s: jax.lax.dynamic_update_slice_in_dim(row, new, s, 0))
+            tokens_BC = write(tokens_BC, tokens_BT.astype(jnp.int32), cache.lengths)
+            cache = KVCache(cache.k, cache.v, cache.lengths, cache.empty, tokens_BC)
+        gate_BT1 = lam * jax.nn.sigmoid(x_BTD[..., :G] @ w)[..., None]
+        has_previous_BT1 = (jnp.broadcast_to(positions, tokens_BT.shape) > 0)[..., None]
+        return x_BTD + jnp.where(has_previous_BT1, gate_BT1 * self.wte[previous_BT], 0.0), cache
 
     @property
     def head(self) -> jax.Array:
@@ -493,7 +518,7 @@ class GPT(eqx.Module):
         """Each parameter's label for the optimizer's groups (optimizers/groups.py): token_embedding (also the LM
         head when tied), head (an untied LM head), position, attn_qkv, attn_out, mlp_in (SwiGLU's gate and up),
         mlp_out, norm (norm weights, QK-norm's too), bias (every bias), scalar (the U-net skips' weights, the value
-        embeddings' gates), value_embedding (the value-embedding tables)."""
+        embeddings' gates, the smear gate), value_embedding (the value-embedding tables)."""
         norms = ("blocks.ln1", "blocks.ln2", "blocks.q_norm", "blocks.k_norm", "ln_f")
         return self._mark(
             "",
@@ -503,7 +528,7 @@ class GPT(eqx.Module):
                 "position": ("wpe",),
                 **{label: (path,) for label, path in BLOCK_MATRIX_PATHS.items()},
                 "norm": tuple(f"{n}.weight" for n in norms),
-                "scalar": ("skip_weights", "ve_gates"),
+                "scalar": ("skip_weights", "ve_gates", "smear"),
                 "value_embedding": ("value_embeds",),
                 "bias": tuple(f"blocks.{f}.bias" for f in ("qkv", "attn_proj", "fc", "mlp_proj"))
                 + tuple(f"{n}.bias" for n in norms),

@@ -62,6 +62,7 @@ def gpt2_problem(cfg: GPTConfig) -> str | None:
         (not cfg.norm_weight, "model.norm_weight=false: GPT-2's LayerNorm has a learned weight"),
         (cfg.qk_norm, "model.qk_norm=true: GPT-2 has no QK-norm"),
         (cfg.unet_skips, "model.unet_skips=true: GPT-2 has no skip connections between blocks"),
+        (cfg.smear_gate, "model.smear_gate=true: GPT-2 has no smear gate"),
         (cfg.value_embeddings > 0, f"model.value_embeddings={cfg.value_embeddings}: GPT-2 has no value embeddings"),
         (not cfg.tie_embeddings, "model.tie_embeddings=false: GPT-2's head is its token embedding"),
         (cfg.logit_softcap > 0, f"model.logit_softcap={cfg.logit_softcap}: GPT-2 has no logit soft-cap"),
@@ -295,6 +296,7 @@ def from_hf_tensors(tensors: dict[str, np.ndarray], like: GPT, key: jax.Array) -
         skip_weights=None,
         value_embeds=None,
         ve_gates=None,
+        smear=None,
         cfg=cfg,
     )
 

@@ -37,6 +37,7 @@ def llama_problem(cfg: GPTConfig) -> str | None:
             f"model.rope_frequencies={cfg.rope_frequencies}: Llama's rotary frequencies are the standard ones",
         ),
         (cfg.unet_skips, "model.unet_skips=true: Llama has no skip connections between blocks"),
+        (cfg.smear_gate, "model.smear_gate=true: Llama has no smear gate"),
         (cfg.value_embeddings > 0, f"model.value_embeddings={cfg.value_embeddings}: Llama has no value embeddings"),
         (cfg.logit_softcap > 0, f"model.logit_softcap={cfg.logit_softcap}: Llama has no logit soft-cap"),
         (
@@ -243,5 +244,6 @@ def from_llama_tensors(tensors: dict[str, np.ndarray], like: GPT, key: jax.Array
         skip_weights=None,
         value_embeds=None,
         ve_gates=None,
+        smear=None,
         cfg=cfg,
     )

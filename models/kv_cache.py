@@ -51,7 +51,8 @@ class KVCache(eqx.Module):
     v: jax.Array
     lengths: jax.Array
     empty: bool = eqx.field(static=True, default=False)
+    tokens: jax.Array | None = None  # [B, C] the ids at each position (model.smear_gate looks one token back)
 
     def with_lengths(self, lengths_B: jax.Array) -> KVCache:
         """The cache with each row's length set, e.g. to its prompt's length after a right-padded prefill."""
-        return KVCache(self.k, self.v, lengths_B.astype(jnp.int32), self.empty)
+        return KVCache(self.k, self.v, lengths_B.astype(jnp.int32), self.empty, self.tokens)

@@ -50,6 +50,7 @@ CHANGED = {
     "unet_skips": {"unet_skips": True},
     "zero_init_mlp_out": {"zero_init_mlp_out": True},
     "value_embeddings": {"value_embeddings": 1},
+    "smear_gate": {"smear_gate": True},
     "parametrization": {"parametrization": "mup", "mup_base_width": 32},
     "mup_base_width": {"parametrization": "mup", "mup_base_width": 32},
 }

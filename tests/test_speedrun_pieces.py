@@ -270,3 +270,55 @@ def test_the_speedrun_micro_preset_trains_with_the_speedruns_muon(data_cache):
     assert model.skip_weights.shape == (2,) and model.value_embeds.shape[0] == 1
     losses = [float(parts.step(step)["loss"]) for step in range(6)]
     assert all(np.isfinite(losses)) and losses[-1] < losses[0] - 0.1
+
+
+def smeared(model: GPT, tok: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """The smear gate in NumPy: x_t + lambda sigmoid(w . x_t[:G]) x_{t-1} on the token embeddings, nothing where
+    `starts` (a sequence's or a document's first token)."""
+    x = np.asarray(model.wte, np.float64)[tok]
+    w, lam = np.asarray(model.smear[:-1], np.float64), float(model.smear[-1])
+    gate = lam / (1 + np.exp(-(x[..., : len(w)] @ w)))
+    previous = np.concatenate([x[:, :1], x[:, :-1]], axis=1)
+    return x + np.where(starts[..., None], 0.0, gate[..., None] * previous)
+
+
+def with_smear(seed=0, **options) -> GPT:
+    model = GPT.init(dataclasses.replace(BASE, smear_gate=True, **options), jax.random.PRNGKey(0))
+    assert np.all(np.asarray(model.smear) == 0.0) and model.smear.shape == (13,)  # 12 channels' w, then lambda
+    rng = np.random.default_rng(seed)
+    return eqx.tree_at(lambda m: m.smear, model, jnp.asarray(rng.normal(0, 1, 13), jnp.float32))
+
+
+def test_the_smear_gate_adds_a_gated_share_of_the_previous_tokens_embedding():
+    model = with_smear()
+    x = tokens((2, 16))
+    tok = np.asarray(x)
+    starts = np.zeros((2, 16), bool)
+    starts[:, 0] = True
+    embedded = smeared(model, tok, starts) + np.asarray(model.wpe, np.float64)[:16]
+    params, static = eqx.partition(model.blocks, eqx.is_array)
+    h = embedded
+    for i in range(model.cfg.n_layer):
+        block = eqx.combine(jax.tree.map(lambda a: a[i], params), static)
+        h = np.asarray(block(jnp.asarray(h, jnp.float32), model.cfg, None)[0], np.float64)
+    np.testing.assert_allclose(hidden(model, x), np.asarray(model.ln_f(jnp.asarray(h, jnp.float32))), atol=1e-4)
+    plain = eqx.tree_at(lambda m: m.smear, model, jnp.zeros(13))  # lambda 0: the embeddings alone
+    assert np.abs(np.asarray(hidden(plain, x)) - np.asarray(hidden(model, x))).max() > 1e-3
+
+
+def test_the_smear_gate_looks_back_within_a_document_only():
+    model = with_smear(position="rope", scan_layers=True)
+    x = tokens((1, 16))
+    segments = jnp.asarray([[0] * 5 + [1] * 11])
+    got = np.asarray(eqx.filter_jit(lambda m, x, s: m.hidden(x, segment_ids_BT=s)[0])(model, x, segments))
+    # the second document alone, from its own start, gives the same hidden states as inside the packed row
+    alone = np.asarray(hidden(model, x[:, 5:]))
+    np.testing.assert_allclose(got[:, 5:], alone, atol=1e-5)
+
+
+def test_cached_decoding_with_the_smear_gate_equals_decoding_without_the_cache():
+    model = jax.tree.map(lambda a: 8.0 * a, with_smear(seed=3, n_layer=2))
+    prompts = [[1, 2, 3], [7], [4, 4, 4, 4, 9, 10]]
+    cached = generate(model, prompts, 8, temperature=0.0)
+    assert cached == generate_no_cache(model, prompts, 8, temperature=0.0)
+    assert model.parameter_labels().smear == "scalar" and model.weight_decay_mask().smear is False
