@@ -25,6 +25,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from training.reporting.summary import latest_per_step, read_metrics
+
 # gpt2-micro with AdamW at train_lm.sh's settings (its 20 warmup steps of 320 as a fraction), and the recipe at the
 # same width, depth and MLP: the same 3.1M non-embedding parameters (its untied head and value embeddings are
 # embeddings). The recipe's step sizes are modern-gpt's with Muon at this size (lr 0.02, floor 0.1, AdamW group 0.15).
@@ -78,13 +80,13 @@ def run_overrides(overrides: list[str], run_dir: Path, seed: int, steps: int, ev
     ]
 
 
+def metrics(run_dir: Path) -> list[dict]:
+    """The run's metrics.jsonl rows, a step logged twice (a run started again in its directory) kept once."""
+    return latest_per_step(read_metrics(run_dir))
+
+
 def finished(run_dir: Path, steps: int) -> bool:
     return any(row["step"] >= steps and row["split"] == "val" for row in metrics(run_dir))
-
-
-def metrics(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def curve(run_dir: Path) -> list[dict]:
