@@ -36,10 +36,9 @@ from models.mlp import mlp_activation, mlp_hidden_width, mlp_in_shape
 from models.mup import attention_multiplier, hidden_init_std, output_multiplier
 from models.norms import LayerNorm, RMSNorm, init_norm
 from models.rope import apply_rotary, rotary_angles
+from models.speedrun import GATE_CHANNELS, VALUE_EMBEDDING_STD, add_value_embedding, layer_segments, smear
 
 INIT_STD = 0.02  # GPT-2's init for every weight matrix and both embeddings.
-VALUE_EMBEDDING_STD = 0.01  # the speedrun's init of its value-embedding tables
-VE_GATE_CHANNELS = 12  # a value embedding's gate reads the first 12 channels of the block's normed input
 REMAT_POLICIES = {
     # "block": keep the matmul outputs, recompute the cheap elementwise work in the backward pass.
     "block": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
@@ -174,11 +173,8 @@ class Block(eqx.Module):
         scales = dict.fromkeys(MATMULS) if fp8_scales is None else dict(zip(MATMULS, fp8_scales))
         h_BTD = self.ln1(x_BTD)
         q_BTNH, k_BTKH, v_BTKH = split_heads(self.qkv(h_BTD, scales["qkv"]), cfg)
-        if ve is not None:  # the speedrun's: v + 2 sigmoid(w_k . h[:G]) ve per key/value head k (1 while w = 0)
-            ve_BTD, gate_KG = ve
-            G = gate_KG.shape[-1]
-            gate_BTK = 2 * jax.nn.sigmoid(jnp.einsum("btg,kg->btk", h_BTD[..., :G], gate_KG.astype(h_BTD.dtype)))
-            v_BTKH = v_BTKH + gate_BTK[..., None] * ve_BTD.reshape(v_BTKH.shape)
+        if ve is not None:
+            v_BTKH = add_value_embedding(v_BTKH, h_BTD, *ve)
         if self.q_norm is not None:
             q_BTNH, k_BTKH = self.q_norm(q_BTNH), self.k_norm(k_BTKH)
         if rotary is not None:
@@ -212,40 +208,6 @@ def split_heads(qkv_BTRE: jax.Array, cfg: GPTConfig) -> tuple[jax.Array, jax.Arr
         return tuple(qkv_BTRE[:, :, i].reshape(B, T, N, H) for i in range(3))
     q_BTNH = jnp.swapaxes(qkv_BTRE[:, :, :G].reshape(B, T, G, K, H), 2, 3).reshape(B, T, N, H)
     return q_BTNH, qkv_BTRE[:, :, G].reshape(B, T, K, H), qkv_BTRE[:, :, G + 1].reshape(B, T, K, H)
-
-
-@dataclasses.dataclass(frozen=True)
-class Segment:
-    """Blocks lo..hi-1 that run alike (one scan, or one loop unrolled): whether their outputs are the U-net's first
-    half (`collect`), which of the mirrored first-half outputs and skip weights they add (`skips`: a range of both),
-    which value-embedding tables and gates they mix into their values (`tables`, `gates`: ranges)."""
-
-    lo: int
-    hi: int
-    collect: bool = False
-    skips: tuple[int, int] | None = None
-    tables: tuple[int, int] | None = None
-    gates: tuple[int, int] | None = None
-
-
-def layer_segments(cfg: GPTConfig) -> list[Segment]:
-    """The blocks cut where the U-net's halves (model.unet_skips: the first n = L // 2 and the last n of L) and the
-    value embeddings' layers (model.value_embeddings = k: the first k and the last k, both with tables 0..k-1) begin
-    or end. Without either, one segment of every block."""
-    L, k = cfg.n_layer, cfg.value_embeddings
-    n = L // 2 if cfg.unet_skips else 0
-    cuts = sorted({0, L, n, L - n, k, L - k})
-    segments = []
-    for lo, hi in zip(cuts, cuts[1:], strict=False):
-        skips = (lo - (L - n), hi - (L - n)) if n and lo >= L - n else None
-        tables = gates = None
-        if k and hi <= k:
-            tables = gates = (lo, hi)
-        elif k and lo >= L - k:
-            tables = (lo - (L - k), hi - (L - k))
-            gates = (k + tables[0], k + tables[1])
-        segments.append(Segment(lo, hi, bool(n) and hi <= n, skips, tables, gates))
-    return segments
 
 
 def _dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
@@ -314,11 +276,11 @@ class GPT(eqx.Module):
                 else None
             ),
             ve_gates=(
-                jnp.zeros((2 * cfg.value_embeddings, cfg.kv_heads, min(VE_GATE_CHANNELS, cfg.n_embd)), jnp.float32)
+                jnp.zeros((2 * cfg.value_embeddings, cfg.kv_heads, min(GATE_CHANNELS, cfg.n_embd)), jnp.float32)
                 if cfg.value_embeddings
                 else None
             ),
-            smear=jnp.zeros((min(VE_GATE_CHANNELS, cfg.n_embd) + 1,), jnp.float32) if cfg.smear_gate else None,
+            smear=jnp.zeros((min(GATE_CHANNELS, cfg.n_embd) + 1,), jnp.float32) if cfg.smear_gate else None,
             cfg=cfg,
         )
 
@@ -362,7 +324,7 @@ class GPT(eqx.Module):
             positions = jnp.arange(T) if cache is None else cache.lengths[:, None] + jnp.arange(T)
         x_BTD = self.wte[tokens_BT]
         if self.smear is not None:
-            x_BTD, cache = self._smear(x_BTD, tokens_BT, positions, cache)
+            x_BTD, cache = smear(x_BTD, tokens_BT, positions, cache, self.smear, self.wte)
         rotary = None
         if self.wpe is not None:
             x_BTD = x_BTD + self.wpe[positions]
@@ -431,26 +393,6 @@ class GPT(eqx.Module):
         if cfg.parametrization == "mup":  # the readout's 1/m (models/mup.py): every head and loss reads h
             h_BTD = h_BTD * jnp.asarray(output_multiplier(cfg), h_BTD.dtype)
         return h_BTD, cache
-
-    def _smear(
-        self, x_BTD: jax.Array, tokens_BT: jax.Array, positions: jax.Array, cache: KVCache | None
-    ) -> tuple[jax.Array, KVCache | None]:
-        """The speedrun's smear gate: x_t + lambda sigmoid(w . x_t[:G]) x_{t-1}, x the token embeddings, nothing added
-        at a position 0 (a sequence's or a document's start). Decoding reads the previous token of a call's first
-        new token from the cache's ids, and writes this call's ids there."""
-        G = self.smear.shape[0] - 1
-        w, lam = self.smear[:G].astype(x_BTD.dtype), self.smear[G].astype(x_BTD.dtype)
-        previous_BT = jnp.concatenate([tokens_BT[:, :1], tokens_BT[:, :-1]], axis=1)
-        if cache is not None:
-            tokens_BC = cache.tokens
-            before_B = jnp.take_along_axis(tokens_BC, jnp.maximum(cache.lengths - 1, 0)[:, None], axis=1)[:, 0]
-            previous_BT = previous_BT.at[:, 0].set(before_B)
-            write = jax.vmap(lambda row, new, s: jax.lax.dynamic_update_slice_in_dim(row, new, s, 0))
-            tokens_BC = write(tokens_BC, tokens_BT.astype(jnp.int32), cache.lengths)
-            cache = KVCache(cache.k, cache.v, cache.lengths, cache.empty, tokens_BC)
-        gate_BT1 = lam * jax.nn.sigmoid(x_BTD[..., :G] @ w)[..., None]
-        has_previous_BT1 = (jnp.broadcast_to(positions, tokens_BT.shape) > 0)[..., None]
-        return x_BTD + jnp.where(has_previous_BT1, gate_BT1 * self.wte[previous_BT], 0.0), cache
 
     @property
     def head(self) -> jax.Array:
