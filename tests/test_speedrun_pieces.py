@@ -322,3 +322,35 @@ def test_cached_decoding_with_the_smear_gate_equals_decoding_without_the_cache()
     cached = generate(model, prompts, 8, temperature=0.0)
     assert cached == generate_no_cache(model, prompts, 8, temperature=0.0)
     assert model.parameter_labels().smear == "scalar" and model.weight_decay_mask().smear is False
+
+
+@pytest.mark.parametrize(
+    "overrides, line",
+    [
+        (["model=gpt2-tiny", "model.unet_skips=true", "model.n_layer=1"], "model.unet_skips: joins the first half's"),
+        (
+            ["model=llama-tiny", "model.rope_frequencies=half_truncated", "model.n_embd=72", "model.n_head=4"],
+            "model.rope_frequencies: half_truncated turns a quarter of a head's dimensions in pairs: the head size 18",
+        ),
+    ],
+)
+def test_speedrun_options_that_cannot_work_are_one_line(overrides, line):
+    from core.errors import ConfigError
+    from training.config import load_config
+
+    with pytest.raises(ConfigError, match=line):
+        load_config(overrides)
+
+
+def test_muons_speedrun_knobs_refuse_what_they_cannot_do():
+    from core.errors import ConfigError
+    from optimizers import OPTIMIZERS
+
+    model = GPT.init(BASE, jax.random.PRNGKey(0))
+    hyper = dict(momentum=0.95, nesterov=True, beta1=0.9, beta2=0.95, weight_decay=0.1)
+    with pytest.raises(ConfigError, match=r"optimizer.normuon_beta2: must be in \[0, 1\) or null \(off\); got 1.5"):
+        OPTIMIZERS["muon"](model, normuon_beta2=1.5, **hyper)
+    with pytest.raises(ConfigError, match="optimizer.orthogonalize_embeddings: NorMuon and cautious weight decay"):
+        OPTIMIZERS["muon"](model, cautious_weight_decay=True, orthogonalize_embeddings=True, **hyper)
+    with pytest.raises(ConfigError, match="optimizer.momentum_warmup, momentum_start: .* got 10, 1.0"):
+        OPTIMIZERS["muon"](model, momentum_warmup=10, momentum_start=1.0, **hyper)
