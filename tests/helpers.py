@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import warm_python
 
 import train_jax
 from training import config as config_lib
@@ -73,19 +74,30 @@ def build(overrides: list[str], source: Source | None = None) -> Parts:
 
 # Compiled executables, shared by the suite's workers and their processes (set per session by conftest.py).
 COMPILE_CACHE: str | None = None
+_WARM = warm_python.WarmPython()  # this worker's, started at its first command that can be forked
 # Where a test's subprocesses run unless it says otherwise (set per session by conftest.py): relative defaults such as
 # `.cache/jax` or `runs/` land there, never in the checkout.
 SCRATCH_CWD: Path | None = None
-_started: list[subprocess.Popen] = []  # every process a test started, killed with its group when the test ends
+_started: list[subprocess.Popen | warm_python.Forked] = []  # what tests started, killed with its group at the end
 
 
-def spawn(command: list[str], env: dict | None = None, cwd: Path | None = None, **popen) -> subprocess.Popen:
+def spawn(
+    command: list[str], env: dict | None = None, cwd: Path | None = None, fresh: bool = False, **popen
+) -> subprocess.Popen | warm_python.Forked:
     """Start `command` in its own process group (so that it and anything it starts can be killed together), with the
     checkout on PYTHONPATH and `env` over this environment (None unsets a variable); `kill_started()` ends it, at
-    the latest when the test ends or times out."""
+    the latest when the test ends or times out. A `python train_jax.py` or `python -m scripts...` command is forked
+    from the worker's warm Python (tests/warm_python.py) where a fork runs it as a fresh interpreter would, unless
+    `fresh` or WARM_PYTHON=0."""
     path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
-    full_env = {k: v for k, v in {**os.environ, "PYTHONPATH": path, **(env or {})}.items() if v is not None}
-    proc = subprocess.Popen(command, env=full_env, cwd=cwd or SCRATCH_CWD or ROOT, start_new_session=True, **popen)
+    base_env = {**os.environ, "PYTHONPATH": path}
+    full_env = {k: v for k, v in {**base_env, **(env or {})}.items() if v is not None}
+    cwd = cwd or SCRATCH_CWD or ROOT
+    proc = None
+    if not fresh and os.environ.get("WARM_PYTHON", "1") != "0":
+        proc = _WARM.spawn(command, full_env, base_env, cwd, **popen)
+    if proc is None:
+        proc = subprocess.Popen(command, env=full_env, cwd=cwd, start_new_session=True, **popen)
     _started.append(proc)
     return proc
 
