@@ -1,6 +1,7 @@
 """Config is checked at the door: each bad value exits 2 with one line naming the key, before anything runs."""
 
 import dataclasses
+import shutil
 
 import pytest
 import yaml
@@ -112,6 +113,30 @@ def test_config_is_read_only_once_loaded():
     cfg = load_config([])
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.train.batch_size = 3
+
+
+def test_the_same_overrides_compose_once_until_a_file_of_conf_changes(tmp_path, monkeypatch):
+    from training.config import compose
+
+    monkeypatch.setattr(compose, "CONF_DIR", shutil.copytree(compose.CONF_DIR, tmp_path / "conf"))
+    monkeypatch.setattr(compose, "_LOADED", {})
+    composed = []
+    real = compose.compose_config
+    monkeypatch.setattr(compose, "compose_config", lambda overrides: composed.append(overrides) or real(overrides))
+
+    first, second = (compose.load_config(["model=gpt2-tiny", "train.batch_size=8"], 8) for _ in range(2))
+    assert first == second and first is not second and first.model.n_layer == 2
+    assert len(composed) == 1
+    with pytest.raises(ConfigError, match="train.batch_size"):  # the device check runs on every call
+        compose.load_config(["model=gpt2-tiny", "train.batch_size=8"], 3)
+    preset = tmp_path / "conf" / "model" / "gpt2-tiny.yaml"
+    preset.write_text(preset.read_text().replace("n_layer: 2", "n_layer: 3"))
+    assert compose.load_config(["model=gpt2-tiny", "train.batch_size=8"], 8).model.n_layer == 3
+    assert len(composed) == 2
+    for _ in range(2):  # a failure is raised again, not remembered as anything
+        with pytest.raises(ConfigError, match="banana"):
+            compose.load_config(["train.batch_size=banana"])
+    assert len(composed) == 4
 
 
 def test_cfg_prints_every_key_of_the_composed_config_and_runs_nothing(tmp_path, capsys):
