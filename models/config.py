@@ -61,6 +61,7 @@ class SoftcapForm(StrEnum):
 
     tanh = "tanh"  # c tanh(x / c) (Gemma 2; the speedrun's)
     algebraic = "algebraic"  # c x / sqrt(x^2 + c^2) (the speedrun's optimization track)
+    sigmoid = "sigmoid"  # c sigmoid((x + 5) / 7.5), in (0, c) (the speedrun's record, c = 23)
 
 
 class Norm(StrEnum):
@@ -113,7 +114,7 @@ class ModelOptions:
     qk_norm: bool = False  # normalise queries and keys per head (with model.norm) before attention: QK-norm
     tie_embeddings: bool = True  # the LM head is the token embedding (GPT-2); false: a head matrix of its own
     logit_softcap: float = 0.0  # logits -> c tanh(logits / c), c this value (Gemma 2; the speedrun's 30); 0 = off
-    logit_softcap_form: SoftcapForm = SoftcapForm.tanh  # logit_softcap's curve: tanh, or algebraic c x / sqrt(x^2+c^2)
+    logit_softcap_form: SoftcapForm = SoftcapForm.tanh  # logit_softcap's curve: tanh, algebraic or sigmoid
     # The modded-nanogpt speedrun's pieces (models/gpt.py); each default leaves the model as it was.
 
     # U-net skips: the last n_layer // 2 blocks' inputs add a learned weight (starting at 1) times the output of the

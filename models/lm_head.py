@@ -11,9 +11,10 @@ target's logit. The cross-entropy is log Z - target logit; z-loss is (log Z)^2. 
            Costs one more head matmul (the recomputation) per step.
 
 With a soft-cap c > 0 (`model.logit_softcap`; Gemma 2, the modded-nanogpt speedrun) every logit is c tanh(logit / c)
-(or, `model.logit_softcap_form=algebraic`, c logit / sqrt(logit^2 + c^2), the speedrun's optimization track) before
-anything reads it, in both heads; the chunked backward pass multiplies the logits' gradient by the cap's derivative,
-from the capped value y: 1 - (y / c)^2, or its 3/2 power for the algebraic form.
+(or, `model.logit_softcap_form=algebraic`, c logit / sqrt(logit^2 + c^2), the speedrun's optimization track; or
+`sigmoid`, c sigmoid((logit + 5) / 7.5), the speedrun's record) before anything reads it, in both heads; the chunked
+backward pass multiplies the logits' gradient by the cap's derivative, from the capped value y: 1 - (y / c)^2, its
+3/2 power for the algebraic form, y (1 - y / c) / 7.5 for the sigmoid.
 
 Padded vocabulary rows (ids >= vocab_size, GPTConfig.padded_vocab_size) get a logit of -1e9 inside the same fused
 computation that reads the logits, so they never receive probability and no extra pass over [B, T, V] is made.
@@ -32,14 +33,25 @@ from models.attention import cpu_float16_to_float32
 PADDED_LOGIT = -1e9  # the logit of a padded vocabulary row: exp(PADDED_LOGIT - log Z) is 0 in float32
 
 
+# The speedrun's sigmoid cap, c sigmoid((x + SHIFT) / SCALE): constants tuned there (with c = 23), kept for every c.
+SIGMOID_SHIFT, SIGMOID_SCALE = 5.0, 7.5
+
+
 def soft_cap(x: jax.Array, c: float, form: str) -> jax.Array:
-    """x bounded to (-c, c): c tanh(x / c), or c x / sqrt(x^2 + c^2) (`algebraic`)."""
-    return c * x * jax.lax.rsqrt(x * x + c * c) if form == "algebraic" else c * jnp.tanh(x / c)
+    """x bounded to (-c, c): c tanh(x / c), or c x / sqrt(x^2 + c^2) (`algebraic`); or to (0, c): c sigmoid((x + 5)
+    / 7.5) (`sigmoid`; softmax reads only differences, so the shift to positive values changes nothing)."""
+    if form == "algebraic":
+        return c * x * jax.lax.rsqrt(x * x + c * c)
+    if form == "sigmoid":
+        return c * jax.nn.sigmoid((x + SIGMOID_SHIFT) / SIGMOID_SCALE)
+    return c * jnp.tanh(x / c)
 
 
 def soft_cap_slope(y: jax.Array, c: float, form: str) -> jax.Array:
-    """The cap's derivative at x, from its value y = soft_cap(x): 1 - (y / c)^2, its 3/2 power when algebraic (0 at
-    a padded row's PADDED_LOGIT, which no cap gives)."""
+    """The cap's derivative at x, from its value y = soft_cap(x): 1 - (y / c)^2, its 3/2 power when algebraic, y (1
+    - y / c) / 7.5 for the sigmoid (0 at a padded row's PADDED_LOGIT, which no cap gives)."""
+    if form == "sigmoid":
+        return jnp.maximum(y * (1.0 - y / c), 0.0) / SIGMOID_SCALE
     s = jnp.maximum(1.0 - jnp.square(y / c), 0.0)
     return s * jnp.sqrt(s) if form == "algebraic" else s
 

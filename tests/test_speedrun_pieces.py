@@ -218,7 +218,7 @@ def test_half_truncated_rope_turns_a_quarter_of_the_pairs_by_the_speedruns_frequ
     assert np.abs(standard[..., untouched] - np.asarray(x)[..., untouched]).max() > 1e-2
 
 
-@pytest.mark.parametrize("form", ["tanh", "algebraic"])
+@pytest.mark.parametrize("form", ["tanh", "algebraic", "sigmoid"])
 def test_each_soft_cap_form_bounds_the_logits_and_the_chunked_head_follows_it(form):
     from models.lm_head import chunked_log_z_and_target_logit, log_z_and_target_logit, masked_logits
 
@@ -227,10 +227,15 @@ def test_each_soft_cap_form_bounds_the_logits_and_the_chunked_head_follows_it(fo
     w = jnp.asarray(rng.standard_normal((64, 16)), jnp.float32)
     targets = jnp.asarray(rng.integers(0, 61, (2, 8)))
     raw = np.einsum("btd,vd->btv", np.asarray(h, np.float64), np.asarray(w, np.float64))
-    capped = 5 * raw / np.sqrt(raw**2 + 25) if form == "algebraic" else 5 * np.tanh(raw / 5)
+    capped = {
+        "tanh": 5 * np.tanh(raw / 5),
+        "algebraic": 5 * raw / np.sqrt(raw**2 + 25),
+        "sigmoid": 5 / (1 + np.exp(-(raw + 5) / 7.5)),
+    }[form]
     logits = np.asarray(masked_logits(h, w, 61, 5.0, form))
     np.testing.assert_allclose(logits[..., :61], capped[..., :61], rtol=1e-5, atol=1e-5)
     assert np.abs(logits[..., :61]).max() < 5 < np.abs(raw).max()
+    assert (logits[..., :61].min() > 0) == (form == "sigmoid")
 
     def dense(h, w):
         log_z, target = log_z_and_target_logit(masked_logits(h, w, 61, 5.0, form), targets)
