@@ -106,10 +106,11 @@ def kill_started() -> None:
     """Kill the process group of every process started with `spawn` (those still running, and whatever they left)."""
     while _started:
         proc = _started.pop()
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        for kill in (os.killpg, os.kill):  # the group; the process itself if it has left its group
+            try:
+                kill(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
         proc.wait()
         for pipe in (proc.stdin, proc.stdout, proc.stderr):
             if pipe is not None:

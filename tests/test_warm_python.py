@@ -46,17 +46,25 @@ def test_a_forked_command_prints_and_exits_as_a_fresh_one(command):
     assert fresh.stdout or fresh.stderr
 
 
-def test_a_forked_command_leads_its_own_group_reads_its_environment_and_dies_by_its_signal(data_cache, tmp_path):
-    command = [sys.executable, TRAIN_JAX, *tiny_overrides(data_cache, "train.max_steps=100000")]
-    command += [f"logging.run_dir={tmp_path}/run"]
-    proc = spawn(command, env={"XLA_FLAGS": "--xla_dump_to=" + str(tmp_path / "dump")}, stdout=subprocess.PIPE)
+def test_a_forked_command_reads_its_own_environment_when_jax_starts():
+    proc = spawn(
+        [sys.executable, TRAIN_JAX, "model=gpt2-tiny", "system.num_devices=16", "logging.wandb=disabled"],
+        env={"XLA_FLAGS": "--xla_force_host_platform_device_count=2"},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert isinstance(proc, warm_python.Forked)
-    assert os.getpgid(proc.pid) == proc.pid
-    for line in proc.stdout:  # it trains: its XLA flags are the command's own, not the warm Python's
-        if b"step" in line and b"loss" in line:
-            break
-    assert any((tmp_path / "dump").iterdir())
-    proc.send_signal(signal.SIGKILL)
+    done = communicate(proc, 120)
+    assert done.returncode == 2 and "system.num_devices: 16 must be in [1, 2]" in done.stderr, done.stderr
+
+
+def test_a_forked_command_leads_its_own_group_and_dies_by_its_signal(data_cache, tmp_path):
+    command = [sys.executable, TRAIN_JAX, *tiny_overrides(data_cache, f"logging.run_dir={tmp_path}/run")]
+    proc = spawn(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    assert isinstance(proc, warm_python.Forked)
+    assert os.getpgid(proc.pid) == proc.pid  # already when spawn returns, as with Popen(start_new_session=True)
+    assert proc.poll() is None
+    os.killpg(proc.pid, signal.SIGKILL)
     assert proc.wait(30) == -signal.SIGKILL
 
 
