@@ -19,12 +19,14 @@ its standard input closes (its test worker has gone).
 
 from __future__ import annotations
 
+import atexit
 import io
 import json
 import locale
 import os
 import select
 import selectors
+import shutil
 import socket
 import subprocess
 import sys
@@ -170,6 +172,7 @@ class WarmPython:
         self.server: subprocess.Popen | None = None
         self.env: dict[str, str] = {}
         self.path = ""
+        self.folder: str | None = None  # the socket's and the server's log
 
     def eligible(self, command: list[str], env: dict[str, str], cwd: Path, popen: dict) -> dict | None:
         """The request for `command` if a fork of the warm process (its environment `self.env`) runs it as a fresh
@@ -192,6 +195,9 @@ class WarmPython:
     def start(self, env: dict[str, str], cwd: Path) -> None:
         folder = tempfile.mkdtemp(prefix="warm-python-")
         self.path = os.path.join(folder, "socket")
+        if self.folder is None:
+            atexit.register(self.stop)  # with the test worker
+        self.folder = folder
         self.env = dict(env)
         self.server = subprocess.Popen(
             [sys.executable, __file__, self.path],
@@ -234,6 +240,8 @@ class WarmPython:
             self.server.stdin.close()
             self.server.stdout.close()
             self.server = None
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def _stream(spec, mode: str):
