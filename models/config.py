@@ -112,7 +112,15 @@ class ModelOptions:
     # (each serves n_head / n_kv_head query heads; a smaller KV cache); 1 = multi-query attention
     n_kv_head: Optional[int] = None
     qk_norm: bool = False  # normalise queries and keys per head (with model.norm) before attention: QK-norm
+    # QK-norm's learned per-channel weight; null: as model.norm_weight (false: none, the optimization track's)
+    qk_norm_weight: Optional[bool] = None
+    # attention scores scaled by this instead of 1 / sqrt(head size) (the optimization track's 0.12); null: 1/sqrt
+    attention_scale: Optional[float] = None
     tie_embeddings: bool = True  # the LM head is the token embedding (GPT-2); false: a head matrix of its own
+    head_bias: bool = False  # the LM head adds a learned bias per vocabulary entry (the optimization track's)
+    # the embeddings (token, plus position when learned) normalised with model.norm before the first block (the
+    # optimization track's)
+    embedding_norm: bool = False
     logit_softcap: float = 0.0  # logits -> c tanh(logits / c), c this value (Gemma 2; the speedrun's 30); 0 = off
     logit_softcap_form: SoftcapForm = SoftcapForm.tanh  # logit_softcap's curve: tanh, algebraic or sigmoid
     # The modded-nanogpt speedrun's pieces (models/gpt.py); each default leaves the model as it was.

@@ -142,6 +142,8 @@ class Block(eqx.Module):
         residual_std = std / math.sqrt(2 * cfg.n_layer)  # GPT-2: keep the residual stream's variance flat.
         k1, k2, k3, k4 = jax.random.split(key, 4)
         norm = lambda width: init_norm(cfg.norm, width, cfg.bias, cfg.norm_weight)  # noqa: E731
+        qk_weight = cfg.norm_weight if cfg.qk_norm_weight is None else cfg.qk_norm_weight
+        qk_norm = lambda width: init_norm(cfg.norm, width, cfg.bias, qk_weight)  # noqa: E731
         return Block(
             ln1=norm(d),
             qkv=Linear.init(k1, d, qkv_shape(cfg), cfg.bias, std=std),
@@ -149,8 +151,8 @@ class Block(eqx.Module):
             ln2=norm(d),
             fc=Linear.init(k3, d, mlp_in_shape(cfg.mlp, F), cfg.bias, std=std),
             mlp_proj=Linear.init(k4, F, d, cfg.bias, std=0.0 if cfg.zero_init_mlp_out else residual_std),
-            q_norm=norm(cfg.head_dim) if cfg.qk_norm else None,
-            k_norm=norm(cfg.head_dim) if cfg.qk_norm else None,
+            q_norm=qk_norm(cfg.head_dim) if cfg.qk_norm else None,
+            k_norm=qk_norm(cfg.head_dim) if cfg.qk_norm else None,
         )
 
     def __call__(
@@ -181,6 +183,8 @@ class Block(eqx.Module):
             q_BTNH, k_BTKH = apply_rotary(q_BTNH, *rotary), apply_rotary(k_BTKH, *rotary)
         if cfg.parametrization == "mup":  # scores scaled by 1/head_dim instead of 1/sqrt(head_dim) (models/mup.py)
             q_BTNH = q_BTNH * jnp.asarray(attention_multiplier(cfg), q_BTNH.dtype)
+        elif cfg.attention_scale is not None:  # every kernel divides by sqrt(head_dim): the queries carry the rest
+            q_BTNH = q_BTNH * jnp.asarray(cfg.attention_scale * math.sqrt(cfg.head_dim), q_BTNH.dtype)
         with jax.named_scope("attention"):  # the score/softmax/value kernels, for scripts/tools/profile_summary.py
             if cache is None:
                 y_BTNH = causal_attention(q_BTNH, k_BTKH, v_BTKH, cfg.attention, segment_ids_BT)
@@ -223,7 +227,9 @@ class GPT(eqx.Module):
     wpe: jax.Array | None  # [C, D] learned position embedding; None with rotary positions
     blocks: Block  # every leaf stacked along a leading n_layer axis
     ln_f: LayerNorm | RMSNorm
+    ln_e: LayerNorm | RMSNorm | None  # the embeddings' norm (model.embedding_norm); None without
     lm_head: jax.Array | None  # [V, D] an untied LM head (model.tie_embeddings=false); None when tied
+    lm_bias: jax.Array | None  # [V] the LM head's bias (model.head_bias), starting at 0; None without
     skip_weights: jax.Array | None  # [n_layer // 2] the U-net skips' weights (model.unet_skips); None without
     value_embeds: jax.Array | None  # [k, V, D] value-embedding tables (model.value_embeddings = k); None without
     ve_gates: jax.Array | None  # [2k, K, G] their gates' weights, layers 0..k-1 then the last k; None without
@@ -241,6 +247,7 @@ class GPT(eqx.Module):
     TENSOR_PARALLEL_AXES = {
         ("wte",): 0,
         ("lm_head",): 0,
+        ("lm_bias",): 0,
         ("value_embeds",): 1,
         ("blocks", "qkv", "weight"): 3,
         ("blocks", "qkv", "bias"): 2,
@@ -265,8 +272,10 @@ class GPT(eqx.Module):
             ),
             blocks=blocks,
             ln_f=init_norm(cfg.norm, cfg.n_embd, cfg.bias, cfg.norm_weight),
+            ln_e=init_norm(cfg.norm, cfg.n_embd, cfg.bias, cfg.norm_weight) if cfg.embedding_norm else None,
             # a key of its own that leaves GPT-2's three (and so its init) as they were
             lm_head=None if cfg.tie_embeddings else embedding(jax.random.fold_in(key, 3)),
+            lm_bias=jnp.zeros((cfg.padded_vocab_size,), jnp.float32) if cfg.head_bias else None,
             skip_weights=jnp.ones((cfg.n_layer // 2,), jnp.float32) if cfg.unet_skips else None,
             # the speedrun's: tables drawn with std 0.01, gates at 0 (2 sigmoid(0) = 1)
             value_embeds=(
@@ -330,6 +339,8 @@ class GPT(eqx.Module):
             x_BTD = x_BTD + self.wpe[positions]
         else:  # rotary: the same positions (restarting per document) turn the queries and keys in every block
             rotary = rotary_angles(positions, cfg.head_dim, cfg.rope_theta, cfg.rope_frequencies)
+        if self.ln_e is not None:
+            x_BTD = self.ln_e(x_BTD)
         x_BTD = _dropout(x_BTD, cfg.dropout, keys[0])
 
         def block_fn(block, x, k, kv, scales, ve):
@@ -402,7 +413,12 @@ class GPT(eqx.Module):
     def logits(self, h_BTD: jax.Array) -> jax.Array:
         cfg = self.cfg
         return masked_logits(
-            h_BTD, self.head.astype(h_BTD.dtype), cfg.vocab_size, cfg.logit_softcap, cfg.logit_softcap_form
+            h_BTD,
+            self.head.astype(h_BTD.dtype),
+            cfg.vocab_size,
+            cfg.logit_softcap,
+            cfg.logit_softcap_form,
+            self.lm_bias,
         )
 
     def loss_terms(
@@ -427,6 +443,7 @@ class GPT(eqx.Module):
                     self.cfg.head_loss_chunk,
                     self.cfg.logit_softcap,
                     self.cfg.logit_softcap_form,
+                    self.lm_bias,
                 )
             return log_z_and_target_logit(self.logits(h_BTD), targets_BT)
 
@@ -459,9 +476,10 @@ class GPT(eqx.Module):
     def parameter_labels(self) -> GPT:
         """Each parameter's label for the optimizer's groups (optimizers/groups.py): token_embedding (also the LM
         head when tied), head (an untied LM head), position, attn_qkv, attn_out, mlp_in (SwiGLU's gate and up),
-        mlp_out, norm (norm weights, QK-norm's too), bias (every bias), scalar (the U-net skips' weights, the value
-        embeddings' gates, the smear gate), value_embedding (the value-embedding tables)."""
-        norms = ("blocks.ln1", "blocks.ln2", "blocks.q_norm", "blocks.k_norm", "ln_f")
+        mlp_out, norm (norm weights, QK-norm's and the embeddings' too), bias (every bias, the LM head's too), scalar
+        (the U-net skips' weights, the value embeddings' gates, the smear gate), value_embedding (the value-embedding
+        tables)."""
+        norms = ("blocks.ln1", "blocks.ln2", "blocks.q_norm", "blocks.k_norm", "ln_f", "ln_e")
         return self._mark(
             "",
             {
@@ -473,7 +491,8 @@ class GPT(eqx.Module):
                 "scalar": ("skip_weights", "ve_gates", "smear"),
                 "value_embedding": ("value_embeds",),
                 "bias": tuple(f"blocks.{f}.bias" for f in ("qkv", "attn_proj", "fc", "mlp_proj"))
-                + tuple(f"{n}.bias" for n in norms),
+                + tuple(f"{n}.bias" for n in norms)
+                + ("lm_bias",),
             },
         )
 

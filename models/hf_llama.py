@@ -32,6 +32,12 @@ def llama_problem(cfg: GPTConfig) -> str | None:
         (cfg.mlp != "swiglu", f"model.mlp={cfg.mlp}: Llama's MLP is SwiGLU only (swiglu)"),
         (not cfg.norm_weight, "model.norm_weight=false: Llama's RMSNorm has a learned weight"),
         (cfg.qk_norm, "model.qk_norm=true: Llama has no QK-norm"),
+        (cfg.embedding_norm, "model.embedding_norm=true: Llama does not normalise its embeddings"),
+        (cfg.head_bias, "model.head_bias=true: Llama's LM head has no bias"),
+        (
+            cfg.attention_scale is not None,
+            f"model.attention_scale={cfg.attention_scale}: Llama scales attention by 1 / sqrt(head size)",
+        ),
         (
             cfg.rope_frequencies != "standard",
             f"model.rope_frequencies={cfg.rope_frequencies}: Llama's rotary frequencies are the standard ones",
@@ -240,7 +246,9 @@ def from_llama_tensors(tensors: dict[str, np.ndarray], like: GPT, key: jax.Array
         wpe=None,
         blocks=blocks,
         ln_f=RMSNorm(jnp.asarray(tensors["model.norm.weight"])),
+        ln_e=None,
         lm_head=head,
+        lm_bias=None,
         skip_weights=None,
         value_embeds=None,
         ve_gates=None,

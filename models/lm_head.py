@@ -57,12 +57,19 @@ def soft_cap_slope(y: jax.Array, c: float, form: str) -> jax.Array:
 
 
 def masked_logits(
-    h_BTD: jax.Array, w_VD: jax.Array, vocab_size: int, softcap: float = 0.0, form: str = "tanh"
+    h_BTD: jax.Array,
+    w_VD: jax.Array,
+    vocab_size: int,
+    softcap: float = 0.0,
+    form: str = "tanh",
+    b_V: jax.Array | None = None,
 ) -> jax.Array:
-    """Float32 logits [B, T, V] of the padded vocabulary (soft-capped when `softcap` > 0, by `form`), padded rows at
-    PADDED_LOGIT."""
+    """Float32 logits [B, T, V] of the padded vocabulary (plus the head's bias `b_V` when it has one; soft-capped
+    when `softcap` > 0, by `form`), padded rows at PADDED_LOGIT."""
     h_BTD, w_VD = cpu_float16_to_float32(h_BTD, w_VD)
     logits_BTV = _head_matmul(h_BTD, w_VD) if h_BTD.dtype != jnp.float32 else _logits(h_BTD, w_VD)
+    if b_V is not None:
+        logits_BTV = logits_BTV + b_V.astype(jnp.float32)
     if softcap:
         logits_BTV = soft_cap(logits_BTV, softcap, form)
     is_real = jnp.arange(w_VD.shape[0]) < vocab_size
@@ -119,11 +126,13 @@ def chunked_log_z_and_target_logit(
     chunk_tokens: int,
     softcap: float = 0.0,
     form: str = "tanh",
+    b_V: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """log Z and the target's logit ([B, T] float32 each) without the [B, T, V] logits; equal to
     `log_z_and_target_logit(masked_logits(...), targets)` up to float rounding, and so are their gradients."""
     B, T = targets_BT.shape
-    return _chunked(h_BTD, w_VD, targets_BT, vocab_size, chunk_length(B, T, chunk_tokens), (float(softcap), str(form)))
+    cap = (float(softcap), str(form))
+    return _chunked(h_BTD, w_VD, b_V, targets_BT, vocab_size, chunk_length(B, T, chunk_tokens), cap)
 
 
 def _to_chunks(x: jax.Array, t: int) -> jax.Array:
@@ -137,49 +146,53 @@ def _from_chunks(x: jax.Array) -> jax.Array:
     return jnp.moveaxis(x, 0, 1).reshape(B, n * t, *x.shape[3:])
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
-def _chunked(h_BTD, w_VD, targets_BT, vocab_size, t, softcap):
-    return _forward(h_BTD, w_VD, targets_BT, vocab_size, t, softcap)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _chunked(h_BTD, w_VD, b_V, targets_BT, vocab_size, t, softcap):
+    return _forward(h_BTD, w_VD, b_V, targets_BT, vocab_size, t, softcap)
 
 
-def _forward(h_BTD, w_VD, targets_BT, vocab_size, t, softcap):
+def _forward(h_BTD, w_VD, b_V, targets_BT, vocab_size, t, softcap):
     def chunk(_, xs):
         h_BtD, targets_Bt = xs
-        return None, log_z_and_target_logit(masked_logits(h_BtD, w_VD, vocab_size, *softcap), targets_Bt)
+        return None, log_z_and_target_logit(masked_logits(h_BtD, w_VD, vocab_size, *softcap, b_V), targets_Bt)
 
     _, (log_z, target_logit) = jax.lax.scan(chunk, None, (_to_chunks(h_BTD, t), _to_chunks(targets_BT, t)))
     return _from_chunks(log_z), _from_chunks(target_logit)
 
 
-def _chunked_fwd(h_BTD, w_VD, targets_BT, vocab_size, t, softcap):
-    log_z_BT, target_logit_BT = _forward(h_BTD, w_VD, targets_BT, vocab_size, t, softcap)
-    return (log_z_BT, target_logit_BT), (h_BTD, w_VD, targets_BT, log_z_BT)
+def _chunked_fwd(h_BTD, w_VD, b_V, targets_BT, vocab_size, t, softcap):
+    log_z_BT, target_logit_BT = _forward(h_BTD, w_VD, b_V, targets_BT, vocab_size, t, softcap)
+    return (log_z_BT, target_logit_BT), (h_BTD, w_VD, b_V, targets_BT, log_z_BT)
 
 
 def _chunked_bwd(vocab_size, t, softcap, residuals, cotangents):
-    h_BTD, w_VD, targets_BT, log_z_BT = residuals
+    h_BTD, w_VD, b_V, targets_BT, log_z_BT = residuals
     d_log_z_BT, d_target_BT = cotangents
     V = w_VD.shape[0]
     h_op, w_op = cpu_float16_to_float32(h_BTD, w_VD)  # the matmuls' operand dtype: the compute dtype
 
-    def chunk(dw_VD, xs):
+    def chunk(carry, xs):
+        dw_VD, db_V = carry
         h_BtD, targets_Bt, log_z_Bt, d_log_z_Bt, d_target_Bt = xs
-        logits_BtV = masked_logits(h_BtD, w_VD, vocab_size, *softcap)
+        logits_BtV = masked_logits(h_BtD, w_VD, vocab_size, *softcap, b_V)
         probs_BtV = jnp.exp(logits_BtV - log_z_Bt[..., None])
         is_target_BtV = jnp.arange(V) == targets_Bt[..., None]
         d_logits_BtV = d_log_z_Bt[..., None] * probs_BtV + jnp.where(is_target_BtV, d_target_Bt[..., None], 0.0)
         if softcap[0]:  # through the cap: its slope from the capped logits (padded rows' gradient is 0 already)
             d_logits_BtV = d_logits_BtV * soft_cap_slope(logits_BtV, *softcap)
+        if db_V is not None:  # the bias's gradient: the float32 logits' gradient summed over the chunk's tokens
+            db_V = db_V + d_logits_BtV.sum((0, 1))
         d_logits_BtV = d_logits_BtV.astype(w_op.dtype)
         dh_BtD = jnp.einsum("btv,vd->btd", d_logits_BtV, w_op, preferred_element_type=jnp.float32)
         dw_VD = dw_VD + jnp.einsum(
             "btv,btd->vd", d_logits_BtV, h_BtD.astype(w_op.dtype), preferred_element_type=jnp.float32
         )
-        return dw_VD, dh_BtD.astype(h_BTD.dtype)
+        return (dw_VD, db_V), dh_BtD.astype(h_BTD.dtype)
 
     xs = tuple(_to_chunks(x, t) for x in (h_op, targets_BT, log_z_BT, d_log_z_BT, d_target_BT))
-    dw_VD, dh = jax.lax.scan(chunk, jnp.zeros(w_VD.shape, jnp.float32), xs)
-    return _from_chunks(dh), dw_VD.astype(w_VD.dtype), None
+    db0 = None if b_V is None else jnp.zeros(b_V.shape, jnp.float32)
+    (dw_VD, db_V), dh = jax.lax.scan(chunk, (jnp.zeros(w_VD.shape, jnp.float32), db0), xs)
+    return _from_chunks(dh), dw_VD.astype(w_VD.dtype), None if b_V is None else db_V.astype(b_V.dtype), None
 
 
 _chunked.defvjp(_chunked_fwd, _chunked_bwd)

@@ -359,3 +359,121 @@ def test_muons_speedrun_knobs_refuse_what_they_cannot_do():
         OPTIMIZERS["muon"](model, cautious_weight_decay=True, orthogonalize_embeddings=True, **hyper)
     with pytest.raises(ConfigError, match="optimizer.momentum_warmup, momentum_start: .* got 10, 1.0"):
         OPTIMIZERS["muon"](model, momentum_warmup=10, momentum_start=1.0, **hyper)
+
+
+@pytest.mark.parametrize("scale", [0.12, 0.5])
+def test_attention_scale_multiplies_the_scores_as_scaled_queries_would(scale):
+    """Scores q.k times `scale` instead of 1/sqrt(head size): the same as the default model with its query weights
+    times scale sqrt(head size) (the optimization track's fixed 0.12)."""
+    cfg = dataclasses.replace(BASE, position="rope", norm="rmsnorm", qk_norm=True)
+    model = GPT.init(dataclasses.replace(cfg, attention_scale=scale), jax.random.PRNGKey(0))
+    factor = scale * np.sqrt(cfg.head_dim)
+    # QK-norm normalises the queries after their matmul: scale them after it, through the norm's weight
+    scaled = eqx.tree_at(lambda m: m.blocks.q_norm.weight, model, model.blocks.q_norm.weight * factor)
+    default = dataclasses.replace(scaled, cfg=cfg)
+    x = tokens((2, 16))
+    np.testing.assert_allclose(hidden(model, x), hidden(default, x), rtol=2e-5, atol=2e-5)
+    unscaled = dataclasses.replace(model, cfg=cfg)  # the same weights at 1/sqrt(head size)
+    assert np.abs(np.asarray(hidden(model, x)) - np.asarray(hidden(unscaled, x))).max() > 1e-3
+
+
+def test_qk_norm_weight_false_leaves_querys_and_keys_norms_without_gains():
+    cfg = dataclasses.replace(BASE, position="rope", norm="rmsnorm", qk_norm=True)
+    with_gains = GPT.init(cfg, jax.random.PRNGKey(0))
+    without = GPT.init(dataclasses.replace(cfg, qk_norm_weight=False), jax.random.PRNGKey(0))
+    assert with_gains.blocks.q_norm.weight.shape == (cfg.n_layer, cfg.head_dim)
+    assert without.blocks.q_norm.weight is None and without.blocks.k_norm.weight is None
+    assert without.blocks.ln1.weight is not None  # the blocks' own norms keep theirs (model.norm_weight)
+    x = tokens((2, 16))
+    np.testing.assert_array_equal(hidden(with_gains, x), hidden(without, x))  # gains of 1 at init: the same model
+    nudged = eqx.tree_at(lambda m: m.blocks.k_norm.weight, with_gains, with_gains.blocks.k_norm.weight * 1.5)
+    assert np.abs(np.asarray(hidden(nudged, x)) - np.asarray(hidden(without, x))).max() > 1e-3
+    # null follows model.norm_weight
+    bare = GPT.init(dataclasses.replace(cfg, norm_weight=False), jax.random.PRNGKey(0))
+    assert bare.blocks.q_norm.weight is None and bare.blocks.ln1.weight is None
+
+
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
+def test_embedding_norm_normalises_the_embeddings_before_the_first_block(norm):
+    cfg = dataclasses.replace(BASE, norm=norm, embedding_norm=True)
+    model = GPT.init(cfg, jax.random.PRNGKey(0))
+    gains = np.linspace(0.5, 1.5, cfg.n_embd, dtype=np.float32)  # away from 1, so that a gain left out shows
+    model = eqx.tree_at(lambda m: m.ln_e.weight, model, jnp.asarray(gains))
+
+    def normed(x):  # NumPy's LayerNorm / RMSNorm over the channels, eps 1e-5, times the gains
+        x = x.astype(np.float64)
+        if norm == "layernorm":
+            x = x - x.mean(-1, keepdims=True)
+        return (x / np.sqrt(np.square(x).mean(-1, keepdims=True) + 1e-5) * gains).astype(np.float32)
+
+    x = tokens((2, 16))
+    reference = blocks_one_by_one(model, x, lambda i, x, outputs: normed(x) if i == 0 else x)
+    np.testing.assert_allclose(hidden(model, x), reference, rtol=1e-5, atol=1e-5)
+    plain = GPT.init(dataclasses.replace(cfg, embedding_norm=False), jax.random.PRNGKey(0))
+    assert plain.ln_e is None
+    assert np.abs(np.asarray(hidden(plain, x)) - reference).max() > 1e-2
+
+
+@pytest.mark.parametrize("softcap", [0.0, 5.0])
+def test_head_bias_adds_to_every_logit_and_both_heads_give_its_gradient(softcap):
+    from models.lm_head import chunked_log_z_and_target_logit, log_z_and_target_logit, masked_logits
+
+    rng = np.random.default_rng(1)
+    h = jnp.asarray(rng.standard_normal((2, 8, 16)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((64, 16)), jnp.float32)
+    b = jnp.asarray(rng.standard_normal(64) * 2, jnp.float32)
+    targets = jnp.asarray(rng.integers(0, 61, (2, 8)))
+    raw = np.einsum("btd,vd->btv", np.asarray(h, np.float64), np.asarray(w, np.float64)) + np.asarray(b)
+    capped = 5 * np.tanh(raw / 5) if softcap else raw
+    logits = np.asarray(masked_logits(h, w, 61, softcap, "tanh", b))
+    np.testing.assert_allclose(logits[..., :61], capped[..., :61], rtol=1e-5, atol=1e-5)
+    # NumPy's gradient of the mean cross-entropy with respect to the bias: (softmax - onehot) / N through the cap
+    real = capped[..., :61]
+    probs = np.exp(real - real.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    d_real = (probs - np.eye(61)[np.asarray(targets)]) / targets.size
+    d_raw = d_real * ((1 - np.tanh(raw[..., :61] / 5) ** 2) if softcap else 1.0)
+    expected_db = np.r_[d_raw.sum((0, 1)), np.zeros(3)]  # padded rows: no gradient
+
+    def dense(h, w, b):
+        log_z, target = log_z_and_target_logit(masked_logits(h, w, 61, softcap, "tanh", b), targets)
+        return jnp.mean(log_z - target)
+
+    def chunked(h, w, b):
+        log_z, target = chunked_log_z_and_target_logit(h, w, targets, 61, 4, softcap, "tanh", b)
+        return jnp.mean(log_z - target)
+
+    (loss, grads), (loss_c, grads_c) = (jax.value_and_grad(f, (0, 1, 2))(h, w, b) for f in (dense, chunked))
+    np.testing.assert_allclose(grads[2], expected_db, rtol=1e-4, atol=1e-7)
+    assert float(loss_c) == pytest.approx(float(loss), rel=1e-6)
+    for g, g_c in zip(grads, grads_c, strict=True):
+        np.testing.assert_allclose(g_c, g, rtol=1e-5, atol=1e-7)
+
+
+def test_a_head_bias_starts_at_zero_is_labelled_bias_and_is_not_decayed():
+    cfg = dataclasses.replace(BASE, tie_embeddings=False, head_bias=True)
+    model = GPT.init(cfg, jax.random.PRNGKey(0))
+    assert model.lm_bias.shape == (cfg.padded_vocab_size,) and not np.any(np.asarray(model.lm_bias))
+    assert model.parameter_labels().lm_bias == "bias" and model.weight_decay_mask().lm_bias is False
+    plain = GPT.init(dataclasses.replace(cfg, head_bias=False), jax.random.PRNGKey(0))
+    x = tokens((2, 16))
+    np.testing.assert_array_equal(model(x), plain(x))  # a bias of zeros: the same logits
+    moved = eqx.tree_at(lambda m: m.lm_bias, model, jnp.arange(cfg.padded_vocab_size, dtype=jnp.float32))
+    np.testing.assert_allclose(
+        moved(x)[..., :61] - plain(x)[..., :61], np.broadcast_to(np.arange(61.0), (2, 16, 61)), atol=1e-3
+    )
+
+
+def test_the_optimization_tracks_model_composes_and_trains(data_cache):
+    """conf/model/opt-track-micro.yaml (the track's choices at gpt2-micro's size), shrunk to 2 layers: what it
+    builds, and its train loss falls under AdamW."""
+    overrides = tiny_overrides(data_cache, "model.n_layer=2", "model.context_size=64", "train.batch_size=4")
+    overrides[0] = "model=opt-track-micro"
+    parts = build(overrides)
+    model = parts.state.model
+    assert model.cfg.attention_scale == 0.12 and model.cfg.logit_softcap_form == "algebraic"
+    assert model.ln_e is not None and model.lm_bias is not None and model.lm_head is not None
+    assert model.blocks.q_norm.weight is None and model.blocks.ln1.weight is not None
+    assert model.blocks.qkv.bias is not None and model.wpe is None
+    losses = [float(parts.step(i)["loss"]) for i in range(8)]
+    assert losses[-1] < losses[0] - 0.3, losses

@@ -66,6 +66,13 @@ class ModelConfig(ModelOptions):
                 f"the first k blocks and the last k take the k tables: needs 0 <= 2 k <= n_layer={self.n_layer}; "
                 f"got {self.value_embeddings}",
             )
+        if self.attention_scale is not None and self.attention_scale <= 0:
+            fail("model.attention_scale", f"must be > 0 or null (1 / sqrt(head size)); got {self.attention_scale}")
+        if self.attention_scale is not None and self.parametrization == "mup":
+            fail(
+                "model.attention_scale",
+                "parametrization=mup scales the scores by 1 / head size itself; set attention_scale=null",
+            )
         if self.unet_skips and self.n_layer < 2:
             fail(
                 "model.unet_skips",
