@@ -73,3 +73,13 @@ def test_a_grid_flat_past_its_edge_stops_growing_and_says_flat_not_an_optimum_pa
     assert [name for name, _ in asked] == ["x-knob", "x-knob-2"]  # one growth: 0.00025 better by < FLAT
     assert g["edge"] == "grid" and board.edge_of(g) == "flat"
     assert "flat at the edge" in board.grid_text(g, "optimizer.beta2")
+
+
+def test_the_optimization_track_is_a_mode_that_trains_its_fixed_model(capsys):
+    cpu, gpu = board.board_run("optimization", False), board.board_run("optimization", True)
+    assert "model=opt-track-micro" in cpu and "model=opt-track" in gpu
+    assert [o for o in cpu if not o.startswith("model=")] == [o for o in board.CPU_RUN if not o.startswith("model=")]
+    assert board.board_run("gpt2", False) == board.CPU_RUN and board.board_run("gpt2", True) == board.GPU_RUN
+    # the presets come from the GPT-2 board only
+    assert board.main(["--track", "optimization", "--presets", "--only", "adamw"]) == 2
+    assert capsys.readouterr().err.strip().startswith("error: --presets:")

@@ -2,6 +2,7 @@
 
     bash scripts/experiments/optimizer_leaderboard.sh  # this machine's board (2 CPU cores: about an hour)
     bash scripts/experiments/optimizer_leaderboard.sh --gpu              # gpt2-mini, longer runs: where a GPU is lent
+    bash scripts/experiments/optimizer_leaderboard.sh --track optimization   # the speedrun's optimization track's model
     python -m scripts.experiments.optimizer_leaderboard --only adamw,lion --out /tmp/board   # a part of it
     python -m scripts.experiments.optimizer_leaderboard --summarize runs/leaderboard         # the table and plot again
 
@@ -60,6 +61,9 @@ GPU_RUN = [
     "logging.progress=lines",
     "system.dtype=bfloat16",
 ]
+# --track optimization: the speedrun's optimization track's fixed model (conf/model/opt-track.yaml) instead of GPT-2,
+# at the board's size: opt-track-micro (gpt2-micro's size) on the CPU, opt-track itself (context 1,024) with --gpu.
+TRACK_MODELS = {"gpt2": ("gpt2-micro", "gpt2-mini"), "optimization": ("opt-track-micro", "opt-track")}
 # val loss per token: a grid's edge point better than its neighbour by less is a flat grid, not an optimum past it
 FLAT = 0.002
 SEEDS = (0, 1)  # the grids run the first; the winner runs every one
@@ -328,8 +332,10 @@ def summarize(out: Path, tokens_per_step: int, steps: int) -> dict:
         above["noise_with_next"] = gap < max(above["spread"], below["spread"], typical)
     (out / "leaderboard.json").write_text(json.dumps(rows, indent=1))
     seeds = ", ".join(map(str, SEEDS))
+    models = sorted({o.split("=", 1)[1] for r in records for o in r.get("overrides", []) if o.startswith("model=")})
     lines = [
-        f"{len(rows)} optimizers, each at its tuned values, {steps} steps of {tokens_per_step:,} tokens "
+        f"{len(rows)} optimizers on {'/'.join(models) or 'one model'}, each at its tuned values, {steps} steps of "
+        f"{tokens_per_step:,} tokens "
         f"({steps * tokens_per_step:,} tokens a run); val nats/byte: the mean over seeds {seeds} of the final "
         "`val` loss; spread: the largest minus the smallest (median over the board "
         f"{typical:.4f}). `~`: within noise of the next row (their gap is below the larger spread of the two, or "
@@ -452,6 +458,12 @@ def write_presets(out: Path, steps: int, tokens_per_step: int) -> list[str]:
     return changed
 
 
+def board_run(track: str, gpu: bool) -> list[str]:
+    """The overrides every run of the board shares: the CPU's or the GPU's, on the track's model."""
+    model = f"model={TRACK_MODELS[track][int(gpu)]}"
+    return [model if o.startswith("model=") else o for o in (GPU_RUN if gpu else CPU_RUN)]
+
+
 def main(argv: list[str]) -> int:
     from optimizers import OPTIMIZERS
 
@@ -464,17 +476,26 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--grow", type=int, default=2, help="points a grid may grow past each edge")
     parser.add_argument("--parallel", type=int, default=1, help="optimizers tuned at once (each its own process)")
     parser.add_argument("--gpu", action="store_true", help="the larger board: gpt2-mini, batch 32, bfloat16")
+    parser.add_argument(
+        "--track",
+        choices=sorted(TRACK_MODELS),
+        default="gpt2",
+        help="the model every run trains: GPT-2's, or the speedrun's optimization track's fixed model (opt-track)",
+    )
     parser.add_argument("--summarize", metavar="OUT", help="only rebuild the table and plot of a board in OUT")
     parser.add_argument("--presets", action="store_true", help="write the tuned values into conf/optimizer/*.yaml")
     parser.add_argument("--docs", action="store_true", help="also copy leaderboard.md and .png into docs/")
     args, extra = parser.parse_known_args(argv)
+    if args.presets and args.track != "gpt2":
+        print("error: --presets: the presets are tuned on the GPT-2 board; drop --track or --presets", file=sys.stderr)
+        return 2
     run = [
-        *(GPU_RUN if args.gpu else CPU_RUN),
+        *board_run(args.track, args.gpu),
         f"train.max_steps={args.steps}",
         f"train.eval_interval={max(args.steps // 4, 1)}",
         *extra,
     ]
-    context, batch = (256, 32) if args.gpu else (128, 8)
+    context, batch = ((1024 if args.track == "optimization" else 256), 32) if args.gpu else (128, 8)
     tokens_per_step = context * batch
     out = Path(args.summarize or args.out)
     if not args.summarize:
@@ -494,8 +515,9 @@ def main(argv: list[str]) -> int:
     if args.presets:
         print("\n".join(write_presets(out, args.steps, tokens_per_step)))
     if args.docs:
+        name = "optimizer_leaderboard" + ("" if args.track == "gpt2" else f"_{args.track}_track")
         for suffix in ("md", "png"):
-            shutil.copy(out / f"leaderboard.{suffix}", ROOT / "docs" / f"optimizer_leaderboard.{suffix}")
+            shutil.copy(out / f"leaderboard.{suffix}", ROOT / "docs" / f"{name}.{suffix}")
     return 0
 
 
