@@ -205,7 +205,8 @@ def test_help_lists_the_groups_launchers_sweepers_and_every_key_with_its_type_de
     lines = out.splitlines()
     for line in [
         "model: gpt2, gpt2-large, gpt2-medium, gpt2-micro, gpt2-mini, gpt2-tiny, gpt2-xl, llama-1.5b, "
-        "llama-124m, llama-350m, llama-774m, llama-micro, llama-mini, llama-tiny, modern-gpt, speedrun-micro",
+        "llama-124m, llama-350m, llama-774m, llama-micro, llama-mini, llama-tiny, modern-gpt, opt-track, "
+        "opt-track-micro, speedrun-micro",
         "optimizer/lr_config: constant, cosine, linear, piecewise_linear, trapezoid",
         "hydra/launcher: basic, joblib, slurm, submitit_local, submitit_slurm",
         "hydra/sweeper: basic, lr_search, optuna",
