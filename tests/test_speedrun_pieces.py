@@ -337,6 +337,11 @@ def test_cached_decoding_with_the_smear_gate_equals_decoding_without_the_cache()
             ["model=llama-tiny", "model.rope_frequencies=half_truncated", "model.n_embd=72", "model.n_head=4"],
             "model.rope_frequencies: half_truncated turns a quarter of a head's dimensions in pairs: the head size 18",
         ),
+        (["model=gpt2-tiny", "model.attention_scale=0"], r"model.attention_scale: must be > 0 or null"),
+        (
+            ["model=gpt2-tiny", "model.attention_scale=0.12", "model.parametrization=mup"],
+            "model.attention_scale: parametrization=mup scales the scores",
+        ),
     ],
 )
 def test_speedrun_options_that_cannot_work_are_one_line(overrides, line):
