@@ -42,7 +42,7 @@ from training.step.state import TrainState, eval_model
 def main(cfg: Config, overrides: list[str], started: float) -> float | None:
     """One run of a finished config (typed, every value checked but those that need the devices): train (or,
     mode=eval, evaluate); returns the final `val` loss."""
-    init_xla_flags(cfg.system.xla_flags)  # before XLA starts
+    init_xla_flags(cfg.system)  # before XLA starts
     init_distributed(cfg.system)  # before anything touches a device
     watch_peers(cfg.system)  # a process that dies is named, and the others end
     init_compilation_cache(cfg.system.compilation_cache_dir)

@@ -35,6 +35,7 @@ import jax  # noqa: E402
 import pytest  # noqa: E402
 
 import helpers  # noqa: E402
+from training.loop.compilation import DETERMINISTIC_GPU_FLAG  # noqa: E402
 
 
 def pytest_configure(config):
@@ -51,6 +52,11 @@ def pytest_configure(config):
     if not gpu_only:
         os.environ["JAX_PLATFORMS"] = "cpu"
         jax.config.update("jax_platforms", "cpu")
+    else:
+        # The GPU tests compare runs bit for bit (a resumed run against the straight one, one program run twice),
+        # which a GPU's default kernels do not give (atomics in reductions and scatters): they run on the kernels
+        # that `system.deterministic=true` selects, here and in the processes tests start.
+        os.environ["XLA_FLAGS"] = f"{os.environ['XLA_FLAGS']} {DETERMINISTIC_GPU_FLAG}"
 
 
 @pytest.fixture

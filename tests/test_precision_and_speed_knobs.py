@@ -3,6 +3,7 @@ formula."""
 
 import collections
 import dataclasses
+import os
 import re
 import warnings
 
@@ -57,11 +58,16 @@ def test_16_bit_compute_tracks_the_float32_curve(dtype, float32_curve, data_cach
     assert parts.state.model.wte.dtype == jnp.float32  # master weights stay float32
     moments = [x for x in jax.tree.leaves(parts.state.opt_state) if jnp.issubdtype(x.dtype, jnp.floating)]
     assert moments and all(x.dtype == jnp.float32 for x in moments)
-    # ... while the step's matmuls run in the compute dtype (float16's logits matmul goes through float32 on CPU).
+    # ... while the step's matmuls run in the compute dtype. On a GPU every one does: attention is cuDNN's kernel (no
+    # matmul of the program), and the LM head's gradient is rounded to the compute dtype before its two matmuls. On a
+    # CPU, XLA's attention multiplies its float32 probabilities in float32 (and float16 goes through float32 there).
     operand_types = matmul_operand_types(parts)
     short = {"bfloat16": "bf16", "float16": "f16"}[dtype]
-    assert sum(types == {short} for types in operand_types) >= len(operand_types) // 2, operand_types
-    assert {"f32"} in operand_types  # the float32 parts stay float32 (LayerNorm's and the loss's reductions feed them)
+    if jax.default_backend() == "gpu":
+        assert all(types == {short} for types in operand_types), operand_types
+    else:
+        assert sum(types == {short} for types in operand_types) >= len(operand_types) // 2, operand_types
+        assert {"f32"} in operand_types, operand_types
 
 
 def unchanged(a, b):
@@ -304,6 +310,33 @@ def test_xla_flags_in_a_process_whose_backend_runs_are_one_line(data_cache, tmp_
         "error: config: system.xla_flags: the XLA backend of this process has started already, so XLA "
         "would ignore them; set XLA_FLAGS='--xla_gpu_autotune_level=0' in the environment instead"
     )
+
+
+def test_deterministic_asks_xla_for_its_deterministic_gpu_kernels(monkeypatch):
+    """system.deterministic=true adds XLA's deterministic-kernels flag to the run's flags (a GPU's default kernels
+    use atomics, so two runs of one program can differ in the last bits). In a process whose backend already runs,
+    a CPU needs nothing (its kernels are deterministic); a GPU gets one line naming the key and the flag to set."""
+    from training.config.system import SystemConfig
+    from training.loop import compilation
+
+    assert compilation.xla_flags(SystemConfig(deterministic=True, xla_flags=["--xla_dump_to=x"])) == [
+        "--xla_dump_to=x",
+        "--xla_gpu_deterministic_ops=true",
+    ]
+    assert compilation.xla_flags(SystemConfig()) == []
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+    jax.devices()  # this test process's (CPU) backend is running
+    compilation.init_xla_flags(SystemConfig(deterministic=True))
+    assert os.environ["XLA_FLAGS"] == "--xla_force_host_platform_device_count=8"
+    monkeypatch.setattr(compilation.jax, "default_backend", lambda: "gpu")
+    with pytest.raises(ConfigError) as e:
+        compilation.init_xla_flags(SystemConfig(deterministic=True))
+    assert str(e.value) == (
+        "config: system.deterministic: the XLA backend of this process has started already, so XLA would ignore it; "
+        "set XLA_FLAGS='--xla_gpu_deterministic_ops=true' in the environment instead"
+    )
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_deterministic_ops=true")  # set before the backend started: nothing to do
+    compilation.init_xla_flags(SystemConfig(deterministic=True))
 
 
 @pytest.mark.parametrize("flag", ["xla_gpu_autotune_level=0", "--xla_a=1 --xla_b=2"])

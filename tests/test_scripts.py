@@ -66,9 +66,7 @@ def test_bench_variants_share_a_process_and_each_is_kept_as_a_record(data_cache,
         "scripts.benchmarks.bench", [*args, "--variant", "system.xla_flags=['--xla_dump_to=x']"], monkeypatch, capsys
     )
     assert (
-        refused.returncode == 2
-        and refused.stderr.count("\n") == 1
-        and "goes with the common overrides" in refused.stderr
+        refused.returncode == 2 and refused.stderr.count("\n") == 1 and "go with the common overrides" in refused.stderr
     )
 
 

@@ -42,7 +42,7 @@ from models.gpt import count_params
 from scripts.benchmarks import records
 from training import config as config_lib
 from training.distributed.sharding import put_batch
-from training.loop.compilation import init_xla_flags
+from training.loop.compilation import init_xla_flags, xla_flags
 from training.pipeline.build import build, init_model, init_optimizer, init_scheduler
 from training.reporting.flops import MFU_FORMULA, flops_per_token, mfu, peak_flops
 
@@ -123,7 +123,7 @@ def bench(overrides: list[str], steps: int, warmup: int, first: bool = True) -> 
             "head_loss": cfg.model.head_loss,
             "attention": state.model.cfg.attention,
             "optimizer": cfg.optimizer.name,
-            "xla_flags": cfg.system.xla_flags,
+            "xla_flags": xla_flags(cfg.system),
         },
     }
 
@@ -235,7 +235,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--no-record", action="store_true", help="keep no record, even on a GPU")
     args, overrides = parser.parse_known_args(argv)
     try:
-        init_xla_flags(config_lib.load_config(overrides).system.xla_flags)  # before the backend starts
+        init_xla_flags(config_lib.load_config(overrides).system)  # before the backend starts
         if args.compile_only:
             print(json.dumps(bench_compile(overrides, args.vocab)), flush=True)
         elif args.loader:
@@ -243,10 +243,10 @@ def main(argv: list[str]) -> int:
         else:
             for i, variant in enumerate(args.variant or [""]):
                 extra = shlex.split(variant)
-                if any(o.lstrip("+").startswith("system.xla_flags") for o in extra):
+                if any(o.lstrip("+").startswith(("system.xla_flags", "system.deterministic")) for o in extra):
                     raise ConfigError(
-                        f"--variant {variant!r}: system.xla_flags goes with the common overrides (XLA reads its flags "
-                        "once per process); run one bench.py per set of flags"
+                        f"--variant {variant!r}: system.xla_flags and system.deterministic go with the common "
+                        "overrides (XLA reads its flags once per process); run one bench.py per set of flags"
                     )
                 result = bench(overrides + extra, args.steps, max(args.warmup, 1), first=i == 0)
                 result = {**({"variant": variant} if args.variant else {}), **result}

@@ -42,6 +42,10 @@ class SystemConfig:
     # flags added to XLA_FLAGS before the backend starts, e.g. [--xla_gpu_enable_latency_hiding_scheduler=true];
     # what each is worth on a GPU is in BENCHMARKS.md
     xla_flags: list[str] = field(default_factory=list)
+    # true: the same inputs give the same bits on a GPU too (XLA's deterministic kernels: no atomics in reductions and
+    # scatters), so a resumed run equals the straight one there; costs step time (BENCHMARKS.md). XLA:CPU's kernels
+    # are deterministic already
+    deterministic: bool = False
     # true: any device-to-host transfer at a step that does not log, evaluate, save or agree to stop raises
     # (jax.transfer_guard): checks that the loop never makes the device wait for the host between those steps
     transfer_guard: bool = False

@@ -10,24 +10,42 @@ import jax
 from jax._src import xla_bridge  # backends_are_initialized: public JAX has no way to ask
 
 from core.errors import ConfigError
+from training.config.system import SystemConfig
 
 # JAX reports each phase of making an executable as a duration event; XLA's compile is the one that costs (tracing
 # events nest, so summing them would count time twice). A persistent-cache hit reports no compile.
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
 
-def init_xla_flags(flags: list[str]) -> None:
-    """Add `system.xla_flags` to XLA_FLAGS. XLA reads them once, when JAX starts its backend, so this must come before
-    anything touches a device; a process whose backend already runs (a sweep's second job in the same process, a
-    script that asked for the devices first) gets one line instead of flags silently ignored."""
+# `system.deterministic=true`: XLA's deterministic GPU kernels (reductions and scatters without atomics, autotuning
+# among deterministic algorithms only)
+DETERMINISTIC_GPU_FLAG = "--xla_gpu_deterministic_ops=true"
+
+
+def xla_flags(system: SystemConfig) -> list[str]:
+    """The XLA flags a run asks for: `system.xla_flags`, and with `system.deterministic` the deterministic kernels'."""
+    return [*system.xla_flags, *([DETERMINISTIC_GPU_FLAG] if system.deterministic else [])]
+
+
+def init_xla_flags(system: SystemConfig) -> None:
+    """Add the run's XLA flags (`xla_flags`) to XLA_FLAGS. XLA reads them once, when JAX starts its backend, so this
+    must come before anything touches a device; a process whose backend already runs (a sweep's second job in the
+    same process, a script that asked for the devices first) gets one line instead of flags silently ignored, unless
+    XLA_FLAGS held them already, or all that is missing is the deterministic kernels on a CPU (its own are)."""
+    held = os.environ.get("XLA_FLAGS", "").split()
+    flags = [f for f in xla_flags(system) if f not in held]
     if not flags:
         return
     if xla_bridge.backends_are_initialized():
+        if flags == [DETERMINISTIC_GPU_FLAG] and jax.default_backend() == "cpu":
+            return
+        key = "system.xla_flags" if set(flags) & set(system.xla_flags) else "system.deterministic"
         raise ConfigError(
-            "config: system.xla_flags: the XLA backend of this process has started already, so XLA "
-            f"would ignore them; set XLA_FLAGS='{' '.join(flags)}' in the environment instead"
+            f"config: {key}: the XLA backend of this process has started already, so XLA "
+            f"would ignore {'them' if key == 'system.xla_flags' else 'it'}; "
+            f"set XLA_FLAGS='{' '.join(flags)}' in the environment instead"
         )
-    os.environ["XLA_FLAGS"] = " ".join([*os.environ.get("XLA_FLAGS", "").split(), *flags])
+    os.environ["XLA_FLAGS"] = " ".join([*held, *flags])
 
 
 def init_compilation_cache(directory: str | None) -> None:
