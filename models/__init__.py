@@ -77,22 +77,30 @@ def resolve_attention(requested: str, dtype: str) -> str:
     dtype = "bfloat16" if dtype == "fp8" else dtype  # fp8 attends in bfloat16
     if requested in ("xla", "blocked"):
         return requested
-    works = backend == "gpu" and _cudnn_attention_runs(dtype)
-    if requested == "cudnn" and not works:
-        why = f"the backend is {backend}" if backend != "gpu" else f"cuDNN rejects {dtype} attention here"
-        raise ConfigError(f"config: model.attention: cudnn is not available ({why}); use model.attention=auto or xla")
-    if works:
+    failure = _cudnn_attention_failure(dtype) if backend == "gpu" else f"the backend is {backend}"
+    if requested == "cudnn" and failure:
+        raise ConfigError(
+            f"config: model.attention: cudnn is not available ({failure}); use model.attention=auto or xla"
+        )
+    if not failure:
         return "cudnn"
     return "blocked" if backend == "cpu" else "xla"
 
 
-def _cudnn_attention_runs(dtype: str) -> bool:
+def _cudnn_attention_failure(dtype: str) -> str | None:
+    """Why cuDNN's attention does not run here (forward and backward, as training runs it), or None. Under XLA's
+    deterministic GPU kernels (system.deterministic), jaxlib 0.11.2's XLA fails cuDNN's backward pass at its first
+    call (`IndexError: absl::container_internal::raw_hash_map<>::at`, openxla/xla#46500): XLA's attention then."""
+
+    def loss(q):
+        return jax.nn.dot_product_attention(q, q, q, is_causal=True, implementation="cudnn").astype(jnp.float32).sum()
+
     try:
-        q = jnp.zeros((1, 128, 2, 64), jnp.dtype(dtype))
-        jax.block_until_ready(jax.nn.dot_product_attention(q, q, q, is_causal=True, implementation="cudnn"))
-        return True
-    except Exception:  # unsupported dtype, GPU generation or cuDNN version: XLA's attention is the fallback
-        return False
+        jax.block_until_ready(jax.grad(loss)(jnp.zeros((1, 128, 2, 64), jnp.dtype(dtype))))
+        return None
+    except Exception as e:  # unsupported dtype, GPU generation or cuDNN version: XLA's attention is the fallback
+        first = (str(e).strip().splitlines() or [""])[0][:160]
+        return f"cuDNN's {dtype} attention fails here: {type(e).__name__}: {first}"
 
 
 MODEL_BUILDERS: dict[str, Builder] = {"gpt": build_gpt}  # GPT-2, Llama-style, modern

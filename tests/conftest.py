@@ -35,28 +35,20 @@ import jax  # noqa: E402
 import pytest  # noqa: E402
 
 import helpers  # noqa: E402
-from training.loop.compilation import DETERMINISTIC_GPU_FLAG  # noqa: E402
 
 
 def pytest_configure(config):
-    """The CPU for everything but a selection of `gpu` tests alone (`-m gpu`: it takes a test marked gpu and leaves an
-    unmarked one), here, in xdist's workers and in the processes tests start: the rest of the suite expects 8 CPU
-    devices and the CPU's kernels. Before anything starts JAX's backend."""
+    """The CPU for everything but a selection of `gpu` tests alone (`-m gpu`, `-m "gpu and deterministic"`: it takes
+    a test marked gpu and leaves an unmarked one), here, in xdist's workers and in the processes tests start: the rest
+    of the suite expects 8 CPU devices and the CPU's kernels. Before anything starts JAX's backend."""
     from _pytest.mark.expression import Expression
 
     selection = config.option.markexpr
-    gpu_only = bool(selection) and (
-        Expression.compile(selection).evaluate(lambda name, **_: name == "gpu")
-        and not Expression.compile(selection).evaluate(lambda name, **_: False)
-    )
-    if not gpu_only:
+    takes = Expression.compile(selection or "not gpu").evaluate
+    gpu = any(takes(lambda name, marks=marks, **_: name in marks) for marks in ({"gpu"}, {"gpu", "deterministic"}))
+    if not (gpu and not takes(lambda name, **_: False)):
         os.environ["JAX_PLATFORMS"] = "cpu"
         jax.config.update("jax_platforms", "cpu")
-    else:
-        # The GPU tests compare runs bit for bit (a resumed run against the straight one, one program run twice),
-        # which a GPU's default kernels do not give (atomics in reductions and scatters): they run on the kernels
-        # that `system.deterministic=true` selects, here and in the processes tests start.
-        os.environ["XLA_FLAGS"] = f"{os.environ['XLA_FLAGS']} {DETERMINISTIC_GPU_FLAG}"
 
 
 @pytest.fixture

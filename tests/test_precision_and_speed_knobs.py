@@ -216,6 +216,28 @@ def test_auto_attention_picks_the_backends_kernel_and_the_step_runs_it(data_cach
     assert float(parts.step(0)["loss"]) == pytest.approx(np.log(259), rel=0.05)  # it runs: the loss at init
 
 
+def test_where_cudnns_attention_fails_auto_takes_xlas_and_cudnn_is_one_line(monkeypatch):
+    """On a GPU whose cuDNN attention fails (forward or backward: under XLA's deterministic kernels jaxlib 0.11.2's
+    backward does), `auto` takes XLA's attention and `cudnn` is one line naming the failure. Here the failure is
+    real: a CPU backend called a GPU, where cuDNN's kernel cannot run."""
+    import models
+
+    monkeypatch.setattr(models.jax, "default_backend", lambda: "gpu")
+    models.resolve_attention.cache_clear()
+    try:
+        assert models.resolve_attention("auto", "bfloat16") == "xla"
+        with pytest.raises(ConfigError) as e:
+            models.resolve_attention("cudnn", "fp8")
+    finally:
+        models.resolve_attention.cache_clear()
+    assert "\n" not in str(e.value)
+    assert re.fullmatch(
+        r"config: model.attention: cudnn is not available \(cuDNN's bfloat16 attention fails here: \w+: .+\); "
+        r"use model.attention=auto or xla",
+        str(e.value),
+    ), str(e.value)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("setting", ["null", "true", "false"])
 def test_scan_layers_null_unrolls_on_a_gpu_and_scans_elsewhere(setting, data_cache):

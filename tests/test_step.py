@@ -44,6 +44,7 @@ def test_step_sharded_over_8_devices_equals_the_1_device_step(data_cache):
 
 
 @pytest.mark.gpu
+@pytest.mark.deterministic
 def test_a_step_is_the_same_program_whatever_the_schedule_does_after_it(data_cache):
     """A 3-step run at a constant lr, and a 6-step run whose piecewise schedule holds that lr for 3 steps and then
     halves it (a schedule search's branch and the schedule it finds): the step is one program for both (the lr is its

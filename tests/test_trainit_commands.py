@@ -122,6 +122,7 @@ def test_new_hyper_parameters_keep_the_optimizer_state(saved, data_cache):
 
 
 @pytest.mark.gpu
+@pytest.mark.deterministic
 def test_num_steps_trains_segments_that_add_up_to_the_uninterrupted_run(finished, data_cache, tmp_path):
     """checkpoint.num_steps: each invocation trains that many steps from where it starts, evaluates and checkpoints
     at its end, and the next continues; the schedule spans train.max_steps, so the losses match a run never split.

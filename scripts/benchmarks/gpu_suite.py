@@ -7,13 +7,12 @@
 Stages, in this order (`--only` picks some; each is a command of its own, its output in OUT/logs/<stage>.log):
   environment  nvidia-smi, and `python check_env.py` after `source activate_env.sh` (which installs this checkout)
   newcomer   `bash scripts/train_lm.sh`, the README's first command: it must train on the GPU
-  tests      `bash scripts/test_gpu.sh`: the tests whose behaviour depends on the backend, on the GPU
+  tests      `bash scripts/test_gpu.sh`: the tests whose behaviour depends on the backend, on the GPU (those that
+             compare runs bit for bit on XLA's deterministic kernels)
   data       gpt2's data: a byte-level BPE with GPT-2's 50,257 ids (+2 specials) on pystdlib, then its token store
              (the device may have no Hub access for `dataset.tokenizer=gpt2`), made by `bench.py --loader` (whose
              speed here is no figure: the stages beside it share the machine)
-  determinism  the bit-for-bit tests (one program run twice, resumed against straight runs) with deterministic GPU
-             kernels (`XLA_FLAGS=--xla_gpu_deterministic_ops=true`): the GPU's default kernels are not
-  (the four above run side by side: none is timed against the others; XLA_PYTHON_CLIENT_PREALLOCATE=false)
+  (the three above run side by side: none is timed against the others; XLA_PYTHON_CLIENT_PREALLOCATE=false)
   profile    gpt2's step traced (`system.profile_steps`), then scripts/tools/profile_summary.py's table
   peer       scripts/benchmarks/bench_peer.py: nanoGPT (torch.compile, flash SDPA, fused AdamW) against ours
   fp8_gemm   scripts/benchmarks/fp8_gemm.py at its default shape and at gpt2's qkv shape: which FP8 forms XLA
@@ -61,13 +60,7 @@ FLAGS = [
     "--xla_gpu_enable_latency_hiding_scheduler=true",
     "--xla_gpu_autotune_level=0",
 ]
-# the bit-for-bit tests, with deterministic kernels (test_gpu.sh runs them with the GPU's defaults)
-DETERMINISM = (
-    f"XLA_FLAGS=--xla_gpu_deterministic_ops=true {shlex.quote(sys.executable)} -m pytest -p no:cacheprovider -m gpu "
-    "-n 3 tests/test_step.py tests/test_fp8.py tests/test_trainit_commands.py "
-    "-k 'same_program or resumed_run or num_steps'"
-)
-SIDE_BY_SIDE = {"environment", "newcomer", "tests", "determinism"}  # the stages that need no gpt2 data
+SIDE_BY_SIDE = {"environment", "newcomer", "tests"}  # the stages that need no gpt2 data
 BIG = [  # scanned: unrolled, a 48-layer model's step compiles for minutes (gpt2-xl on a CPU: 212 s against 8 s)
     ("gpt2-xl", ["train.batch_size=16", "train.batch_size=16 system.dtype=fp8"]),
     ("gpt2-large", ["train.batch_size=16", "train.batch_size=16 system.dtype=fp8"]),
@@ -153,7 +146,6 @@ class Suite:
             for stage, command in (
                 ("newcomer", ["bash", "scripts/train_lm.sh"]),
                 ("tests", ["bash", "scripts/test_gpu.sh", "-p", "no:cacheprovider"]),
-                ("determinism", ["bash", "-c", DETERMINISM]),
                 ("data", [*BENCH, "--loader", "--steps", "50", *self.gpt2]),
             )
             if self.wanted(stage) or (stage == "data" and self.only - SIDE_BY_SIDE)
