@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from core.errors import ConfigError
 from models.config import ModelOptions
-from models.gpt import GPT, GPTConfig, resolve_scan_layers
+from models.gpt import GPT, GPTConfig, resolve_head_loss, resolve_scan_layers
 
 
 class SystemSection(Protocol):
@@ -24,9 +24,15 @@ class SystemSection(Protocol):
     def dtype(self) -> str: ...
 
 
+class OptimizerSection(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
 class RunConfig(Protocol):
-    """What a builder reads of the run's config (training/config/root.py's Config): the `model` section and the
-    compute dtype. A protocol, as models/ does not import training/."""
+    """What a builder reads of the run's config (training/config/root.py's Config): the `model` section, the
+    compute dtype and the optimizer's name (sophia differentiates the loss twice). A protocol, as models/ does not
+    import training/."""
 
     @property
     def model(self) -> ModelOptions: ...
@@ -34,13 +40,20 @@ class RunConfig(Protocol):
     @property
     def system(self) -> SystemSection: ...
 
+    @property
+    def optimizer(self) -> OptimizerSection: ...
+
 
 Builder = Callable[[RunConfig, int, jax.Array], GPT]  # (run config, vocab_size, key) -> model
 
 
 def build_gpt(cfg: RunConfig, vocab_size: int, key: jax.Array) -> GPT:
     model_cfg = gpt_config(cfg.model, vocab_size, resolve_attention(cfg.model.attention, cfg.system.dtype))
-    return init_gpt(dataclasses.replace(model_cfg, scan_layers=resolve_scan_layers(cfg.model.scan_layers)), key)
+    resolved = {
+        "scan_layers": resolve_scan_layers(cfg.model.scan_layers),
+        "head_loss": resolve_head_loss(cfg.model.head_loss, differentiated_twice=cfg.optimizer.name == "sophia"),
+    }
+    return init_gpt(dataclasses.replace(model_cfg, **resolved), key)
 
 
 # One executable for the whole init instead of one per random array (0.6 s of a small run's start-up, BENCHMARKS.md

@@ -55,6 +55,16 @@ def resolve_scan_layers(requested: bool | None) -> bool:
     return jax.default_backend() != "gpu" if requested is None else requested
 
 
+def resolve_head_loss(requested: str, differentiated_twice: bool) -> str:
+    """`model.head_loss`: auto (the default) -> the chunked head on a GPU (gpt2 at batch 32: 1.049x the dense head's
+    tokens/s on an H100, 1.033x on an H200, each in one process, and 3 GiB less), the dense head elsewhere (a CPU's
+    runs hold small batches) and where the loss is differentiated twice (the chunked head's backward pass is written
+    by hand, once)."""
+    if requested != "auto":
+        return requested
+    return "chunked" if jax.default_backend() == "gpu" and not differentiated_twice else "dense"
+
+
 @dataclasses.dataclass(frozen=True)
 class GPTConfig(ModelOptions):
     """The model's static description (hashable: it lives inside the jitted pytree): the options of models/config.py

@@ -123,3 +123,29 @@ def test_the_chunked_train_step_never_holds_the_logits_of_the_whole_batch(head_l
     assert holds_all_logits == (head_loss == "dense"), sorted(s for s in shapes if s[-1] == V)
     if head_loss == "chunked":  # chunks of 128 tokens: 8 rows x 16 of the 64 positions
         assert (B, 128 // B, V) in shapes
+
+
+@pytest.mark.parametrize(
+    "backend,optimizer,requested,resolved",
+    [
+        ("cpu", "adamw", "auto", "dense"),
+        ("gpu", "adamw", "auto", "chunked"),
+        ("gpu", "sophia", "auto", "dense"),
+        ("cpu", "adamw", "chunked", "chunked"),
+        ("gpu", "adamw", "dense", "dense"),
+    ],
+)
+def test_auto_head_loss_is_chunked_on_a_gpu_and_dense_elsewhere_or_with_sophia(
+    backend, optimizer, requested, resolved, monkeypatch
+):
+    """model.head_loss=auto, the default: the chunked head on a GPU (faster there, and less memory), the dense one on
+    other backends and for sophia, which differentiates the loss twice; a head asked for by name is kept."""
+    from models import MODEL_BUILDERS
+    from training.config import load_config
+
+    overrides = ["model=gpt2-tiny", f"optimizer={optimizer}", "model.attention=xla"]  # xla: no cuDNN probe
+    cfg = load_config([*overrides, *([] if requested == "auto" else [f"model.head_loss={requested}"])])
+    assert cfg.model.head_loss == requested
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)  # what the model's build asks of the backend
+    model = eqx.filter_eval_shape(MODEL_BUILDERS["gpt"], cfg, 259, jax.random.PRNGKey(0))
+    assert model.cfg.head_loss == resolved

@@ -120,7 +120,7 @@ def bench(overrides: list[str], steps: int, warmup: int, first: bool = True) -> 
             "mesh_model": cfg.system.mesh_model,
             "remat": cfg.model.remat,
             "scan_layers": state.model.cfg.scan_layers,
-            "head_loss": cfg.model.head_loss,
+            "head_loss": state.model.cfg.head_loss,
             "attention": state.model.cfg.attention,
             "optimizer": cfg.optimizer.name,
             "xla_flags": xla_flags(cfg.system),
@@ -215,7 +215,7 @@ def bench_compile(overrides: list[str], vocab: int) -> dict:
         },
         "batch": list(shape),
         "dtype": cfg.system.dtype,
-        "head_loss": cfg.model.head_loss,
+        "head_loss": model.cfg.head_loss,
         "remat": cfg.model.remat,
         "device_kind": jax.devices()[0].device_kind,
     }
