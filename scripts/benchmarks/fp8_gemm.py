@@ -7,8 +7,10 @@ Each form computes x W from bfloat16 x [M, K] and W, with float8_e4m3fn operands
 the order printed: models/fp8.py's `fp8_dot` (quantise-dequantise in bfloat16, W as [K, N]: the train step's form)
 with constant scales, the same with its scales as a runtime argument (as the train step reads them from its amax
 history), the quantise-dequantise in bfloat16 with W as [N, K], the same dequantised in float32, float8 operands given
-to `dot_general` directly, and the plain bfloat16 product; then `fp8_dot`'s forward and backward together (custom
-calls only). Reported per form: the compiled program's custom calls (`__cublas$lt$matmul$f8` where XLA's GPU compiler
+to `dot_general` directly (at constant scales, then at runtime scales with W as [N, K] and as [K, N]), and the plain
+bfloat16 product; then `fp8_dot`'s forward and backward together at constant and at runtime scales (custom calls
+only). On an H100 `fp8_dot` at runtime scales compiled to a bfloat16 GEMM without FP8's rounding (BENCHMARKS.md,
+"FP8"). Reported per form: the compiled program's custom calls (`__cublas$lt$matmul$f8` where XLA's GPU compiler
 made a cuBLASLt FP8 GEMM of it), the median time of `--iters` calls, TFLOP/s, and the product's distance from x W
 computed from the same bfloat16 operands into float32 (relative, in norm: FP8's rounding, or bfloat16's output
 rounding for the plain product). Another backend than a GPU runs every form as bfloat16 or float32 arithmetic (no FP8
@@ -42,6 +44,14 @@ def _qdq_f32(a: jax.Array, scale: jax.Array) -> jax.Array:
     return quantize_dequantize(a.astype(jnp.float32), E4M3, scale)
 
 
+def _f8_dot(x: jax.Array, w: jax.Array, scales: jax.Array, dimensions) -> jax.Array:
+    """x W from float8 operands at scales[0] and scales[1], the product rescaled in bfloat16."""
+    product = jax.lax.dot_general(
+        _quantize(x, scales[0]), _quantize(w, scales[1]), dimensions, preferred_element_type=jnp.bfloat16
+    )
+    return product * (scales[0] * scales[1]).astype(jnp.bfloat16)
+
+
 def forms(scales: jax.Array) -> dict[str, Callable]:
     """name -> f(x [M, K], w [K, N], w_t [N, K], runtime scales [3])."""
     contract_last = (((1,), (1,)), ((), ()))
@@ -56,11 +66,13 @@ def forms(scales: jax.Array) -> dict[str, Callable]:
         "float32 quantise-dequantise, W [N, K]": lambda x, w, w_t, s: jax.lax.dot_general(
             _qdq_f32(x, scales[0]), _qdq_f32(w_t, scales[1]), contract_last
         ),
-        "float8 operands to dot_general, W [N, K]": lambda x, w, w_t, s: (
-            jax.lax.dot_general(
-                _quantize(x, scales[0]), _quantize(w_t, scales[1]), contract_last, preferred_element_type=jnp.bfloat16
-            )
-            * (scales[0] * scales[1]).astype(jnp.bfloat16)
+        "float8 operands to dot_general, W [N, K]": lambda x, w, w_t, s: _f8_dot(x, w_t, scales, contract_last),
+        # with the scales as the step has them (runtime values): no float8 round trip for the compiler to simplify
+        "float8 operands to dot_general with runtime scales, W [N, K]": lambda x, w, w_t, s: _f8_dot(
+            x, w_t, s, contract_last
+        ),
+        "float8 operands to dot_general with runtime scales, W [K, N]": lambda x, w, w_t, s: _f8_dot(
+            x, w, s, (((1,), (0,)), ((), ()))
         ),
         "bfloat16 product (no FP8)": lambda x, w, w_t, s: x @ w,
     }
@@ -107,6 +119,14 @@ def main(argv: list[str]) -> int:
     gradient = jax.jit(jax.grad(loss, argnums=(0, 1)))
     fp8_gemms = custom_calls(gradient.lower(x, w).compile().as_text())
     print(json.dumps({"form": "fp8_dot forward and backward", "custom_calls": fp8_gemms, "device": device}), flush=True)
+
+    def loss_at(x, w, s):  # the train step's case: scales from its amax history, runtime values
+        return jnp.sum(jnp.square(fp8_dot(x, w, s).astype(jnp.float32)))
+
+    gradient = jax.jit(jax.grad(loss_at, argnums=(0, 1)))
+    fp8_gemms = custom_calls(gradient.lower(x, w, scales).compile().as_text())
+    form = "fp8_dot forward and backward with runtime scales"
+    print(json.dumps({"form": form, "custom_calls": fp8_gemms, "device": device}), flush=True)
     return 0
 
 
