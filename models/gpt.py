@@ -429,6 +429,7 @@ class GPT(eqx.Module):
             cfg.logit_softcap,
             cfg.logit_softcap_form,
             self.lm_bias,
+            cfg.logits_dtype,
         )
 
     def loss_terms(
@@ -454,6 +455,7 @@ class GPT(eqx.Module):
                     self.cfg.logit_softcap,
                     self.cfg.logit_softcap_form,
                     self.lm_bias,
+                    self.cfg.logits_dtype,
                 )
             return log_z_and_target_logit(self.logits(h_BTD), targets_BT)
 

@@ -10,6 +10,10 @@ target's logit. The cross-entropy is log Z - target logit; z-loss is (log Z)^2. 
            head's gradient. No [B, T, V] array exists in either pass: memory is one chunk's [b, t, V] float32.
            Costs one more head matmul (the recomputation) per step.
 
+The head's matmul accumulates in float32 and writes its logits in float32, or with `model.logits_dtype=compute` at
+16-bit compute in the compute dtype (nanoGPT's bfloat16 logits under autocast): what reads them (log Z, the softmax
+and its gradient) converts as it reads, in float32, so each pass over [B, T, V] moves half the bytes.
+
 With a soft-cap c > 0 (`model.logit_softcap`; Gemma 2, the modded-nanogpt speedrun) every logit is c tanh(logit / c)
 (or, `model.logit_softcap_form=algebraic`, c logit / sqrt(logit^2 + c^2), the speedrun's optimization track; or
 `sigmoid`, c sigmoid((logit + 5) / 7.5), the speedrun's record) before anything reads it, in both heads; the chunked
@@ -63,11 +67,17 @@ def masked_logits(
     softcap: float = 0.0,
     form: str = "tanh",
     b_V: jax.Array | None = None,
+    logits_dtype: str = "float32",
 ) -> jax.Array:
     """Float32 logits [B, T, V] of the padded vocabulary (plus the head's bias `b_V` when it has one; soft-capped
-    when `softcap` > 0, by `form`), padded rows at PADDED_LOGIT."""
+    when `softcap` > 0, by `form`), padded rows at PADDED_LOGIT. With `logits_dtype="compute"` and 16-bit operands the
+    matmul writes them in the operands' dtype (accumulated in float32) and what reads them converts as it reads."""
     h_BTD, w_VD = cpu_float16_to_float32(h_BTD, w_VD)
-    logits_BTV = _head_matmul(h_BTD, w_VD) if h_BTD.dtype != jnp.float32 else _logits(h_BTD, w_VD)
+    if h_BTD.dtype == jnp.float32:
+        logits_BTV = _logits(h_BTD, w_VD)
+    else:
+        out = h_BTD.dtype if logits_dtype == "compute" else jnp.float32
+        logits_BTV = _head_matmul(h_BTD, w_VD, jnp.dtype(out)).astype(jnp.float32)
     if b_V is not None:
         logits_BTV = logits_BTV + b_V.astype(jnp.float32)
     if softcap:
@@ -76,24 +86,24 @@ def masked_logits(
     return jnp.where(is_real, logits_BTV, PADDED_LOGIT)
 
 
-def _logits(h_BTD: jax.Array, w_VD: jax.Array) -> jax.Array:
-    return jnp.einsum("btd,vd->btv", h_BTD, w_VD, preferred_element_type=jnp.float32)
+def _logits(h_BTD: jax.Array, w_VD: jax.Array, out=jnp.float32) -> jax.Array:
+    return jnp.einsum("btd,vd->btv", h_BTD, w_VD, preferred_element_type=out)
 
 
-@jax.custom_vjp
-def _head_matmul(h_BTD: jax.Array, w_VD: jax.Array) -> jax.Array:
-    """16-bit h W^T accumulated into float32 logits, as `_logits`; its backward pass multiplies the logits' float32
-    gradient rounded to the operands' dtype, as the chunked head does. Autodiff would keep it float32 and run both
-    gradient matmuls in float32 (TF32 on a GPU: half the 16-bit rate, on twice the bytes): measured on an H200 with
-    gpt2 at batch 32, those two matmuls took 15 of the step's 103 ms."""
-    return _logits(h_BTD, w_VD)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _head_matmul(h_BTD: jax.Array, w_VD: jax.Array, out) -> jax.Array:
+    """16-bit h W^T accumulated in float32, written as `out` (float32, or the operands' dtype); its backward pass
+    multiplies the logits' gradient rounded to the operands' dtype, as the chunked head does. Autodiff would keep a
+    float32 gradient float32 and run both gradient matmuls in float32 (TF32 on a GPU: half the 16-bit rate, on twice
+    the bytes): measured on an H200 with gpt2 at batch 32, those two matmuls took 15 of the step's 103 ms."""
+    return _logits(h_BTD, w_VD, out)
 
 
-def _head_matmul_fwd(h_BTD, w_VD):
-    return _logits(h_BTD, w_VD), (h_BTD, w_VD)
+def _head_matmul_fwd(h_BTD, w_VD, out):
+    return _logits(h_BTD, w_VD, out), (h_BTD, w_VD)
 
 
-def _head_matmul_bwd(residuals, d_logits_BTV):
+def _head_matmul_bwd(out, residuals, d_logits_BTV):
     h_BTD, w_VD = residuals
     d_logits_BTV = d_logits_BTV.astype(h_BTD.dtype)
     dh_BTD = jnp.einsum("btv,vd->btd", d_logits_BTV, w_VD, preferred_element_type=jnp.float32)
@@ -127,12 +137,13 @@ def chunked_log_z_and_target_logit(
     softcap: float = 0.0,
     form: str = "tanh",
     b_V: jax.Array | None = None,
+    logits_dtype: str = "float32",
 ) -> tuple[jax.Array, jax.Array]:
     """log Z and the target's logit ([B, T] float32 each) without the [B, T, V] logits; equal to
     `log_z_and_target_logit(masked_logits(...), targets)` up to float rounding, and so are their gradients."""
     B, T = targets_BT.shape
-    cap = (float(softcap), str(form))
-    return _chunked(h_BTD, w_VD, b_V, targets_BT, vocab_size, chunk_length(B, T, chunk_tokens), cap)
+    head = (float(softcap), str(form), str(logits_dtype))  # masked_logits' static arguments
+    return _chunked(h_BTD, w_VD, b_V, targets_BT, vocab_size, chunk_length(B, T, chunk_tokens), head)
 
 
 def _to_chunks(x: jax.Array, t: int) -> jax.Array:
@@ -147,25 +158,30 @@ def _from_chunks(x: jax.Array) -> jax.Array:
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
-def _chunked(h_BTD, w_VD, b_V, targets_BT, vocab_size, t, softcap):
-    return _forward(h_BTD, w_VD, b_V, targets_BT, vocab_size, t, softcap)
+def _chunked(h_BTD, w_VD, b_V, targets_BT, vocab_size, t, head):
+    return _forward(h_BTD, w_VD, b_V, targets_BT, vocab_size, t, head)
 
 
-def _forward(h_BTD, w_VD, b_V, targets_BT, vocab_size, t, softcap):
+def _logits_of(h_BtD, w_VD, b_V, vocab_size, head):
+    softcap, form, logits_dtype = head
+    return masked_logits(h_BtD, w_VD, vocab_size, softcap, form, b_V, logits_dtype)
+
+
+def _forward(h_BTD, w_VD, b_V, targets_BT, vocab_size, t, head):
     def chunk(_, xs):
         h_BtD, targets_Bt = xs
-        return None, log_z_and_target_logit(masked_logits(h_BtD, w_VD, vocab_size, *softcap, b_V), targets_Bt)
+        return None, log_z_and_target_logit(_logits_of(h_BtD, w_VD, b_V, vocab_size, head), targets_Bt)
 
     _, (log_z, target_logit) = jax.lax.scan(chunk, None, (_to_chunks(h_BTD, t), _to_chunks(targets_BT, t)))
     return _from_chunks(log_z), _from_chunks(target_logit)
 
 
-def _chunked_fwd(h_BTD, w_VD, b_V, targets_BT, vocab_size, t, softcap):
-    log_z_BT, target_logit_BT = _forward(h_BTD, w_VD, b_V, targets_BT, vocab_size, t, softcap)
+def _chunked_fwd(h_BTD, w_VD, b_V, targets_BT, vocab_size, t, head):
+    log_z_BT, target_logit_BT = _forward(h_BTD, w_VD, b_V, targets_BT, vocab_size, t, head)
     return (log_z_BT, target_logit_BT), (h_BTD, w_VD, b_V, targets_BT, log_z_BT)
 
 
-def _chunked_bwd(vocab_size, t, softcap, residuals, cotangents):
+def _chunked_bwd(vocab_size, t, head, residuals, cotangents):
     h_BTD, w_VD, b_V, targets_BT, log_z_BT = residuals
     d_log_z_BT, d_target_BT = cotangents
     V = w_VD.shape[0]
@@ -174,12 +190,12 @@ def _chunked_bwd(vocab_size, t, softcap, residuals, cotangents):
     def chunk(carry, xs):
         dw_VD, db_V = carry
         h_BtD, targets_Bt, log_z_Bt, d_log_z_Bt, d_target_Bt = xs
-        logits_BtV = masked_logits(h_BtD, w_VD, vocab_size, *softcap, b_V)
+        logits_BtV = _logits_of(h_BtD, w_VD, b_V, vocab_size, head)
         probs_BtV = jnp.exp(logits_BtV - log_z_Bt[..., None])
         is_target_BtV = jnp.arange(V) == targets_Bt[..., None]
         d_logits_BtV = d_log_z_Bt[..., None] * probs_BtV + jnp.where(is_target_BtV, d_target_Bt[..., None], 0.0)
-        if softcap[0]:  # through the cap: its slope from the capped logits (padded rows' gradient is 0 already)
-            d_logits_BtV = d_logits_BtV * soft_cap_slope(logits_BtV, *softcap)
+        if head[0]:  # through the cap: its slope from the capped logits (padded rows' gradient is 0 already)
+            d_logits_BtV = d_logits_BtV * soft_cap_slope(logits_BtV, head[0], head[1])
         if db_V is not None:  # the bias's gradient: the float32 logits' gradient summed over the chunk's tokens
             db_V = db_V + d_logits_BtV.sum((0, 1))
         d_logits_BtV = d_logits_BtV.astype(w_op.dtype)

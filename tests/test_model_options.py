@@ -35,6 +35,7 @@ CHANGED = {
     "scan_layers": {"scan_layers": False},
     "head_loss": {"head_loss": "chunked"},
     "head_loss_chunk": {"head_loss_chunk": 1024},
+    "logits_dtype": {"logits_dtype": "compute"},
     "position": {"position": "learned"},
     "rope_theta": {"rope_theta": 500000.0},
     "rope_frequencies": {"rope_frequencies": "half_truncated"},
@@ -65,6 +66,7 @@ COMPUTE_ONLY = {
     "scan_layers",
     "head_loss",
     "head_loss_chunk",
+    "logits_dtype",
     "vocab_multiple",
     "zero_init_mlp_out",
 }
