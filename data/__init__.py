@@ -16,7 +16,7 @@ import numpy as np
 from core.errors import DataError
 from data.batches import EvalBatches, TrainBatches
 from data.config import DataConfig, DatasetConfig, TextConfig
-from data.examples import Examples, Records, Windows
+from data.examples import DocumentRows, Examples, Records, Windows
 from data.mixture import MixtureTrainBatches
 from data.note_sources import FULL_VAL_SPLIT
 from data.packing import tokenize_prompts, tokenized_corpus
@@ -107,7 +107,7 @@ def _windows(
     context: int,
     process_index: int,
     process_count: int,
-) -> tuple[TokenStore | ShardStore, dict[str, Windows]]:
+) -> tuple[TokenStore | ShardStore, dict[str, Windows | DocumentRows]]:
     """The corpus's token store and its splits' windows (the extra validation splits in order of name), each split
     checked to hold at least two windows."""
     if isinstance(corpus, ShardCorpus):  # tokenised already: the shards are the store
@@ -123,7 +123,25 @@ def _windows(
                 f"dataset {d.name}: split {name!r} has {len(tokens)} tokens, fewer than two windows of "
                 f"{context}; add documents or lower dataset.context_size"
             )
-        splits[name] = Windows(tokens, context, tokenizer.pad_id, eos)
+        if name == "train" and d.document_starts:
+            ends = store.document_ends(name) if isinstance(store, TokenStore) else None  # each after its <EOS>
+            rows = DocumentRows(
+                tokens,
+                context,
+                tokenizer.pad_id,
+                tokenizer.eos_id,
+                d.max_document_tokens,
+                eos,
+                None if ends is None else ends - 1,
+            )
+            if rows.num_examples < 2:
+                raise DataError(
+                    f"dataset {d.name}: split 'train' holds {rows.num_examples} rows that begin at a document; add "
+                    "documents, lower dataset.context_size, or set dataset.document_starts=false"
+                )
+            splits[name] = rows
+        else:
+            splits[name] = Windows(tokens, context, tokenizer.pad_id, eos)
     return store, dict(sorted(splits.items()))
 
 

@@ -124,9 +124,24 @@ class TextConfig(DatasetConfig):
 
     bpe_vocab_size: int = 4096  # bpe only: size including the byte alphabet and special tokens
     document_mask: bool = False  # packed text: attention stays within a document, positions restart at each one
+    # training rows begin at a document (the <EOS> before it standing as its BOS), as the GPT-2 speedrun's batches do;
+    # what a row cuts off a document is skipped (data/examples.py DocumentRows). Evaluation's windows are unchanged
+    document_starts: bool = False
+    max_document_tokens: Optional[int] = None  # document_starts: each document cut to this many tokens (its BOS too)
 
     def check(self, at: str = "dataset") -> None:
         super().check(at)
+        if self.document_starts and self.records:
+            fail(
+                f"{at}.document_starts",
+                "aligns packed documents to the start of each row; records (prompt/completion) start one each "
+                "already: set it to false",
+            )
+        if self.max_document_tokens is not None:
+            if not self.document_starts:
+                fail(f"{at}.max_document_tokens", "cuts documents of rows that begin at one: set document_starts=true")
+            if self.max_document_tokens < 2:
+                fail(f"{at}.max_document_tokens", f"must be >= 2 (a BOS and a token); got {self.max_document_tokens}")
         if self.document_mask and self.records:
             fail(
                 "dataset.document_mask",

@@ -99,6 +99,72 @@ class Windows(Examples):
         return rows
 
 
+class DocumentRows(Examples):
+    """Training rows that each begin at a document, as the GPT-2 speedrun's batches do: a document's piece is the
+    <EOS> before it (standing as its BOS; the split's first document has none) and its tokens, cut to
+    `max_document_tokens` when set; a row takes pieces in order until it holds context + 1 tokens, its last piece cut
+    there, and the next row begins at the next document, so what a row cuts off is never read. Without a cut the pieces
+    are contiguous and a row is a window that starts at an <EOS>. The rows are fixed by the split alone (worked out
+    once, a binary search per row); an epoch visits them in an order drawn from (seed, epoch), as `Windows` does. A
+    split too short for one row has none; evaluation (`fixed_ids`) takes the rows in order. `eos_positions`: where
+    the documents' <EOS> are (a token store keeps their ends); without it the split is read for them, a chunk at a
+    time."""
+
+    def __init__(
+        self,
+        tokens: np.ndarray,
+        context: int,
+        pad_id: int,
+        document_eos: int,
+        max_document_tokens: int | None = None,
+        eos_id: int | None = None,
+        eos_positions: np.ndarray | None = None,
+    ) -> None:
+        self.tokens, self.context, self.pad_id, self.eos_id = tokens, context, pad_id, eos_id
+        if eos_positions is None:
+            eos_positions = token_positions(tokens, document_eos)
+        starts = np.asarray(eos_positions, np.int64)
+        if len(tokens) and (not len(starts) or starts[0] != 0):
+            starts = np.concatenate([[0], starts])
+        ends = np.append(starts[1:], len(tokens))
+        if max_document_tokens is not None:
+            ends = np.minimum(ends, starts + max_document_tokens)
+        self.starts, self.ends = starts.astype(np.int64), ends.astype(np.int64)
+        filled = np.concatenate([[0], np.cumsum(self.ends - self.starts)])  # tokens in pieces before piece i
+        first, firsts = 0, []
+        while first < len(starts) and filled[-1] - filled[first] >= context + 1:
+            firsts.append(first)
+            last = int(np.searchsorted(filled, filled[first] + context + 1)) - 1  # the piece the row ends in
+            first = last + 1
+        self.firsts = np.asarray(firsts, np.int64)  # each row's first piece
+        self.num_examples = self.num_fixed = len(self.firsts)
+
+    def epoch_order(self, rng: np.random.Generator) -> Callable[[np.ndarray], np.ndarray]:
+        shuffle = IndexShuffle(self.num_examples, rng)
+        return lambda positions: shuffle[positions]
+
+    def fixed_ids(self, places: np.ndarray) -> np.ndarray:
+        return places
+
+    def rows(self, ids: np.ndarray, seed: Seed = 0, samples: np.ndarray | None = None) -> np.ndarray:
+        rows = np.empty(ids.shape + (self.context + 1,), self.tokens.dtype)
+        for idx, row in np.ndenumerate(ids):
+            out, piece = rows[idx], int(self.firsts[row])
+            at = 0
+            while at < len(out):
+                start, end = self.starts[piece], self.ends[piece]
+                n = min(end - start, len(out) - at)
+                out[at : at + n] = self.tokens[start : start + n]
+                at, piece = at + n, piece + 1
+        return rows
+
+
+def token_positions(tokens, token: int, chunk: int = 1 << 24) -> np.ndarray:
+    """Positions of `token` in a (memory-mapped or sharded) token sequence, read `chunk` tokens at a time."""
+    found = [np.flatnonzero(np.asarray(tokens[i : i + chunk]) == token) + i for i in range(0, len(tokens), chunk)]
+    return np.concatenate(found) if found else np.zeros(0, np.int64)
+
+
 class Records(Examples):
     """`num_records` records, each `make_record(index, rng)`: its token ids, `rng` seeded from (seed, 1, sample
     number) in training and None in evaluation (no augmentation, the same records every time). An epoch is a

@@ -5,10 +5,10 @@ import socket
 import numpy as np
 import pytest
 
-from core.errors import DataError
+from core.errors import ConfigError, DataError
 from data.batches import EvalBatches, TrainBatches
 from data.corpus import load_corpus
-from data.examples import Examples, Records, Windows
+from data.examples import DocumentRows, Examples, Records, Windows, token_positions
 from data.sources import split_of, stdlib_files
 from training.config import load_config
 
@@ -105,6 +105,61 @@ def test_an_epoch_visits_every_window_once():
         starts.extend(batches.batch(step)["inputs"][0, :, 0].tolist())
     assert len(set(starts)) == len(starts) == (batches.examples.num_examples // 5) * 5
     assert all(s % 16 == starts[0] % 16 for s in starts)  # one epoch, one offset
+
+
+def speedrun_rows(documents: list[list[int]], eos: int, context: int, most: int | None) -> list[list[int]]:
+    """The GPT-2 speedrun's document-aligned sequences, written from its rule: documents in order, each with its BOS
+    (here the <EOS> before it; the first document has none) and cut to `most` tokens; a sequence takes them until it
+    holds context + 1 tokens, cutting the last, and the next sequence starts at the next document."""
+    pieces = [([] if i == 0 else [eos]) + doc for i, doc in enumerate(documents)]
+    pieces = [p[:most] if most else p for p in pieces]
+    rows, i = [], 0
+    while sum(len(p) for p in pieces[i:]) >= context + 1:
+        row = []
+        while len(row) < context + 1:
+            row += pieces[i][: context + 1 - len(row)]
+            i += 1
+        rows.append(row)
+    return rows
+
+
+@pytest.mark.parametrize("most", [None, 2, 5, 40])
+def test_document_rows_begin_at_a_document_and_cut_documents_as_the_speedrun_does(most):
+    rng = np.random.default_rng(0)
+    documents = [rng.integers(1, 200, rng.integers(1, 30)).tolist() for _ in range(150)]
+    stream_ = np.asarray([t for doc in documents for t in [*doc, 255]], np.uint16)  # each document ends in <EOS>
+    rows = DocumentRows(stream_, 16, PAD, 255, most)
+    want = speedrun_rows(documents, 255, 16, most)
+    assert rows.num_examples == len(want) > 10
+    np.testing.assert_array_equal(rows.rows(np.arange(rows.num_examples)), np.asarray(want))
+    assert all(r[0] == 255 for r in want[1:])  # every row after the split's first begins at a document's BOS
+    # the documents found a chunk at a time (a split too large to read at once), or given by a token store's index
+    np.testing.assert_array_equal(token_positions(stream_, 255, chunk=7), np.flatnonzero(stream_ == 255))
+    given = DocumentRows(stream_, 16, PAD, 255, most, eos_positions=np.flatnonzero(stream_ == 255))
+    np.testing.assert_array_equal(given.rows(np.arange(given.num_examples)), np.asarray(want))
+
+
+def test_document_starts_train_on_rows_that_begin_at_a_document_and_leave_evaluation_as_it_was(data_cache):
+    from helpers import build, tiny_overrides
+
+    common = tiny_overrides(data_cache, "dataset.document_mask=true")
+    plain = build(common)
+    aligned = build([*common, "dataset.document_starts=true", "dataset.max_document_tokens=48"])
+    eos = aligned.tokenizer.eos_id
+    inputs = np.concatenate([aligned.data.train.batch(s)["inputs"].reshape(-1, 64) for s in range(4)])
+    first = aligned.data.train.examples.rows(np.zeros(1, np.int64))[0, :-1]  # the split's first document has no BOS
+    assert (inputs[:, 0] == eos).sum() >= 24 and all(row[0] == eos or np.array_equal(row, first) for row in inputs)
+    # no document runs past 48 tokens: a document's tokens are those between two <EOS> of a row
+    runs = [len(part) for row in inputs for part in np.split(row, np.flatnonzero(row == eos))[1:-1]]
+    assert runs and max(runs) <= 48 and min(runs) >= 1
+    assert not (plain.data.train.batch(0)["inputs"][..., 0] == eos).all()  # windows start anywhere
+    for a, b in zip(plain.data.evals["val"], aligned.data.evals["val"]):
+        np.testing.assert_array_equal(a["inputs"], b["inputs"])
+
+
+def test_max_document_tokens_needs_document_starts():
+    with pytest.raises(ConfigError, match=r"^config: dataset.max_document_tokens: cuts documents of rows"):
+        load_config(["dataset.max_document_tokens=64"])
 
 
 def test_eval_batches_are_fixed_and_padded():
