@@ -146,10 +146,15 @@ def mup_lr_scale(model: OptimizedModel) -> list[optax.GradientTransformation]:
 
 
 def build_optimizer(
-    cfg: OptimizerSection, schedule: optax.Schedule, model: OptimizedModel, grad_accum_steps: int
+    cfg: OptimizerSection,
+    schedule: optax.Schedule,
+    model: OptimizedModel,
+    grad_accum_steps: int,
+    run_steps: int | None = None,
 ) -> optax.GradientTransformation:
-    """`cfg`: the `optimizer` config section; `model`: gives the weight-decay masks and the parameters' labels."""
-    direction = build_grouped_direction(cfg, model)
+    """`cfg`: the `optimizer` config section; `model`: gives the weight-decay masks and the parameters' labels;
+    `run_steps`: the optimizer steps the run's schedule spans (None: unknown; a method that needs them says so)."""
+    direction = build_grouped_direction(cfg, model, run_steps)
     schedule = lr_schedule_of(cfg, schedule)
     if cfg.cautious:
         direction = cautious(direction)

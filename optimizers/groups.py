@@ -123,13 +123,15 @@ class _GroupView:
         return getattr(self._model, name)
 
 
-def directed(optimizer_cfg: OptimizerSection, model: OptimizedModel) -> optax.GradientTransformation:
+def directed(
+    optimizer_cfg: OptimizerSection, model: OptimizedModel, run_steps: int | None = None
+) -> optax.GradientTransformation:
     """One optimizer's direction with its weight decay as `optimizer.weight_decay_mode` says (optimizers/decay.py)."""
     return with_decay_mode(
         optimizer_cfg.weight_decay_mode,
         optimizer_cfg.weight_decay,
         model.weight_decay_mask(),
-        lambda wd: build_direction(dataclasses.replace(optimizer_cfg, weight_decay=wd), model),
+        lambda wd: build_direction(dataclasses.replace(optimizer_cfg, weight_decay=wd), model, run_steps),
     )
 
 
@@ -154,11 +156,14 @@ def geometry_groups(
     return tuple((path_name(path), whole if not optimizer_cfg.groups else (name or rest)) for path, name in paths)
 
 
-def build_grouped_direction(optimizer_cfg: OptimizerSection, model: OptimizedModel) -> optax.GradientTransformation:
-    """The step's direction for a unit learning rate: the section's optimizer, or one per group (optax.partition)."""
+def build_grouped_direction(
+    optimizer_cfg: OptimizerSection, model: OptimizedModel, run_steps: int | None = None
+) -> optax.GradientTransformation:
+    """The step's direction for a unit learning rate: the section's optimizer, or one per group (optax.partition).
+    `run_steps`: the run's optimizer steps, for a builder that asks for them (registry.RUN_ARGUMENTS)."""
     groups = dict(optimizer_cfg.groups or {})
     if not groups:
-        return directed(optimizer_cfg, model)
+        return directed(optimizer_cfg, model, run_steps)
     assignment = assignment_of(optimizer_cfg, model)
     transforms = {}
     for name, group in {**groups, REST: {}}.items():
@@ -166,7 +171,7 @@ def build_grouped_direction(optimizer_cfg: OptimizerSection, model: OptimizedMod
         decay_mask = model.weight_decay_mask()
         if "weight_decay" in group:  # set for the group: it decays every parameter of the group
             decay_mask = jax.tree.map(lambda _: True, decay_mask)
-        direction = directed(cfg, _GroupView(model, decay_mask))
+        direction = directed(cfg, _GroupView(model, decay_mask), run_steps)
         multiplier = float(group.get("lr_multiplier", 1.0))
         transforms[name] = direction if multiplier == 1.0 else optax.chain(direction, optax.scale(multiplier))
     return optax.partition(transforms, fixed(assignment))

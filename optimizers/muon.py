@@ -5,7 +5,9 @@ parameters of no group (the blocks' matrices), and a group `adam` of every embed
 of the learning rate. A parameter that reaches this builder and is not a block matrix gets optax's Adam fallback.
 
 `momentum_warmup` (steps, or a fraction of the run below 1; 0: off) and `momentum_start`: Muon's momentum rises
-linearly from momentum_start to `momentum` over the warm-up (the speedrun's 0.85 -> 0.95 over 300 steps).
+linearly from momentum_start to `momentum` over the warm-up (the speedrun's 0.85 -> 0.95 over 300 steps);
+`momentum_cooldown` (likewise) and `momentum_end`: over the run's last steps it falls linearly from `momentum` towards
+momentum_end (the speedrun's 0.95 -> 0.85 over the last 50), which needs the run's length (`run_steps`).
 `normuon_beta2` (null: off; 0.95 in the speedrun): NorMuon's per-neuron second moment normalises each orthogonalised
 matrix (`scale_by_normuon`). `cautious_weight_decay`: the blocks' matrices decay only where the update moves them
 towards 0 already (`descent_decay`); with either, Muon's decay is applied after them (still times the schedule's lr).
@@ -77,8 +79,11 @@ def muon(
     cautious_weight_decay: bool = False,
     momentum_warmup: float = 0,
     momentum_start: float = 0.85,
+    momentum_cooldown: float = 0,
+    momentum_end: float = 0.85,
     consistent_rms: Optional[float] = None,
     orthogonalize_embeddings: bool = False,
+    run_steps: Optional[int] = None,
 ) -> optax.GradientTransformation:
     """The matrices are stacked [layer, in, *out]: axis 1 is reduced, the rest are the output, the layer axis is a
     batch axis. `orthogonalize_embeddings`: the token and position embeddings [rows, D] this optimizer gets are
@@ -121,12 +126,13 @@ def muon(
             "config: optimizer.momentum_warmup, momentum_start: the warm-up must be >= 0 steps and its start in "
             f"[0, 1); got {momentum_warmup}, {momentum_start}"
         )
-    # Momentum warm-up (the speedrun's: 0.85 -> 0.95 over 300 steps): optax's Muon with its beta a function of the step
+    # Momentum warm-up and cool-down (the speedrun's: 0.85 -> 0.95 over the first 300 steps, back to 0.85 over the
+    # last 50): optax's Muon with its beta a function of the step
     muon = optax.contrib.muon
     beta = momentum
-    if momentum_warmup:
+    if momentum_warmup or momentum_cooldown:
         muon = optax.inject_hyperparams(muon, static_args=MUON_STATIC_ARGS)
-        beta = lambda count: momentum_start + jnp.minimum(count / momentum_warmup, 1.0) * (momentum - momentum_start)  # noqa: E731
+        beta = momentum_schedule(momentum, momentum_warmup, momentum_start, momentum_cooldown, momentum_end, run_steps)
     muon_update = muon(
         1.0,
         **({"ns_coeffs": polar_express_coefficients()} if orthogonalizer == "polar_express" else {}),
@@ -147,6 +153,37 @@ def muon(
     if own_decay and weight_decay:
         steps.append(optax.masked(descent_decay(weight_decay, cautious_weight_decay), fixed(is_matrix)))
     return optax.chain(*steps, report("muon_update_rms", rms))  # logged as optimizer/muon_update_rms
+
+
+def momentum_schedule(
+    momentum: float, warmup: float, start: float, cooldown: float, end: float, run_steps: Optional[int]
+) -> optax.Schedule:
+    """Muon's momentum at update `count` (from 0): from `start` up to `momentum` over `warmup` steps, then from
+    `momentum` down towards `end` over the run's last `cooldown` steps (a fraction of `run_steps` when below 1)."""
+    if cooldown < 0 or not 0.0 <= end < 1.0:
+        raise ConfigError(
+            "config: optimizer.momentum_cooldown, momentum_end: the cool-down must be >= 0 steps and its end in "
+            f"[0, 1); got {cooldown}, {end}"
+        )
+    if cooldown and run_steps is None:
+        raise ConfigError(
+            "config: optimizer.momentum_cooldown: the cool-down ends with the run, whose length is not known here "
+            "(build_optimizer's run_steps); set it to 0"
+        )
+    length = (round(cooldown * run_steps) if cooldown < 1 else cooldown) if cooldown else 0
+    if run_steps is not None and length > run_steps:
+        raise ConfigError(f"config: optimizer.momentum_cooldown: {length:g} steps exceed the run's {run_steps}")
+    first = (run_steps or 0) - length  # the cool-down's first update (counted from 0)
+
+    def beta(count):
+        b = momentum
+        if warmup:
+            b = start + jnp.minimum(count / warmup, 1.0) * (momentum - start)
+        if length:
+            b = jnp.where(count > first, momentum - (count - first) / length * (momentum - end), b)
+        return b
+
+    return beta
 
 
 class NorMuonState(NamedTuple):

@@ -27,6 +27,9 @@ Builder = Callable[..., optax.GradientTransformation]
 OPTIMIZERS: dict[str, Builder] = {}  # name -> builder, in the order the modules registered them
 # Keys of the `optimizer` section that belong to the wrapping (schedule, clipping) or to the choice, never to a builder.
 RESERVED = ("name", "lr_config", "grad_clip")
+# Keyword arguments a builder may declare that the run fills, not the config: `run_steps`, the optimizer steps the
+# run's schedule spans (for what a method does at the end of a run, Muon's momentum cool-down).
+RUN_ARGUMENTS = ("run_steps",)
 OWN_KEYS: dict[str, list[str]] = {}  # hyper-parameters the schema gained from builders -> the optimizers that read them
 
 
@@ -64,8 +67,12 @@ def register(name: str, lr: str = "schedule") -> Callable[[Builder], Builder]:
 
 
 def hyper_parameters(builder: Builder) -> dict[str, inspect.Parameter]:
-    """The builder's keyword-only arguments: the config keys it reads."""
-    return {p.name: p for p in inspect.signature(builder).parameters.values() if p.kind == p.KEYWORD_ONLY}
+    """The builder's keyword-only arguments but the run's (RUN_ARGUMENTS): the config keys it reads."""
+    return {
+        p.name: p
+        for p in inspect.signature(builder).parameters.values()
+        if p.kind == p.KEYWORD_ONLY and p.name not in RUN_ARGUMENTS
+    }
 
 
 def with_hyper_parameters(schema: type) -> type:
@@ -97,10 +104,14 @@ def with_hyper_parameters(schema: type) -> type:
     return extended
 
 
-def build_direction(optimizer_cfg: OptimizerSection, model: OptimizedModel) -> optax.GradientTransformation:
-    """The registered builder of `optimizer_cfg.name`, called with the hyper-parameters it names."""
+def build_direction(
+    optimizer_cfg: OptimizerSection, model: OptimizedModel, run_steps: int | None = None
+) -> optax.GradientTransformation:
+    """The registered builder of `optimizer_cfg.name`, called with the hyper-parameters it names (and `run_steps`,
+    the run's optimizer steps or None where unknown, if it declares it)."""
     builder = OPTIMIZERS[optimizer_cfg.name]
-    return builder(model, **hyper_parameter_values(optimizer_cfg))
+    run = {"run_steps": run_steps} if "run_steps" in inspect.signature(builder).parameters else {}
+    return builder(model, **hyper_parameter_values(optimizer_cfg), **run)
 
 
 def hyper_parameter_values(optimizer_cfg: OptimizerSection) -> dict[str, Any]:

@@ -938,3 +938,29 @@ def test_muon_momentum_warms_up_from_its_start_to_its_momentum():
         assert_steps_match_in_scale([{n: got[t - 1][n] for n in BLOCK_WEIGHTS}], [want], 1e-4)
     steady = directions("muon", grads, **hyper)
     assert np.abs(got[1]["blocks.fc.weight"] - steady[1]["blocks.fc.weight"]).max() > 1e-3  # the warm-up shows
+
+
+@pytest.mark.parametrize("cooldown", [3, 0.5])  # steps, or a fraction of the run's 6
+def test_muon_momentum_cools_down_over_the_runs_last_steps(cooldown):
+    """A warm-up of 2 steps and a cool-down of the run's last 3 (6 steps, from 0.95 towards 0.85): step t (from 0)
+    runs Muon with beta 0.85 + 0.1 min(t / 2, 1), and past step 3 with beta 0.95 - 0.1 (t - 3) / 3, the speedrun's
+    rule, against NumPy. A cool-down with no run length to end at is one line."""
+    hyper = dict(momentum=0.95, nesterov=True, beta1=0.9, beta2=0.95, weight_decay=0.0)
+    grads = gradients(6)
+    schedule = dict(momentum_warmup=2, momentum_start=0.85, momentum_cooldown=cooldown, momentum_end=0.85)
+    got = directions("muon", grads, **schedule, run_steps=6, **hyper)
+    m = {n: np.zeros_like(v) for n, v in flat(PARAMS).items() if n in BLOCK_WEIGHTS}
+    betas = []
+    for t, g in enumerate(grads, start=1):
+        b = 0.85 + 0.1 * min((t - 1) / 2, 1.0) if t - 1 <= 3 else 0.95 - 0.1 * (t - 1 - 3) / 3
+        betas.append(b)
+        want = {}
+        for n in BLOCK_WEIGHTS:
+            m[n], look = nesterov_look(m[n], g[n], b, t)
+            want[n] = -orthogonalised(look)
+        assert_steps_match_in_scale([{n: got[t - 1][n] for n in BLOCK_WEIGHTS}], [want], 1e-4)
+    assert betas[-2:] == pytest.approx([0.95 - 0.1 / 3, 0.95 - 0.2 / 3])  # falling at the end
+    with pytest.raises(ConfigError, match=r"^config: optimizer.momentum_cooldown: the cool-down ends with the run"):
+        OPTIMIZERS["muon"](MODEL, **schedule, **hyper)
+    with pytest.raises(ConfigError, match=r"^config: unknown key 'optimizer.run_steps'"):  # the run's, no key
+        load_config(["optimizer=muon", "optimizer.run_steps=6"])

@@ -257,6 +257,7 @@ SPEEDRUN_MUON = [
     "optimizer.normuon_beta2=0.95",
     "optimizer.cautious_weight_decay=true",
     "optimizer.momentum_warmup=0.5",
+    "optimizer.momentum_cooldown=0.25",  # the run's last quarter: the pipeline gives Muon the run's length
 ]
 
 

@@ -90,8 +90,9 @@ def init_scheduler(cfg: Config) -> optax.Schedule:
 
 
 def init_optimizer(cfg: Config, schedule: optax.Schedule, model: GPT) -> optax.GradientTransformation:
-    optimizer_cfg = own_warmups_in_steps(cfg.optimizer, config_lib.schedule_steps(cfg))
-    return build_optimizer(optimizer_cfg, schedule, model, cfg.train.grad_accum_steps)
+    steps = config_lib.schedule_steps(cfg)
+    optimizer_cfg = own_warmups_in_steps(cfg.optimizer, steps)
+    return build_optimizer(optimizer_cfg, schedule, model, cfg.train.grad_accum_steps, run_steps=steps)
 
 
 EvalStep = Callable[[GPT, dict[str, jax.Array]], tuple[jax.Array, jax.Array, jax.Array]]
