@@ -10,7 +10,10 @@ rounding. K < N is grouped-query attention: query head n attends with key/value 
 jax.nn.dot_product_attention (which takes such shapes itself) and of transformers' `repeat_kv`; `blocked` repeats
 the keys and values to N heads first. With `segment_ids_BT` (document masking), a
 query also sees only keys of its own segment: a [B, T, T] mask for jax.nn.dot_product_attention (XLA's and cuDNN's
-paths), and the same test inside each block of `blocked`. Decoding with a KV cache
+paths), and the same test inside each block of `blocked`. With a `window` of W (sliding-window attention, the
+speedrun's short windows), a query sees itself and the W - 1 positions before it: jax.nn.dot_product_attention's
+`local_window_size` (cuDNN's sliding window), and in `blocked` each query block scores only the keys its window
+reaches, so the work grows with W, not T. Decoding with a KV cache
 (`cached_attention`: new tokens at each row's own position, over the cached keys) uses the configured backend where it
 takes those shapes: one new token per row is a key-length mask, which cuDNN's kernel accepts (16-bit inputs); other
 cases run XLA's.
@@ -32,6 +35,7 @@ def causal_attention(
     v_BTNH: jax.Array,
     implementation: str,
     segment_ids_BT: jax.Array | None = None,
+    window: int | None = None,
 ) -> jax.Array:
     dtype = q_BTNH.dtype
     q_BTNH, k_BTNH, v_BTNH = cpu_float16_to_float32(q_BTNH, k_BTNH, v_BTNH)
@@ -41,31 +45,46 @@ def causal_attention(
         groups = q_BTNH.shape[2] // k_BTNH.shape[2]
         if groups > 1:  # grouped-query: each key/value head serves `groups` consecutive query heads
             k_BTNH, v_BTNH = jnp.repeat(k_BTNH, groups, axis=2), jnp.repeat(v_BTNH, groups, axis=2)
-        y_BTNH = blocked_causal_attention(q_BTNH, k_BTNH, v_BTNH, ATTENTION_BLOCK, segment_ids_BT)
+        y_BTNH = blocked_causal_attention(q_BTNH, k_BTNH, v_BTNH, ATTENTION_BLOCK, segment_ids_BT, window)
     else:
         same_B1TT = None if segment_ids_BT is None else same_segment(segment_ids_BT, segment_ids_BT)[:, None]
         y_BTNH = jax.nn.dot_product_attention(
-            q_BTNH, k_BTNH, v_BTNH, mask=same_B1TT, is_causal=True, implementation=implementation
+            q_BTNH,
+            k_BTNH,
+            v_BTNH,
+            mask=same_B1TT,
+            is_causal=True,
+            local_window_size=None if window is None else (window - 1, 0),
+            implementation=implementation,
         )
     return y_BTNH.astype(dtype)
 
 
 def cached_attention(
-    q_BTNH: jax.Array, k_BCNH: jax.Array, v_BCNH: jax.Array, start_B: jax.Array, implementation: str
+    q_BTNH: jax.Array,
+    k_BCNH: jax.Array,
+    v_BCNH: jax.Array,
+    start_B: jax.Array,
+    implementation: str,
+    window: int | None = None,
 ) -> jax.Array:
     """Attention of T new tokens per row, at positions start_B .. start_B + T - 1, to the C cached positions: each
-    sees the positions up to its own (the cache holds the new tokens' keys and values already)."""
+    sees the positions up to its own (the cache holds the new tokens' keys and values already), the last `window`
+    of them with a window."""
     dtype = q_BTNH.dtype
     q_BTNH, k_BCNH, v_BCNH = cpu_float16_to_float32(q_BTNH, k_BCNH, v_BCNH)
     T, C = q_BTNH.shape[1], k_BCNH.shape[1]
-    if T == 1:  # one token per row: it sees the first start + 1 positions, a key-length mask
+    if T == 1 and window is None:  # one token per row: it sees the first start + 1 positions, a key-length mask
         # implementation=None lets JAX take cuDNN's kernel when it accepts the shapes and dtype, else XLA's.
         use = None if implementation == "cudnn" else "xla"
         y_BTNH = jax.nn.dot_product_attention(
             q_BTNH, k_BCNH, v_BCNH, key_value_seq_lengths=start_B + 1, implementation=use
         )
     else:
-        visible_BTC = jnp.arange(C)[None, None, :] <= (start_B[:, None] + jnp.arange(T))[:, :, None]
+        position_BT1 = (start_B[:, None] + jnp.arange(T))[:, :, None]
+        visible_BTC = jnp.arange(C)[None, None, :] <= position_BT1
+        if window is not None:
+            visible_BTC = visible_BTC & (jnp.arange(C)[None, None, :] > position_BT1 - window)
         y_BTNH = jax.nn.dot_product_attention(q_BTNH, k_BCNH, v_BCNH, mask=visible_BTC[:, None], implementation="xla")
     return y_BTNH.astype(dtype)
 
@@ -76,7 +95,12 @@ def same_segment(q_segments_BT: jax.Array, k_segments_BS: jax.Array) -> jax.Arra
 
 
 def blocked_causal_attention(
-    q_BTNH: jax.Array, k_BTNH: jax.Array, v_BTNH: jax.Array, block: int, segment_ids_BT: jax.Array | None = None
+    q_BTNH: jax.Array,
+    k_BTNH: jax.Array,
+    v_BTNH: jax.Array,
+    block: int,
+    segment_ids_BT: jax.Array | None = None,
+    window: int | None = None,
 ) -> jax.Array:
     T = q_BTNH.shape[1]
     if T % block or T <= block:
@@ -85,13 +109,17 @@ def blocked_causal_attention(
     outputs = []
     for start in range(0, T, block):
         end = start + block
+        first = 0 if window is None else max(0, start - window + 1)  # the earliest key this block's queries see
         q_BNtH = jnp.swapaxes(q_BTNH[:, start:end], 1, 2) * jnp.asarray(scale, q_BTNH.dtype)
-        k_BNsH = jnp.swapaxes(k_BTNH[:, :end], 1, 2)
-        v_BNsH = jnp.swapaxes(v_BTNH[:, :end], 1, 2)
+        k_BNsH = jnp.swapaxes(k_BTNH[:, first:end], 1, 2)
+        v_BNsH = jnp.swapaxes(v_BTNH[:, first:end], 1, 2)
         s_BNts = jnp.einsum("bnth,bnsh->bnts", q_BNtH, k_BNsH, preferred_element_type=jnp.float32)
-        visible_1ts = (jnp.arange(start, end)[:, None] >= jnp.arange(end)[None, :])[None]
+        query_t1, key_1s = jnp.arange(start, end)[:, None], jnp.arange(first, end)[None, :]
+        visible_1ts = (query_t1 >= key_1s)[None]
+        if window is not None:
+            visible_1ts = visible_1ts & (query_t1 - key_1s < window)[None]
         if segment_ids_BT is not None:
-            visible_1ts = visible_1ts & same_segment(segment_ids_BT[:, start:end], segment_ids_BT[:, :end])
+            visible_1ts = visible_1ts & same_segment(segment_ids_BT[:, start:end], segment_ids_BT[:, first:end])
         s_BNts = jnp.where(visible_1ts[:, None], s_BNts, -jnp.inf)
         p_BNts = jax.nn.softmax(s_BNts, axis=-1).astype(v_BNsH.dtype)
         outputs.append(jnp.einsum("bnts,bnsh->btnh", p_BNts, v_BNsH))

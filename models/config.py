@@ -104,6 +104,9 @@ class ModelOptions:
     bias: bool = True  # biases in the linear layers and LayerNorms (RMSNorm has none)
     vocab_multiple: int = 64  # the embedding's rows are padded to a multiple of this (faster matmuls, sharding)
     attention: Attention = Attention.auto  # attention kernel
+    # sliding-window attention: each query sees itself and the attention_window - 1 positions before it (the
+    # speedrun's short windows, Mistral's sliding window); null = every earlier position
+    attention_window: Optional[int] = None
     remat: Remat = Remat.none  # rematerialisation: memory for compute in the backward pass
     # the blocks under lax.scan (true: one block compiled, compile time independent of depth) or unrolled (false);
     # null: unrolled on a GPU (gpt2 on an H200: 1.30-1.35x the tokens/s, less memory), scanned elsewhere

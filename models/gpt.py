@@ -197,9 +197,9 @@ class Block(eqx.Module):
             q_BTNH = q_BTNH * jnp.asarray(cfg.attention_scale * math.sqrt(cfg.head_dim), q_BTNH.dtype)
         with jax.named_scope("attention"):  # the score/softmax/value kernels, for scripts/tools/profile_summary.py
             if cache is None:
-                y_BTNH = causal_attention(q_BTNH, k_BTKH, v_BTKH, cfg.attention, segment_ids_BT)
+                y_BTNH = causal_attention(q_BTNH, k_BTKH, v_BTKH, cfg.attention, segment_ids_BT, cfg.attention_window)
             else:
-                y_BTNH, cache = cache.attend(q_BTNH, k_BTKH, v_BTKH, cfg.attention)
+                y_BTNH, cache = cache.attend(q_BTNH, k_BTKH, v_BTKH, cfg.attention, cfg.attention_window)
         x_BTD = x_BTD + _dropout(self.attn_proj(y_BTNH.reshape(B, T, D), scales["attn_proj"]), cfg.dropout, keys[0])
         h_BTF = mlp_activation(cfg.mlp, self.fc(self.ln2(x_BTD), scales["fc"]))
         return x_BTD + _dropout(self.mlp_proj(h_BTF, scales["mlp_proj"]), cfg.dropout, keys[1]), cache

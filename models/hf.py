@@ -67,6 +67,10 @@ def gpt2_problem(cfg: GPTConfig) -> str | None:
             cfg.attention_scale is not None,
             f"model.attention_scale={cfg.attention_scale}: GPT-2 scales attention by 1 / sqrt(head size)",
         ),
+        (
+            cfg.attention_window is not None,
+            f"model.attention_window={cfg.attention_window}: GPT-2 attends to every earlier position",
+        ),
         (cfg.unet_skips, "model.unet_skips=true: GPT-2 has no skip connections between blocks"),
         (cfg.smear_gate, "model.smear_gate=true: GPT-2 has no smear gate"),
         (cfg.value_embeddings > 0, f"model.value_embeddings={cfg.value_embeddings}: GPT-2 has no value embeddings"),

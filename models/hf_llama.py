@@ -42,6 +42,10 @@ def llama_problem(cfg: GPTConfig) -> str | None:
             cfg.rope_frequencies != "standard",
             f"model.rope_frequencies={cfg.rope_frequencies}: Llama's rotary frequencies are the standard ones",
         ),
+        (
+            cfg.attention_window is not None,
+            f"model.attention_window={cfg.attention_window}: Llama attends to every earlier position",
+        ),
         (cfg.unet_skips, "model.unet_skips=true: Llama has no skip connections between blocks"),
         (cfg.smear_gate, "model.smear_gate=true: Llama has no smear gate"),
         (cfg.value_embeddings > 0, f"model.value_embeddings={cfg.value_embeddings}: Llama has no value embeddings"),

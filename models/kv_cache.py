@@ -27,7 +27,7 @@ class LayerCache(eqx.Module):
     empty: bool = eqx.field(static=True)
 
     def attend(
-        self, q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array, implementation: str
+        self, q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array, implementation: str, window: int | None = None
     ) -> tuple[jax.Array, LayerCache]:
         """Write the new keys and values at their rows' positions, then attend from each new token to every
         position up to its own."""
@@ -36,9 +36,9 @@ class LayerCache(eqx.Module):
         )
         k_BCKH, v_BCKH = write(self.k, k_BTKH, self.start), write(self.v, v_BTKH, self.start)
         if self.empty:
-            y_BTNH = causal_attention(q_BTNH, k_BTKH, v_BTKH, implementation)
+            y_BTNH = causal_attention(q_BTNH, k_BTKH, v_BTKH, implementation, window=window)
         else:
-            y_BTNH = cached_attention(q_BTNH, k_BCKH, v_BCKH, self.start, implementation)
+            y_BTNH = cached_attention(q_BTNH, k_BCKH, v_BCKH, self.start, implementation, window)
         return y_BTNH, LayerCache(k_BCKH, v_BCKH, self.start, empty=False)
 
 

@@ -31,6 +31,7 @@ CHANGED = {
     "bias": {"bias": True},
     "vocab_multiple": {"vocab_multiple": 128},
     "attention": {"attention": "blocked"},
+    "attention_window": {"attention_window": 8},
     "remat": {"remat": "full"},
     "scan_layers": {"scan_layers": False},
     "head_loss": {"head_loss": "chunked"},

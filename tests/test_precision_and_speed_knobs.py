@@ -263,6 +263,46 @@ def test_blocked_attention_equals_xla_attention(seq):
     np.testing.assert_allclose(blocked_causal_attention(q, k, v, block=16), want, atol=1e-5)
 
 
+def windowed_attention_reference(q, k, v, window, segments=None):
+    """Causal attention in NumPy (float64) where query t sees keys t - window + 1 .. t (and only its own document's,
+    with segment ids): the loops of the definition."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    B, T, N, H = q.shape
+    out = np.zeros_like(q)
+    for b in range(B):
+        for n in range(N):
+            for t in range(T):
+                keys = [
+                    s
+                    for s in range(max(0, t - window + 1), t + 1)
+                    if segments is None or segments[b, s] == segments[b, t]
+                ]
+                scores = np.array([q[b, t, n] @ k[b, s, n] for s in keys]) / np.sqrt(H)
+                p = np.exp(scores - scores.max())
+                out[b, t, n] = (p / p.sum()) @ v[b, keys, n]
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("float32_matmuls")
+@pytest.mark.parametrize("window", [1, 7, 16, 40, 64])  # itself only; inside a block; a block; across blocks; all
+def test_sliding_window_attention_sees_the_last_window_positions(window):
+    """model.attention_window: every kernel against the NumPy definition, with and without documents; `blocked`
+    scores only the keys a query block's window reaches (about window + block keys a block, not all before it)."""
+    from models.attention import blocked_causal_attention, causal_attention
+
+    q, k, v = (jax.random.normal(jax.random.PRNGKey(i), (2, 64, 2, 8)) for i in range(3))
+    segments = jnp.asarray(np.repeat([[0, 1, 2, 3], [0, 0, 1, 1]], 16, axis=1))
+    for seg in (None, segments):
+        want = windowed_attention_reference(q, k, v, window, None if seg is None else np.asarray(seg))
+        for implementation in ("xla", "blocked"):
+            got = causal_attention(q, k, v, implementation, seg, window)
+            np.testing.assert_allclose(got, want, atol=1e-5, err_msg=f"{implementation}, segments={seg is not None}")
+    text = jax.jit(lambda q, k, v: blocked_causal_attention(q, k, v, 16, None, window)).lower(q, k, v).as_text()
+    key_lengths = [int(n) for n in re.findall(r"tensor<2x2x16x(\d+)xf32>", text)]  # each block's scores
+    assert max(key_lengths) == min(64, 16 + window - 1)  # a block's 16 queries and the window - 1 keys before them
+
+
 def parameter_casts(parts) -> collections.Counter:
     """float32 -> bfloat16 casts of the parameters themselves in the train step (not of activations or cotangents
     of the same shape), counted where they run: `step` (once per step) or `micro-batch loop` (inside the scan over

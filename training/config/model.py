@@ -32,6 +32,8 @@ class ModelConfig(ModelOptions):
         )
         if self.n_embd % self.n_head:
             fail("model.n_embd", f"{self.n_embd} is not divisible by model.n_head={self.n_head}")
+        if self.attention_window is not None and self.attention_window < 1:
+            fail("model.attention_window", f"must be >= 1 (the query itself), or null; got {self.attention_window}")
         if self.n_kv_head is not None and (self.n_kv_head < 1 or self.n_head % self.n_kv_head):
             fail(
                 "model.n_kv_head",
