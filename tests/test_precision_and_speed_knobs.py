@@ -298,6 +298,10 @@ def test_sliding_window_attention_sees_the_last_window_positions(window):
         for implementation in ("xla", "blocked"):
             got = causal_attention(q, k, v, implementation, seg, window)
             np.testing.assert_allclose(got, want, atol=1e-5, err_msg=f"{implementation}, segments={seg is not None}")
+        if jax.default_backend() == "gpu":  # cuDNN's sliding window, at its 16-bit inputs: bfloat16's rounding
+            q16, k16, v16 = (x.astype(jnp.bfloat16) for x in (q, k, v))
+            got = causal_attention(q16, k16, v16, "cudnn", seg, window).astype(jnp.float32)
+            np.testing.assert_allclose(got, want, atol=3e-2, err_msg=f"cudnn, segments={seg is not None}")
     text = jax.jit(lambda q, k, v: blocked_causal_attention(q, k, v, 16, None, window)).lower(q, k, v).as_text()
     key_lengths = [int(n) for n in re.findall(r"tensor<2x2x16x(\d+)xf32>", text)]  # each block's scores
     assert max(key_lengths) == min(64, 16 + window - 1)  # a block's 16 queries and the window - 1 keys before them
