@@ -19,7 +19,8 @@ Stages, in this order (`--only` picks some; each is a command of its own, its ou
              rewrites into FP8 GEMMs
   levers     bench.py, one process: gpt2 at batch 32 in bfloat16 with each lever switched from its default
   big        bench.py: gpt2-xl, -large, -medium and llama-1.5b in bfloat16 and FP8, scanned, with full remat
-  flags      bench.py, a process per XLA flag (XLA reads its flags once per process)
+  flags      bench.py, a process per XLA flag (XLA reads its flags once per process), and one with
+             system.deterministic=true
   fp8_curve  bench.py: gpt2 for 150 steps in bfloat16 and in FP8, every step's loss kept
 Every bench.py and bench_peer.py result is kept as a record in OUT/results (scripts/benchmarks/records.py). A stage
 starts only while the budget holds its usual length; each gets what is left at most. OUT/summary.json lists each
@@ -225,6 +226,8 @@ class Suite:
     def flags(self) -> None:
         for flag in FLAGS:
             self.bench("flags", [*self.gpt2, f"system.xla_flags=['{flag}']"], [""], usual=25)
+        # what exact resume on a GPU costs: XLA's deterministic kernels (and XLA's attention where cuDNN's fails there)
+        self.bench("flags", [*self.gpt2, "system.deterministic=true"], [""], usual=25)
 
     def fp8_curve(self) -> None:
         curve = [*self.gpt2[:-1], f"train.batch_size={max(1, self.args.batch // 2)}"]
