@@ -146,6 +146,14 @@ class DocumentRows(Examples):
     def fixed_ids(self, places: np.ndarray) -> np.ndarray:
         return places
 
+    def batch(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """With document masking, a document's segment begins at its BOS (the <EOS> before it), as the speedrun's
+        does: the BOS and its document attend together, and nothing of the document before."""
+        batch = super().batch(rows)
+        if "segment_ids" in batch:
+            batch["segment_ids"] = np.cumsum(batch["inputs"] == self.eos_id, axis=-1).astype(np.int32)
+        return batch
+
     def rows(self, ids: np.ndarray, seed: Seed = 0, samples: np.ndarray | None = None) -> np.ndarray:
         rows = np.empty(ids.shape + (self.context + 1,), self.tokens.dtype)
         for idx, row in np.ndenumerate(ids):

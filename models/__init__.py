@@ -109,7 +109,8 @@ def _cudnn_attention_failure(dtype: str) -> str | None:
         return jax.nn.dot_product_attention(q, q, q, is_causal=True, implementation="cudnn").astype(jnp.float32).sum()
 
     try:
-        jax.block_until_ready(jax.grad(loss)(jnp.zeros((1, 128, 2, 64), jnp.dtype(dtype))))
+        with jax.ensure_compile_time_eval():  # run it, also where a model is built under a trace (eval_shape, jit)
+            jax.block_until_ready(jax.grad(loss)(jnp.zeros((1, 128, 2, 64), jnp.dtype(dtype))))
         return None
     except Exception as e:  # unsupported dtype, GPU generation or cuDNN version: XLA's attention is the fallback
         first = (str(e).strip().splitlines() or [""])[0][:160]

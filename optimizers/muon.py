@@ -159,7 +159,8 @@ def momentum_schedule(
     momentum: float, warmup: float, start: float, cooldown: float, end: float, run_steps: Optional[int]
 ) -> optax.Schedule:
     """Muon's momentum at update `count` (from 0): from `start` up to `momentum` over `warmup` steps, then from
-    `momentum` down towards `end` over the run's last `cooldown` steps (a fraction of `run_steps` when below 1)."""
+    `momentum` down towards `end` over the run's last `cooldown` steps (a fraction of `run_steps` when below 1), and
+    `end` after the run's `run_steps`; where the two overlap, the lower of the two."""
     if cooldown < 0 or not 0.0 <= end < 1.0:
         raise ConfigError(
             "config: optimizer.momentum_cooldown, momentum_end: the cool-down must be >= 0 steps and its end in "
@@ -170,7 +171,7 @@ def momentum_schedule(
             "config: optimizer.momentum_cooldown: the cool-down ends with the run, whose length is not known here "
             "(build_optimizer's run_steps); set it to 0"
         )
-    length = (round(cooldown * run_steps) if cooldown < 1 else cooldown) if cooldown else 0
+    length = (max(1, round(cooldown * run_steps)) if cooldown < 1 else cooldown) if cooldown else 0
     if run_steps is not None and length > run_steps:
         raise ConfigError(f"config: optimizer.momentum_cooldown: {length:g} steps exceed the run's {run_steps}")
     first = (run_steps or 0) - length  # the cool-down's first update (counted from 0)
@@ -179,8 +180,9 @@ def momentum_schedule(
         b = momentum
         if warmup:
             b = start + jnp.minimum(count / warmup, 1.0) * (momentum - start)
-        if length:
-            b = jnp.where(count > first, momentum - (count - first) / length * (momentum - end), b)
+        if length:  # past the schedule's end (lr_config.max_steps < train.max_steps) it holds at `end`
+            done = jnp.clip((count - first) / length, 0.0, 1.0)
+            b = jnp.minimum(b, momentum - done * (momentum - end))  # a warm-up not yet done by then: the lower
         return b
 
     return beta

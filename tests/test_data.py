@@ -137,6 +137,13 @@ def test_document_rows_begin_at_a_document_and_cut_documents_as_the_speedrun_doe
     np.testing.assert_array_equal(token_positions(stream_, 255, chunk=7), np.flatnonzero(stream_ == 255))
     given = DocumentRows(stream_, 16, PAD, 255, most, eos_positions=np.flatnonzero(stream_ == 255))
     np.testing.assert_array_equal(given.rows(np.arange(given.num_examples)), np.asarray(want))
+    # with document masking a document's segment begins at its BOS, as the speedrun's does
+    masked = DocumentRows(stream_, 16, PAD, 255, most, eos_id=255)
+    batch = masked.batch(masked.rows(np.arange(masked.num_examples)))
+    for inputs, segments in zip(batch["inputs"][1:], batch["segment_ids"][1:]):
+        starts = np.flatnonzero(inputs == 255)
+        assert starts[0] == 0 and (np.diff(segments) == (inputs[1:] == 255)).all()  # a new segment at each BOS
+        np.testing.assert_array_equal(segments[starts], np.arange(1, len(starts) + 1))
 
 
 def test_document_starts_train_on_rows_that_begin_at_a_document_and_leave_evaluation_as_it_was(data_cache):

@@ -964,3 +964,17 @@ def test_muon_momentum_cools_down_over_the_runs_last_steps(cooldown):
         OPTIMIZERS["muon"](MODEL, **schedule, **hyper)
     with pytest.raises(ConfigError, match=r"^config: unknown key 'optimizer.run_steps'"):  # the run's, no key
         load_config(["optimizer=muon", "optimizer.run_steps=6"])
+
+
+def test_muon_momentum_holds_its_end_after_the_run_and_never_jumps_above_its_warm_up():
+    """The cool-down stops at momentum_end past the schedule's end (lr_config.max_steps < train.max_steps); where a
+    warm-up is unfinished when the cool-down starts, momentum is the lower of the two; a tiny fraction is one step."""
+    from optimizers.muon import momentum_schedule
+
+    beta = momentum_schedule(0.95, 0, 0.85, 10, 0.85, 100)
+    assert [float(beta(c)) for c in (90, 100, 200, 999)] == pytest.approx([0.95, 0.85, 0.85, 0.85])
+    beta = momentum_schedule(0.95, 8, 0.85, 5, 0.85, 10)
+    warm = [0.85 + 0.1 * min(c / 8, 1) for c in range(10)]
+    cool = [0.95 - 0.1 * min(max(c - 5, 0) / 5, 1) for c in range(10)]
+    assert [float(beta(c)) for c in range(10)] == pytest.approx([min(w, k) for w, k in zip(warm, cool)])
+    assert float(momentum_schedule(0.95, 0, 0.85, 0.004, 0.85, 100)(100)) == pytest.approx(0.85)  # 0.4 steps: 1, not 0

@@ -222,6 +222,16 @@ def test_where_cudnns_attention_fails_auto_takes_xlas_and_cudnn_is_one_line(monk
     real: a CPU backend called a GPU, where cuDNN's kernel cannot run."""
     import models
 
+    # The probe runs its attention, also where the model is built under a trace (eval_shape: a trained model's
+    # abstract shapes), since a GPU's failure comes when the program runs: here, an attention that fails only then.
+    def fails_when_run(q, *_, **__):
+        jax.debug.callback(lambda: (_ for _ in ()).throw(RuntimeError("fails when it runs")))
+        return q * 1.0
+
+    with monkeypatch.context() as patch:
+        patch.setattr(jax.nn, "dot_product_attention", fails_when_run)
+        failure = eqx.filter_eval_shape(lambda: models._cudnn_attention_failure("bfloat16") or "")
+    assert failure == "cuDNN's bfloat16 attention fails here: RuntimeError: fails when it runs"
     monkeypatch.setattr(models.jax, "default_backend", lambda: "gpu")
     models.resolve_attention.cache_clear()
     try:
@@ -390,6 +400,8 @@ def test_deterministic_asks_xla_for_its_deterministic_gpu_kernels(monkeypatch):
         "--xla_gpu_deterministic_ops=true",
     ]
     assert compilation.xla_flags(SystemConfig()) == []
+    both = SystemConfig(deterministic=True, xla_flags=["--xla_gpu_deterministic_ops=true"])
+    assert compilation.xla_flags(both) == ["--xla_gpu_deterministic_ops=true"]  # once
     monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
     jax.devices()  # this test process's (CPU) backend is running
     compilation.init_xla_flags(SystemConfig(deterministic=True))

@@ -24,7 +24,8 @@ DETERMINISTIC_GPU_FLAG = "--xla_gpu_deterministic_ops=true"
 
 def xla_flags(system: SystemConfig) -> list[str]:
     """The XLA flags a run asks for: `system.xla_flags`, and with `system.deterministic` the deterministic kernels'."""
-    return [*system.xla_flags, *([DETERMINISTIC_GPU_FLAG] if system.deterministic else [])]
+    flags = [*system.xla_flags, *([DETERMINISTIC_GPU_FLAG] if system.deterministic else [])]
+    return list(dict.fromkeys(flags))  # each once: system.deterministic may repeat one of system.xla_flags
 
 
 def init_xla_flags(system: SystemConfig) -> None:
