@@ -58,6 +58,25 @@ BAD_CONFIGS = [
     ),
     (["optimizer.lr_config.warmup=2.5"], "optimizer.lr_config.warmup: 1 or more is a number of steps, a whole one"),
     (["optimizer.lr_config.min_lr_ratio=2"], "optimizer.lr_config.min_lr_ratio: must be in [0, 1]"),
+    (["model.attention_window=0"], "model.attention_window: must be >= 1 (the query itself), or null; got 0"),
+    (
+        ["dataset.document_starts=true", "dataset.max_document_tokens=1"],
+        "dataset.max_document_tokens: must be >= 2 (a BOS and a token); got 1",
+    ),
+    (["optimizer=muon", "optimizer.momentum_cooldown=20"], "optimizer.momentum_cooldown: 20 steps exceed the run's 8"),
+    (
+        ["optimizer=muon", "optimizer.momentum_cooldown=2", "optimizer.momentum_end=1.0"],
+        "optimizer.momentum_cooldown, momentum_end: the cool-down must be >= 0 steps and its end in [0, 1)",
+    ),
+    (
+        [
+            "dataset=json_files",
+            "dataset.prompt_column=a",
+            "dataset.completion_column=b",
+            "dataset.document_starts=true",
+        ],
+        "dataset.document_starts: aligns packed documents to the start of each row; records",
+    ),
 ]
 
 
