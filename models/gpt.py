@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -218,10 +219,29 @@ def split_heads(qkv_BTRE: jax.Array, cfg: GPTConfig) -> tuple[jax.Array, jax.Arr
     B, T = qkv_BTRE.shape[:2]
     N, K, H = cfg.n_head, cfg.kv_heads, cfg.head_dim
     G = N // K
+    # One split, not three slices: its gradient is one concatenation, where three slices' are three zero-padded
+    # copies of the whole [B, T, G + 2, K x H] added up (77 of gpt2-mini's 2,000 ms a CPU step, BENCHMARKS.md).
+    q_BTGE, k_BT1E, v_BT1E = jnp.split(qkv_BTRE, [G, G + 1], axis=2)
     if G == 1:  # multi-head attention: GPT-2's [3, D] rows
-        return tuple(qkv_BTRE[:, :, i].reshape(B, T, N, H) for i in range(3))
-    q_BTNH = jnp.swapaxes(qkv_BTRE[:, :, :G].reshape(B, T, G, K, H), 2, 3).reshape(B, T, N, H)
-    return q_BTNH, qkv_BTRE[:, :, G].reshape(B, T, K, H), qkv_BTRE[:, :, G + 1].reshape(B, T, K, H)
+        q_BTNH = q_BTGE.reshape(B, T, N, H)
+    else:
+        q_BTNH = jnp.swapaxes(q_BTGE.reshape(B, T, G, K, H), 2, 3).reshape(B, T, N, H)
+    return q_BTNH, k_BT1E.reshape(B, T, K, H), v_BT1E.reshape(B, T, K, H)
+
+
+def unstack_layers(tree: Any, n: int) -> list[Any]:
+    """[n, ...] leaves -> n trees of [...] leaves, one per layer. Floating leaves are split once: the gradient of a
+    split is one concatenation, where n indexings' are n zero-padded copies of the whole stack added up (each layer's
+    weight gradient written n times over). Other leaves (keys, integers) are indexed."""
+    leaves, treedef = jax.tree.flatten(tree)
+    split = [
+        [jnp.squeeze(part, 0) for part in jnp.split(leaf, n)] if jnp.issubdtype(leaf.dtype, jnp.inexact) else None
+        for leaf in leaves
+    ]
+    return [
+        jax.tree.unflatten(treedef, [leaf[i] if parts is None else parts[i] for leaf, parts in zip(leaves, split)])
+        for i in range(n)
+    ]
 
 
 def _dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
@@ -385,9 +405,9 @@ class GPT(eqx.Module):
             if scanned:
                 x, (outs, kv) = jax.lax.scan(body, x, xs)
                 return x, outs, kv
-            outs = []
-            for i in range(hi - lo):
-                x, (out, _) = body(x, jax.tree.map(lambda a: a[i], xs))
+            outs, per_layer = [], unstack_layers(xs, hi - lo)
+            for layer in per_layer:
+                x, (out, _) = body(x, layer)
                 outs.append(out)
             return x, jnp.stack(outs) if collect else None, None
 

@@ -174,6 +174,15 @@ def test_remat_recomputes_matmuls_in_the_backward_pass(scan):
     assert matmuls["none"] < matmuls["block"] < matmuls["full"], matmuls
 
 
+@pytest.mark.parametrize("scan", [True, False])
+def test_the_gradient_gathers_layers_and_qkv_by_concatenation_not_by_adding_padded_copies(scan):
+    """The stacked layers are split once per step (unrolled) and QKV's output once per block: the gradient's
+    computation concatenates their pieces back; indexing them would pad each piece with zeros to the whole and add the
+    copies up (n_layer full-size copies of every weight gradient; 3 of each block's QKV gradient)."""
+    ops = traced_ops(dataclasses.replace(PLAIN, scan_layers=scan))
+    assert ops["pad"] == 0 and ops["concatenate"] >= (1 if scan else PLAIN.n_layer), ops
+
+
 def test_mfu_formula_matches_a_hand_count_for_gpt2_124m_under_both_conventions():
     cfg = load_config(["model=gpt2"])
     model = eqx.filter_eval_shape(GPT.init, gpt_config(cfg.model, 50257), jax.random.PRNGKey(0))
