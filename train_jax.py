@@ -32,6 +32,7 @@ from training.config import Config, layout
 from training.distributed.peers import watch_peers
 from training.distributed.sharding import init_distributed
 from training.loop.compilation import CompileClock, init_compilation_cache, init_xla_flags
+from training.loop.host_memory import init_host_memory
 from training.loop.session import TrainingSession
 from training.loop.steps import run_loop
 from training.pipeline.build import Pipeline, build
@@ -42,6 +43,7 @@ from training.step.state import TrainState, eval_model
 def main(cfg: Config, overrides: list[str], started: float) -> float | None:
     """One run of a finished config (typed, every value checked but those that need the devices): train (or,
     mode=eval, evaluate); returns the final `val` loss."""
+    init_host_memory(cfg.system.reuse_host_memory)  # before XLA starts its threads
     init_xla_flags(cfg.system)  # before XLA starts
     init_distributed(cfg.system)  # before anything touches a device
     watch_peers(cfg.system)  # a process that dies is named, and the others end

@@ -43,6 +43,7 @@ from scripts.benchmarks import records
 from training import config as config_lib
 from training.distributed.sharding import put_batch
 from training.loop.compilation import init_xla_flags, xla_flags
+from training.loop.host_memory import init_host_memory
 from training.pipeline.build import build, init_model, init_optimizer, init_scheduler
 from training.reporting.flops import MFU_FORMULA, flops_per_token, mfu, peak_flops
 
@@ -235,7 +236,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--no-record", action="store_true", help="keep no record, even on a GPU")
     args, overrides = parser.parse_known_args(argv)
     try:
-        init_xla_flags(config_lib.load_config(overrides).system)  # before the backend starts
+        system = config_lib.load_config(overrides).system
+        init_host_memory(system.reuse_host_memory)  # as train_jax.py does
+        init_xla_flags(system)  # before the backend starts
         if args.compile_only:
             print(json.dumps(bench_compile(overrides, args.vocab)), flush=True)
         elif args.loader:

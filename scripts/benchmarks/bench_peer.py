@@ -155,11 +155,10 @@ def ours(args: argparse.Namespace, commands: TextIO, replies: TextIO) -> None:
     from models.gpt import count_params
     from training import config as config_lib
     from training.distributed.sharding import init_mesh, put_batch
+    from training.loop.host_memory import init_host_memory
     from training.pipeline.build import init_model, init_optimizer, init_scheduler, init_state_and_steps
     from training.reporting.flops import flops_per_token, peak_flops
 
-    if args.device == "gpu" and jax.default_backend() != "gpu":
-        raise BenchError(f"JAX runs on {jax.default_backend()}, not the GPU: install jax[cuda12]")
     dtype_name = "bfloat16" if args.device == "gpu" else "float32"
     overrides = [
         f"model={args.model}",
@@ -171,6 +170,9 @@ def ours(args: argparse.Namespace, commands: TextIO, replies: TextIO) -> None:
         *([f"model.context_size={args.context}"] if args.context else []),
         *shlex.split(args.ours),
     ]
+    init_host_memory(config_lib.load_config(overrides).system.reuse_host_memory)  # before the backend starts
+    if args.device == "gpu" and jax.default_backend() != "gpu":
+        raise BenchError(f"JAX runs on {jax.default_backend()}, not the GPU: install jax[cuda12]")
     cfg = config_lib.load_config(overrides, jax.local_device_count())
     config_lib.check_devices(cfg, jax.local_device_count())
     mesh = init_mesh(cfg.system.num_devices, cfg.system.mesh_model)

@@ -49,6 +49,10 @@ class SystemConfig:
     # true: any device-to-host transfer at a step that does not log, evaluate, save or agree to stop raises
     # (jax.transfer_guard): checks that the loop never makes the device wait for the host between those steps
     transfer_guard: bool = False
+    # keep freed host memory for the next step instead of returning it to the OS (glibc; training/loop/host_memory.py):
+    # XLA:CPU's steps then stop faulting their buffers back in, zeroed, at each call (the CPU step 1.07-1.10x faster,
+    # BENCHMARKS.md); a process keeps its peak host memory until it ends
+    reuse_host_memory: bool = True
     # [a, b]: trace steps a to b (counted from 1, inclusive) with jax.profiler into <run_dir>/profile, for
     # TensorBoard's profile plugin (the .xplane.pb) and Perfetto (perfetto_trace.json.gz); [] = no trace
     profile_steps: list[int] = field(default_factory=list)
