@@ -220,7 +220,8 @@ def split_heads(qkv_BTRE: jax.Array, cfg: GPTConfig) -> tuple[jax.Array, jax.Arr
     N, K, H = cfg.n_head, cfg.kv_heads, cfg.head_dim
     G = N // K
     # One split, not three slices: its gradient is one concatenation, where three slices' are three zero-padded
-    # copies of the whole [B, T, G + 2, K x H] added up (77 of gpt2-mini's 2,000 ms a CPU step, BENCHMARKS.md).
+    # copies of the whole [B, T, G + 2, K x H] added up (with unstack_layers: gpt2-mini's CPU step 1.02-1.05x faster,
+    # BENCHMARKS.md).
     q_BTGE, k_BT1E, v_BT1E = jnp.split(qkv_BTRE, [G, G + 1], axis=2)
     if G == 1:  # multi-head attention: GPT-2's [3, D] rows
         q_BTNH = q_BTGE.reshape(B, T, N, H)
