@@ -29,6 +29,7 @@ from training import config as config_lib
 from training.checkpoints.resume import RunPlan, plan_run, restore_state, shared_timestamp
 from training.cli import app as cli
 from training.config import Config, layout
+from training.config.stages import model_after
 from training.distributed.peers import watch_peers
 from training.distributed.sharding import init_distributed
 from training.loop.compilation import CompileClock, init_compilation_cache, init_xla_flags
@@ -61,7 +62,8 @@ def main(cfg: Config, overrides: list[str], started: float) -> float | None:
 
 def evaluate_checkpoint(plan: RunPlan, p: Pipeline, state: TrainState) -> float:
     """mode=eval: every validation split and the test split, as a table and as JSON in the run directory."""
-    results = p.evaluate(eval_model(state), {**p.data.evals, **({"test": p.data.test} if p.data.test else {})})
+    model = model_after(eval_model(state), plan.cfg, int(state.step))  # as its step's stage read it (train.stages)
+    results = p.evaluate(model, {**p.data.evals, **({"test": p.data.test} if p.data.test else {})})
     if jax.process_index() == 0:
         step, source = int(state.step), plan.resume.reader.directory
         out = plan.run_dir / layout.eval_result(step)
@@ -87,7 +89,7 @@ def train(
             batches.get,
             session.actions(loop.step),
             session.end,
-            session.tokens_per_step,
+            session.tokens_of,
             after_step=session.log.advance,
             guard=cfg.system.transfer_guard,
         )

@@ -14,7 +14,7 @@ from typing import Protocol
 import numpy as np
 
 from core.errors import DataError
-from data.batches import EvalBatches, TrainBatches
+from data.batches import BatchSizes, EvalBatches, TrainBatches
 from data.config import DataConfig, DatasetConfig, TextConfig
 from data.examples import DocumentRows, Examples, Records, Windows
 from data.mixture import MixtureTrainBatches
@@ -72,10 +72,13 @@ def make_data(
     context: int,
     process_index: int,
     process_count: int,
+    sizes: BatchSizes | None = None,
 ) -> Data:
-    """Wrap every split of `corpus` in its batch source. `cfg`: the whole run config."""
+    """Wrap every split of `corpus` in its batch source. `cfg`: the whole run config. `sizes`: the training batch's
+    size step by step (the run's stages); None: train.batch_size at every step."""
+    sizes = sizes or BatchSizes.constant(cfg.train.batch_size)
     if isinstance(corpus, MixtureCorpus):
-        return _mixture_data(cfg, corpus, tokenizer, context, process_index, process_count)
+        return _mixture_data(cfg, corpus, tokenizer, context, process_index, process_count, sizes)
     if tokenizer.kind == "notes":
         splits, main, summary = _note_records(cfg, corpus, tokenizer, context)
     elif cfg.dataset.records:
@@ -88,7 +91,7 @@ def make_data(
         return EvalBatches(splits[name], t.batch_size, t.eval_iters, process_index, process_count)
 
     return Data(
-        train=TrainBatches(splits["train"], t.batch_size, t.grad_accum_steps, process_index, process_count, t.seed),
+        train=TrainBatches(splits["train"], sizes, t.grad_accum_steps, process_index, process_count, t.seed),
         evals={name: eval_set(name) for name in _eval_order(list(splits), main)},
         test=eval_set("test") if "test" in splits else None,
         token_bytes=tokenizer.token_byte_lengths(),
@@ -155,7 +158,13 @@ def _stream_windows(
 
 
 def _mixture_data(
-    cfg: RunData, corpus: MixtureCorpus, tokenizer: Tokenizer, context: int, process_index: int, process_count: int
+    cfg: RunData,
+    corpus: MixtureCorpus,
+    tokenizer: Tokenizer,
+    context: int,
+    process_index: int,
+    process_count: int,
+    sizes: BatchSizes,
 ) -> Data:
     """Training rows drawn from the sources by weight (data/mixture.py); evaluation on `val` (every source's
     validation split in proportion to its weight: the split that picks the best checkpoint) and on each source's
@@ -169,10 +178,10 @@ def _mixture_data(
         corpus.names,
         corpus.weights,
         [
-            TrainBatches(s["train"], t.batch_size, t.grad_accum_steps, process_index, process_count, (t.seed, i))
+            TrainBatches(s["train"], sizes, t.grad_accum_steps, process_index, process_count, (t.seed, i))
             for i, s in enumerate(sources)
         ],
-        t.batch_size,
+        sizes,
         t.grad_accum_steps,
         process_index,
         process_count,

@@ -10,20 +10,43 @@ where the target counts), plus `segment_ids` with document masking.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import numpy as np
 
 from data.examples import Examples, Seed, seeded_rng
 
 
-def step_samples(step: int, grad_accum: int, process_count: int, batch_size: int, process_index: int) -> np.ndarray:
-    """Run-wide sample numbers for one process at `step`: [grad_accum, batch_size].
+@dataclass(frozen=True)
+class BatchSizes:
+    """Sequences per micro-batch per process, step by step: `sizes[i]` from step `starts[i]` on (starts[0] = 0; the
+    run's stages, training/config/stages.py). One entry: the same size at every step."""
+
+    starts: tuple[int, ...]
+    sizes: tuple[int, ...]
+
+    @staticmethod
+    def constant(size: int) -> BatchSizes:
+        return BatchSizes((0,), (size,))
+
+    def at(self, step: int) -> int:
+        return self.sizes[int(np.searchsorted(self.starts, step, side="right")) - 1]
+
+    def rows_before(self, step: int) -> int:
+        """Sequences per process per micro-batch slot in the run's first `step` steps, all summed."""
+        ends = (*self.starts[1:], step)
+        return sum(size * max(0, min(end, step) - start) for start, end, size in zip(self.starts, ends, self.sizes))
+
+
+def step_samples(step: int, grad_accum: int, process_count: int, sizes: BatchSizes, process_index: int) -> np.ndarray:
+    """Run-wide sample numbers for one process at `step`: [grad_accum, batch size at the step].
 
     Sample numbers of one step are laid out [grad_accum, process, batch], so the processes' rows of a micro-batch
-    are adjacent and their concatenation is the single-process micro-batch.
+    are adjacent and their concatenation is the single-process micro-batch. Steps follow one another: a step's
+    first sample is the one after the last step's, whatever their batch sizes.
     """
-    A, P, B = grad_accum, process_count, batch_size
-    layout = step * A * P * B + np.arange(A * P * B).reshape(A, P, B)
+    A, P, B = grad_accum, process_count, sizes.at(step)
+    layout = A * P * sizes.rows_before(step) + np.arange(A * P * B).reshape(A, P, B)
     return layout[:, process_index, :]
 
 
@@ -42,7 +65,7 @@ class TrainBatches:
     def __init__(
         self,
         examples: Examples,
-        batch_size: int,
+        batch_size: int | BatchSizes,
         grad_accum_steps: int,
         process_index: int,
         process_count: int,
@@ -50,17 +73,23 @@ class TrainBatches:
     ) -> None:
         if examples.num_examples < 1:
             raise ValueError(f"the training split has {examples.num_examples} examples; an epoch needs one")
-        self.examples, self.batch_size, self.grad_accum_steps = examples, batch_size, grad_accum_steps
+        self.sizes = BatchSizes.constant(batch_size) if isinstance(batch_size, int) else batch_size
+        self.examples, self.batch_size, self.grad_accum_steps = examples, self.sizes.sizes[0], grad_accum_steps
         self.process_index, self.process_count, self.seed = process_index, process_count, seed
         self._epoch: tuple[int, Callable[[np.ndarray], np.ndarray]] | None = None  # the latest epoch's order
 
     @property
     def global_batch(self) -> int:
-        """Sequences per optimizer step, all processes together."""
+        """Sequences per optimizer step, all processes together (at the first step: `samples_before` counts later
+        stages' sizes)."""
         return self.grad_accum_steps * self.process_count * self.batch_size
 
+    def samples_before(self, step: int) -> int:
+        """Sequences of the run's first `step` steps, all processes together."""
+        return self.grad_accum_steps * self.process_count * self.sizes.rows_before(step)
+
     def sample_indices(self, step: int) -> np.ndarray:
-        return step_samples(step, self.grad_accum_steps, self.process_count, self.batch_size, self.process_index)
+        return step_samples(step, self.grad_accum_steps, self.process_count, self.sizes, self.process_index)
 
     def _order(self, epoch: int) -> Callable[[np.ndarray], np.ndarray]:
         if self._epoch is None or self._epoch[0] != epoch:

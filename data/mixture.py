@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from data.batches import TrainBatches, allot, step_samples
+from data.batches import BatchSizes, TrainBatches, allot, step_samples
 
 MIXTURE_BLOCK = 4096  # rows per block: the weights are met exactly every 4096 rows, to 1/4096 of the total
 
@@ -28,7 +28,7 @@ class MixtureTrainBatches:
     names: list[str]
     weights: list[float]
     sources: list[TrainBatches]
-    batch_size: int  # per process per micro-batch
+    sizes: BatchSizes | int  # sequences per micro-batch per process, step by step (an int: at every step)
     grad_accum_steps: int
     process_index: int
     process_count: int
@@ -36,12 +36,22 @@ class MixtureTrainBatches:
     _blocks: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
+        self.sizes = BatchSizes.constant(self.sizes) if isinstance(self.sizes, int) else self.sizes
         self.counts = np.asarray(allot(self.weights, MIXTURE_BLOCK))
         self.context = self.sources[0].examples.context
 
     @property
+    def batch_size(self) -> int:
+        return self.sizes.sizes[0]
+
+    @property
     def global_batch(self) -> int:
+        """Sequences per optimizer step, all processes together (at the first step)."""
         return self.grad_accum_steps * self.process_count * self.batch_size
+
+    def samples_before(self, step: int) -> int:
+        """Sequences of the run's first `step` steps, all processes together."""
+        return self.grad_accum_steps * self.process_count * self.sizes.rows_before(step)
 
     def _block(self, b: int) -> tuple[np.ndarray, np.ndarray]:
         """Block b's source per slot, and each slot's row number within its source's share of the block."""
@@ -70,7 +80,7 @@ class MixtureTrainBatches:
         return source, local
 
     def sample_indices(self, step: int) -> np.ndarray:
-        return step_samples(step, self.grad_accum_steps, self.process_count, self.batch_size, self.process_index)
+        return step_samples(step, self.grad_accum_steps, self.process_count, self.sizes, self.process_index)
 
     def batch(self, step: int) -> dict[str, np.ndarray]:
         source, local = self.assign(self.sample_indices(step))
@@ -83,7 +93,7 @@ class MixtureTrainBatches:
 
     def tokens_seen(self, steps: int) -> dict[str, int]:
         """Tokens of training rows each source has given in the run's first `steps` steps (all processes)."""
-        samples = steps * self.global_batch
+        samples = self.samples_before(steps)
         full, part = divmod(samples, MIXTURE_BLOCK)
         counts = full * self.counts
         if part:

@@ -71,6 +71,7 @@ def gpt_config(model_cfg: ModelOptions, vocab_size: int, attention: str = "xla")
     options = {f.name: getattr(model_cfg, f.name) for f in dataclasses.fields(ModelOptions)}
     # YAML writes 500000 for a float field as an int: the static config (hashed into compiled programs) holds floats
     options |= {name: float(options[name]) for name in FLOAT_OPTIONS if options[name] is not None}
+    options["yarn_windows"] = tuple(options["yarn_windows"])
     return GPTConfig(**options | {"attention": attention}, vocab_size=vocab_size)
 
 

@@ -6,7 +6,7 @@ meaning as a comment (what `--help` prints), and the code that uses it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Optional
 
@@ -107,6 +107,12 @@ class ModelOptions:
     # sliding-window attention: each query sees itself and the attention_window - 1 positions before it (the
     # speedrun's short windows, Mistral's sliding window); null = every earlier position
     attention_window: Optional[int] = None
+    # YaRN (Peng et al. 2023, arXiv:2309.00071; the GPT-2 speedrun's form): the attention windows the model trained
+    # at before attention_window, oldest first. With rotary positions each growth rescales the rotary frequencies (a
+    # pair that turns less than once over the old window slows by old / new, one that turns 32 times or more keeps
+    # its speed, those between blend) and multiplies the attention scores by 1 + 0.2 ln(new / old). train.stages with
+    # train.yarn=true fills it; [] = none
+    yarn_windows: list[int] = field(default_factory=list)
     remat: Remat = Remat.none  # rematerialisation: memory for compute in the backward pass
     # the blocks under lax.scan (true: one block compiled, compile time independent of depth) or unrolled (false);
     # null: unrolled on a GPU (gpt2 on an H200: 1.30-1.35x the tokens/s, less memory), scanned elsewhere

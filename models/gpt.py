@@ -36,7 +36,7 @@ from models.lm_head import chunked_log_z_and_target_logit, log_z_and_target_logi
 from models.mlp import mlp_activation, mlp_hidden_width, mlp_in_shape
 from models.mup import attention_multiplier, hidden_init_std, output_multiplier
 from models.norms import LayerNorm, RMSNorm, init_norm
-from models.rope import apply_rotary, rotary_angles
+from models.rope import apply_rotary, rotary_angles, yarn_score_factor
 from models.speedrun import GATE_CHANNELS, VALUE_EMBEDDING_STD, add_value_embedding, layer_segments, smear
 
 INIT_STD = 0.02  # GPT-2's init for every weight matrix and both embeddings.
@@ -73,6 +73,13 @@ class GPTConfig(ModelOptions):
 
     vocab_size: int = dataclasses.field(kw_only=True)
     attention: Attention = Attention.xla  # xla | cudnn | blocked (models/attention.py)
+    yarn_windows: tuple[int, ...] = ()  # model.yarn_windows, as a tuple (hashable)
+
+    @property
+    def yarn_path(self) -> tuple[int, ...]:
+        """The attention windows YaRN stretched the rotary positions through, the current one last (models/rope.py);
+        () without YaRN."""
+        return (*self.yarn_windows, self.attention_window) if self.yarn_windows and self.attention_window else ()
 
     @property
     def width_multiplier(self) -> float:
@@ -122,6 +129,12 @@ class Linear(eqx.Module):
             y = fp8_dot(x_ND, self.weight, fp8_scales)
         y = y.reshape(*x.shape[:-1], *self.weight.shape[1:])
         return y if self.bias is None else y + self.bias
+
+
+def with_config(model: GPT, cfg: GPTConfig) -> GPT:
+    """The same parameters read under another static description, e.g. a training stage's attention window
+    (train.stages): only what `cfg` changes of how the forward pass runs, never the parameters' shapes."""
+    return dataclasses.replace(model, cfg=cfg)
 
 
 def segment_positions(segment_ids_BT: jax.Array) -> jax.Array:
@@ -196,6 +209,8 @@ class Block(eqx.Module):
             q_BTNH = q_BTNH * jnp.asarray(attention_multiplier(cfg), q_BTNH.dtype)
         elif cfg.attention_scale is not None:  # every kernel divides by sqrt(head_dim): the queries carry the rest
             q_BTNH = q_BTNH * jnp.asarray(cfg.attention_scale * math.sqrt(cfg.head_dim), q_BTNH.dtype)
+        if cfg.yarn_path and rotary is not None:  # YaRN sharpens the scores as the window grows (models/rope.py)
+            q_BTNH = q_BTNH * jnp.asarray(yarn_score_factor(cfg.yarn_path), q_BTNH.dtype)
         with jax.named_scope("attention"):  # the score/softmax/value kernels, for scripts/tools/profile_summary.py
             if cache is None:
                 y_BTNH = causal_attention(q_BTNH, k_BTKH, v_BTKH, cfg.attention, segment_ids_BT, cfg.attention_window)
@@ -369,7 +384,7 @@ class GPT(eqx.Module):
         if self.wpe is not None:
             x_BTD = x_BTD + self.wpe[positions]
         else:  # rotary: the same positions (restarting per document) turn the queries and keys in every block
-            rotary = rotary_angles(positions, cfg.head_dim, cfg.rope_theta, cfg.rope_frequencies)
+            rotary = rotary_angles(positions, cfg.head_dim, cfg.rope_theta, cfg.rope_frequencies, cfg.yarn_path)
         if self.ln_e is not None:
             x_BTD = self.ln_e(x_BTD)
         x_BTD = _dropout(x_BTD, cfg.dropout, keys[0])

@@ -67,6 +67,7 @@ def gpt2_problem(cfg: GPTConfig) -> str | None:
             cfg.attention_scale is not None,
             f"model.attention_scale={cfg.attention_scale}: GPT-2 scales attention by 1 / sqrt(head size)",
         ),
+        (bool(cfg.yarn_windows), f"model.yarn_windows={list(cfg.yarn_windows)}: GPT-2 has learned positions"),
         (
             cfg.attention_window is not None,
             f"model.attention_window={cfg.attention_window}: GPT-2 attends to every earlier position",

@@ -43,6 +43,10 @@ def llama_problem(cfg: GPTConfig) -> str | None:
             f"model.rope_frequencies={cfg.rope_frequencies}: Llama's rotary frequencies are the standard ones",
         ),
         (
+            bool(cfg.yarn_windows),
+            f"model.yarn_windows={list(cfg.yarn_windows)}: the export writes Llama's rotary positions unstretched",
+        ),
+        (
             cfg.attention_window is not None,
             f"model.attention_window={cfg.attention_window}: Llama attends to every earlier position",
         ),

@@ -63,7 +63,7 @@ class Parts:
         self.__dict__.update(vars(pipeline))
 
     def step(self, step: int):
-        self.state, metrics = self.train_step(self.state, put_batch(self.data.train.batch(step), self.mesh))
+        self.state, metrics = self.train_step(self.state, put_batch(self.data.train.batch(step), self.mesh), step)
         return metrics
 
 

@@ -16,8 +16,8 @@ from training.loop.steps import Action, LoopState, run_loop
 from training.loop.transfer_guard import HostTransferError
 
 
-def counting_step(state, batch):
-    return state + batch, {"loss": state * 1.0}
+def counting_step(state, batch, step):
+    return state + batch, {"loss": state * 1.0, "step": step}
 
 
 def test_actions_fire_at_their_steps_and_at_the_end():
@@ -28,9 +28,12 @@ def test_actions_fire_at_their_steps_and_at_the_end():
         Action(lambda lp: fired["listed"].append(lp.step), steps=frozenset({1, 5})),
         Action(lambda lp: fired["stopper"].append(lp.step), every=1, syncs=False),
     ]
-    run_loop(loop, counting_step, lambda s: jnp.asarray(1), actions, end=10, tokens_per_step=7)
+    # a step's tokens may change from step to step (batches that grow with train.stages): 7, 8, ..., 16
+    run_loop(loop, counting_step, lambda s: jnp.asarray(1), actions, end=10, tokens_of=lambda s: 7 + s)
     assert fired == {"every3": [3, 6, 9, 10], "listed": [1, 5], "stopper": list(range(1, 11))}
-    assert loop.step == 10 and loop.tokens_seen == 70 and int(loop.state) == 10 and len(loop.pending) == 10
+    # each call is told the steps completed before it (they pick train.stages' stage)
+    assert [m["step"] for m in loop.pending] == list(range(10))
+    assert loop.step == 10 and loop.tokens_seen == 115 and int(loop.state) == 10 and len(loop.pending) == 10
 
 
 def test_an_action_that_sets_stop_ends_the_loop_after_its_step():
@@ -40,7 +43,7 @@ def test_an_action_that_sets_stop_ends_the_loop_after_its_step():
         if lp.step == 4:
             lp.stop = "SIGTERM"
 
-    run_loop(loop, counting_step, lambda s: jnp.asarray(1), [Action(stop_at_4, every=1)], end=10, tokens_per_step=1)
+    run_loop(loop, counting_step, lambda s: jnp.asarray(1), [Action(stop_at_4, every=1)], end=10, tokens_of=lambda s: 1)
     assert loop.step == 4 and loop.stop == "SIGTERM"
 
 
@@ -62,7 +65,7 @@ def test_the_guard_raises_on_a_transfer_at_a_step_with_no_syncing_action(read):
             lambda s: jnp.asarray(1),
             [Action(read, every=1, syncs=False)],
             end=3,
-            tokens_per_step=1,
+            tokens_of=lambda s: 1,
             guard=True,
         )
     assert loop.step == 1
@@ -77,7 +80,7 @@ def test_a_due_syncing_action_may_transfer_and_the_guard_is_off_without_guard():
             lambda s: jnp.asarray(1),
             [Action(fetch_every_step, every=1, syncs=syncs)],
             end=3,
-            tokens_per_step=1,
+            tokens_of=lambda s: 1,
             guard=guard,
         )
         assert loop.step == 3

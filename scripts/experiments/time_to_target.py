@@ -93,11 +93,13 @@ def curve(run_dir: Path) -> list[dict]:
     """Each evaluation of `val`: step, training tokens, seconds (`elapsed_s` of the train row logged at that step),
     loss per token and per byte."""
     rows = metrics(run_dir)
-    seconds = {r["step"]: r["elapsed_s"] for r in rows if r["split"] == "train" and "elapsed_s" in r}
+    train = {r["step"]: r for r in rows if r["split"] == "train"}
+    seconds = {step: r["elapsed_s"] for step, r in train.items() if "elapsed_s" in r}
     return [
         {
             "step": r["step"],
-            "tokens": r["step"] * BATCH * CONTEXT,
+            # what the run counted (a batch that grows with train.stages), else the fixed batch's
+            "tokens": train.get(r["step"], {}).get("tokens_seen", r["step"] * BATCH * CONTEXT),
             "seconds": seconds.get(r["step"]),
             "loss": r["loss"],
             "nats_per_byte": r["nats_per_byte"],

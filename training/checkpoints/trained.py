@@ -18,6 +18,7 @@ from models.gpt import GPT
 from training import config as config_lib
 from training.checkpoints.checkpointer import Checkpointer, find_checkpoint_dir
 from training.config import Config, to_config
+from training.config.stages import final_model, model_after
 
 
 @dataclass
@@ -42,10 +43,12 @@ def load_trained(path: str, which: str = "latest") -> Trained:
     meta = reader.read_meta(step)
     cfg = to_config(meta["config"])
     tokenizer = tokenizer_from_json(meta["tokenizer"])
-    abstract = eqx.filter_eval_shape(MODEL_BUILDERS[cfg.model.arch], cfg, tokenizer.vocab_size, jax.random.PRNGKey(0))
+    builder = MODEL_BUILDERS[cfg.model.arch]
+    abstract = eqx.filter_eval_shape(builder, final_model(cfg), tokenizer.vocab_size, jax.random.PRNGKey(0))
     sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), abstract)
-    return Trained(reader.restore_model(step, like), tokenizer, cfg, step, meta)
+    model = model_after(reader.restore_model(step, like), cfg, step)  # as its step's stage read it (train.stages)
+    return Trained(model, tokenizer, cfg, step, meta)
 
 
 def run_data(trained: Trained) -> Data:

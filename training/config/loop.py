@@ -4,11 +4,23 @@ checks on their values."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Optional
 
 from core.checks import either, fail, require_non_negative, require_positive
+
+
+@dataclass(frozen=True)
+class StageConfig:
+    """One stage of train.stages: from where the stage before ended to `until`, a fraction of the run's steps."""
+
+    until: float = 1.0  # where the stage ends, as a fraction of the run's steps (the lr schedule's); the last: 1.0
+    batch_size: Optional[int] = None  # sequences per micro-batch per process; null: train.batch_size
+    # sliding-window attention's window in this stage (model.attention_window; the last stage's is the model's own);
+    # null: model.attention_window. Either every stage names one or none does
+    attention_window: Optional[int] = None
+    lr_multiplier: float = 1.0  # the learning rate schedule's value times this, in this stage
 
 
 @dataclass(frozen=True)
@@ -24,6 +36,13 @@ class TrainConfig:
     skip_nonfinite: bool = False  # true: skip updates whose gradient is NaN/Inf; false: stop the run there
     eval_at_start: bool = False  # also evaluate before the first step (e.g. the weights init_from brought)
     z_loss: float = 0.0  # > 0: add z_loss * log(Z)^2 per target token (PaLM's auxiliary loss), logged as z_loss
+    # the run in stages (the GPT-2 speedrun's schedule: batches that grow, windows that grow, each stage's lr
+    # multiplier), e.g. [{until: 0.33, batch_size: 8, attention_window: 64}, {until: 1.0, attention_window: 128}];
+    # [] = one stage, as configured. Each stage's program is compiled at its first step; docs/configuration.md
+    stages: list[StageConfig] = field(default_factory=list)
+    # with train.stages whose attention windows grow: rescale the rotary positions and attention scores at each
+    # growth (YaRN, the speedrun's; it fills model.yarn_windows), so the model keeps reading positions it learned
+    yarn: bool = False
 
     def check(self) -> None:
         require_positive(
@@ -32,6 +51,30 @@ class TrainConfig:
         require_non_negative(self, "train", "z_loss")
         if self.max_training_hours is not None and self.max_training_hours <= 0:
             fail("train.max_training_hours", f"must be > 0 (or null for no limit); got {self.max_training_hours}")
+        self.check_stages()
+
+    def check_stages(self) -> None:
+        ends = [s.until for s in self.stages]
+        for i, s in enumerate(self.stages):
+            where = f"train.stages[{i}]"
+            if not 0 < s.until <= 1 or (i and s.until <= ends[i - 1]):
+                fail(f"{where}.until", f"must be in (0, 1] and above the stage before's; got {s.until}")
+            if s.batch_size is not None and s.batch_size < 1:
+                fail(f"{where}.batch_size", f"must be >= 1, or null for train.batch_size; got {s.batch_size}")
+            if s.attention_window is not None and s.attention_window < 1:
+                fail(f"{where}.attention_window", f"must be >= 1, or null; got {s.attention_window}")
+            if s.lr_multiplier <= 0:
+                fail(f"{where}.lr_multiplier", f"must be > 0; got {s.lr_multiplier}")
+        if ends and ends[-1] != 1:
+            fail(f"train.stages[{len(ends) - 1}].until", f"the last stage ends the run: must be 1.0; got {ends[-1]}")
+        windows = [s.attention_window for s in self.stages]
+        if any(w is not None for w in windows) and None in windows:
+            fail(
+                f"train.stages[{windows.index(None)}].attention_window",
+                "every stage names its window when one does (the last stage's is the model's own)",
+            )
+        if self.yarn and (None in windows or not windows or windows != sorted(windows)):
+            fail("train.yarn", f"rescales at each growth of the stages' windows: they must grow; got {windows}")
 
 
 class WandbMode(StrEnum):

@@ -34,6 +34,17 @@ class ModelConfig(ModelOptions):
             fail("model.n_embd", f"{self.n_embd} is not divisible by model.n_head={self.n_head}")
         if self.attention_window is not None and self.attention_window < 1:
             fail("model.attention_window", f"must be >= 1 (the query itself), or null; got {self.attention_window}")
+        if self.yarn_windows and (
+            self.attention_window is None
+            or self.position != Position.rope
+            or any(w < 1 for w in self.yarn_windows)
+            or [*self.yarn_windows, self.attention_window] != sorted([*self.yarn_windows, self.attention_window])
+        ):
+            fail(
+                "model.yarn_windows",
+                f"{list(self.yarn_windows)}: YaRN stretches rotary positions (model.position=rope) through windows "
+                f"that grow to model.attention_window={self.attention_window}",
+            )
         if self.n_kv_head is not None and (self.n_kv_head < 1 or self.n_head % self.n_kv_head):
             fail(
                 "model.n_kv_head",

@@ -20,8 +20,9 @@ from models.hf import HF_PREFIX
 from optimizers.groups import check_labels_present
 from training.config.loop import CheckpointConfig, LoadMode, LoggingConfig, TrainConfig
 from training.config.mixture import check_mixture
-from training.config.model import ModelConfig
+from training.config.model import ModelConfig, Position
 from training.config.optimizer import OptimizerConfig
+from training.config.stages import plan_stages
 from training.config.system import SystemConfig
 
 
@@ -90,6 +91,9 @@ def check_across(cfg: Config) -> None:
             "it, or give it as a fraction of the run (below 1, e.g. 0.1)",
         )
     check_mixture(d, cfg.loss_masking == LossMasking.finetuning)
+    if cfg.train.yarn and cfg.model.position != Position.rope:
+        fail("train.yarn", f"YaRN rescales rotary positions: it needs model.position=rope, not {cfg.model.position}")
+    plan_stages(cfg)  # every stage at least one step of the run
     if cfg.optimizer.name == "sophia" and cfg.model.head_loss == "chunked":
         fail(
             "model.head_loss",
@@ -146,6 +150,12 @@ def check_devices(cfg: Config, num_local_devices: int) -> None:
             f"{cfg.train.batch_size} is not divisible by the {data_devices} local devices it is "
             "split over (train.batch_size counts sequences per process)",
         )
+    for i, stage in enumerate(cfg.train.stages):
+        if stage.batch_size and stage.batch_size % data_devices:
+            fail(
+                f"train.stages[{i}].batch_size",
+                f"{stage.batch_size} is not divisible by the {data_devices} local devices it is split over",
+            )
     resolve_attention(m.attention, sy.dtype)  # cudnn where it does not run: said before any data is read
     if sy.dtype == "fp8" and (problem := native_fp8_problem()) is not None:
         if jax.default_backend() == "gpu":

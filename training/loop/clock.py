@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 
 class RunClock:
-    def __init__(self, started: float, max_hours: float | None, tokens_per_step: int, max_steps: int) -> None:
+    def __init__(
+        self, started: float, max_hours: float | None, tokens_before: Callable[[int], int], max_steps: int
+    ) -> None:
         self.started = started  # process start: a time limit must cover set-up and compilation too
         self.deadline = None if max_hours is None else started + max_hours * 3600.0
-        self.tokens_per_step = tokens_per_step
+        self.tokens_before = tokens_before  # step -> training tokens of the run's first `step` steps
         self.max_steps = max_steps
         self._mark: tuple[float, int] | None = None
         self._seconds_per_step: float | None = None
@@ -28,7 +31,8 @@ class RunClock:
         seconds_per_step = (now - t0) / (step - s0)
         self._mark = (now, step)
         self._seconds_per_step = seconds_per_step
-        return self.tokens_per_step / seconds_per_step, 1000.0 * seconds_per_step
+        tokens = self.tokens_before(step) - self.tokens_before(s0)
+        return tokens / (now - t0), 1000.0 * seconds_per_step
 
     def elapsed(self) -> float:
         return time.time() - self.started

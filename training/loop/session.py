@@ -28,12 +28,14 @@ import jax
 
 from core.errors import PipelineError
 from data.prefetch import Prefetcher
+from models.gpt import GPT
 from training import config as config_lib
 from training.analysis.curvature import SEED, fixed_batch, sharpness_fn
 from training.checkpoints.checkpointer import Checkpointer, checkpoint_meta
 from training.checkpoints.lock import lock_save_path
 from training.checkpoints.resume import RunPlan, carried_over
 from training.config import Config, layout
+from training.config.stages import model_after
 from training.distributed.peers import abandon, lost_peer
 from training.distributed.sharding import max_over_processes, put_batch
 from training.loop.clock import RunClock
@@ -84,8 +86,7 @@ class TrainingSession:
         self.log = RunLogger(
             cfg, plan.run_dir, self.end, int(state.step), self.is_main, carried_over(self.resumed, "wandb_id", None)
         )
-        self.tokens_per_step = pipeline.data.train.global_batch * config_lib.context_size(cfg)
-        self.clock = RunClock(started, t.max_training_hours, self.tokens_per_step, self.end)
+        self.clock = RunClock(started, t.max_training_hours, self.tokens_before, self.end)
         self.signals = StopRequest()
         self.flops = flops_per_token(state.model, config_lib.context_size(cfg))
         self.peak = peak_flops(jax.devices()[0].device_kind, cfg.system.dtype, cfg.system.peak_flops)
@@ -94,6 +95,18 @@ class TrainingSession:
         self.sharpness = None  # the compiled measurement and its batch, made at the first one (logging.hessian_every)
         self.prefetcher: Prefetcher | None = None
         self.loop_started = time.time()
+
+    def tokens_before(self, step: int) -> int:
+        """Training tokens of the run's first `step` steps (the batch may grow with train.stages)."""
+        return self.p.data.train.samples_before(step) * config_lib.context_size(self.cfg)
+
+    def tokens_of(self, step: int) -> int:
+        """Training tokens of the step after `step` completed ones."""
+        return self.tokens_before(step + 1) - self.tokens_before(step)
+
+    def eval_model(self, loop: LoopState) -> GPT:
+        """The model to evaluate after `loop.step` steps: as its last step's stage read it (train.stages' window)."""
+        return model_after(eval_model(loop.state), self.cfg, loop.step)
 
     def __enter__(self) -> TrainingSession:
         return self
@@ -189,7 +202,7 @@ class TrainingSession:
         )
 
     def evaluate_and_save(self, loop: LoopState) -> None:
-        loop.results = self.p.evaluate(eval_model(loop.state))
+        loop.results = self.p.evaluate(self.eval_model(loop))
         loop.val_loss = loop.results[self.p.data.main_split]["loss"]
         loop.best_val = min(loop.best_val, loop.val_loss)
         self.log.eval(loop.step, loop.results)
@@ -251,7 +264,7 @@ class TrainingSession:
             )
         self.profiler.at_start(loop.step, loop.state)
         if self.cfg.train.eval_at_start and loop.step == 0:  # the curves' starting point, e.g. init_from's weights
-            self.log.eval(0, self.p.evaluate(eval_model(loop.state)))
+            self.log.eval(0, self.p.evaluate(self.eval_model(loop)))
 
     def finish(self, loop: LoopState) -> None:
         """A stopped run logs what it trained, evaluates (a time limit, which is a chosen budget) and checkpoints."""

@@ -60,7 +60,7 @@ def run_loop(
     batch_of: Callable[[int], Batch],
     actions: list[Action],
     end: int,
-    tokens_per_step: int,
+    tokens_of: Callable[[int], int],
     after_step: Callable[[], None] = lambda: None,
     guard: bool = False,
 ) -> None:
@@ -68,10 +68,10 @@ def run_loop(
     while loop.step < end and loop.stop is None:
         due = [a for a in actions if a.due(loop.step + 1, end)]
         with no_device_to_host() if guard and not any(a.syncs for a in due) else contextlib.nullcontext():
-            loop.state, metrics = train_step(loop.state, batch_of(loop.step))
+            loop.state, metrics = train_step(loop.state, batch_of(loop.step), loop.step)
             loop.pending.append(metrics)
+            loop.tokens_seen += tokens_of(loop.step)
             loop.step += 1
-            loop.tokens_seen += tokens_per_step
             after_step()
             for action in due:
                 action.fire(loop)

@@ -36,6 +36,14 @@ from optimizers import (
 from training import config as config_lib
 from training.checkpoints.resume import Source
 from training.config import Config
+from training.config.stages import (
+    batch_sizes,
+    final_model,
+    lr_multiplier_at,
+    plan_stages,
+    stage_index,
+    stage_model_config,
+)
 from training.distributed.sharding import init_mesh
 from training.evaluation.splits import evaluate
 from training.step.eval_step import make_eval_step
@@ -78,15 +86,21 @@ def init_tokenizer(cfg: Config, corpus: Corpus, source: Source | None) -> Tokeni
 
 
 def load_data(cfg: Config, corpus: Corpus, tokenizer: Tokenizer) -> Data:
-    return make_data(cfg, corpus, tokenizer, config_lib.context_size(cfg), jax.process_index(), jax.process_count())
+    sizes = batch_sizes(plan_stages(cfg))  # the batch grows with train.stages
+    context = config_lib.context_size(cfg)
+    return make_data(cfg, corpus, tokenizer, context, jax.process_index(), jax.process_count(), sizes)
 
 
 def init_model(cfg: Config, vocab_size: int, key: jax.Array) -> GPT:
-    return MODEL_BUILDERS[cfg.model.arch](cfg, vocab_size, key)
+    """The model the run ends with (train.stages' last attention window); earlier stages read it under their own
+    window (training/config/stages.py)."""
+    return MODEL_BUILDERS[cfg.model.arch](final_model(cfg), vocab_size, key)
 
 
 def init_scheduler(cfg: Config) -> optax.Schedule:
-    return build_schedule(cfg.optimizer.lr_config, config_lib.schedule_steps(cfg))
+    schedule = build_schedule(cfg.optimizer.lr_config, config_lib.schedule_steps(cfg))
+    multiplier = lr_multiplier_at(plan_stages(cfg))  # train.stages' lr multipliers
+    return schedule if multiplier is None else (lambda count: schedule(count) * multiplier(count))
 
 
 def init_optimizer(cfg: Config, schedule: optax.Schedule, model: GPT) -> optax.GradientTransformation:
@@ -121,8 +135,16 @@ def init_state_and_steps(
         knobs=knobs,
         z_loss=cfg.train.z_loss,
         lr_multipliers=lr_multipliers(cfg.optimizer),
+        model_config_at=stage_model_configs(cfg, model),
     )
     return state, shardings, train_step, make_eval_step(dtype)
+
+
+def stage_model_configs(cfg: Config, model: GPT) -> Callable[[int], Any]:
+    """step -> the model's static description in that step's stage (train.stages), None where it is the model's."""
+    stages = plan_stages(cfg)
+    configs = [stage_model_config(model.cfg, stages, i, cfg.train.yarn) for i in range(len(stages))]
+    return lambda step: configs[stage_index(stages, step)]
 
 
 @dataclass

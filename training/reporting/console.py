@@ -102,6 +102,7 @@ def describe_run(
     from models.gpt import count_params
     from optimizers.schedules import warmup_steps
     from training.config import context_size, schedule_steps
+    from training.config.stages import plan_stages
 
     devices = list(mesh.devices.flat)
     kinds = ", ".join(sorted({d.device_kind for d in devices}))
@@ -120,16 +121,25 @@ def describe_run(
         f"data       {cfg.dataset.name} {data.summary} | tokenizer {tokenizer.kind}, {tokenizer.vocab_size} ids",
         f"model      {m.name}: {m.n_layer} layers, {m.n_head} heads, width {m.n_embd}, context {m.context_size} | "
         f"{count_params(model) / 1e6:.2f}M parameters | attention {model.cfg.attention}",
-        f"batch      {data.train.global_batch} sequences/step = {t.batch_size} per process x {t.grad_accum_steps} "
-        f"micro-batches x {jax.process_count()} process(es), {t.batch_size // local} per device | "
+        f"batch      {data.train.global_batch} sequences/step = {data.train.batch_size} per process x "
+        f"{t.grad_accum_steps} micro-batches x {jax.process_count()} process(es), "
+        f"{data.train.batch_size // local} per device | "
         f"{data.train.global_batch * context_size(cfg):,} tokens/step",
         f"optimizer  {o.name}, {o.lr_config.name} lr {o.lr_config.lr:g} (warmup "
         f"{warmup_steps(o.lr_config, schedule_steps(cfg))}, "
         f"first step {float(schedule(0)):.3g}) over {schedule_steps(cfg)} steps, clip {o.grad_clip:g}",
     ]
+    if t.stages:
+        lines.append("stages     " + " | ".join(stage_line(s) for s in plan_stages(cfg)))
     if plan.ignored_overrides:
         lines.append(
             f"note       ignored {' '.join(plan.ignored_overrides)}: the saved config wins "
             "(checkpoint.overwrite_config=True applies them)"
         )
     return lines
+
+
+def stage_line(stage) -> str:
+    """One stage of train.stages, for the start of the log: where it starts, its batch, window and lr multiplier."""
+    window = "" if stage.attention_window is None else f", window {stage.attention_window}"
+    return f"from step {stage.first_step}: {stage.batch_size} per process{window}, lr x {stage.lr_multiplier:g}"

@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from models.gpt import GPT
+from models.gpt import GPT, GPTConfig, with_config
 from optimizers import applied_lr_of, grad_norm_of, lr_step_of
 from optimizers.reporting import optimizer_metrics
 from training.step.losses import Batch, LossSums, loss_sums
@@ -84,16 +84,22 @@ class StepObjective:
     step_key: jax.Array
     use_dropout: bool
     fp8_scales: jax.Array | None  # FP8: every micro-batch quantises at the scales of the step's start
+    model_cfg: GPTConfig | None = None  # the stage's view of the model (train.stages), None: the model's own
 
     @staticmethod
-    def of(spec: StepSpec, state: TrainState, batch: Batch) -> StepObjective:
+    def of(spec: StepSpec, state: TrainState, batch: Batch, model_cfg: GPTConfig | None = None) -> StepObjective:
         return StepObjective(
             spec,
             jnp.maximum(jnp.sum(batch["loss_mask"]), 1.0),
             jax.random.fold_in(state.key, state.step),
             state.model.cfg.dropout > 0,
             None if state.fp8 is None else state.fp8.scales(),
+            model_cfg,
         )
+
+    def view(self, model: GPT) -> GPT:
+        """`model` as this stage reads it (its attention window; the parameters and their gradients unchanged)."""
+        return model if self.model_cfg is None else with_config(model, self.model_cfg)
 
     def micro_key(self, i: jax.Array | int) -> jax.Array | None:
         return jax.random.fold_in(self.step_key, i) if self.use_dropout else None
@@ -106,7 +112,7 @@ class StepObjective:
         scales: jax.Array | None = None,
     ) -> tuple[jax.Array, LossSums]:
         """This micro-batch's part of the step's mean objective over the step's target tokens, and its sums."""
-        sums = loss_sums(model, micro_batch, self.micro_key(i), self.spec.dtype, scales)
+        sums = loss_sums(self.view(model), micro_batch, self.micro_key(i), self.spec.dtype, scales)
         return (sums.nll + self.spec.z_loss * sums.log_z_squared) / self.step_tokens, sums
 
 
@@ -153,7 +159,7 @@ def micro_step(
     def micro_objective(params):
         """This micro-batch's mean objective as a function of the parameters, for an optimizer that needs the loss
         itself (Sophia's Hessian-vector products); the others ignore it and it is never traced."""
-        sums = loss_sums(eqx.combine(params, model), micro_batch, objective.micro_key(i), spec.dtype)
+        sums = loss_sums(objective.view(eqx.combine(params, model)), micro_batch, objective.micro_key(i), spec.dtype)
         return (sums.nll + spec.z_loss * sums.log_z_squared) / jnp.maximum(sums.tokens, 1.0)
 
     with jax.named_scope("optimizer"):  # for scripts/tools/profile_summary.py
@@ -235,9 +241,12 @@ def step_metrics(
     }
 
 
-def train_step(spec: StepSpec, state: TrainState, batch: Batch, lr: jax.Array) -> tuple[TrainState, Metrics]:
-    """`lr`: the schedule's value at the optimizer's update count (`TrainStep` computes it)."""
-    objective = StepObjective.of(spec, state, batch)
+def train_step(
+    spec: StepSpec, state: TrainState, batch: Batch, lr: jax.Array, model_cfg: GPTConfig | None = None
+) -> tuple[TrainState, Metrics]:
+    """`lr`: the schedule's value at the optimizer's update count (`TrainStep` computes it). `model_cfg`: the model
+    as the step's stage reads it (train.stages), None: as it is."""
+    objective = StepObjective.of(spec, state, batch, model_cfg)
     carry, sums = accumulate(spec, objective, state, batch, lr)
     model, opt_state = carry.model, carry.opt_state
     fp8 = None if state.fp8 is None else state.fp8.record(carry.fp8_amax)
@@ -277,8 +286,15 @@ class TrainStep:
     """`train_step(state, batch) -> (state, metrics)`: the schedule's lr at the state's update count from a small
     program of its own, then the compiled step fed that lr (the module's docstring says why they are two)."""
 
-    def __init__(self, step: Callable, lr_schedule: optax.Schedule, state_shardings: TrainState) -> None:
+    def __init__(
+        self,
+        step: Callable,
+        lr_schedule: optax.Schedule,
+        state_shardings: TrainState,
+        model_config_at: Callable[[int], GPTConfig | None] = lambda step: None,
+    ) -> None:
         self.step = step
+        self.model_config_at = model_config_at  # the model's view at a step (train.stages); None: its own
 
         # its name is the program's in profiles: jit_lr_schedule_at
         def lr_schedule_at(opt_state: optax.OptState) -> jax.Array:
@@ -293,13 +309,16 @@ class TrainStep:
         # waiting, BENCHMARKS.md), so there each call waits for its step.
         self.wait = jax.default_backend() == "cpu"
 
-    def __call__(self, state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
-        out = self.step(state, batch, self.lr_at(state.opt_state))
+    def __call__(self, state: TrainState, batch: Batch, step: int | None = None) -> tuple[TrainState, Metrics]:
+        """`step`: the steps completed before this one, which pick the stage's program (train.stages; each is
+        compiled at its first call); None: the model as it is (the last stage's)."""
+        model_cfg = None if step is None else self.model_config_at(step)
+        out = self.step(state, batch, self.lr_at(state.opt_state), model_cfg)
         return jax.block_until_ready(out) if self.wait else out
 
     def lower(self, state: TrainState, batch: Batch) -> jax.stages.Lowered:
         """The step proper, lowered for these arguments (what tests and profiles read)."""
-        return self.step.lower(state, batch, self.lr_at(state.opt_state))
+        return self.step.lower(state, batch, self.lr_at(state.opt_state), None)
 
 
 def make_train_step(
@@ -312,6 +331,7 @@ def make_train_step(
     knobs: StatsKnobs = StatsKnobs(),
     z_loss: float = 0.0,
     lr_multipliers: dict[str, float] | None = None,
+    model_config_at: Callable[[int], GPTConfig | None] = lambda step: None,
 ) -> TrainStep | Callable:
     """The step. `lr_schedule`: the lr the optimizer applies at each update count (optimizers.lr_schedule_of).
     `jit=False`: the plain function `(state, batch, lr)`, for ahead-of-time lowering from abstract shapes.
@@ -319,8 +339,10 @@ def make_train_step(
     the optimizer's parameter groups' (optimizers/groups.py), each reported as `lr/<group>`."""
     spec = StepSpec(optimizer, state_shardings, dtype, skip_nonfinite, knobs, z_loss, dict(lr_multipliers or {}))
 
-    def step(state: TrainState, batch: Batch, lr: jax.Array) -> tuple[TrainState, Metrics]:
-        return train_step(spec, state, batch, lr)
+    def step(
+        state: TrainState, batch: Batch, lr: jax.Array, model_cfg: GPTConfig | None = None
+    ) -> tuple[TrainState, Metrics]:
+        return train_step(spec, state, batch, lr, model_cfg)
 
     step.__name__ = step.__qualname__ = "train_step"  # the name profiles and scripts/tools/profile_summary.py look for
     # jax.jit, not eqx.filter_jit: Equinox's waits for every call to finish (to raise its runtime errors), which would
@@ -328,4 +350,6 @@ def make_train_step(
     # state's tree structure), so jax.jit takes them as they are, and the call returns once the step is dispatched.
     # The state is donated (the new one takes its buffers); the batch and lr match no output, so donating them gains
     # nothing.
-    return TrainStep(jax.jit(step, donate_argnums=0), lr_schedule, state_shardings) if jit else step
+    if not jit:
+        return step
+    return TrainStep(jax.jit(step, donate_argnums=0, static_argnums=3), lr_schedule, state_shardings, model_config_at)

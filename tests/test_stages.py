@@ -1,0 +1,167 @@
+"""train.stages (training/config/stages.py): a run in stages, as the GPT-2 speedrun trains. Each stage is the run as
+configured with that stage's batch size, attention window and lr multiplier, so its steps equal a plain run's bit
+for bit; YaRN's rescaling of the rotary positions at each growth of the window matches a NumPy transcription of its
+definition; the batches follow one another across the stages' sizes, and a run resumed across a stage boundary
+continues bit for bit."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import subprocess
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import models.rope
+from data.batches import BatchSizes, step_samples
+from helpers import build, read_metrics, run_in_process, tiny_overrides
+from models.gpt import GPT, GPTConfig, with_config
+from models.rope import rotary_angles, yarn_score_factor
+from training.config import load_config
+from training.config.stages import plan_stages
+
+# llama-tiny: rotary positions, context 64; stage 0 at 4 sequences and a window of 16, stage 1 at 8 and 32, lr x 2
+STAGES = "train.stages=[{until: 0.5, batch_size: 4, attention_window: 16}, {attention_window: 32, lr_multiplier: 2}]"
+
+
+def numpy_yarn(inv_freq: np.ndarray, windows: list[int]) -> np.ndarray:
+    """YaRN's rescaling as the speedrun's train_gpt.py applies it at each growth (alpha 1, beta 32), in float64."""
+    freq = inv_freq.astype(np.float64)
+    for old, new in zip(windows, windows[1:]):
+        rotations = old * freq / (2 * np.pi)
+        ramp = np.clip((rotations - 1) / (32 - 1), 0, 1)
+        freq = freq * (old / new + ramp * (1 - old / new))
+    return freq
+
+
+@pytest.mark.parametrize("frequencies", ["standard", "half_truncated"])
+def test_yarn_stretches_the_slow_pairs_keeps_the_fast_ones_and_sharpens_the_scores(frequencies):
+    positions = jnp.arange(1100)
+    plain_cos, _ = rotary_angles(positions, 32, 1024.0, frequencies)
+    windows = (256, 512, 1024)
+    cos, sin = rotary_angles(positions, 32, 1024.0, frequencies, windows)
+    if frequencies == "standard":  # each pair's radians per position, by their definitions (models/rope.py)
+        speeds = 1024.0 ** -(np.arange(0, 32, 2) / 32)
+    else:
+        speeds = np.concatenate([(1 / 1024.0) ** np.linspace(0, 1, 8), np.zeros(8)])
+    want = numpy_yarn(speeds, list(windows))[None, :] * np.arange(1100)[:, None]
+    # float32 angles up to ~1,100 radians: a few 1e-5 of rounding
+    np.testing.assert_allclose(np.asarray(cos[:, 0]), np.cos(want), atol=2e-4)
+    np.testing.assert_allclose(np.asarray(sin[:, 0]), np.sin(want), atol=2e-4)
+    # the fastest pair keeps its speed, the slowest turning one runs 4 times slower: both ends of the ramp are used
+    stretched = numpy_yarn(speeds, list(windows))
+    turning = speeds > 0
+    assert stretched[0] == speeds[0] and np.isclose(stretched[turning][-1], speeds[turning][-1] / 4)
+    assert yarn_score_factor(windows) == pytest.approx((1 + 0.2 * math.log(2)) ** 2)
+    # one window, or a window that does not grow, changes nothing
+    for same in ((256,), (256, 256)):
+        np.testing.assert_array_equal(rotary_angles(positions, 32, 1024.0, frequencies, same)[0], plain_cos)
+    assert yarn_score_factor((64, 64)) == 1.0
+
+
+def test_the_batches_follow_one_another_across_the_stages_sizes():
+    sizes = BatchSizes((0, 3, 5), (2, 4, 6))
+    assert [sizes.at(s) for s in range(7)] == [2, 2, 2, 4, 4, 6, 6]
+    assert [sizes.rows_before(s) for s in range(7)] == [0, 2, 4, 6, 10, 14, 20]
+    for processes, accum in ((1, 1), (2, 3)):
+        steps = [
+            np.stack([step_samples(s, accum, processes, sizes, p) for p in range(processes)], axis=1) for s in range(7)
+        ]
+        assert [x.shape for x in steps][2:4] == [(accum, processes, 2), (accum, processes, 4)]
+        every = np.concatenate([x.ravel() for x in steps])  # each sample once, in order, whatever the sizes
+        np.testing.assert_array_equal(np.sort(every), np.arange(accum * processes * sizes.rows_before(7)))
+        np.testing.assert_array_equal(every, np.arange(every.size))
+    # one size: the layout of a run without stages
+    np.testing.assert_array_equal(step_samples(5, 2, 1, BatchSizes.constant(3), 0), 30 + np.arange(6).reshape(2, 3))
+
+
+def test_a_stage_trains_as_the_run_configured_as_it_and_the_next_stage_changes_batch_window_and_lr(data_cache):
+    staged = build(tiny_overrides(data_cache, "model=llama-tiny", STAGES))
+    plain = build(tiny_overrides(data_cache, "model=llama-tiny", "train.batch_size=4", "model.attention_window=16"))
+    assert [(s.first_step, s.batch_size, s.attention_window) for s in plan_stages(staged.cfg)] == [
+        (0, 4, 16),
+        (4, 8, 32),
+    ]
+    # the model is the one the run ends with; the first stage reads it under its own window
+    assert staged.state.model.cfg.attention_window == 32
+    assert staged.train_step.model_config_at(3).attention_window == 16 and staged.train_step.model_config_at(4) is None
+    for step in range(5):
+        a, b = staged.step(step), plain.step(step)
+        if step < 4:  # the first stage is the plain run, bit for bit: batches, window, lr
+            assert float(a["loss"]) == float(b["loss"]) and float(a["lr"]) == float(b["lr"]), step
+    assert staged.data.train.batch(4)["inputs"].shape == (1, 8, 64)
+    assert float(a["lr"]) == pytest.approx(2 * float(b["lr"]), rel=1e-6)  # the second stage's multiplier
+    assert float(a["loss"]) != float(b["loss"])  # another batch, window and lr
+
+
+def test_yarn_fills_the_models_windows_and_needs_growing_windows_and_rotary_positions(data_cache):
+    cfg = load_config(tiny_overrides(data_cache, "model=llama-tiny", STAGES, "train.yarn=true"))
+    parts = build(tiny_overrides(data_cache, "model=llama-tiny", STAGES, "train.yarn=true"))
+    assert parts.state.model.cfg.yarn_windows == (16,) and parts.state.model.cfg.yarn_path == (16, 32)
+    assert parts.train_step.model_config_at(0).yarn_path == ()  # the first window: nothing stretched yet
+    assert plan_stages(cfg)[1].attention_window == 32
+    bad = {
+        "train.yarn=true": "train.yarn: rescales at each growth of the stages' windows: they must grow",
+        "train.stages=[{until: 0.5, attention_window: 16}, {until: 1.0}]": "train.stages[1].attention_window: every "
+        "stage names its window when one does",
+        "train.stages=[{until: 0.5}, {until: 0.4}]": "train.stages[1].until: must be in (0, 1] and above",
+        "train.stages=[{until: 0.5}]": "train.stages[0].until: the last stage ends the run: must be 1.0",
+        "train.stages=[{until: 0.01}, {until: 1.0}]": "leaves stage 0 no step of the run's 8",
+        "train.stages=[{batch_size: 0}]": "train.stages[0].batch_size: must be >= 1",
+    }
+    for override, message in bad.items():
+        with pytest.raises(Exception, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+            load_config(tiny_overrides(data_cache, "model=llama-tiny", override))
+    with pytest.raises(Exception, match="train.yarn: YaRN rescales rotary positions: it needs model.position=rope"):
+        load_config(tiny_overrides(data_cache, STAGES, "train.yarn=true"))  # gpt2-tiny: learned positions
+
+
+def test_a_run_resumed_inside_its_stages_continues_bit_for_bit(data_cache, tmp_path, capsys):
+    stages = (
+        "train.stages=[{until: 0.75, attention_window: 16}, {batch_size: 16, attention_window: 32, lr_multiplier: 2}]"
+    )
+    args = [*tiny_overrides(data_cache, "model=llama-tiny", stages, "train.yarn=true")]
+    straight = tmp_path / "straight"
+    assert run_in_process([*args, f"logging.run_dir={straight}"], capsys).returncode == 0
+    rows = read_metrics(straight, "train")
+    assert [r["tokens_seen"] for r in rows] == [512 * s for s in range(1, 7)] + [3072 + 1024, 3072 + 2048]
+    # an evaluation inside a stage reads the model as the stage trains it: the plain run's (window 16)
+    plain = tmp_path / "plain"
+    plain_args = ["model.attention_window=16", "checkpoint.num_steps=4"]
+    ran = run_in_process(
+        [*tiny_overrides(data_cache, "model=llama-tiny", *plain_args), f"logging.run_dir={plain}"], capsys
+    )
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert read_metrics(plain, "val")[-1]["step"] == 4
+    assert read_metrics(plain, "val")[-1]["loss"] == read_metrics(straight, "val")[0]["loss"]
+    stopped = tmp_path / "stopped"
+    subprocess.run(["cp", "-r", str(straight), str(stopped)], check=True)
+    subprocess.run(["rm", "-r", str(stopped / "checkpoints" / "8")], check=True)
+    (stopped / "metrics.jsonl").write_text(
+        "".join(
+            line + "\n" for line in (straight / "metrics.jsonl").read_text().splitlines() if '"step": 8' not in line
+        )
+    )
+    resumed = run_in_process([*args, "checkpoint.load=True", f"checkpoint.load_path={stopped}"], capsys)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    want = {r["step"]: (r["loss"], r["tokens_seen"]) for r in rows}
+    got = {r["step"]: (r["loss"], r["tokens_seen"]) for r in read_metrics(stopped, "train")}
+    assert [got[s] for s in range(5, 9)] == [want[s] for s in range(5, 9)]  # across the boundary at step 6
+    assert read_metrics(stopped, "val")[-1]["loss"] == read_metrics(straight, "val")[-1]["loss"]
+
+
+def test_yarn_multiplies_the_models_attention_scores_by_its_factor(monkeypatch):
+    """With the frequencies left as they are, a model under YaRN's windows computes what the same parameters do with
+    scores scaled by the factor (model.attention_scale = factor / sqrt(head size))."""
+    monkeypatch.setattr(models.rope, "yarn_frequencies", lambda inv_freq, windows: inv_freq)
+    cfg = GPTConfig(n_layer=2, n_head=2, n_embd=32, context_size=32, vocab_size=40, position="rope")
+    yarn = dataclasses.replace(cfg, attention_window=16, yarn_windows=(4, 8))
+    model = GPT.init(yarn, jax.random.PRNGKey(0))
+    tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 32), 0, 40)
+    factor = (1 + 0.2 * math.log(2)) ** 2
+    scaled = dataclasses.replace(cfg, attention_window=16, attention_scale=factor / math.sqrt(16))
+    np.testing.assert_allclose(model(tokens), with_config(model, scaled)(tokens), rtol=2e-5, atol=2e-5)
+    assert not np.allclose(model(tokens), with_config(model, dataclasses.replace(yarn, yarn_windows=()))(tokens))
