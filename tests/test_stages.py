@@ -21,7 +21,7 @@ from helpers import build, read_metrics, run_in_process, tiny_overrides
 from models.gpt import GPT, GPTConfig, with_config
 from models.rope import rotary_angles, yarn_score_factor
 from training.config import load_config
-from training.config.stages import plan_stages
+from training.config.stages import batch_sizes, final_model, plan_stages
 
 # llama-tiny: rotary positions, context 64; stage 0 at 4 sequences and a window of 16, stage 1 at 8 and 32, lr x 2
 STAGES = "train.stages=[{until: 0.5, batch_size: 4, attention_window: 16}, {attention_window: 32, lr_multiplier: 2}]"
@@ -165,3 +165,36 @@ def test_yarn_multiplies_the_models_attention_scores_by_its_factor(monkeypatch):
     scaled = dataclasses.replace(cfg, attention_window=16, attention_scale=factor / math.sqrt(16))
     np.testing.assert_allclose(model(tokens), with_config(model, scaled)(tokens), rtol=2e-5, atol=2e-5)
     assert not np.allclose(model(tokens), with_config(model, dataclasses.replace(yarn, yarn_windows=()))(tokens))
+
+
+def test_the_speedrun_recipes_compose_to_the_speedruns_stages():
+    """conf/recipe/: speedrun-micro (this machine: train_lm.sh's tokens over its 320 steps, 16 sequences a step on
+    average) and speedrun (8 GPUs: the speedrun's 131k -> 393k tokens a step, windows 384 -> 1,408 in 1,285 steps)."""
+    micro = load_config(["recipe=speedrun-micro", "train.max_steps=320"])
+    stages = plan_stages(micro)
+    assert [(s.first_step, s.batch_size, s.attention_window, s.lr_multiplier) for s in stages] == [
+        (0, 8, 64, 1.0),
+        (107, 16, 128, 1.52),
+        (213, 24, 256, 1.73),
+    ]
+    assert batch_sizes(stages).rows_before(320) == 320 * 16
+    assert (micro.model.name, micro.optimizer.name, micro.optimizer.orthogonalizer) == (
+        "speedrun-micro",
+        "muon",
+        "polar_express",
+    )
+    gpu = load_config(["recipe=speedrun"])
+    stages = plan_stages(gpu)
+    assert [(s.first_step, s.batch_size * 2048, s.attention_window) for s in stages] == [
+        (0, 131072, 384),
+        (428, 262144, 896),
+        (857, 393216, 1408),
+    ]
+    final = final_model(gpu).model
+    assert (final.attention_window, final.yarn_windows, final.context_size) == (1408, [384, 896], 2048)
+    assert (gpu.dataset.name, gpu.system.dtype, gpu.train.max_steps, gpu.optimizer.lr_config.lr) == (
+        "fineweb10b",
+        "bfloat16",
+        1285,
+        0.023,
+    )

@@ -4,6 +4,7 @@ modded-nanogpt speedrun's recipe at the same size (model=speedrun-micro, the spe
     python -m scripts.experiments.time_to_target --out runs/ttt                  # baseline and recipe, 2 seeds each
     python -m scripts.experiments.time_to_target --out runs/ttt --ablation       # + the recipe less each piece
     python -m scripts.experiments.time_to_target --out runs/ttt --summarize      # the table of the runs done so far
+    python -m scripts.experiments.time_to_target --out runs/ttt --only recipe-no-yarn   # one variant (and the baseline)
 
 Every variant trains `--steps` steps of 16 x 256 tokens (train_lm.sh's budget) for each of `--seeds` seeds, one run
 directory each under --out, evaluated every `--eval-every` steps; a run whose directory holds a finished metrics file
@@ -29,19 +30,9 @@ from training.reporting.summary import latest_per_step, read_metrics
 
 # gpt2-micro with AdamW at train_lm.sh's settings (its 20 warmup steps of 320 as a fraction), and the recipe at the
 # same width, depth and MLP: the same 3.1M non-embedding parameters (its untied head and value embeddings are
-# embeddings). The recipe's step sizes are modern-gpt's with Muon at this size (lr 0.02, floor 0.1, AdamW group 0.15).
+# embeddings). The recipe is conf/recipe/speedrun-micro.yaml, what `python train_jax.py recipe=speedrun-micro` runs.
 BASELINE = ["model=gpt2-micro", "optimizer=adamw", "optimizer.lr_config.lr=3e-3", "optimizer.lr_config.warmup=0.0625"]
-RECIPE = [
-    "model=speedrun-micro",
-    "optimizer=muon",
-    "optimizer.lr_config.lr=0.02",
-    "optimizer.lr_config.min_lr_ratio=0.1",
-    "optimizer.groups.adam.lr_multiplier=0.15",
-    "optimizer.orthogonalizer=polar_express",
-    "optimizer.normuon_beta2=0.95",
-    "optimizer.cautious_weight_decay=true",
-    "optimizer.momentum_warmup=0.1",
-]
+RECIPE = ["recipe=speedrun-micro"]
 # The recipe less one piece each: what the piece buys at this scale.
 ABLATIONS = {
     "unet_skips": ["model.unet_skips=false"],
@@ -53,6 +44,8 @@ ABLATIONS = {
     "normuon": ["optimizer.normuon_beta2=null"],
     "cautious_weight_decay": ["optimizer.cautious_weight_decay=false"],
     "momentum_warmup": ["optimizer.momentum_warmup=0"],
+    "stages": ["train.stages=[]", "train.yarn=false"],  # 16 sequences and every position at every step
+    "yarn": ["train.yarn=false"],
 }
 BATCH, CONTEXT = 16, 256
 
@@ -201,13 +194,23 @@ def main(argv: list[str]) -> int:
     p.add_argument("--steps", type=int, default=320, help="steps per run (default 320: train_lm.sh's)")
     p.add_argument("--eval-every", type=int, default=20, help="steps between evaluations (default 20)")
     p.add_argument("--ablation", action="store_true", help="also the recipe less each of its pieces")
+    p.add_argument(
+        "--only",
+        metavar="NAMES",
+        help="run only these variants, comma-separated (e.g. recipe-no-yarn); the baseline runs too, for the target",
+    )
     p.add_argument("--summarize", action="store_true", help="run nothing: the table of the runs finished so far")
     p.add_argument("--record", metavar="DIR", help="also keep the summary as a record in DIR (benchmarks/results)")
     args = p.parse_args(argv)
     if args.seeds < 1 or args.steps < 1 or args.eval_every < 1:
         p.error("--seeds, --steps and --eval-every must be at least 1")
     out = Path(args.out)
-    chosen = variants(args.ablation)
+    chosen = variants(args.ablation or bool(args.only))
+    if args.only:
+        wanted = {"baseline", *args.only.split(",")}
+        if unknown := wanted - set(chosen):
+            p.error(f"--only: no variant {', '.join(sorted(unknown))}; choose from {', '.join(chosen)}")
+        chosen = {name: overrides for name, overrides in chosen.items() if name in wanted}
     for name, overrides in chosen.items():
         for seed in range(args.seeds):
             run_dir = out / f"{name}-s{seed}"
