@@ -1,13 +1,15 @@
 """Tokens and seconds to a target loss: GPT-2 with AdamW (the baseline: scripts/train_lm.sh's run) against the
-modded-nanogpt speedrun's recipe at the same size (model=speedrun-micro, the speedrun's Muon), on the embedded corpus.
+modded-nanogpt speedrun's recipe at the same size (recipe=speedrun-micro: its model, Muon and stages), on the embedded
+corpus.
 
     python -m scripts.experiments.time_to_target --out runs/ttt                  # baseline and recipe, 2 seeds each
     python -m scripts.experiments.time_to_target --out runs/ttt --ablation       # + the recipe less each piece
     python -m scripts.experiments.time_to_target --out runs/ttt --summarize      # the table of the runs done so far
     python -m scripts.experiments.time_to_target --out runs/ttt --only recipe-no-yarn   # one variant (and the baseline)
 
-Every variant trains `--steps` steps of 16 x 256 tokens (train_lm.sh's budget) for each of `--seeds` seeds, one run
-directory each under --out, evaluated every `--eval-every` steps; a run whose directory holds a finished metrics file
+Every variant trains `--steps` steps of 16 x 256 tokens (train_lm.sh's budget; the recipe's stages 8, 16 and 24
+sequences, the same tokens over the run) for each of `--seeds` seeds, one run directory each under --out, evaluated
+every `--eval-every` steps; a run whose directory holds a finished metrics file
 is not run again (stop and start the script at will). The target is the baseline's final `val` loss (the mean over
 its seeds); for each run the tokens and the seconds (the run's own clock, `elapsed_s`: from its start, compiling and
 evaluations included) at which `val` first reaches it, linearly interpolated between evaluations, and their fractions
