@@ -105,9 +105,21 @@ def test_every_key_in_conf_is_a_key_of_the_schema():
     for path in files:
         section = path.relative_to(CONF_DIR).parent.parts
         values = yaml.safe_load(path.read_text()) or {}
-        # a dataset preset fills the class of its source's section
+        # a dataset preset fills the class of its source's section; a recipe (conf/recipe/, `# @package _global_`)
+        # sets keys of the whole config
+        found = []
+        if section == ("recipe",):
+            section = ()
+            picks = {
+                k.split("/")[-1]: v for d in values.get("defaults", []) if isinstance(d, dict) for k, v in d.items()
+            }
+            if "dataset" in values:  # the dataset section of the preset the recipe picks (else the default's)
+                preset = yaml.safe_load((CONF_DIR / "dataset" / f"{picks.get('dataset', 'pystdlib')}.yaml").read_text())
+                found += [
+                    f"dataset.{k}" for k in unknown_keys(values.pop("dataset"), dataset_schema(preset["source"]), "")
+                ]
         schema = dataset_schema(values["source"]) if section == ("dataset",) else schema_at(section)
-        found = unknown_keys(values, schema, "")
+        found += unknown_keys(values, schema, "")
         if found:
             unknown[str(path.relative_to(CONF_DIR))] = found
     assert not unknown, f"keys the schema does not have: {unknown}"

@@ -24,6 +24,7 @@ from data.config import SOURCE_CONFIGS, dataset_schema, other_sources_hint
 from training.config.legacy import read_earlier_values, renamed_hint
 from training.config.nodes import CONF_DIR, one_line, schema_node
 from training.config.root import Config, check_across, check_devices
+from training.config.stages import plan_stages
 
 ConfigStore.instance().store(name="base_config", node=schema_node(Config))  # conf/config.yaml's first default
 # Each dataset preset's first default (conf/dataset/*.yaml: `/dataset_schema_<source>@_here_`): its source's class.
@@ -83,6 +84,7 @@ def finish(composed: DictConfig, num_local_devices: int | None = None) -> Config
     cfg = to_config(read_earlier_values(composed))
     cfg.check()
     check_across(cfg)
+    plan_stages(cfg)  # train.stages: every stage at least one step of the run
     if num_local_devices is not None:
         check_devices(cfg, num_local_devices)
     return cfg

@@ -22,7 +22,6 @@ from training.config.loop import CheckpointConfig, LoadMode, LoggingConfig, Trai
 from training.config.mixture import check_mixture
 from training.config.model import ModelConfig, Position
 from training.config.optimizer import OptimizerConfig
-from training.config.stages import plan_stages
 from training.config.system import SystemConfig
 
 
@@ -93,7 +92,6 @@ def check_across(cfg: Config) -> None:
     check_mixture(d, cfg.loss_masking == LossMasking.finetuning)
     if cfg.train.yarn and cfg.model.position != Position.rope:
         fail("train.yarn", f"YaRN rescales rotary positions: it needs model.position=rope, not {cfg.model.position}")
-    plan_stages(cfg)  # every stage at least one step of the run
     if cfg.optimizer.name == "sophia" and cfg.model.head_loss == "chunked":
         fail(
             "model.head_loss",

@@ -24,6 +24,7 @@ import numpy as np
 
 from core.checks import fail
 from data.batches import BatchSizes
+from training.config.root import schedule_steps
 
 if TYPE_CHECKING:
     from models.gpt import GPT, GPTConfig
@@ -40,8 +41,6 @@ class Stage:
 
 def plan_stages(cfg: Config) -> tuple[Stage, ...]:
     """The run's stages, the first at step 0; one stage (the run as configured) without train.stages."""
-    from training.config.root import schedule_steps
-
     t, steps = cfg.train, schedule_steps(cfg)
     if not t.stages:
         return (Stage(0, t.batch_size, cfg.model.attention_window, 1.0),)
