@@ -116,11 +116,18 @@ def stage_model_config(model_cfg: GPTConfig, stages: tuple[Stage, ...], index: i
     return dataclasses.replace(model_cfg, attention_window=stage.attention_window, yarn_windows=windows)
 
 
+def model_config_at(cfg: Config, model_cfg: GPTConfig):
+    """step -> the model's static description in that step's stage (the train step's), None where it is the
+    model's own."""
+    stages = plan_stages(cfg)
+    configs = [stage_model_config(model_cfg, stages, i, cfg.train.yarn) for i in range(len(stages))]
+    return lambda step: configs[stage_index(stages, step)]
+
+
 def model_after(model: GPT, cfg: Config, steps_done: int) -> GPT:
     """`model` (the run's final description) as the stage of its last step read it after `steps_done` steps: what
     evaluating, sampling or exporting a checkpoint of that step should see."""
     from models.gpt import with_config
 
-    stages = plan_stages(cfg)
-    view = stage_model_config(model.cfg, stages, stage_index(stages, max(steps_done - 1, 0)), cfg.train.yarn)
+    view = model_config_at(cfg, model.cfg)(max(steps_done - 1, 0))
     return model if view is None else with_config(model, view)

@@ -36,14 +36,7 @@ from optimizers import (
 from training import config as config_lib
 from training.checkpoints.resume import Source
 from training.config import Config
-from training.config.stages import (
-    batch_sizes,
-    final_model,
-    lr_multiplier_at,
-    plan_stages,
-    stage_index,
-    stage_model_config,
-)
+from training.config.stages import batch_sizes, final_model, lr_multiplier_at, model_config_at, plan_stages
 from training.distributed.sharding import init_mesh
 from training.evaluation.splits import evaluate
 from training.step.eval_step import make_eval_step
@@ -135,16 +128,9 @@ def init_state_and_steps(
         knobs=knobs,
         z_loss=cfg.train.z_loss,
         lr_multipliers=lr_multipliers(cfg.optimizer),
-        model_config_at=stage_model_configs(cfg, model),
+        model_config_at=model_config_at(cfg, model.cfg),
     )
     return state, shardings, train_step, make_eval_step(dtype)
-
-
-def stage_model_configs(cfg: Config, model: GPT) -> Callable[[int], Any]:
-    """step -> the model's static description in that step's stage (train.stages), None where it is the model's."""
-    stages = plan_stages(cfg)
-    configs = [stage_model_config(model.cfg, stages, i, cfg.train.yarn) for i in range(len(stages))]
-    return lambda step: configs[stage_index(stages, step)]
 
 
 @dataclass
