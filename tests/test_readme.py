@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+import helpers
 from core.errors import ConfigError
 from training.cli.overrides import as_overrides
 from training.config import load_config
@@ -117,11 +118,15 @@ def check_train_jax(args: list[str]) -> None:
 
 @functools.cache
 def script_help(script: str) -> str:
-    """`python -m <script> --help` (a tool in scripts/, by its module name) or `python <script> --help` (a file)."""
-    program = [script] if script.endswith(".py") else ["-m", script]
-    result = subprocess.run(
-        [sys.executable, *program, "--help"], check=False, cwd=ROOT, capture_output=True, text=True, timeout=60
-    )
+    """`python -m <script> --help` (a tool in scripts/, by its module name) or `python <script> --help` (a file):
+    train_jax.py's and the tools' from the worker's warm Python (helpers.run_cli), any other file's in a new one."""
+    if script == "train_jax.py" or not script.endswith(".py"):
+        module = "train_jax" if script == "train_jax.py" else script
+        result = helpers.run_cli(["--help"], timeout=60, module=module)
+    else:
+        result = subprocess.run(
+            [sys.executable, script, "--help"], check=False, cwd=ROOT, capture_output=True, text=True, timeout=60
+        )
     assert result.returncode == 0, f"{script} --help exited {result.returncode}: {result.stderr[-2000:]}"
     return result.stdout
 
