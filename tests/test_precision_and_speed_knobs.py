@@ -326,6 +326,48 @@ def test_sliding_window_attention_sees_the_last_window_positions(window):
     assert max(key_lengths) == min(64, 16 + window - 1)  # a block's 16 queries and the window - 1 keys before them
 
 
+@pytest.mark.gpu
+@pytest.mark.usefixtures("float32_matmuls")
+@pytest.mark.parametrize("window", [None, 7, 40])
+def test_blocked_attentions_written_out_backward_equals_automatic_differentiation(window):
+    """`blocked` runs its own backward pass (models/attention.py `block_attention`, for XLA:CPU's fast dots): the
+    gradients of queries, keys and values equal those JAX derives for XLA's attention, across query blocks, with a
+    window and with documents; and a Hessian-vector product (forward over reverse) goes through it."""
+    from models.attention import causal_attention
+
+    q, k, v, w = (jax.random.normal(jax.random.PRNGKey(i), (2, 64, 2, 8)) for i in range(4))
+    segments = jnp.asarray(np.repeat([[0, 1, 2, 3], [0, 0, 1, 1]], 16, axis=1))
+    for seg in (None, segments):
+
+        def loss(implementation, q, k, v):
+            return jnp.sum(causal_attention(q, k, v, implementation, seg, window) * w)
+
+        grads = {i: jax.grad(lambda *a, i=i: loss(i, *a), argnums=(0, 1, 2))(q, k, v) for i in ("blocked", "xla")}
+        for name, got, want in zip("qkv", grads["blocked"], grads["xla"], strict=True):
+            np.testing.assert_allclose(got, want, atol=2e-5, err_msg=f"d{name}, window={window}, segments={seg}")
+        hvp = {i: jax.jvp(jax.grad(lambda q, i=i: loss(i, q, k, v)), (q,), (w,))[1] for i in ("blocked", "xla")}
+        np.testing.assert_allclose(hvp["blocked"], hvp["xla"], atol=1e-4, rtol=1e-4)
+
+
+def test_blocked_attentions_backward_keeps_a_runs_losses_within_1e_5_of_automatic_differentiation(
+    data_cache, monkeypatch
+):
+    """The CPU's default attention with its written-out backward against the same attention differentiated by JAX
+    (what `blocked` ran before): 20 training steps' losses and gradient norms within 1e-5 relative (the same maths,
+    other rounding)."""
+    from models import attention
+
+    def curve():
+        parts = build(tiny_overrides(data_cache, "model.attention=blocked", "train.max_steps=20"))
+        return np.array([[float(m["loss"]), float(m["grad_norm"])] for m in map(parts.step, range(20))])
+
+    written_out = curve()
+    monkeypatch.setattr(attention, "block_attention", lambda *a: attention._block_forward(*a)[0])
+    automatic = curve()
+    np.testing.assert_allclose(written_out, automatic, rtol=1e-5)
+    assert written_out[-1, 0] < written_out[0, 0] - 0.5  # it trained
+
+
 def parameter_casts(parts) -> collections.Counter:
     """float32 -> bfloat16 casts of the parameters themselves in the train step (not of activations or cotangents
     of the same shape), counted where they run: `step` (once per step) or `micro-batch loop` (inside the scan over
