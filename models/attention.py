@@ -26,6 +26,8 @@ import math
 import jax
 import jax.numpy as jnp
 
+from models.matmul import transposed
+
 ATTENTION_BLOCK = 128  # query/key block for `blocked`; T must be a multiple (else it falls back to one block)
 
 
@@ -148,9 +150,9 @@ def _block_backward(residuals, do_BNtH):
     ds_BNts = p_BNts * (dp_BNts - jnp.sum(dp_BNts * p_BNts, axis=-1, keepdims=True))
     # dS stays float32 in its two matmuls (as JAX's own differentiation of the scores' float32 matmul has it)
     dq_BNtH = jnp.einsum("bnts,bnsh->bnth", ds_BNts, k_BNsH.astype(jnp.float32))
-    dkT_BNHs = jnp.einsum("bnht,bnts->bnhs", _transposed(q_BNtH).astype(jnp.float32), ds_BNts)
+    dkT_BNHs = jnp.einsum("bnht,bnts->bnhs", transposed(q_BNtH, 2, 3).astype(jnp.float32), ds_BNts)
     dvT_BNHs = jnp.einsum(
-        "bnht,bnts->bnhs", _transposed(do_BNtH), p_BNts.astype(do_BNtH.dtype), preferred_element_type=jnp.float32
+        "bnht,bnts->bnhs", transposed(do_BNtH, 2, 3), p_BNts.astype(do_BNtH.dtype), preferred_element_type=jnp.float32
     )
     return (
         dq_BNtH.astype(q_BNtH.dtype),
@@ -158,11 +160,6 @@ def _block_backward(residuals, do_BNtH):
         jnp.swapaxes(dvT_BNHs, 2, 3).astype(v_BNsH.dtype),
         None,  # the mask
     )
-
-
-def _transposed(x_BNtH: jax.Array) -> jax.Array:
-    """[B, N, H, t], as a copy in that layout (the barrier keeps XLA from folding the transpose back into the dot)."""
-    return jax.lax.optimization_barrier(jnp.swapaxes(x_BNtH, 2, 3))
 
 
 block_attention.defvjp(lambda q, k, v, visible: _block_forward(q, k, v, visible), _block_backward)

@@ -33,6 +33,7 @@ from models.config import Attention, ModelOptions
 from models.fp8 import MATMULS, fp8_dot
 from models.kv_cache import KVCache, LayerCache
 from models.lm_head import chunked_log_z_and_target_logit, log_z_and_target_logit, masked_logits
+from models.matmul import dense
 from models.mlp import mlp_activation, mlp_hidden_width, mlp_in_shape
 from models.mup import attention_multiplier, hidden_init_std, output_multiplier
 from models.norms import LayerNorm, RMSNorm, init_norm
@@ -124,7 +125,7 @@ class Linear(eqx.Module):
         # The weight's output axes stay axes (no reshape of W), so a W split over the mesh's `model` axis stays split.
         x_ND = x.reshape(-1, x.shape[-1])
         if fp8_scales is None:
-            y = jax.lax.dot_general(x_ND, self.weight, (((1,), (0,)), ((), ())))
+            y = dense(x_ND, self.weight)
         else:
             y = fp8_dot(x_ND, self.weight, fp8_scales)
         y = y.reshape(*x.shape[:-1], *self.weight.shape[1:])

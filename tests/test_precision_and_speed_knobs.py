@@ -349,6 +349,28 @@ def test_blocked_attentions_written_out_backward_equals_automatic_differentiatio
         np.testing.assert_allclose(hvp["blocked"], hvp["xla"], atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.gpu
+@pytest.mark.usefixtures("float32_matmuls")
+@pytest.mark.parametrize("out", [(3, 4), (5,), (2, 2)])  # dy wider than x (x^T dy); narrower ((dy^T x)^T), 2 axes
+def test_dense_layers_written_out_backward_equals_automatic_differentiation(out):
+    """models/matmul.py `dense` (every Linear's matmul; on the CPU its own backward, for XLA:CPU's fast dots): its
+    gradients and a Hessian-vector product equal those JAX derives for the plain dot."""
+    from models.matmul import dense
+
+    x, w = jax.random.normal(jax.random.PRNGKey(0), (12, 8)), jax.random.normal(jax.random.PRNGKey(1), (8, *out))
+    g = jax.random.normal(jax.random.PRNGKey(2), (12, *out))
+
+    def loss(matmul, x, w):
+        return jnp.sum(jnp.tanh(matmul(x, w)) * g)
+
+    plain = lambda x, w: jax.lax.dot_general(x, w, (((1,), (0,)), ((), ())))  # noqa: E731
+    for got, want in zip(jax.grad(loss, (1, 2))(dense, x, w), jax.grad(loss, (1, 2))(plain, x, w), strict=True):
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    hvp = [jax.jvp(jax.grad(lambda w, m=m: loss(m, x, w)), (w,), (jnp.ones_like(w),))[1] for m in (dense, plain)]
+    np.testing.assert_allclose(*hvp, rtol=1e-5, atol=1e-5)
+
+
 def test_blocked_attentions_backward_keeps_a_runs_losses_within_1e_5_of_automatic_differentiation(
     data_cache, monkeypatch
 ):
