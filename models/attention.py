@@ -162,7 +162,7 @@ def _block_backward(residuals, do_BNtH):
     )
 
 
-block_attention.defvjp(lambda q, k, v, visible: _block_forward(q, k, v, visible), _block_backward)
+block_attention.defvjp(_block_forward, _block_backward)
 
 
 def cpu_float16_to_float32(*xs: jax.Array) -> tuple[jax.Array, ...]:
