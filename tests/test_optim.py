@@ -153,7 +153,8 @@ def test_every_optimizer_learns_what_the_context_predicts_and_resumes_bitwise(na
         )
         return new, loss
 
-    state = TrainState.create(model, opt, jax.random.PRNGKey(0))
+    # committed to the device, as the restored state will be: both then call the one compiled step
+    state = jax.device_put(TrainState.create(model, opt, jax.random.PRNGKey(0)), jax.devices()[0])
     losses, saved = [], {}
     for n in range(30):
         if n in (2, 4):
