@@ -40,7 +40,7 @@ def model_and_batch(head_loss, chunk=8192, logits_dtype="float32"):
 
 @functools.cache  # the dense reference is shared by the cases
 def loss_and_grads(head_loss, dtype, chunk=8192, logits_dtype="float32"):
-    return eqx.filter_value_and_grad(objective)(*model_and_batch(head_loss, chunk, logits_dtype), dtype)
+    return eqx.filter_jit(eqx.filter_value_and_grad(objective))(*model_and_batch(head_loss, chunk, logits_dtype), dtype)
 
 
 def relative_error(g, reference) -> float:

@@ -60,7 +60,7 @@ def test_mup_at_its_base_width_is_standard_gpt2_exactly():
     for model, hidden_step in ((wide, 1 / 4), (standard_wide, 1.0)):
         params = eqx.filter(model, eqx.is_array)
         opt = build_optimizer(cfg.optimizer, build_schedule(cfg.optimizer.lr_config, 10), model, 1)
-        updates, _ = opt.update(jax.tree.map(jnp.ones_like, params), opt.init(params), params)
+        updates, _ = jax.jit(lambda p: opt.update(jax.tree.map(jnp.ones_like, p), opt.init(p), p))(params)
         lr = cfg.optimizer.lr_config.lr  # Adam's first step on gradients of 1 is lr / (1 + eps): rel 1e-3 is plenty
         assert float(jnp.max(jnp.abs(updates.blocks.fc.weight))) == pytest.approx(lr * hidden_step, rel=1e-3)
         assert float(jnp.max(jnp.abs(updates.wte))) == pytest.approx(lr, rel=1e-3)

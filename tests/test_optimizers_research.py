@@ -519,7 +519,7 @@ def test_soap_reports_its_preconditioners_condition_estimate():
     optimizer = build_optimizer(cfg.optimizer, build_schedule(cfg.optimizer.lr_config, 10), model, 1)
     params = eqx.filter(model, eqx.is_array)
     grads = jax.tree.map(lambda x: jax.random.normal(jax.random.PRNGKey(1), x.shape), params)
-    _, state = optimizer.update(grads, optimizer.init(params), params)
+    _, state = jax.jit(lambda g, p: optimizer.update(g, optimizer.init(p), p))(grads, params)
     (soap,) = [
         s for s in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, SoapState)) if isinstance(s, SoapState)
     ]
