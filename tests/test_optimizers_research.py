@@ -635,8 +635,9 @@ def test_kron_steps_follow_the_paper(momentum_into_precond):
     shapes = {n: as_matrices(p, roles[n]).shape for n, p in zip(flat(PARAMS), jax.tree.leaves(PARAMS))}
     grads = gradients(5)
     params, state, got, step_draws = PARAMS, opt.init(PARAMS), [], []
+    step_draws_of = jax.jit(lambda key: draws(jax.random.split(key)[1], shapes))  # the draws kron's step makes
     for g in grads:
-        u, probes, noise = draws(jax.random.split(state.key)[1], shapes)
+        u, probes, noise = step_draws_of(state.key)
         step_draws.append((float(u), probes, noise))
         d, state = update(unflat(g), state, params)
         params = optax.apply_updates(params, jax.tree.map(lambda x: LR * x, d))

@@ -28,10 +28,10 @@ def blocks_one_by_one(model: GPT, tokens_BT, between) -> np.ndarray:
     `between(i, x, outputs)` -> the block's input from the last output and every earlier block's output (NumPy)."""
     params, static = eqx.partition(model.blocks, eqx.is_array)
     x = np.asarray(model.wte[tokens_BT] + model.wpe[jnp.arange(tokens_BT.shape[1])])
-    outputs = []
+    outputs, run = [], eqx.filter_jit(lambda block, x: block(x, model.cfg, None)[0])
     for i in range(model.cfg.n_layer):
         block = eqx.combine(jax.tree.map(lambda a: a[i], params), static)
-        x = np.asarray(block(jnp.asarray(between(i, x, outputs)), model.cfg, None)[0])
+        x = np.asarray(run(block, jnp.asarray(between(i, x, outputs))))
         outputs.append(x)
     return np.asarray(model.ln_f(jnp.asarray(x)))
 
@@ -87,7 +87,7 @@ def test_zero_init_mlp_out_starts_each_block_as_attention_alone_and_the_projecti
     x = tokens((2, 16))
     np.testing.assert_array_equal(hidden(model, x), hidden(scrambled, x))
     # and the projection's gradient is not zero: it learns
-    grads = eqx.filter_grad(lambda m: jnp.mean(jnp.subtract(*m.loss_terms(x[:, :-1], x[:, 1:]))))(model)
+    grads = eqx.filter_jit(eqx.filter_grad(lambda m: jnp.mean(jnp.subtract(*m.loss_terms(x[:, :-1], x[:, 1:])))))(model)
     assert np.abs(np.asarray(grads.blocks.mlp_proj.weight)).max() > 1e-6
 
 
