@@ -145,7 +145,7 @@ def test_off_leaves_the_state_and_the_compiled_step_as_they_were(data_cache):
 def test_running_sums_are_the_same_whatever_the_log_interval_and_across_a_kill_and_resume(data_cache, tmp_path):
     def command(run_dir, *extra):
         return tiny_overrides(
-            data_cache, *GEOMETRY, f"logging.run_dir={run_dir}", "train.max_steps=20", "train.eval_interval=20", *extra
+            data_cache, *GEOMETRY, f"logging.run_dir={run_dir}", "train.max_steps=12", "train.eval_interval=12", *extra
         )
 
     def sums(run_dir):
@@ -158,10 +158,10 @@ def test_running_sums_are_the_same_whatever_the_log_interval_and_across_a_kill_a
     assert run_cli(command(every, "train.log_interval=1")).returncode == 0
     killed = tmp_path / "killed"
     resumable = command(
-        killed, "train.log_interval=10", "checkpoint.save_steps=1", "checkpoint.max_to_keep=2", "checkpoint.load=auto"
+        killed, "train.log_interval=6", "checkpoint.save_steps=1", "checkpoint.max_to_keep=2", "checkpoint.load=auto"
     )
     proc = start(resumable)
-    wait_for_step(killed, 10, proc)
+    wait_for_step(killed, 6, proc)
     proc.kill()
     proc.communicate()
     assert proc.returncode == -signal.SIGKILL
@@ -169,10 +169,10 @@ def test_running_sums_are_the_same_whatever_the_log_interval_and_across_a_kill_a
     assert result.returncode == 0, result.stderr[-2000:]
     assert "resuming" in result.stdout
     want, got = sums(every), sums(killed)
-    assert len(want[20]) == 3 * 2 + 1  # vector, rest, model x two sums, and the loss difference's
+    assert len(want[12]) == 3 * 2 + 1  # vector, rest, model x two sums, and the loss difference's
     # exactly: the sums live in the train state, built by one step program (the log interval is not in it) from the
     # same batches and the restored bits
-    assert got[10] == want[10] and got[20] == want[20]
+    assert got[6] == want[6] and got[12] == want[12]
     # and the picture of them
     drawn = run_cli([str(every), "--out", str(tmp_path / "geometry.png")], module="scripts.tools.plot_geometry")
     assert drawn.returncode == 0, drawn.stderr[-2000:]
