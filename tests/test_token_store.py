@@ -100,7 +100,7 @@ def build(overrides: list[str], tokenizer=None, index: int = 0, count: int = 1):
 
 
 def test_each_split_is_its_documents_each_followed_by_eos(tmp_path):
-    write_files(tmp_path / "docs", 30)
+    write_files(tmp_path / "docs", 60)  # P(val empty) = 0.8^60: the split is a hash of the temporary path
     (tmp_path / "docs" / "empty.txt").write_text("")
     corpus, store = build(text_files(tmp_path / "docs", tmp_path / "cache"))
     tok = ByteTokenizer()
@@ -117,7 +117,7 @@ def test_each_split_is_its_documents_each_followed_by_eos(tmp_path):
 
 
 def test_a_second_run_opens_the_store_without_reading_a_document(tmp_path):
-    write_files(tmp_path / "docs", 30)
+    write_files(tmp_path / "docs", 60)  # P(val empty) = 0.8^60: the split is a hash of the temporary path
     overrides = text_files(tmp_path / "docs", tmp_path / "cache")
     _, first = build(overrides)
     d = load_config(overrides).dataset
@@ -128,7 +128,7 @@ def test_a_second_run_opens_the_store_without_reading_a_document(tmp_path):
 
 
 def test_a_stale_or_foreign_store_is_rebuilt_not_used(tmp_path):
-    write_files(tmp_path / "docs", 30)
+    write_files(tmp_path / "docs", 60)  # P(val empty) = 0.8^60: the split is a hash of the temporary path
     overrides = text_files(tmp_path / "docs", tmp_path / "cache")
     _, byte_store = build(overrides)
     reference = store_bytes(byte_store)
