@@ -49,6 +49,11 @@ class CountingByteTokenizer(ByteTokenizer):
         return super().encode_documents(texts)
 
 
+# A file's split is a hash of its path, which holds pytest's temporary folder: with 60 documents the val split (0.2)
+# is empty with probability 0.8^60, whatever the folder
+DOCS = 60
+
+
 def write_files(folder: Path, n: int, start: int = 0) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     for i in range(start, start + n):
@@ -100,7 +105,7 @@ def build(overrides: list[str], tokenizer=None, index: int = 0, count: int = 1):
 
 
 def test_each_split_is_its_documents_each_followed_by_eos(tmp_path):
-    write_files(tmp_path / "docs", 60)  # P(val empty) = 0.8^60: the split is a hash of the temporary path
+    write_files(tmp_path / "docs", DOCS)
     (tmp_path / "docs" / "empty.txt").write_text("")
     corpus, store = build(text_files(tmp_path / "docs", tmp_path / "cache"))
     tok = ByteTokenizer()
@@ -117,7 +122,7 @@ def test_each_split_is_its_documents_each_followed_by_eos(tmp_path):
 
 
 def test_a_second_run_opens_the_store_without_reading_a_document(tmp_path):
-    write_files(tmp_path / "docs", 60)  # P(val empty) = 0.8^60: the split is a hash of the temporary path
+    write_files(tmp_path / "docs", DOCS)
     overrides = text_files(tmp_path / "docs", tmp_path / "cache")
     _, first = build(overrides)
     d = load_config(overrides).dataset
@@ -128,7 +133,7 @@ def test_a_second_run_opens_the_store_without_reading_a_document(tmp_path):
 
 
 def test_a_stale_or_foreign_store_is_rebuilt_not_used(tmp_path):
-    write_files(tmp_path / "docs", 60)  # P(val empty) = 0.8^60: the split is a hash of the temporary path
+    write_files(tmp_path / "docs", DOCS)
     overrides = text_files(tmp_path / "docs", tmp_path / "cache")
     _, byte_store = build(overrides)
     reference = store_bytes(byte_store)
