@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from core.errors import ConfigError
 from models.config import ModelOptions
-from models.gpt import GPT, GPTConfig, resolve_head_loss, resolve_scan_layers
+from models.gpt import GPT, GPTConfig, resolve_head_loss, resolve_logits_dtype, resolve_scan_layers
 
 
 class SystemSection(Protocol):
@@ -52,6 +52,7 @@ def build_gpt(cfg: RunConfig, vocab_size: int, key: jax.Array) -> GPT:
     resolved = {
         "scan_layers": resolve_scan_layers(cfg.model.scan_layers),
         "head_loss": resolve_head_loss(cfg.model.head_loss, differentiated_twice=cfg.optimizer.name == "sophia"),
+        "logits_dtype": resolve_logits_dtype(cfg.model.logits_dtype),
     }
     return init_gpt(dataclasses.replace(model_cfg, **resolved), key)
 
@@ -106,12 +107,15 @@ def _cudnn_attention_failure(dtype: str) -> str | None:
     deterministic GPU kernels (system.deterministic), jaxlib 0.11.2's XLA fails cuDNN's backward pass at its first
     call (`IndexError: absl::container_internal::raw_hash_map<>::at`, openxla/xla#46500): XLA's attention then."""
 
-    def loss(q):
-        return jax.nn.dot_product_attention(q, q, q, is_causal=True, implementation="cudnn").astype(jnp.float32).sum()
+    def loss(q, k, v):
+        return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn").astype(jnp.float32).sum()
 
+    # Forward and backward compiled into one program, as in the train step: run op by op, the same calls passed on an
+    # H100 under deterministic kernels where gpt2's step then failed.
+    qkv = [jnp.zeros((2, 128, 2, 64), jnp.dtype(dtype))] * 3
     try:
         with jax.ensure_compile_time_eval():  # run it, also where a model is built under a trace (eval_shape, jit)
-            jax.block_until_ready(jax.grad(loss)(jnp.zeros((1, 128, 2, 64), jnp.dtype(dtype))))
+            jax.block_until_ready(jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(*qkv))
         return None
     except Exception as e:  # unsupported dtype, GPU generation or cuDNN version: XLA's attention is the fallback
         first = (str(e).strip().splitlines() or [""])[0][:160]
