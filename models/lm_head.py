@@ -10,9 +10,10 @@ target's logit. The cross-entropy is log Z - target logit; z-loss is (log Z)^2. 
            head's gradient. No [B, T, V] array exists in either pass: memory is one chunk's [b, t, V] float32.
            Costs one more head matmul (the recomputation) per step.
 
-The head's matmul accumulates in float32 and writes its logits in float32, or with `model.logits_dtype=compute` at
-16-bit compute in the compute dtype (nanoGPT's bfloat16 logits under autocast): what reads them (log Z, the softmax
-and its gradient) converts as it reads, in float32, so each pass over [B, T, V] moves half the bytes.
+The head's matmul accumulates in float32 and writes its logits in float32, or with `model.logits_dtype=compute`
+(auto's choice on a GPU) at 16-bit compute in the compute dtype (nanoGPT's bfloat16 logits under autocast): what
+reads them (log Z, the softmax and its gradient) converts as it reads, in float32, so each pass over [B, T, V] moves
+half the bytes.
 
 With a soft-cap c > 0 (`model.logit_softcap`; Gemma 2, the modded-nanogpt speedrun) every logit is c tanh(logit / c)
 (or, `model.logit_softcap_form=algebraic`, c logit / sqrt(logit^2 + c^2), the speedrun's optimization track; or

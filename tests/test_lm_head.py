@@ -179,3 +179,28 @@ def test_auto_head_loss_is_chunked_on_a_gpu_and_dense_elsewhere_or_with_sophia(
     monkeypatch.setattr(jax, "default_backend", lambda: backend)  # what the model's build asks of the backend
     model = eqx.filter_eval_shape(MODEL_BUILDERS["gpt"], cfg, 259, jax.random.PRNGKey(0))
     assert model.cfg.head_loss == resolved
+
+
+@pytest.mark.parametrize(
+    "backend,requested,resolved",
+    [
+        ("cpu", "auto", "float32"),
+        ("gpu", "auto", "compute"),
+        ("gpu", "float32", "float32"),
+        ("cpu", "compute", "compute"),
+    ],
+)
+def test_auto_logits_dtype_is_the_compute_dtype_on_a_gpu_and_float32_elsewhere(
+    backend, requested, resolved, monkeypatch
+):
+    """model.logits_dtype=auto, the default: logits in the compute dtype on a GPU (faster there: the passes over them
+    are memory-bound), float32 elsewhere; a dtype asked for by name is kept."""
+    from models import MODEL_BUILDERS
+    from training.config import load_config
+
+    overrides = ["model=gpt2-tiny", "model.attention=xla"]  # xla: no cuDNN probe
+    cfg = load_config([*overrides, *([] if requested == "auto" else [f"model.logits_dtype={requested}"])])
+    assert cfg.model.logits_dtype == requested
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)  # what the model's build asks of the backend
+    model = eqx.filter_eval_shape(MODEL_BUILDERS["gpt"], cfg, 259, jax.random.PRNGKey(0))
+    assert model.cfg.logits_dtype == resolved
