@@ -3,10 +3,10 @@ operands, everything else computes in bfloat16.
 
 Forward, the input and the weight are quantised to float8_e4m3fn (3 mantissa bits, range +-448); backward, the
 output's gradient is quantised to float8_e5m2 (2 mantissa bits, range +-57,344), and the two gradient matmuls take
-it with the forward's quantised operands. Each is written as XLA's quantise-dequantise pattern,
-    q = clip(x / s, -max, max).astype(float8);   x' = q.astype(bfloat16) * s;   dot(x', w')
-which XLA's GPU compiler rewrites into cuBLASLt FP8 GEMMs with the scales fused (Hopper and Ada GPUs). Other
-backends run the same arithmetic with 16-bit matmuls: the numbers a GPU would compute, without its speed.
+it with the forward's quantised operands. Each is a product of float8 operands, rescaled after:
+    qx = clip(x / sx, -max, max).astype(float8);   qw likewise;   dot(qx, qw) * (sx sw)
+which XLA's GPU compiler makes a cuBLASLt FP8 GEMM with the scales as runtime arguments (Hopper and Ada GPUs). Other
+backends run the same products in their own arithmetic: the numbers a GPU would compute, without its speed.
 
 Delayed scaling: a tensor's scale s comes from the largest |x| of the last `history` steps (its amax history),
 s = amax / max * 2^-MARGIN, so quantising the current step needs no pass over the tensor first. The step records each
@@ -20,6 +20,8 @@ them.
 """
 
 from __future__ import annotations
+
+import functools
 
 import equinox as eqx
 import jax
@@ -48,42 +50,56 @@ def _max(dtype) -> float:
 
 
 def quantize_dequantize(x: jax.Array, dtype, scale: jax.Array) -> jax.Array:
-    """x rounded to `dtype` at `scale` and back, in x's dtype: the pattern XLA turns into an FP8 operand."""
-    limit, scale = _max(dtype), scale.astype(x.dtype)
-    q = jnp.clip(x / scale, -limit, limit).astype(dtype)
-    return q.astype(x.dtype) * scale
+    """x rounded to `dtype` at `scale` and back, in x's dtype (the value an FP8 operand stands for)."""
+    return quantize(x, dtype, scale).astype(x.dtype) * scale.astype(x.dtype)
 
 
 def _amax(x: jax.Array) -> jax.Array:
     return jnp.max(jnp.abs(x)).astype(jnp.float32)
 
 
-def _dot(x_ND: jax.Array, w: jax.Array) -> jax.Array:
-    """x [N, D] . W [D, *out] -> [N, *out] (models/gpt.py's Linear layout)."""
-    return jax.lax.dot_general(x_ND, w, (((1,), (0,)), ((), ())))
+def quantize(x: jax.Array, dtype, scale: jax.Array) -> jax.Array:
+    """x / scale rounded to the float8 `dtype` (clipped to its range)."""
+    limit = _max(dtype)
+    return jnp.clip(x / scale.astype(x.dtype), -limit, limit).astype(dtype)
 
 
-@jax.custom_vjp
+def scaled_dot(a, b, scale_a: jax.Array, scale_b: jax.Array, dimensions, out_dtype) -> jax.Array:
+    """(a scale_a) . (b scale_b) from float8 operands a and b: their product, then the scales. XLA's GPU compiler
+    makes this one FP8 GEMM with the scales as runtime values (`scripts.benchmarks.fp8_gemm`: on an H100 677 TFLOP/s
+    for 8192 x 4096 x 4096); the quantise-dequantise form, dot(q.astype(bf16) * s, ...), it made one only where the
+    scales were constants, and the train step's come from its amax history (a bfloat16 GEMM at 497 TFLOP/s there)."""
+    product = jax.lax.dot_general(a, b, dimensions, preferred_element_type=out_dtype)
+    return product * (scale_a * scale_b).astype(out_dtype)
+
+
 def fp8_dot(x_ND: jax.Array, w: jax.Array, scales_3: jax.Array) -> jax.Array:
-    """x W with float8 operands; `scales_3` (float32 [3]) are the input's, the weight's and the output gradient's.
-    Its cotangent is not a gradient: it is the amaxes of the three tensors (module docstring)."""
-    return _dot(quantize_dequantize(x_ND, E4M3, scales_3[X]), quantize_dequantize(w, E4M3, scales_3[W]))
+    """x [N, D] W [D, *out] with float8 operands; `scales_3` (float32 [3]) are the input's, the weight's and the
+    output gradient's. Its cotangent is not a gradient: it is the amaxes of the three tensors (module docstring)."""
+    return _fp8_dot(x_ND, w, scales_3, (jnp.dtype(x_ND.dtype), jnp.dtype(w.dtype)))
 
 
-def _fp8_dot_fwd(x_ND, w, scales_3):
-    xq, wq = quantize_dequantize(x_ND, E4M3, scales_3[X]), quantize_dequantize(w, E4M3, scales_3[W])
-    return _dot(xq, wq), (xq, wq, scales_3, _amax(x_ND), _amax(w))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _fp8_dot(x_ND, w, scales_3, dtypes):
+    return _fp8_dot_fwd(x_ND, w, scales_3, dtypes)[0]
 
 
-def _fp8_dot_bwd(residuals, g):
+def _fp8_dot_fwd(x_ND, w, scales_3, dtypes):
+    xq, wq = quantize(x_ND, E4M3, scales_3[X]), quantize(w, E4M3, scales_3[W])
+    y = scaled_dot(xq, wq, scales_3[X], scales_3[W], (((1,), (0,)), ((), ())), dtypes[0])
+    return y, (xq, wq, scales_3, _amax(x_ND), _amax(w))
+
+
+def _fp8_dot_bwd(dtypes, residuals, g):
     xq, wq, scales_3, amax_x, amax_w = residuals
-    gq = quantize_dequantize(g, E5M2, scales_3[G])
-    _, pullback = jax.vjp(_dot, xq, wq)
-    dx, dw = pullback(gq)
+    gq = quantize(g, E5M2, scales_3[G])
+    out_axes = tuple(range(1, wq.ndim))
+    dx = scaled_dot(gq, wq, scales_3[G], scales_3[W], ((out_axes, out_axes), ((), ())), dtypes[0])  # g W^T
+    dw = scaled_dot(xq, gq, scales_3[X], scales_3[G], (((0,), (0,)), ((), ())), dtypes[1])  # x^T g
     return dx, dw, jnp.stack([amax_x, amax_w, _amax(g)])
 
 
-fp8_dot.defvjp(_fp8_dot_fwd, _fp8_dot_bwd)
+_fp8_dot.defvjp(_fp8_dot_fwd, _fp8_dot_bwd)
 
 
 def scales_from_history(history: jax.Array) -> jax.Array:

@@ -4,17 +4,18 @@
     python -m scripts.benchmarks.fp8_gemm --m 4096 --k 768 --n 2304 --iters 50
 
 Each form computes x W from bfloat16 x [M, K] and W, with float8_e4m3fn operands at per-tensor scales. The forms, in
-the order printed: models/fp8.py's `fp8_dot` (quantise-dequantise in bfloat16, W as [K, N]: the train step's form)
-with constant scales, the same with its scales as a runtime argument (as the train step reads them from its amax
-history), the quantise-dequantise in bfloat16 with W as [N, K], the same dequantised in float32, float8 operands given
-to `dot_general` directly (at constant scales, then at runtime scales with W as [N, K] and as [K, N]), and the plain
-bfloat16 product; then `fp8_dot`'s forward and backward together at constant and at runtime scales (custom calls
-only). On an H100 `fp8_dot` at runtime scales compiled to a bfloat16 GEMM without FP8's rounding (BENCHMARKS.md,
-"FP8"). Reported per form: the compiled program's custom calls (`__cublas$lt$matmul$f8` where XLA's GPU compiler
-made a cuBLASLt FP8 GEMM of it), the median time of `--iters` calls, TFLOP/s, and the product's distance from x W
-computed from the same bfloat16 operands into float32 (relative, in norm: FP8's rounding, or bfloat16's output
-rounding for the plain product). Another backend than a GPU runs every form as bfloat16 or float32 arithmetic (no FP8
-GEMM): its times say nothing of FP8.
+the order printed: models/fp8.py's `fp8_dot` (float8 operands to `dot_general`, the product rescaled after, W as
+[K, N]: the train step's form) with its scales as a runtime argument, as the train step reads them from its amax
+history, and with constant scales; the quantise-dequantise form (bfloat16 operands that hold float8 values,
+dot(q.astype(bf16) * s, ...)) at constant and at runtime scales with W as [K, N], with W as [N, K], and dequantised in
+float32; float8 operands with W as [N, K]; and the plain bfloat16 product; before them, `fp8_dot`'s forward and
+backward together at runtime scales (custom calls only: three FP8 GEMMs where the device makes them). On an H100 the
+quantise-dequantise form at runtime scales compiled to a bfloat16 GEMM without FP8's rounding (BENCHMARKS.md, "FP8"),
+the float8 operands at runtime scales to an FP8 GEMM. Reported per form: the compiled program's custom calls
+(`__cublas$lt$matmul$f8` where XLA's GPU compiler made a cuBLASLt FP8 GEMM of it), the median time of `--iters`
+calls, TFLOP/s, and the product's distance from x W computed from the same bfloat16 operands into float32 (relative,
+in norm: FP8's rounding, or bfloat16's output rounding for the plain product). Another backend than a GPU runs every
+form as bfloat16 or float32 arithmetic (no FP8 GEMM): its times say nothing of FP8.
 """
 
 from __future__ import annotations
@@ -29,51 +30,45 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from models.fp8 import E4M3, fp8_dot, quantize_dequantize
+from models.fp8 import E4M3, fp8_dot, quantize, quantize_dequantize, scaled_dot
 from scripts.benchmarks.bench import custom_calls
 
 SCALES = (4.0 / 448, 0.1 / 448, 1e-3 / 57344)  # the input's, the weight's and the output gradient's
-
-
-def _quantize(a: jax.Array, scale: jax.Array) -> jax.Array:
-    limit = float(jnp.finfo(E4M3).max)
-    return jnp.clip(a / scale.astype(a.dtype), -limit, limit).astype(E4M3)
 
 
 def _qdq_f32(a: jax.Array, scale: jax.Array) -> jax.Array:
     return quantize_dequantize(a.astype(jnp.float32), E4M3, scale)
 
 
-def _f8_dot(x: jax.Array, w: jax.Array, scales: jax.Array, dimensions) -> jax.Array:
-    """x W from float8 operands at scales[0] and scales[1], the product rescaled in bfloat16."""
-    product = jax.lax.dot_general(
-        _quantize(x, scales[0]), _quantize(w, scales[1]), dimensions, preferred_element_type=jnp.bfloat16
+def _qdq_dot(x: jax.Array, w: jax.Array, scales: jax.Array, dimensions) -> jax.Array:
+    """The quantise-dequantise form: bfloat16 operands holding float8 values."""
+    return jax.lax.dot_general(
+        quantize_dequantize(x, E4M3, scales[0]), quantize_dequantize(w, E4M3, scales[1]), dimensions
     )
-    return product * (scales[0] * scales[1]).astype(jnp.bfloat16)
+
+
+def _f8_dot(x: jax.Array, w: jax.Array, scales: jax.Array, dimensions) -> jax.Array:
+    """Float8 operands to dot_general, as fp8_dot's, in any layout."""
+    return scaled_dot(
+        quantize(x, E4M3, scales[0]), quantize(w, E4M3, scales[1]), scales[0], scales[1], dimensions, x.dtype
+    )
 
 
 def forms(scales: jax.Array) -> dict[str, Callable]:
     """name -> f(x [M, K], w [K, N], w_t [N, K], runtime scales [3])."""
-    contract_last = (((1,), (1,)), ((), ()))
+    kn, nk = (((1,), (0,)), ((), ())), (((1,), (1,)), ((), ()))
     return {
-        "fp8_dot: bf16 quantise-dequantise, W [K, N] (the train step's form)": lambda x, w, w_t, s: fp8_dot(
-            x, w, scales
+        "fp8_dot: float8 operands at runtime scales, W [K, N] (the train step's form)": lambda x, w, w_t, s: fp8_dot(
+            x, w, s
         ),
-        "fp8_dot with runtime scales": lambda x, w, w_t, s: fp8_dot(x, w, s),
-        "bf16 quantise-dequantise, W [N, K]": lambda x, w, w_t, s: jax.lax.dot_general(
-            quantize_dequantize(x, E4M3, scales[0]), quantize_dequantize(w_t, E4M3, scales[1]), contract_last
+        "fp8_dot with constant scales": lambda x, w, w_t, s: fp8_dot(x, w, scales),
+        "bf16 quantise-dequantise, constant scales, W [K, N]": lambda x, w, w_t, s: _qdq_dot(x, w, scales, kn),
+        "bf16 quantise-dequantise, runtime scales, W [K, N]": lambda x, w, w_t, s: _qdq_dot(x, w, s, kn),
+        "bf16 quantise-dequantise, constant scales, W [N, K]": lambda x, w, w_t, s: _qdq_dot(x, w_t, scales, nk),
+        "float32 quantise-dequantise, constant scales, W [N, K]": lambda x, w, w_t, s: jax.lax.dot_general(
+            _qdq_f32(x, scales[0]), _qdq_f32(w_t, scales[1]), nk
         ),
-        "float32 quantise-dequantise, W [N, K]": lambda x, w, w_t, s: jax.lax.dot_general(
-            _qdq_f32(x, scales[0]), _qdq_f32(w_t, scales[1]), contract_last
-        ),
-        "float8 operands to dot_general, W [N, K]": lambda x, w, w_t, s: _f8_dot(x, w_t, scales, contract_last),
-        # with the scales as the step has them (runtime values): no float8 round trip for the compiler to simplify
-        "float8 operands to dot_general with runtime scales, W [N, K]": lambda x, w, w_t, s: _f8_dot(
-            x, w_t, s, contract_last
-        ),
-        "float8 operands to dot_general with runtime scales, W [K, N]": lambda x, w, w_t, s: _f8_dot(
-            x, w, s, (((1,), (0,)), ((), ()))
-        ),
+        "float8 operands at runtime scales, W [N, K]": lambda x, w, w_t, s: _f8_dot(x, w_t, s, nk),
         "bfloat16 product (no FP8)": lambda x, w, w_t, s: x @ w,
     }
 
@@ -106,6 +101,14 @@ def main(argv: list[str]) -> int:
     flops = 2 * args.m * args.k * args.n
     device = jax.devices()[0].device_kind
     reference = jnp.matmul(x, w, preferred_element_type=jnp.float32)
+
+    def loss(x, w, s):  # the train step's case: scales from its amax history, runtime values
+        return jnp.sum(jnp.square(fp8_dot(x, w, s).astype(jnp.float32)))
+
+    gradient = jax.jit(jax.grad(loss, argnums=(0, 1)))
+    fp8_gemms = custom_calls(gradient.lower(x, w, scales).compile().as_text())
+    form = "fp8_dot forward and backward at runtime scales"
+    print(json.dumps({"form": form, "custom_calls": fp8_gemms, "device": device}), flush=True)
     for name, f in forms(scales).items():
         calls, ms, y = measure(f, operands, args.iters)
         error = float(jnp.linalg.norm(y.astype(jnp.float32) - reference) / jnp.linalg.norm(reference))
@@ -113,20 +116,6 @@ def main(argv: list[str]) -> int:
         line |= {"relative_error": round(error, 5), "shape": [args.m, args.k, args.n], "device": device}
         print(json.dumps(line), flush=True)
 
-    def loss(x, w):
-        return jnp.sum(jnp.square(fp8_dot(x, w, scales).astype(jnp.float32)))
-
-    gradient = jax.jit(jax.grad(loss, argnums=(0, 1)))
-    fp8_gemms = custom_calls(gradient.lower(x, w).compile().as_text())
-    print(json.dumps({"form": "fp8_dot forward and backward", "custom_calls": fp8_gemms, "device": device}), flush=True)
-
-    def loss_at(x, w, s):  # the train step's case: scales from its amax history, runtime values
-        return jnp.sum(jnp.square(fp8_dot(x, w, s).astype(jnp.float32)))
-
-    gradient = jax.jit(jax.grad(loss_at, argnums=(0, 1)))
-    fp8_gemms = custom_calls(gradient.lower(x, w, scales).compile().as_text())
-    form = "fp8_dot forward and backward with runtime scales"
-    print(json.dumps({"form": form, "custom_calls": fp8_gemms, "device": device}), flush=True)
     return 0
 
 
