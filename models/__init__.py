@@ -112,9 +112,9 @@ def _cudnn_attention_failure(dtype: str) -> str | None:
 
     # Forward and backward compiled into one program, as in the train step: run op by op, the same calls passed on an
     # H100 under deterministic kernels where gpt2's step then failed.
-    qkv = [jnp.zeros((2, 128, 2, 64), jnp.dtype(dtype))] * 3
     try:
         with jax.ensure_compile_time_eval():  # run it, also where a model is built under a trace (eval_shape, jit)
+            qkv = [jnp.zeros((2, 128, 2, 64), jnp.dtype(dtype))] * 3  # concrete here: made inside, never tracers
             jax.block_until_ready(jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(*qkv))
         return None
     except Exception as e:  # unsupported dtype, GPU generation or cuDNN version: XLA's attention is the fallback

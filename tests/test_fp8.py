@@ -1,8 +1,8 @@
 """system.dtype=fp8: the blocks' matmuls with float8 operands at delayed per-tensor scales kept in the train state.
 
-On a CPU the FP8 rounding runs with 16-bit matmuls (models/fp8.py): the numbers a GPU's FP8 GEMMs compute, which is
-what these tests check; on a GPU with FP8 matmuls (`pytest -m gpu`) the same tests run there, and the compiled step
-must hold cuBLASLt's FP8 GEMMs.
+On a CPU the float8 operands' products run in the CPU's own arithmetic (models/fp8.py): the numbers a GPU's FP8 GEMMs
+compute, which is what these tests check; on a GPU with FP8 matmuls (`pytest -m gpu`) the same tests run there, and
+the compiled step must hold cuBLASLt's FP8 GEMMs.
 """
 
 import warnings
@@ -20,7 +20,7 @@ from training.distributed.sharding import put_batch
 
 pytestmark = pytest.mark.gpu
 STEPS = 20
-FP8_GEMM = "__cublas$lt$matmul$f8"  # the custom call XLA's GPU compiler makes of a quantise-dequantise dot
+FP8_GEMM = "__cublas$lt$matmul$f8"  # the custom call XLA's GPU compiler makes of a dot of float8 operands
 
 
 def rounded(x, dtype, scale):

@@ -122,6 +122,7 @@ def bench(overrides: list[str], steps: int, warmup: int, first: bool = True) -> 
             "remat": cfg.model.remat,
             "scan_layers": state.model.cfg.scan_layers,
             "head_loss": state.model.cfg.head_loss,
+            "logits_dtype": state.model.cfg.logits_dtype,
             "attention": state.model.cfg.attention,
             "optimizer": cfg.optimizer.name,
             "xla_flags": xla_flags(cfg.system),
@@ -217,6 +218,7 @@ def bench_compile(overrides: list[str], vocab: int) -> dict:
         "batch": list(shape),
         "dtype": cfg.system.dtype,
         "head_loss": model.cfg.head_loss,
+        "logits_dtype": model.cfg.logits_dtype,
         "remat": cfg.model.remat,
         "device_kind": jax.devices()[0].device_kind,
     }

@@ -44,11 +44,11 @@ from pathlib import Path
 # gpt2's data, as BENCHMARKS.md's GPU section names it `$C`
 GPT2_DATA = ["dataset.tokenizer=bpe", "dataset.bpe_vocab_size=50259"]
 BENCH = [sys.executable, "-m", "scripts.benchmarks.bench"]
-LEVERS = [  # each against the defaults (on a GPU: unrolled layers, chunked head, no remat, padded vocabulary)
+LEVERS = [  # each against the defaults (on a GPU: unrolled layers, chunked head, bf16 logits, no remat, padded vocab)
     "",
     "model.scan_layers=true",
     "model.head_loss=dense",  # the default on a GPU is the chunked head
-    "model.logits_dtype=compute",
+    "model.logits_dtype=float32",  # the default on a GPU writes them in the compute dtype
     "model.remat=full",
     "model.remat=full train.batch_size=64",
     "model.vocab_multiple=1",  # 50,259 rows, not padded to 50,304
