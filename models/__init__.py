@@ -1,12 +1,12 @@
 """Models: the Equinox GPT-2 and its modern-decoder options (gpt.py, attention.py, rope.py, norms.py, mlp.py,
-lm_head.py), generation (sampling.py, decode.py with a KV cache: kv_cache.py) and transformers interop (hf.py: GPT-2,
-hf_llama.py: Llama). This module is the registry: `model.arch` names a builder `(run config, vocab_size, key) ->
-model`. Models import only core/; the tokenizer's vocabulary size is all they know of the data."""
+lm_head.py), what `auto` settings mean on this backend (auto.py), generation (sampling.py, decode.py with a KV cache:
+kv_cache.py) and transformers interop (hf.py: GPT-2, hf_llama.py: Llama). This module is the registry: `model.arch`
+names a builder `(run config, vocab_size, key) -> model`. Models import only core/; the tokenizer's vocabulary size is
+all they know of the data."""
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable
 from typing import Protocol
 
@@ -14,9 +14,9 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from core.errors import ConfigError
+from models.auto import resolve_attention, resolve_head_loss, resolve_logits_dtype, resolve_scan_layers
 from models.config import ModelOptions
-from models.gpt import GPT, GPTConfig, resolve_head_loss, resolve_logits_dtype, resolve_scan_layers
+from models.gpt import GPT, GPTConfig
 
 
 class SystemSection(Protocol):
@@ -82,44 +82,6 @@ def parameter_labels(model_cfg: ModelOptions) -> set[str]:
     key = jax.ShapeDtypeStruct((2,), jnp.uint32)
     model = eqx.filter_eval_shape(GPT.init, gpt_config(model_cfg, model_cfg.vocab_multiple), key)
     return set(jax.tree.leaves(model.parameter_labels()))
-
-
-@functools.cache
-def resolve_attention(requested: str, dtype: str) -> str:
-    """`auto` -> cuDNN's fused attention where it runs (NVIDIA GPU, 16-bit compute); on CPU the causal-blocked
-    attention (1.15x faster train steps there, BENCHMARKS.md); else XLA's."""
-    backend = jax.default_backend()
-    dtype = "bfloat16" if dtype == "fp8" else dtype  # fp8 attends in bfloat16
-    if requested in ("xla", "blocked"):
-        return requested
-    failure = _cudnn_attention_failure(dtype) if backend == "gpu" else f"the backend is {backend}"
-    if requested == "cudnn" and failure:
-        raise ConfigError(
-            f"config: model.attention: cudnn is not available ({failure}); use model.attention=auto or xla"
-        )
-    if not failure:
-        return "cudnn"
-    return "blocked" if backend == "cpu" else "xla"
-
-
-def _cudnn_attention_failure(dtype: str) -> str | None:
-    """Why cuDNN's attention does not run here (forward and backward, as training runs it), or None. Under XLA's
-    deterministic GPU kernels (system.deterministic), jaxlib 0.11.2's XLA fails cuDNN's backward pass at its first
-    call (`IndexError: absl::container_internal::raw_hash_map<>::at`, openxla/xla#46500): XLA's attention then."""
-
-    def loss(q, k, v):
-        return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn").astype(jnp.float32).sum()
-
-    # Forward and backward compiled into one program, as in the train step: run op by op, the same calls passed on an
-    # H100 under deterministic kernels where gpt2's step then failed.
-    try:
-        with jax.ensure_compile_time_eval():  # run it, also where a model is built under a trace (eval_shape, jit)
-            qkv = [jnp.zeros((2, 128, 2, 64), jnp.dtype(dtype))] * 3  # concrete here: made inside, never tracers
-            jax.block_until_ready(jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(*qkv))
-        return None
-    except Exception as e:  # unsupported dtype, GPU generation or cuDNN version: XLA's attention is the fallback
-        first = (str(e).strip().splitlines() or [""])[0][:160]
-        return f"cuDNN's {dtype} attention fails here: {type(e).__name__}: {first}"
 
 
 MODEL_BUILDERS: dict[str, Builder] = {"gpt": build_gpt}  # GPT-2, Llama-style, modern

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 
 from core import param_labels
 from models.attention import causal_attention
+from models.auto import resolve_scan_layers
 from models.config import Attention, ModelOptions
 from models.fp8 import MATMULS, fp8_dot
 from models.kv_cache import KVCache, LayerCache
@@ -47,33 +48,6 @@ REMAT_POLICIES = {
     # "full": keep only each block's input, recompute the whole block in the backward pass.
     "full": jax.checkpoint_policies.nothing_saveable,
 }
-
-
-def resolve_scan_layers(requested: bool | None) -> bool:
-    """`model.scan_layers`: null (the default, here and in GPTConfig) -> unrolled layers on a GPU (gpt2 on an H200:
-    1.30x and 1.35x the tokens/s of scanned in two runs, with less memory: the scan's stacked carries and per-layer
-    slices cost copies there), scanned elsewhere (compile time independent of depth; the CPU presets gpt2-micro and
-    -mini unroll by their own setting)."""
-    return jax.default_backend() != "gpu" if requested is None else requested
-
-
-def resolve_head_loss(requested: str, differentiated_twice: bool) -> str:
-    """`model.head_loss`: auto (the default) -> the chunked head on a GPU (gpt2 at batch 32: 1.049x the dense head's
-    tokens/s on an H100, 1.033x on an H200, each in one process, and 3 GiB less), the dense head elsewhere (a CPU's
-    runs hold small batches) and where the loss is differentiated twice (the chunked head's backward pass is written
-    by hand, once)."""
-    if requested != "auto":
-        return requested
-    return "chunked" if jax.default_backend() == "gpu" and not differentiated_twice else "dense"
-
-
-def resolve_logits_dtype(requested: str) -> str:
-    """`model.logits_dtype`: auto (the default) -> the compute dtype on a GPU, where the passes over gpt2's [B, T, V]
-    logits are memory-bound (bf16 logits: 1.040x the tokens/s of float32's on an H100, the same 23 losses within
-    0.0044), float32 elsewhere (a CPU's step is compute-bound and its runs mostly float32)."""
-    if requested != "auto":
-        return requested
-    return "compute" if jax.default_backend() == "gpu" else "float32"
 
 
 @dataclasses.dataclass(frozen=True)

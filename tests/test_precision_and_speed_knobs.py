@@ -239,7 +239,7 @@ def test_where_cudnns_attention_fails_auto_takes_xlas_and_cudnn_is_one_line(monk
 
     with monkeypatch.context() as patch:
         patch.setattr(jax.nn, "dot_product_attention", fails_when_run)
-        failure = eqx.filter_eval_shape(lambda: models._cudnn_attention_failure("bfloat16") or "")
+        failure = eqx.filter_eval_shape(lambda: models.auto._cudnn_attention_failure("bfloat16") or "")
     assert failure == "cuDNN's bfloat16 attention fails here: RuntimeError: fails when it runs"
     monkeypatch.setattr(models.jax, "default_backend", lambda: "gpu")
     models.resolve_attention.cache_clear()
