@@ -649,6 +649,24 @@ def test_kron_steps_follow_the_paper(momentum_into_precond):
     assert_steps_match(got, kron_reference(grads, step_draws, **hyper), rtol=2e-4, atol=2e-5)
 
 
+def test_kron_draws_the_parameters_of_one_shape_together_and_each_gets_its_own_numbers():
+    """The step draws the probes and noise of all parameters of one shape in one vmapped draw: each parameter still
+    gets the numbers its path alone gives it (`leaf_draws`, one draw per parameter), whichever parameters share its
+    shape (float rounding of the normal's erf-inverse aside: two programs), and no two parameters get the same."""
+    from optimizers.kron import leaf_draws, leaf_draws_by_shape
+
+    shapes = {"wte": (1, 259, 64), "a/weight": (2, 64, 64), "a/bias": (2, 1, 64), "b/bias": (2, 1, 64), "c": (2, 1, 64)}
+    key = jax.random.PRNGKey(3)
+    probes, noise = jax.jit(lambda k: leaf_draws_by_shape(k, shapes))(key)
+    alone = jax.jit(lambda k: {n: leaf_draws(k, n, s) for n, s in shapes.items()})(key)
+    for name, shape in shapes.items():
+        assert probes[name].shape == noise[name].shape == shape
+        np.testing.assert_allclose(probes[name], alone[name][0], rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(noise[name], alone[name][1], rtol=1e-6, atol=1e-6)
+    shared = [probes["a/bias"], probes["b/bias"], probes["c"], noise["a/bias"], noise["b/bias"], noise["c"]]
+    assert all(not np.allclose(x, y) for i, x in enumerate(shared) for y in shared[i + 1 :])
+
+
 def test_kron_refits_with_psgds_decaying_probability():
     from optimizers.kron import update_probability
 
