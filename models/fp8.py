@@ -84,13 +84,13 @@ def _fp8_dot(x_ND, w, scales_3, dtypes):
     return _fp8_dot_fwd(x_ND, w, scales_3, dtypes)[0]
 
 
-def _as_quantised(scale: jax.Array, a: jax.Array) -> jax.Array:
+def as_quantised(scale: jax.Array, a: jax.Array) -> jax.Array:
     """`scale` as `quantize` divides `a` by it (rounded to a's dtype), in float32: the rescaling undoes exactly that."""
     return scale.astype(a.dtype).astype(jnp.float32)
 
 
 def _fp8_dot_fwd(x_ND, w, scales_3, dtypes):
-    sx, sw = _as_quantised(scales_3[X], x_ND), _as_quantised(scales_3[W], w)
+    sx, sw = as_quantised(scales_3[X], x_ND), as_quantised(scales_3[W], w)
     xq, wq = quantize(x_ND, E4M3, sx), quantize(w, E4M3, sw)
     y = scaled_dot(xq, wq, sx, sw, (((1,), (0,)), ((), ())), dtypes[0])
     return y, (xq, wq, sx, sw, scales_3[G], _amax(x_ND), _amax(w))
@@ -98,7 +98,7 @@ def _fp8_dot_fwd(x_ND, w, scales_3, dtypes):
 
 def _fp8_dot_bwd(dtypes, residuals, g):
     xq, wq, sx, sw, sg, amax_x, amax_w = residuals
-    sg = _as_quantised(sg, g)
+    sg = as_quantised(sg, g)
     gq = quantize(g, E5M2, sg)
     out_axes = tuple(range(1, wq.ndim))
     dx = scaled_dot(gq, wq, sg, sw, ((out_axes, out_axes), ((), ())), dtypes[0])  # g W^T

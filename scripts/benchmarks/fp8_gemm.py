@@ -30,7 +30,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from models.fp8 import E4M3, fp8_dot, quantize, quantize_dequantize, scaled_dot
+from models.fp8 import E4M3, as_quantised, fp8_dot, quantize, quantize_dequantize, scaled_dot
 from scripts.benchmarks.bench import custom_calls
 
 SCALES = (4.0 / 448, 0.1 / 448, 1e-3 / 57344)  # the input's, the weight's and the output gradient's
@@ -48,10 +48,10 @@ def _qdq_dot(x: jax.Array, w: jax.Array, scales: jax.Array, dimensions) -> jax.A
 
 
 def _f8_dot(x: jax.Array, w: jax.Array, scales: jax.Array, dimensions) -> jax.Array:
-    """Float8 operands to dot_general, as fp8_dot's, in any layout."""
-    return scaled_dot(
-        quantize(x, E4M3, scales[0]), quantize(w, E4M3, scales[1]), scales[0], scales[1], dimensions, x.dtype
-    )
+    """Float8 operands to dot_general, as fp8_dot's (rescaled by the scales as `quantize` divided by them), in any
+    layout."""
+    sx, sw = as_quantised(scales[0], x), as_quantised(scales[1], w)
+    return scaled_dot(quantize(x, E4M3, sx), quantize(w, E4M3, sw), sx, sw, dimensions, x.dtype)
 
 
 def forms(scales: jax.Array) -> dict[str, Callable]:
