@@ -297,6 +297,7 @@ def test_an_unreachable_hub_dataset_is_one_clear_line(tmp_path, capsys):
             "model=gpt2-tiny",
             "logging.wandb=disabled",
             f"logging.run_dir={tmp_path / 'run'}",
+            f"system.compilation_cache_dir={tmp_path / 'jax'}",  # not the default .cache/jax in the checkout
         ],
         capsys,
     )
