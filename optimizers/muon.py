@@ -155,12 +155,9 @@ def muon(
     return optax.chain(*steps, report("muon_update_rms", rms))  # logged as optimizer/muon_update_rms
 
 
-def momentum_schedule(
-    momentum: float, warmup: float, start: float, cooldown: float, end: float, run_steps: Optional[int]
-) -> optax.Schedule:
-    """Muon's momentum at update `count` (from 0): from `start` up to `momentum` over `warmup` steps, then from
-    `momentum` down towards `end` over the run's last `cooldown` steps (a fraction of `run_steps` when below 1), and
-    `end` after the run's `run_steps`; where the two overlap, the lower of the two."""
+def cooldown_steps(cooldown: float, end: float, run_steps: Optional[int]) -> float:
+    """The momentum cool-down's length in steps (`cooldown` below 1: a fraction of the run's `run_steps`), checked
+    with its end value: the config checks them too (training/config/root.py), before any data is read."""
     if cooldown < 0 or not 0.0 <= end < 1.0:
         raise ConfigError(
             "config: optimizer.momentum_cooldown, momentum_end: the cool-down must be >= 0 steps and its end in "
@@ -174,6 +171,16 @@ def momentum_schedule(
     length = (max(1, round(cooldown * run_steps)) if cooldown < 1 else cooldown) if cooldown else 0
     if run_steps is not None and length > run_steps:
         raise ConfigError(f"config: optimizer.momentum_cooldown: {length:g} steps exceed the run's {run_steps}")
+    return length
+
+
+def momentum_schedule(
+    momentum: float, warmup: float, start: float, cooldown: float, end: float, run_steps: Optional[int]
+) -> optax.Schedule:
+    """Muon's momentum at update `count` (from 0): from `start` up to `momentum` over `warmup` steps, then from
+    `momentum` down towards `end` over the run's last `cooldown` steps (a fraction of `run_steps` when below 1), and
+    `end` after the run's `run_steps`; where the two overlap, the lower of the two."""
+    length = cooldown_steps(cooldown, end, run_steps)
     first = (run_steps or 0) - length  # the cool-down's first update (counted from 0)
 
     def beta(count):

@@ -81,9 +81,11 @@ BAD_CONFIGS = [
 
 
 @pytest.mark.parametrize("overrides,message", BAD_CONFIGS, ids=[o[0][-1] for o in BAD_CONFIGS])
-def test_bad_config_exits_2_with_one_line_naming_the_key(overrides, message, tmp_path, capsys, data_cache):
+def test_bad_config_exits_2_with_one_line_naming_the_key(overrides, message, tmp_path, capsys):
+    """Refused at the door: before any data is read (an empty data cache, which a later check would first fill,
+    saying so on stderr) and before anything is written."""
     run_dir = tmp_path / "run"
-    code = train_jax.command_line(tiny_overrides(data_cache, f"logging.run_dir={run_dir}", *overrides))
+    code = train_jax.command_line(tiny_overrides(str(tmp_path / "data"), f"logging.run_dir={run_dir}", *overrides))
     err = capsys.readouterr().err.strip()
     assert code == 2
     assert len(err.splitlines()) == 1, err

@@ -18,6 +18,7 @@ from models import parameter_labels, resolve_attention
 from models.fp8 import native_fp8_problem
 from models.hf import HF_PREFIX
 from optimizers.groups import check_labels_present
+from optimizers.muon import cooldown_steps
 from training.config.loop import CheckpointConfig, LoadMode, LoggingConfig, TrainConfig
 from training.config.mixture import check_mixture
 from training.config.model import ModelConfig, Position
@@ -89,6 +90,9 @@ def check_across(cfg: Config) -> None:
             f"{lr.warmup:g} steps exceed the schedule's {schedule_steps(cfg)}; lower "
             "it, or give it as a fraction of the run (below 1, e.g. 0.1)",
         )
+    cooldown, end = getattr(cfg.optimizer, "momentum_cooldown", None), getattr(cfg.optimizer, "momentum_end", None)
+    if cooldown is not None or end is not None:  # muon's momentum cool-down, as set, against the run's length
+        cooldown_steps(cooldown or 0.0, 0.0 if end is None else end, schedule_steps(cfg))
     check_mixture(d, cfg.loss_masking == LossMasking.finetuning)
     if cfg.train.yarn and cfg.model.position != Position.rope:
         fail("train.yarn", f"YaRN rescales rotary positions: it needs model.position=rope, not {cfg.model.position}")
