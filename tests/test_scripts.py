@@ -60,6 +60,7 @@ def test_bench_variants_share_a_process_and_each_is_kept_as_a_record(data_cache,
     for r in kept:
         assert len(r["result"]["losses"]) == 4 and r["result"]["planned_memory_bytes"] > 0
         assert r["device"] == "cpu" and r["command"].startswith("python -m scripts.benchmarks.bench --steps 2")
+        assert r["xla_flags_env"] == os.environ["XLA_FLAGS"]  # the suite's (tests/conftest.py), as a user's would be
     table = records.tables(kept)
     assert "| (as set) |" in table and "| `train.batch_size=4` |" in table
     refused = script_in_process(
@@ -81,7 +82,9 @@ def test_fp8_gemm_runs_every_form_and_each_rounds_as_fp8_does(monkeypatch, capsy
     # e4m3's 3 mantissa bits on both operands: a few percent from the bf16 product, in every form alike
     assert all(0.01 < x["relative_error"] < 0.1 for x in fp8), fp8
     assert max(x["relative_error"] for x in fp8) - min(x["relative_error"] for x in fp8) < 0.005
-    assert not any("f8" in c for x in lines for c in x["custom_calls"])  # the CPU has no FP8 GEMMs
+    # the CPU has no FP8 GEMMs: no cuBLASLt call, and every dot of float8 operands widened first
+    assert not any("f8" in c for x in lines for c in x["custom_calls"])
+    assert [x["custom_calls"]["float8 dots"] for x in lines] == [0] * 9
 
 
 def test_gpu_suite_runs_its_stages_within_the_budget_and_packs_what_it_has(tmp_path, monkeypatch, capsys):

@@ -104,6 +104,7 @@ def bench(overrides: list[str], steps: int, warmup: int, first: bool = True) -> 
         "loss_last": losses[-1],
         "losses": [round(x, 5) for x in losses],
         "custom_calls": custom_calls(compiled.as_text()),
+        "float8_dots": float8_dots(compiled.as_text()),
         "config": {
             "model": cfg.model.name,
             "n_layer": cfg.model.n_layer,
@@ -142,6 +143,23 @@ def planned_memory(compiled: Any) -> int | None:
 def custom_calls(hlo_text: str) -> dict[str, int]:
     """How often each custom-call target occurs in a compiled program's HLO (cuDNN's attention, cuBLAS's GEMMs...)."""
     return dict(sorted(Counter(re.findall(r'custom_call_target="([^"]+)"', hlo_text)).items()))
+
+
+_DEFINITION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(\w+)\[", re.M)
+_DOT = re.compile(r"=\s*\w+\[[^\]]*\]\S*\s+dot\(([^)]*)\)")
+
+
+def float8_dots(hlo_text: str) -> int:
+    """How many dots of an HLO module take two float8 operands: the FP8 matmuls XLA's GPU compiler leaves to its own
+    kernels (a Triton GEMM fusion keeps such a dot inside it), beside the ones it hands to cuBLASLt
+    (`__cublas$lt$matmul$f8` custom calls). A dot it could not run in FP8 gets wider operands first (none counted)."""
+    dtypes = dict(_DEFINITION.findall(hlo_text))  # instruction names are unique within a module
+
+    def dtype(operand: str) -> str:
+        name = operand.split()[-1].lstrip("%")
+        return dtypes.get(name, operand.split("[")[0] if "[" in operand else "")
+
+    return sum(all(dtype(o).startswith("f8") for o in m.split(", ")) for m in _DOT.findall(hlo_text))
 
 
 def _round(x: float | None) -> float | None:

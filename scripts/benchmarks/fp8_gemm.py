@@ -12,7 +12,8 @@ float32; float8 operands with W as [N, K]; and the plain bfloat16 product; befor
 backward together at runtime scales (custom calls only: three FP8 GEMMs where the device makes them). On an H100 the
 quantise-dequantise form at runtime scales compiled to a bfloat16 GEMM without FP8's rounding (BENCHMARKS.md, "FP8"),
 the float8 operands at runtime scales to an FP8 GEMM. Reported per form: the compiled program's custom calls
-(`__cublas$lt$matmul$f8` where XLA's GPU compiler made a cuBLASLt FP8 GEMM of it), the median time of `--iters`
+(`__cublas$lt$matmul$f8` where XLA's GPU compiler made a cuBLASLt FP8 GEMM of it) and its dots of float8 operands
+("float8 dots": FP8 matmuls XLA keeps for its own kernels, Triton's), the median time of `--iters`
 calls, TFLOP/s, and the product's distance from x W computed from the same bfloat16 operands into float32 (relative,
 in norm: FP8's rounding, or bfloat16's output rounding for the plain product). Another backend than a GPU runs every
 form as bfloat16 or float32 arithmetic (no FP8 GEMM): its times say nothing of FP8.
@@ -31,7 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from models.fp8 import E4M3, as_quantised, fp8_dot, quantize, quantize_dequantize, scaled_dot
-from scripts.benchmarks.bench import custom_calls
+from scripts.benchmarks.bench import custom_calls, float8_dots
 
 SCALES = (4.0 / 448, 0.1 / 448, 1e-3 / 57344)  # the input's, the weight's and the output gradient's
 
@@ -73,10 +74,18 @@ def forms(scales: jax.Array) -> dict[str, Callable]:
     }
 
 
+def compiled_matmuls(jitted: Callable, *args) -> dict[str, int]:
+    """The compiled program's custom calls, and its dots of float8 operands under "float8 dots" (XLA's own FP8
+    kernels)."""
+    text = jitted.lower(*args).compile().as_text()
+    return {**custom_calls(text), "float8 dots": float8_dots(text)}
+
+
 def measure(f: Callable, args: tuple, iters: int) -> tuple[dict[str, int], float, jax.Array]:
-    """The compiled program's custom calls, the median ms of `iters` synchronised calls, and the product."""
+    """The compiled program's custom calls (`compiled_matmuls`), the median ms of `iters` synchronised calls, and the
+    product."""
     jitted = jax.jit(f)
-    calls = custom_calls(jitted.lower(*args).compile().as_text())
+    calls = compiled_matmuls(jitted, *args)
     y = jax.block_until_ready(jitted(*args))
     times = []
     for _ in range(iters):
@@ -106,7 +115,7 @@ def main(argv: list[str]) -> int:
         return jnp.sum(jnp.square(fp8_dot(x, w, s).astype(jnp.float32)))
 
     gradient = jax.jit(jax.grad(loss, argnums=(0, 1)))
-    fp8_gemms = custom_calls(gradient.lower(x, w, scales).compile().as_text())
+    fp8_gemms = compiled_matmuls(gradient, x, w, scales)
     form = "fp8_dot forward and backward at runtime scales"
     print(json.dumps({"form": form, "custom_calls": fp8_gemms, "device": device}), flush=True)
     for name, f in forms(scales).items():

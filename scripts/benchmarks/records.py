@@ -72,6 +72,8 @@ def write(directory: str | Path, kind: str, device: str, result: dict, argv: lis
         "command": shlex.join(argv),
         "result": result,
     }
+    if os.environ.get("XLA_FLAGS"):  # as the process ran: the environment's flags and its config's (result.config)
+        record["xla_flags_env"] = os.environ["XLA_FLAGS"]
     text = json.dumps(record, indent=1, sort_keys=True) + "\n"
     digest = hashlib.sha256(text.encode()).hexdigest()[:8]
     path = Path(directory) / f"{now:%Y%m%dT%H%M%S}-{slug(device)}-{kind}-{digest}.json"
