@@ -17,6 +17,8 @@ Stages, in this order (`--only` picks some; each is a command of its own, its ou
   peer       scripts/benchmarks/bench_peer.py: nanoGPT (torch.compile, flash SDPA, fused AdamW) against ours
   fp8_gemm   scripts/benchmarks/fp8_gemm.py at its default shape and at gpt2's qkv shape: which FP8 forms XLA
              rewrites into FP8 GEMMs
+  fp8_step   bench.py: gpt2 in bfloat16 and FP8 in one process, then FP8 with Triton's GEMMs off in another: which
+             kind of FP8 matmul the step holds (records' custom calls and float8_dots), its compile time and speed
   levers     bench.py, one process: gpt2 at batch 32 in bfloat16 with each lever switched from its default
   big        bench.py: gpt2-xl, -large, -medium and llama-1.5b in bfloat16 and FP8, scanned, with full remat
   flags      bench.py, a process per XLA flag (XLA reads its flags once per process), and one with
@@ -24,7 +26,7 @@ Stages, in this order (`--only` picks some; each is a command of its own, its ou
   fp8_curve  bench.py: gpt2 for 150 steps in bfloat16 and in FP8, every step's loss kept
   fp8_deterministic  bench.py: gpt2-tiny in FP8 on XLA's deterministic kernels, with cuDNN's attention and with
              XLA's (a process each): which of them the deterministic FP8 step fails in (the GPU tests' FP8 resume)
-The timed stages (profile, peer, levers, big, flags, fp8_curve) share XLA's per-fusion autotuning cache in
+The timed stages (profile, peer, fp8_step, levers, big, flags, fp8_curve) share XLA's per-fusion autotuning cache in
 OUT/autotune (--xla_gpu_per_fusion_autotune_cache_dir, what JAX's persistent cache turns on): gpt2's first compile
 took 82.8 s on an H100 with no cache and 28.7 s in the next process with it, so every process after the first
 compiles warm, and its compile_s says so (its record's xla_flags_env names the cache). The tests and the runs on
@@ -245,6 +247,12 @@ class Suite:
         curve = [*self.gpt2[:-1], f"train.batch_size={max(1, self.args.batch // 2)}"]
         self.bench("fp8_curve", curve, ["", "system.dtype=fp8"], usual=60, steps=150)
 
+    def fp8_step(self) -> None:
+        self.bench("fp8_step", self.gpt2, ["", "system.dtype=fp8"], usual=60)
+        # a dot of float8 operands that Triton's GEMMs may take (and autotune) goes to cuBLASLt without them
+        no_triton = "system.xla_flags=['--xla_gpu_enable_triton_gemm=false']"
+        self.bench("fp8_step", [*self.gpt2, "system.dtype=fp8", no_triton], [""], usual=40)
+
     def fp8_deterministic(self) -> None:
         tiny = ["model=gpt2-tiny", *self.data, "system.dtype=fp8", "system.deterministic=true", "train.batch_size=8"]
         for attention in ("cudnn", "xla"):
@@ -274,7 +282,8 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     suite = Suite(args)
     suite.side_by_side()
-    for stage in ("profile", "peer", "fp8_gemm", "levers", "big", "flags", "fp8_curve", "fp8_deterministic"):
+    stages = ("profile", "peer", "fp8_gemm", "fp8_step", "levers", "big", "flags", "fp8_curve", "fp8_deterministic")
+    for stage in stages:
         if suite.wanted(stage):
             getattr(suite, stage)()
     suite.say(f"done, {suite.left():.0f} s of the budget left")
