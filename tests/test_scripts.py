@@ -46,14 +46,21 @@ def test_bench_variants_share_a_process_and_each_is_kept_as_a_record(data_cache,
     """Two configurations in one bench.py: a JSON line and a record each (their variant, every step's loss, XLA's
     memory plan), and the records' table lists both; system.xla_flags in a variant is one line (flags are per
     process)."""
+    import jax
+
     from scripts.benchmarks import records
 
     args = ["--steps", "2", "--warmup", "2", "--record", str(tmp_path), *tiny_overrides(data_cache)]
-    out = run_script(
-        "scripts.benchmarks.bench", [*args, "--variant", "", "--variant", "train.batch_size=4"], monkeypatch, capsys
-    )
+    jax.config.update("jax_enable_compilation_cache", False)  # each configuration compiles, in its first step
+    try:
+        out = run_script(
+            "scripts.benchmarks.bench", [*args, "--variant", "", "--variant", "train.batch_size=4"], monkeypatch, capsys
+        )
+    finally:
+        jax.config.update("jax_enable_compilation_cache", True)
     lines = [json.loads(line) for line in out.strip().splitlines()]
     assert [x["variant"] for x in lines] == ["", "train.batch_size=4"]
+    assert all(0 < x["xla_compile_s"] < x["compile_s"] for x in lines), lines
     assert [x["config"]["global_batch"] for x in lines] == [8, 4]
     kept = records.read(tmp_path)
     assert [r["kind"] for r in kept] == ["bench", "bench"] and [r["result"] for r in kept] == lines
