@@ -7,15 +7,15 @@
     python -m scripts.benchmarks.bench --compile-only model=gpt2-xl  # compile time and XLA's memory plan, nothing
                                                                       # allocated
 
-Each timed step is synchronised (block_until_ready), so ms/step is the device time of one step plus dispatch; the
-median is reported. Batches come from the real data pipeline, prepared before timing. Reported: tokens/s, ms/step
-(median, min, max), compile seconds (the first step's, and XLA's compiling within it), MFU where the device's peak is
-known under both conventions of
-training/reporting/flops.py (`mfu`: 6N + 12·L·C·T as PaLM and nanoGPT count, the pipeline's; `mfu_llmc`: 6N + 6·L·C·T,
-causal attention halved, as llm.c counts), XLA's memory plan for the step (arguments + outputs + temporaries - what
-the donated state's buffers alias), the device's peak memory where the backend reports it (first configuration of
-the process only: the peak is the process's), the loss of every step run, the custom calls of the compiled step
-(`__cudnn$fmha...`: cuDNN's fused attention; `__cublas$lt$matmul$f8`: FP8 GEMMs), device kind and a config summary.
+Each timed step is synchronised (block_until_ready), so ms/step is the device time of one step plus dispatch; the median
+is reported. Batches come from the real data pipeline, prepared before timing. Reported: tokens/s, ms/step (median, min,
+max), compile seconds (the first step's, and XLA's compiling within it), MFU where the device's peak is known under both
+conventions of training/reporting/flops.py (`mfu`: 6N + 12·L·C·T as PaLM and nanoGPT count, the pipeline's; `mfu_llmc`:
+6N + 6·L·C·T, causal attention halved, as llm.c counts), XLA's memory plan for the step (arguments + outputs +
+temporaries - what the donated state's buffers alias), the device's peak memory where the backend reports it (first
+configuration of the process only: the peak is the process's), the loss of every step run, the custom calls of the
+compiled step (`__cudnn$fmha...`: cuDNN's fused attention; `__cublas$lt$matmul$f8`: FP8 GEMMs) and its dots of float8
+operands (`float8_dots`: FP8 matmuls XLA runs with its own kernels), device kind and a config summary.
 
 `--variant "OVERRIDES"` (repeatable) times several configurations in one process, each the common overrides plus its
 own, one JSON line each: the corpus and tokenizer are loaded once. `system.xla_flags` belongs with the common
