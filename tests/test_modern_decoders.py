@@ -83,10 +83,12 @@ def test_gelus_backward_keeps_only_its_input_and_gives_the_gradient_of_its_formu
     formula's, against float64."""
     from jax.ad_checkpoint import print_saved_residuals
 
+    gelu_of = lambda v: mlp_activation("gelu", v)  # noqa: E731
+    automatic = lambda v: jax.nn.gelu(v, approximate=True)  # noqa: E731
     h = jnp.linspace(-6, 6, 4097, dtype=jnp.float32)
-    print_saved_residuals(lambda v: mlp_activation("gelu", v), h)
+    print_saved_residuals(gelu_of, h)
     assert capsys.readouterr().out.strip().splitlines() == ["f32[4097] from the argument v"]
-    assert jnp.array_equal(mlp_activation("gelu", h), jax.nn.gelu(h, approximate=True))
+    assert jnp.array_equal(gelu_of(h), automatic(h))
     x = np.asarray(h, np.float64)
     c, u = np.sqrt(2 / np.pi), np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)
     exact = 0.5 * (1 + np.tanh(u)) + 0.5 * x * (1 - np.tanh(u) ** 2) * c * (1 + 3 * 0.044715 * x**2)
@@ -95,8 +97,6 @@ def test_gelus_backward_keeps_only_its_input_and_gives_the_gradient_of_its_formu
         """The largest distance of f's gradient in `dtype` from the exact one."""
         return float(np.max(np.abs(np.asarray(jax.vmap(jax.grad(f))(h.astype(dtype)), np.float64) - exact)))
 
-    gelu_of = lambda v: mlp_activation("gelu", v)  # noqa: E731
-    automatic = lambda v: jax.nn.gelu(v, approximate=True)  # noqa: E731
     for dtype in (jnp.float32, jnp.bfloat16):  # as close as automatic differentiation's, in each dtype
         assert error(gelu_of, dtype) <= 1.5 * error(automatic, dtype), dtype
     assert error(gelu_of, jnp.float32) < 1e-5
