@@ -40,32 +40,4 @@ def mlp_activation(kind: str, h: jax.Array) -> jax.Array:
         return jax.nn.silu(h[..., 0]) * h[..., 1]
     if kind == "relu2":
         return jnp.square(jax.nn.relu(h))
-    return gelu(h)
-
-
-_C, _A = math.sqrt(2 / math.pi), 0.044715  # GELU's tanh approximation: tanh(_C (h + _A h^3))
-
-
-@jax.custom_vjp
-def gelu(h: jax.Array) -> jax.Array:
-    """GPT-2's GELU (tanh approximation), `jax.nn.gelu(h, approximate=True)`, whose backward pass keeps only h: it
-    recomputes the tanh from h instead of keeping the forward's tanh, so the forward writes one [..., F] array
-    (the activation) where automatic differentiation writes two, and the backward reads one fewer (on an H100, each
-    [32 x 1024, 3072] bfloat16 array of gpt2 is 201 MB, ~0.07 ms a pass, 12 layers; the tanh written out and read back
-    is seen in gpt2's compiled step at 18c6fd9, the gain not yet measured). Forward-over-reverse differentiates
-    through it (Hessian-vector products); forward mode alone does not (a `custom_vjp`)."""
-    return _gelu_forward(h)[0]
-
-
-def _gelu_forward(h: jax.Array) -> tuple[jax.Array, jax.Array]:
-    # the plain function, not `gelu`: forward-over-reverse (Hessian-vector products) differentiates through this rule
-    return jax.nn.gelu(h, approximate=True), h
-
-
-def _gelu_backward(h: jax.Array, g: jax.Array) -> tuple[jax.Array]:
-    # d/dh [h/2 (1 + t)] with t = tanh(u), u = _C (h + _A h^3): (1 + t)/2 + h/2 (1 - t^2) _C (1 + 3 _A h^2)
-    t = jnp.tanh(_C * (h + _A * h**3))
-    return (g * (0.5 * (1 + t) + 0.5 * h * (1 - t * t) * (_C * (1 + 3 * _A * h * h))),)
-
-
-gelu.defvjp(_gelu_forward, _gelu_backward)
+    return jax.nn.gelu(h, approximate=True)  # GPT-2's tanh GELU

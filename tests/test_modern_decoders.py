@@ -77,34 +77,6 @@ def test_rotary_attention_scores_depend_only_on_the_distance_between_query_and_k
     )  # a rotation: norms kept, up to its few float32 roundings (~1e-7)
 
 
-def test_gelus_backward_keeps_only_its_input_and_gives_the_gradient_of_its_formula(capsys):
-    """GPT-2's GELU keeps h alone for its backward pass (automatic differentiation kept its tanh and products too,
-    which a GPU writes out in the forward and reads back); its values are jax.nn.gelu's and its gradient the tanh
-    formula's, against float64."""
-    from jax.ad_checkpoint import print_saved_residuals
-
-    gelu_of = lambda v: mlp_activation("gelu", v)  # noqa: E731
-    automatic = lambda v: jax.nn.gelu(v, approximate=True)  # noqa: E731
-    h = jnp.linspace(-6, 6, 4097, dtype=jnp.float32)
-    print_saved_residuals(gelu_of, h)
-    assert capsys.readouterr().out.strip().splitlines() == ["f32[4097] from the argument v"]
-    assert jnp.array_equal(gelu_of(h), automatic(h))
-    x = np.asarray(h, np.float64)
-    c, u = np.sqrt(2 / np.pi), np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)
-    exact = 0.5 * (1 + np.tanh(u)) + 0.5 * x * (1 - np.tanh(u) ** 2) * c * (1 + 3 * 0.044715 * x**2)
-
-    def error(f, dtype) -> float:
-        """The largest distance of f's gradient in `dtype` from the exact one."""
-        return float(np.max(np.abs(np.asarray(jax.vmap(jax.grad(f))(h.astype(dtype)), np.float64) - exact)))
-
-    for dtype in (jnp.float32, jnp.bfloat16):  # as close as automatic differentiation's, in each dtype
-        assert error(gelu_of, dtype) <= 1.5 * error(automatic, dtype), dtype
-    assert error(gelu_of, jnp.float32) < 1e-5
-    # forward-over-reverse (curvature's Hessian-vector products) goes through it: automatic differentiation's H v
-    hvp = [jax.jvp(jax.grad(lambda v: jnp.sum(f(v) ** 2)), (h,), (jnp.cos(h),))[1] for f in (gelu_of, automatic)]
-    np.testing.assert_allclose(hvp[0], hvp[1], rtol=1e-5, atol=1e-5)
-
-
 def test_rmsnorm_swiglu_and_relu2_match_their_formulas():
     x = np.asarray(jax.random.normal(jax.random.PRNGKey(1), (3, 5, 8)), np.float64) * 3 + 1
     # float32 layers against float64 formulas: a few roundings each, ~1e-7 relative; 1e-5 leaves ~100x
