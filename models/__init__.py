@@ -23,6 +23,9 @@ class SystemSection(Protocol):
     @property
     def dtype(self) -> str: ...
 
+    @property
+    def deterministic(self) -> bool: ...
+
 
 class OptimizerSection(Protocol):
     @property
@@ -48,7 +51,8 @@ Builder = Callable[[RunConfig, int, jax.Array], GPT]  # (run config, vocab_size,
 
 
 def build_gpt(cfg: RunConfig, vocab_size: int, key: jax.Array) -> GPT:
-    model_cfg = gpt_config(cfg.model, vocab_size, resolve_attention(cfg.model.attention, cfg.system.dtype))
+    attention = resolve_attention(cfg.model.attention, cfg.system.dtype, cfg.system.deterministic)
+    model_cfg = gpt_config(cfg.model, vocab_size, attention)
     resolved = {
         "scan_layers": resolve_scan_layers(cfg.model.scan_layers),
         "head_loss": resolve_head_loss(cfg.model.head_loss, differentiated_twice=cfg.optimizer.name == "sophia"),

@@ -6,6 +6,7 @@ asked for by name is kept (cudnn where it cannot run is a config error)."""
 from __future__ import annotations
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -40,15 +41,28 @@ def resolve_logits_dtype(requested: str) -> str:
     return "compute" if jax.default_backend() == "gpu" else "float32"
 
 
+# XLA's deterministic GPU kernels: `system.deterministic=true` adds this flag to XLA_FLAGS before the backend starts
+DETERMINISTIC_GPU_FLAG = "--xla_gpu_deterministic_ops=true"
+
+
 @functools.cache
-def resolve_attention(requested: str, dtype: str) -> str:
+def resolve_attention(requested: str, dtype: str, deterministic: bool = False) -> str:
     """`auto` -> cuDNN's fused attention where it runs (NVIDIA GPU, 16-bit compute); on CPU the causal-blocked
-    attention (1.15x faster train steps there, BENCHMARKS.md); else XLA's."""
+    attention (1.15x faster train steps there, BENCHMARKS.md); else XLA's. `deterministic`: the run asks for XLA's
+    deterministic GPU kernels (`system.deterministic`; the flag in XLA_FLAGS counts too)."""
     backend = jax.default_backend()
-    dtype = "bfloat16" if dtype == "fp8" else dtype  # fp8 attends in bfloat16
+    deterministic = deterministic or DETERMINISTIC_GPU_FLAG in os.environ.get("XLA_FLAGS", "").split()
     if requested in ("xla", "blocked"):
         return requested
-    failure = _cudnn_attention_failure(dtype) if backend == "gpu" else f"the backend is {backend}"
+    if backend != "gpu":
+        failure = f"the backend is {backend}"
+    elif dtype == "fp8" and deterministic:
+        # measured on an H100 (jaxlib 0.11.2): gpt2-tiny's FP8 step with cuDNN's attention on deterministic kernels
+        # fails at its first call (`IndexError: absl::container_internal::raw_hash_map<>::at`), with XLA's it runs;
+        # the bfloat16 step and the probe below run on the same kernels
+        failure = "an FP8 step's cuDNN attention fails on XLA's deterministic kernels, system.deterministic"
+    else:
+        failure = _cudnn_attention_failure("bfloat16" if dtype == "fp8" else dtype)  # fp8 attends in bfloat16
     if requested == "cudnn" and failure:
         raise ConfigError(
             f"config: model.attention: cudnn is not available ({failure}); use model.attention=auto or xla"

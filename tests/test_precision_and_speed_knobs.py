@@ -257,6 +257,34 @@ def test_where_cudnns_attention_fails_auto_takes_xlas_and_cudnn_is_one_line(monk
     ), str(e.value)
 
 
+def test_an_fp8_step_on_deterministic_kernels_takes_xlas_attention_where_cudnns_probe_passes(monkeypatch):
+    """On an H100 (jaxlib 0.11.2) the FP8 step with cuDNN's attention fails on XLA's deterministic kernels where the
+    bfloat16 step and the probe run: `auto` takes XLA's attention there, and `cudnn` is one line at the config's
+    check. The deterministic flag in XLA_FLAGS counts as `system.deterministic` does."""
+    import models
+
+    monkeypatch.setattr(models.jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(models.auto, "_cudnn_attention_failure", lambda dtype: None)  # a GPU whose probe passes
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+    models.resolve_attention.cache_clear()
+    try:
+        assert models.resolve_attention("auto", "bfloat16", True) == "cudnn"
+        assert models.resolve_attention("auto", "fp8", False) == "cudnn"
+        assert models.resolve_attention("auto", "fp8", True) == "xla"
+        with pytest.raises(ConfigError) as e:  # the config's check, before any data is read
+            load_config(["system.dtype=fp8", "system.deterministic=true", "model.attention=cudnn"], num_local_devices=1)
+        monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_gpu_deterministic_ops=true")
+        models.resolve_attention.cache_clear()
+        assert models.resolve_attention("auto", "fp8") == "xla"
+        assert models.resolve_attention("auto", "bfloat16") == "cudnn"
+    finally:
+        models.resolve_attention.cache_clear()
+    assert str(e.value) == (
+        "config: model.attention: cudnn is not available (an FP8 step's cuDNN attention fails on XLA's deterministic "
+        "kernels, system.deterministic); use model.attention=auto or xla"
+    )
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("setting", ["null", "true", "false"])
 def test_scan_layers_null_unrolls_on_a_gpu_and_scans_elsewhere(setting, data_cache):

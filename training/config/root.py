@@ -158,7 +158,7 @@ def check_devices(cfg: Config, num_local_devices: int) -> None:
                 f"train.stages[{i}].batch_size",
                 f"{stage.batch_size} is not divisible by the {data_devices} local devices it is split over",
             )
-    resolve_attention(m.attention, sy.dtype)  # cudnn where it does not run: said before any data is read
+    resolve_attention(m.attention, sy.dtype, sy.deterministic)  # cudnn where it cannot run: said before data is read
     if sy.dtype == "fp8" and (problem := native_fp8_problem()) is not None:
         if jax.default_backend() == "gpu":
             fail("system.dtype", f"fp8: {problem}; use system.dtype=bfloat16")

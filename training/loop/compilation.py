@@ -10,6 +10,7 @@ import jax
 from jax._src import xla_bridge  # backends_are_initialized: public JAX has no way to ask
 
 from core.errors import ConfigError
+from models.auto import DETERMINISTIC_GPU_FLAG
 from training.config.system import SystemConfig
 
 # JAX reports each phase of making an executable as a duration event; XLA's compile is the one that costs (tracing
@@ -18,8 +19,7 @@ COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
 
 # `system.deterministic=true`: XLA's deterministic GPU kernels (reductions and scatters without atomics, autotuning
-# among deterministic algorithms only)
-DETERMINISTIC_GPU_FLAG = "--xla_gpu_deterministic_ops=true"
+# among deterministic algorithms only), DETERMINISTIC_GPU_FLAG
 
 
 def xla_flags(system: SystemConfig) -> list[str]:
