@@ -16,9 +16,9 @@ from core.errors import ConfigError
 
 def resolve_scan_layers(requested: bool | None) -> bool:
     """`model.scan_layers`: null (the default, here and in GPTConfig) -> unrolled layers on a GPU (gpt2 on an H200:
-    1.30x and 1.35x the tokens/s of scanned in two runs, on an H100 1.348x, with less memory: the scan's stacked carries and per-layer
-    slices cost copies there), scanned elsewhere (compile time independent of depth; the CPU presets gpt2-micro and
-    -mini unroll by their own setting)."""
+    1.30x and 1.35x the tokens/s of scanned in two runs, on an H100 1.348x, with less memory: the scan's stacked
+    carries and per-layer slices cost copies there), scanned elsewhere (compile time independent of depth; the CPU
+    presets gpt2-micro and -mini unroll by their own setting)."""
     return jax.default_backend() != "gpu" if requested is None else requested
 
 
