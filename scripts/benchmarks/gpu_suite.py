@@ -20,7 +20,8 @@ Stages, in this order (`--only` picks some; each is a command of its own, its ou
   fp8_step   bench.py: gpt2 in bfloat16 and FP8 in one process, then FP8 with Triton's GEMMs off in another: which
              kind of FP8 matmul the step holds (records' custom calls and float8_dots), its compile time and speed
   levers     bench.py, one process: gpt2 at batch 32 in bfloat16 with each lever switched from its default
-  big        bench.py: gpt2-xl, -large, -medium and llama-1.5b in bfloat16 and FP8, scanned, with full remat
+  big        bench.py: gpt2-xl, -large, -medium and llama-1.5b in bfloat16 and FP8, scanned, with full remat; gpt2-xl
+             also with `model.remat=block` and with no remat (at half the batch)
   flags      bench.py, a process per XLA flag (XLA reads its flags once per process), and one with
              system.deterministic=true
   fp8_curve  bench.py: gpt2 for 150 steps in bfloat16 and in FP8, every step's loss kept
@@ -73,10 +74,18 @@ FLAGS = [
 ]
 SIDE_BY_SIDE = {"environment", "newcomer", "tests"}  # the stages that need no gpt2 data
 BIG = [  # scanned: unrolled, a 48-layer model's step compiles for minutes (gpt2-xl on a CPU: 212 s against 8 s)
-    ("gpt2-xl", ["train.batch_size=16", "train.batch_size=16 system.dtype=fp8"]),
-    ("gpt2-large", ["train.batch_size=16", "train.batch_size=16 system.dtype=fp8"]),
-    ("gpt2-medium", ["train.batch_size=32", "train.batch_size=32 system.dtype=fp8"]),
-    ("llama-1.5b", ["train.batch_size=16"]),
+    (  # xl: FP8 against bf16 at full remat, then what recomputes less (full remat is ~1/3 more FLOPs than MFU counts)
+        "gpt2-xl",
+        [
+            "model.remat=full train.batch_size=16",
+            "model.remat=full train.batch_size=16 system.dtype=fp8",
+            "model.remat=block train.batch_size=16",
+            "model.remat=none train.batch_size=8",
+        ],
+    ),
+    ("gpt2-large", ["model.remat=full train.batch_size=16", "model.remat=full train.batch_size=16 system.dtype=fp8"]),
+    ("gpt2-medium", ["model.remat=full train.batch_size=32", "model.remat=full train.batch_size=32 system.dtype=fp8"]),
+    ("llama-1.5b", ["model.remat=full train.batch_size=16"]),
 ]
 
 
@@ -235,7 +244,7 @@ class Suite:
     def big(self) -> None:
         for model, variants in BIG:
             common = [f"model={model}", *self.data, "system.dtype=bfloat16", "model.scan_layers=true"]
-            self.bench("big", [*common, "model.remat=full"], variants, usual=60, steps=8)
+            self.bench("big", common, variants, usual=60, steps=8)
 
     def flags(self) -> None:
         for flag in FLAGS:  # the autotuning flags without the cache (a cached choice would stand in for theirs)
