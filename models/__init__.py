@@ -34,8 +34,8 @@ class OptimizerSection(Protocol):
 
 class RunConfig(Protocol):
     """What a builder reads of the run's config (training/config/root.py's Config): the `model` section, the
-    compute dtype and the optimizer's name (sophia differentiates the loss twice). A protocol, as models/ does not
-    import training/."""
+    compute dtype, whether the run is on deterministic kernels (the attention kernel depends on it) and the
+    optimizer's name (sophia differentiates the loss twice). A protocol, as models/ does not import training/."""
 
     @property
     def model(self) -> ModelOptions: ...

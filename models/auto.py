@@ -45,13 +45,27 @@ def resolve_logits_dtype(requested: str) -> str:
 DETERMINISTIC_GPU_FLAG = "--xla_gpu_deterministic_ops=true"
 
 
-@functools.cache
+def deterministic_kernels(xla_flags: str) -> bool:
+    """Whether XLA_FLAGS-style `xla_flags` turn XLA's deterministic GPU kernels on, as XLA reads a boolean flag: its
+    last `--xla_gpu_deterministic_ops`, bare or `=true` / `=1`."""
+    on = False
+    for flag in xla_flags.split():
+        name, _, value = flag.partition("=")
+        if name == DETERMINISTIC_GPU_FLAG.partition("=")[0]:
+            on = value.lower() in ("", "true", "1")
+    return on
+
+
 def resolve_attention(requested: str, dtype: str, deterministic: bool = False) -> str:
     """`auto` -> cuDNN's fused attention where it runs (NVIDIA GPU, 16-bit compute); on CPU the causal-blocked
     attention (1.15x faster train steps there, BENCHMARKS.md); else XLA's. `deterministic`: the run asks for XLA's
-    deterministic GPU kernels (`system.deterministic`; the flag in XLA_FLAGS counts too)."""
+    deterministic GPU kernels (`system.deterministic`); the flag in XLA_FLAGS counts too."""
+    return _resolve_attention(requested, dtype, deterministic or deterministic_kernels(os.environ.get("XLA_FLAGS", "")))
+
+
+@functools.cache
+def _resolve_attention(requested: str, dtype: str, deterministic: bool) -> str:
     backend = jax.default_backend()
-    deterministic = deterministic or DETERMINISTIC_GPU_FLAG in os.environ.get("XLA_FLAGS", "").split()
     if requested in ("xla", "blocked"):
         return requested
     if backend != "gpu":
@@ -60,7 +74,7 @@ def resolve_attention(requested: str, dtype: str, deterministic: bool = False) -
         # measured on an H100 (jaxlib 0.11.2): gpt2-tiny's FP8 step with cuDNN's attention on deterministic kernels
         # fails at its first call (`IndexError: absl::container_internal::raw_hash_map<>::at`), with XLA's it runs;
         # the bfloat16 step and the probe below run on the same kernels
-        failure = "an FP8 step's cuDNN attention fails on XLA's deterministic kernels, system.deterministic"
+        failure = "an FP8 step's cuDNN attention fails on XLA's deterministic kernels, which this run asks for"
     else:
         failure = _cudnn_attention_failure("bfloat16" if dtype == "fp8" else dtype)  # fp8 attends in bfloat16
     if requested == "cudnn" and failure:
@@ -73,9 +87,11 @@ def resolve_attention(requested: str, dtype: str, deterministic: bool = False) -
 
 
 def _cudnn_attention_failure(dtype: str) -> str | None:
-    """Why cuDNN's attention does not run here (forward and backward, as training runs it), or None. Under XLA's
-    deterministic GPU kernels (system.deterministic), jaxlib 0.11.2's XLA fails cuDNN's backward pass at its first
-    call (`IndexError: absl::container_internal::raw_hash_map<>::at`, openxla/xla#46500): XLA's attention then."""
+    """Why cuDNN's attention does not run here (forward and backward, as training runs it), or None: an unsupported
+    dtype, GPU generation or cuDNN version. On XLA's deterministic kernels jaxlib 0.11.2's XLA failed 16-bit steps
+    with cuDNN's attention at their first call at 83d6e15 (`IndexError: absl::container_internal::raw_hash_map<>::at`,
+    openxla/xla#46500), which this probe would catch; on an H100 at 7263e04 the probe and the bfloat16 step passed
+    there and only the FP8 step failed (`_resolve_attention`'s FP8 branch)."""
 
     def loss(q, k, v):
         return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn").astype(jnp.float32).sum()

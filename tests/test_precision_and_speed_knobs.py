@@ -226,9 +226,9 @@ def test_auto_attention_picks_the_backends_kernel_and_the_step_runs_it(data_cach
 
 
 def test_where_cudnns_attention_fails_auto_takes_xlas_and_cudnn_is_one_line(monkeypatch):
-    """On a GPU whose cuDNN attention fails (forward or backward: under XLA's deterministic kernels jaxlib 0.11.2's
-    backward does), `auto` takes XLA's attention and `cudnn` is one line naming the failure. Here the failure is
-    real: a CPU backend called a GPU, where cuDNN's kernel cannot run."""
+    """On a GPU whose cuDNN attention fails (forward or backward, as the probe runs them), `auto` takes XLA's
+    attention and `cudnn` is one line naming the failure. Here the failure is real: a CPU backend called a GPU,
+    where cuDNN's kernel cannot run."""
     import models
 
     # The probe runs its attention, also where the model is built under a trace (eval_shape: a trained model's
@@ -242,13 +242,13 @@ def test_where_cudnns_attention_fails_auto_takes_xlas_and_cudnn_is_one_line(monk
         failure = eqx.filter_eval_shape(lambda: models.auto._cudnn_attention_failure("bfloat16") or "")
     assert failure == "cuDNN's bfloat16 attention fails here: RuntimeError: fails when it runs"
     monkeypatch.setattr(models.jax, "default_backend", lambda: "gpu")
-    models.resolve_attention.cache_clear()
+    models.auto._resolve_attention.cache_clear()
     try:
         assert models.resolve_attention("auto", "bfloat16") == "xla"
         with pytest.raises(ConfigError) as e:
             models.resolve_attention("cudnn", "fp8")
     finally:
-        models.resolve_attention.cache_clear()
+        models.auto._resolve_attention.cache_clear()
     assert "\n" not in str(e.value)
     assert re.fullmatch(
         r"config: model.attention: cudnn is not available \(cuDNN's bfloat16 attention fails here: \w+: .+\); "
@@ -266,7 +266,7 @@ def test_an_fp8_step_on_deterministic_kernels_takes_xlas_attention_where_cudnns_
     monkeypatch.setattr(models.jax, "default_backend", lambda: "gpu")
     monkeypatch.setattr(models.auto, "_cudnn_attention_failure", lambda dtype: None)  # a GPU whose probe passes
     monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-    models.resolve_attention.cache_clear()
+    models.auto._resolve_attention.cache_clear()
     try:
         assert models.resolve_attention("auto", "bfloat16", True) == "cudnn"
         assert models.resolve_attention("auto", "fp8", False) == "cudnn"
@@ -274,14 +274,20 @@ def test_an_fp8_step_on_deterministic_kernels_takes_xlas_attention_where_cudnns_
         with pytest.raises(ConfigError) as e:  # the config's check, before any data is read
             load_config(["system.dtype=fp8", "system.deterministic=true", "model.attention=cudnn"], num_local_devices=1)
         monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_gpu_deterministic_ops=true")
-        models.resolve_attention.cache_clear()
+        models.auto._resolve_attention.cache_clear()
         assert models.resolve_attention("auto", "fp8") == "xla"
         assert models.resolve_attention("auto", "bfloat16") == "cudnn"
+        monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_deterministic_ops=true --xla_gpu_deterministic_ops=false")
+        assert models.resolve_attention("auto", "fp8") == "cudnn"  # XLA reads the last
     finally:
-        models.resolve_attention.cache_clear()
+        models.auto._resolve_attention.cache_clear()
+    # XLA's reading of a boolean flag: bare, =true or =1 turn it on; the last one counts
+    flags = ["", "--xla_gpu_deterministic_ops", "--xla_gpu_deterministic_ops=1", "--xla_gpu_deterministic_ops=True"]
+    flags += ["--xla_gpu_deterministic_ops=true --xla_gpu_deterministic_ops=0", "--xla_gpu_deterministic_ops_x=true"]
+    assert [models.auto.deterministic_kernels(f) for f in flags] == [False, True, True, True, False, False]
     assert str(e.value) == (
         "config: model.attention: cudnn is not available (an FP8 step's cuDNN attention fails on XLA's deterministic "
-        "kernels, system.deterministic); use model.attention=auto or xla"
+        "kernels, which this run asks for); use model.attention=auto or xla"
     )
 
 

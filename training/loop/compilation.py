@@ -18,12 +18,9 @@ from training.config.system import SystemConfig
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
 
-# `system.deterministic=true`: XLA's deterministic GPU kernels (reductions and scatters without atomics, autotuning
-# among deterministic algorithms only), DETERMINISTIC_GPU_FLAG
-
-
 def xla_flags(system: SystemConfig) -> list[str]:
-    """The XLA flags a run asks for: `system.xla_flags`, and with `system.deterministic` the deterministic kernels'."""
+    """The XLA flags a run asks for: `system.xla_flags`, and with `system.deterministic` the deterministic kernels'
+    (DETERMINISTIC_GPU_FLAG: reductions and scatters without atomics, autotuning among deterministic algorithms)."""
     flags = [*system.xla_flags, *([DETERMINISTIC_GPU_FLAG] if system.deterministic else [])]
     return list(dict.fromkeys(flags))  # each once: system.deterministic may repeat one of system.xla_flags
 
