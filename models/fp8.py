@@ -9,7 +9,7 @@ which XLA's GPU compiler makes a cuBLASLt FP8 GEMM with the scales as runtime ar
 backends run the same products in their own arithmetic: the numbers a GPU would compute, without its speed.
 
 Delayed scaling: a tensor's scale s comes from the largest |x| of the last `history` steps (its amax history),
-s = amax / max * 2^-MARGIN, so quantising the current step needs no pass over the tensor first. The step records each
+s = amax / max * 2^MARGIN, so quantising the current step needs no pass over the tensor first. The step records each
 tensor's amax of this step into the history. The histories are train state (TrainState.fp8): checkpointed and
 restored with everything else, so a resumed run quantises as the straight run does.
 
@@ -118,14 +118,13 @@ FIRST_AMAX = (_max(E4M3), _max(E4M3), 1.0)
 
 
 def scales_from_history(history: jax.Array) -> jax.Array:
-    """[..., 3, H] amax histories -> [..., 3] scales: the largest amax over the history mapped to the format's max
-    (E4M3 for input and weight, E5M2 for the gradient); FIRST_AMAX's where nothing is recorded yet or the amax is not
-    finite."""
-    amax = jnp.max(history, axis=-1)
+    """[..., 3, H] amax histories -> [..., 3] scales: the largest finite amax over the history mapped to the format's
+    max with MARGIN's headroom (E4M3 for input and weight, E5M2 for the gradient); FIRST_AMAX's, with no headroom,
+    where nothing is recorded yet."""
+    amax = jnp.max(jnp.where(jnp.isfinite(history), history, 0.0), axis=-1)
     limits = jnp.asarray([_max(E4M3), _max(E4M3), _max(E5M2)], jnp.float32)
-    scale = amax / limits * 2.0**MARGIN
-    first = jnp.asarray(FIRST_AMAX, jnp.float32) / limits * 2.0**MARGIN
-    return jnp.where((amax > 0) & jnp.isfinite(amax), scale, first)
+    first = jnp.asarray(FIRST_AMAX, jnp.float32) / limits  # 1 for input and weight
+    return jnp.where(amax > 0, amax / limits * 2.0**MARGIN, first)
 
 
 class Fp8State(eqx.Module):

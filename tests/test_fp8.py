@@ -57,6 +57,9 @@ def test_scales_come_from_the_largest_amax_of_the_history_and_start_from_first_a
     np.testing.assert_allclose(scales[1, 2], [3.0, 0.5, 8.0], rtol=1e-6)  # exact quotients: 1e-6 is equality here
     # every other tensor: nothing yet, so input and weight at scale 1 and the gradient at an amax of 1
     np.testing.assert_allclose(scales.at[1, 2].set(0.0).sum(), 7 * (2 + 1 / 57344), rtol=1e-6)
+    # a non-finite entry is no amax: the finite ones give the scale, and none at all gives the first scales
+    mixed = jnp.zeros((2, 3, 3)).at[:, :, 0].set(jnp.inf).at[0, :, 1].set(jnp.asarray([448.0, 448.0, 57344.0]) * 2)
+    np.testing.assert_allclose(scales_from_history(mixed), [[2.0, 2.0, 2.0], [1.0, 1.0, 1 / 57344]], rtol=1e-6)
     state = Fp8State.create(n_layer=2, history=3).record(jnp.full((2, 4, 3), 2.0)).record(jnp.full((2, 4, 3), 5.0))
     np.testing.assert_array_equal(state.history[0, 0, 0], [5.0, 2.0, 0.0])  # newest first, oldest dropped last
     assert state.record(jnp.ones((2, 4, 3))).history[0, 0, 0].tolist() == [1.0, 5.0, 2.0]
