@@ -115,6 +115,19 @@ def test_gpu_suite_runs_its_stages_within_the_budget_and_packs_what_it_has(tmp_p
     assert not any("/cache" in n for n in names)
 
 
+def test_gpu_suites_levers_stage_runs_the_levers_asked_for_and_a_wrong_pick_is_one_line(tmp_path):
+    from scripts.benchmarks import gpu_suite
+
+    assert gpu_suite.levers(None) == gpu_suite.LEVERS
+    picked = gpu_suite.levers("vocab,accum,nothing like it")
+    assert picked == ["", "model.vocab_multiple=1", "train.batch_size=8 train.grad_accum_steps=4"]
+    out = tmp_path / "suite"
+    with pytest.raises(SystemExit) as e:
+        gpu_suite.main(["--out", str(out), "--only", "levers", "--levers", "vocabulary"])
+    assert str(e.value).startswith("error: --levers vocabulary: no lever holds any of these; the levers: ")
+    assert "\n" not in str(e.value) and not out.exists()  # said before anything was written
+
+
 def test_benchmarks_records_block_is_the_table_of_the_records_kept():
     """BENCHMARKS.md's GPU records table is written from benchmarks/results/ (records.py --update), not by hand."""
     from scripts.benchmarks import records

@@ -3,6 +3,7 @@
     python -m scripts.benchmarks.gpu_suite --nanogpt ~/src/nanoGPT --out runs/gpu-suite            # all, 570 s
     python -m scripts.benchmarks.gpu_suite --nanogpt ~/src/nanoGPT --out runs/gpu-suite --budget 1800
     python -m scripts.benchmarks.gpu_suite --out runs/gpu-suite --only tests,levers                 # some stages
+    python -m scripts.benchmarks.gpu_suite --out runs/gpu-suite --only levers --levers vocab,accum  # some levers
 
 Stages, in this order (`--only` picks some; each is a command of its own, its output in OUT/logs/<stage>.log):
   environment  nvidia-smi, and `python check_env.py` after `source activate_env.sh` (which installs this checkout)
@@ -88,6 +89,16 @@ BIG = [  # scanned: unrolled, a 48-layer model's step compiles for minutes (gpt2
     ("gpt2-medium", ["model.remat=full train.batch_size=32", "model.remat=full train.batch_size=32 system.dtype=fp8"]),
     ("llama-1.5b", ["model.remat=full train.batch_size=16"]),
 ]
+
+
+def levers(picked: str | None) -> list[str]:
+    """LEVERS, or the defaults ("") and the levers holding one of the comma-separated substrings of `picked`."""
+    if not picked:
+        return LEVERS
+    chosen = [v for v in LEVERS[1:] if any(p and p in v for p in picked.split(","))]
+    if not chosen:
+        raise SystemExit(f"error: --levers {picked}: no lever holds any of these; the levers: {', '.join(LEVERS[1:])}")
+    return ["", *chosen]
 
 
 class Suite:
@@ -240,7 +251,7 @@ class Suite:
         return self.run(stage, command, usual=usual, env=self.warm if warm else None)
 
     def levers(self) -> None:
-        self.bench("levers", self.gpt2, LEVERS, usual=60)
+        self.bench("levers", self.gpt2, levers(self.args.levers), usual=60)
 
     def big(self) -> None:
         for model, variants in BIG:
@@ -286,10 +297,12 @@ def main(argv: list[str]) -> int:
     p.add_argument("--nanogpt", metavar="PATH", help="a nanoGPT checkout, for the peer stage")
     p.add_argument("--budget", type=float, default=570, help="seconds for the whole suite (default 570)")
     p.add_argument("--only", help="comma-separated stages to run (default: all)")
+    p.add_argument("--levers", help="the levers stage: only the levers holding one of these comma-separated strings")
     p.add_argument("--model", default="gpt2", help="the model of profile, peer, levers, flags, fp8_curve (gpt2)")
     p.add_argument("--batch", type=int, default=32, help="their batch (32)")
     p.add_argument("--data", help=f'their dataset overrides, one string (default "{" ".join(GPT2_DATA)}")')
     args = p.parse_args(argv)
+    levers(args.levers)  # a --levers that picks nothing is said before anything runs or is written
     suite = Suite(args)
     suite.side_by_side()
     stages = ("profile", "peer", "fp8_gemm", "fp8_step", "levers", "big", "flags", "fp8_curve", "fp8_deterministic")
