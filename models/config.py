@@ -125,6 +125,9 @@ class ModelOptions:
     # in one chunk) measured faster than 8,192 on an H200 (359k against 343k tokens/s)
     head_loss_chunk: int = 32768
     logits_dtype: LogitsDtype = LogitsDtype.auto  # the head's logits: float32, or in the compute dtype
+    # queries, keys and values from one product with the QKV weight, sliced for attention (true), or from three, one per
+    # slice of the weight (false: no copies of the slices and of their gradient's concatenation; FP8 steps keep one)
+    fused_qkv: bool = True
     # The modern decoders' options (models/gpt.py); each default is GPT-2's. conf/model/llama-*.yaml and
     # modern-gpt.yaml set them together.
 

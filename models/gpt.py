@@ -182,7 +182,10 @@ class Block(eqx.Module):
         keys = (None, None) if key is None else tuple(jax.random.split(key, 2))
         scales = dict.fromkeys(MATMULS) if fp8_scales is None else dict(zip(MATMULS, fp8_scales))
         h_BTD = self.ln1(x_BTD)
-        q_BTNH, k_BTKH, v_BTKH = split_heads(self.qkv(h_BTD, scales["qkv"]), cfg)
+        if cfg.fused_qkv or scales["qkv"] is not None:  # FP8's scales and amaxes are the whole product's
+            q_BTNH, k_BTKH, v_BTKH = split_heads(self.qkv(h_BTD, scales["qkv"]), cfg)
+        else:
+            q_BTNH, k_BTKH, v_BTKH = heads(*(part(h_BTD) for part in qkv_parts(self.qkv, cfg)), cfg)
         if ve is not None:
             v_BTKH = add_value_embedding(v_BTKH, h_BTD, *ve)
         if self.q_norm is not None:
@@ -215,13 +218,28 @@ def qkv_shape(cfg: GPTConfig) -> tuple[int, int]:
 def split_heads(qkv_BTRE: jax.Array, cfg: GPTConfig) -> tuple[jax.Array, jax.Array, jax.Array]:
     """[B, T, G + 2, K x H] -> queries [B, T, N, H] (head n = k G + g: it shares key/value head n // G, as
     jax.nn.dot_product_attention and transformers pair them), keys and values [B, T, K, H]."""
-    B, T = qkv_BTRE.shape[:2]
-    N, K, H = cfg.n_head, cfg.kv_heads, cfg.head_dim
-    G = N // K
+    G = cfg.n_head // cfg.kv_heads
     # One split, not three slices: its gradient is one concatenation, where three slices' are three zero-padded
     # copies of the whole [B, T, G + 2, K x H] added up (with unstack_layers: gpt2-mini's CPU step 1.02-1.05x faster,
     # BENCHMARKS.md).
-    q_BTGE, k_BT1E, v_BT1E = jnp.split(qkv_BTRE, [G, G + 1], axis=2)
+    return heads(*jnp.split(qkv_BTRE, [G, G + 1], axis=2), cfg)
+
+
+def qkv_parts(qkv: Linear, cfg: GPTConfig) -> tuple[Linear, Linear, Linear]:
+    """The QKV layer as three: its weight's (and bias's) query rows [D, G, K x H], key row and value row [D, 1, K x H]
+    (`model.fused_qkv=false`). Each slice keeps the weight's last axis, so a weight split over the mesh's `model`
+    axis stays split."""
+    G = cfg.n_head // cfg.kv_heads
+    weights = jnp.split(qkv.weight, [G, G + 1], axis=1)
+    biases = (None,) * 3 if qkv.bias is None else jnp.split(qkv.bias, [G, G + 1], axis=0)
+    return tuple(Linear(w, b) for w, b in zip(weights, biases))
+
+
+def heads(q_BTGE: jax.Array, k_BT1E: jax.Array, v_BT1E: jax.Array, cfg: GPTConfig):
+    """The query rows [B, T, G, K x H] and key and value rows [B, T, 1, K x H] as `split_heads`' heads."""
+    B, T = q_BTGE.shape[:2]
+    N, K, H = cfg.n_head, cfg.kv_heads, cfg.head_dim
+    G = N // K
     if G == 1:  # multi-head attention: GPT-2's [3, D] rows
         q_BTNH = q_BTGE.reshape(B, T, N, H)
     else:

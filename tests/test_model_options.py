@@ -38,6 +38,7 @@ CHANGED = {
     "head_loss": {"head_loss": "chunked"},
     "head_loss_chunk": {"head_loss_chunk": 1024},
     "logits_dtype": {"logits_dtype": "compute"},
+    "fused_qkv": {"fused_qkv": False},
     "position": {"position": "learned"},
     "rope_theta": {"rope_theta": 500000.0},
     "rope_frequencies": {"rope_frequencies": "half_truncated"},
@@ -69,6 +70,7 @@ COMPUTE_ONLY = {
     "head_loss",
     "head_loss_chunk",
     "logits_dtype",
+    "fused_qkv",
     "vocab_multiple",
     "zero_init_mlp_out",
 }

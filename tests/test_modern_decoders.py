@@ -154,7 +154,9 @@ def test_dense_and_chunked_heads_remat_and_unrolled_layers_and_fp8_agree_under_e
     head and the layers under lax.scan, and with the chunked head (the soft-cap inside its hand-written backward
     pass), full remat and unrolled layers. FP8 runs the same model."""
     cfg = dataclasses.replace(LLAMA, qk_norm=True, logit_softcap=2.0)
-    other = dataclasses.replace(cfg, head_loss="chunked", head_loss_chunk=16, remat="full", scan_layers=False)
+    other = dataclasses.replace(
+        cfg, head_loss="chunked", head_loss_chunk=16, remat="full", scan_layers=False, fused_qkv=False
+    )
     model = jax.tree.map(lambda a: 3.0 * a, init(cfg, jax.random.PRNGKey(0)))
     x = tokens((2, 33))
 
@@ -178,6 +180,31 @@ def test_dense_and_chunked_heads_remat_and_unrolled_layers_and_fp8_agree_under_e
     bf16 = jax.tree.map(lambda w: w.astype(jnp.bfloat16) if eqx.is_inexact_array(w) else w, model)
     fp8 = eqx.filter_jit(loss)(bf16, jnp.ones((cfg.n_layer, 4, 3)))  # 4 matmuls (SwiGLU's gate and up are one)
     assert float(fp8) == pytest.approx(float(a), rel=0.03)  # e4m3's 3 mantissa bits: close, not equal
+
+
+@pytest.mark.parametrize("base", ["gpt2", "llama"])
+def test_three_qkv_products_give_what_the_fused_product_gives(base):
+    """`model.fused_qkv=false`: queries, keys and values from three products with the QKV weight's slices (GPT-2's
+    biases; under GQA, the query rows of several heads) give the fused product's loss and gradients, from a program
+    with two more products a layer."""
+    gpt2 = GPTConfig(vocab_size=259, n_layer=2, n_head=4, n_embd=64, context_size=64)
+    cfg = dataclasses.replace(gpt2 if base == "gpt2" else LLAMA, scan_layers=False)
+    split = dataclasses.replace(cfg, fused_qkv=False)
+    model = jax.tree.map(lambda a: 3.0 * a, init(cfg, jax.random.PRNGKey(0)))
+    model = eqx.tree_at(lambda m: m.blocks.qkv.bias, model, replace_fn=lambda b: b + 0.1) if cfg.bias else model
+    x = tokens((2, 33))
+
+    def loss(model):
+        log_z, target = model.loss_terms(x[:, :-1], x[:, 1:])
+        return jnp.mean(log_z - target)
+
+    loss_and_grads = eqx.filter_jit(eqx.filter_value_and_grad(loss))
+    (a, ga), (b, gb) = (loss_and_grads(dataclasses.replace(model, cfg=c)) for c in (cfg, split))
+    np.testing.assert_allclose(a, b, rtol=1e-5)  # two programs: a few ulp of a ~6 loss, as the test above
+    for g1, g2 in zip(jax.tree.leaves(ga), jax.tree.leaves(gb)):
+        np.testing.assert_allclose(g1, g2, atol=1e-5 * float(jnp.abs(g2).max()), rtol=1e-4)
+    dots = [str(jax.make_jaxpr(loss)(dataclasses.replace(model, cfg=c))).count("dot_general") for c in (cfg, split)]
+    assert dots[1] - dots[0] == 2 * cfg.n_layer, dots
 
 
 def test_flops_per_token_counts_swiglu_gqa_and_an_untied_head():
