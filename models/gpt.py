@@ -235,7 +235,9 @@ def qkv_parts(qkv: Linear, cfg: GPTConfig) -> tuple[Linear, Linear, Linear]:
     return tuple(Linear(w, b) for w, b in zip(weights, biases))
 
 
-def heads(q_BTGE: jax.Array, k_BT1E: jax.Array, v_BT1E: jax.Array, cfg: GPTConfig):
+def heads(
+    q_BTGE: jax.Array, k_BT1E: jax.Array, v_BT1E: jax.Array, cfg: GPTConfig
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The query rows [B, T, G, K x H] and key and value rows [B, T, 1, K x H] as `split_heads`' heads."""
     B, T = q_BTGE.shape[:2]
     N, K, H = cfg.n_head, cfg.kv_heads, cfg.head_dim
