@@ -160,6 +160,15 @@ def test_the_same_overrides_compose_once_until_a_file_of_conf_changes(tmp_path, 
     assert len(composed) == 4
 
 
+def test_a_config_made_after_another_keeps_none_of_its_values():
+    """`to_config` merges each config onto a schema node kept for the process (one per dataset class): what one
+    config sets, its dataset section's keys included, never reaches the next."""
+    first = to_config({"train": {"batch_size": 3}, "dataset": {"source": "text_files", "files": ["notes/"]}})
+    assert (first.train.batch_size, first.dataset.files) == (3, ["notes/"])
+    assert to_config({}).train.batch_size == Config().train.batch_size == 16
+    assert to_config({"dataset": {"source": "text_files"}}).dataset.files == []
+
+
 def test_cfg_prints_every_key_of_the_composed_config_and_runs_nothing(tmp_path, capsys):
     overrides = ["model=gpt2-tiny", "optimizer=sgdm", "train.max_steps=7", f"logging.run_dir={tmp_path}/run"]
     assert train_jax.command_line(["--cfg", *overrides]) == 0
