@@ -118,8 +118,8 @@ def test_gpu_suite_runs_its_stages_within_the_budget_and_packs_what_it_has(tmp_p
 def test_gpu_suites_levers_stage_runs_the_levers_asked_for_and_a_wrong_pick_is_one_line(tmp_path):
     from scripts.benchmarks import gpu_suite
 
-    assert gpu_suite.levers(None) == gpu_suite.LEVERS
-    picked = gpu_suite.levers("vocab,accum,nothing like it")
+    assert gpu_suite.chosen_levers(None) == gpu_suite.LEVERS
+    picked = gpu_suite.chosen_levers("vocab,accum,nothing like it")
     assert picked == ["", "model.vocab_multiple=1", "train.batch_size=8 train.grad_accum_steps=4"]
     out = tmp_path / "suite"
     with pytest.raises(SystemExit) as e:

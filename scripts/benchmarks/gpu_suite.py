@@ -92,7 +92,7 @@ BIG = [  # scanned: unrolled, a 48-layer model's step compiles for minutes (gpt2
 ]
 
 
-def levers(picked: str | None) -> list[str]:
+def chosen_levers(picked: str | None) -> list[str]:
     """LEVERS, or the defaults ("") and the levers holding one of the comma-separated substrings of `picked`."""
     if not picked:
         return LEVERS
@@ -252,7 +252,7 @@ class Suite:
         return self.run(stage, command, usual=usual, env=self.warm if warm else None)
 
     def levers(self) -> None:
-        self.bench("levers", self.gpt2, levers(self.args.levers), usual=60)
+        self.bench("levers", self.gpt2, chosen_levers(self.args.levers), usual=60)
 
     def big(self) -> None:
         for model, variants in BIG:
@@ -303,7 +303,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--batch", type=int, default=32, help="their batch (32)")
     p.add_argument("--data", help=f'their dataset overrides, one string (default "{" ".join(GPT2_DATA)}")')
     args = p.parse_args(argv)
-    levers(args.levers)  # a --levers that picks nothing is said before anything runs or is written
+    chosen_levers(args.levers)  # a --levers that picks nothing is said before anything runs or is written
     suite = Suite(args)
     suite.side_by_side()
     stages = ("profile", "peer", "fp8_gemm", "fp8_step", "levers", "big", "flags", "fp8_curve", "fp8_deterministic")
