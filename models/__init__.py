@@ -15,8 +15,8 @@ import jax
 import jax.numpy as jnp
 
 from models.auto import resolve_attention, resolve_head_loss, resolve_logits_dtype, resolve_scan_layers
-from models.config import ModelOptions
-from models.gpt import GPT, GPTConfig
+from models.config import GPTConfig, ModelOptions
+from models.gpt import GPT
 
 
 class SystemSection(Protocol):

@@ -1,14 +1,17 @@
 """The model's options, defined once. `ModelOptions` is every hyper-parameter of the network (its shape and how it
 computes): the `model` config section is these fields plus the run's label and builder (training/config/model.py),
-and `GPTConfig` (models/gpt.py) is these fields plus the vocabulary's size: the static description a model is built
+and `GPTConfig` (below) is these fields plus the vocabulary's size: the static description a model is built
 from, that checkpoints' config.yaml records and the Hugging Face export reads. An option is one field here, with its
 meaning as a comment (what `--help` prints), and the code that uses it."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Optional
+
+from models.mlp import mlp_hidden_width
 
 
 class Attention(StrEnum):
@@ -170,3 +173,41 @@ class ModelOptions:
     # mup: hidden init std and Adam lr / m, scores / head_dim, readout / m, m = n_embd / mup_base_width (models/mup.py)
     parametrization: Parametrization = Parametrization.standard
     mup_base_width: int = 256  # parametrization=mup: the width that trains exactly as standard (gpt2-micro's)
+
+
+@dataclass(frozen=True)
+class GPTConfig(ModelOptions):
+    """The model's static description (hashable: it lives inside the jitted pytree): the options of models/config.py
+    with the vocabulary's size, and the attention kernel resolved (never `auto`)."""
+
+    vocab_size: int = field(kw_only=True)
+    attention: Attention = Attention.xla  # xla | cudnn | blocked (models/attention.py)
+    yarn_windows: tuple[int, ...] = ()  # model.yarn_windows, as a tuple (hashable)
+
+    @property
+    def yarn_path(self) -> tuple[int, ...]:
+        """The attention windows YaRN stretched the rotary positions through, the current one last (models/rope.py);
+        () without YaRN."""
+        return (*self.yarn_windows, self.attention_window) if self.yarn_windows and self.attention_window else ()
+
+    @property
+    def width_multiplier(self) -> float:
+        """μP's m = n_embd / mup_base_width (models/mup.py); 1 under standard parametrization."""
+        return self.n_embd / self.mup_base_width if self.parametrization == "mup" else 1.0
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """Vocab rounded up so the head's matmul has friendly shapes; padded ids are never predicted."""
+        return math.ceil(self.vocab_size / self.vocab_multiple) * self.vocab_multiple
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_head or self.n_head
+
+    @property
+    def mlp_width(self) -> int:
+        return mlp_hidden_width(self.mlp, self.n_embd, self.mlp_hidden)

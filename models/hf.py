@@ -23,8 +23,9 @@ import numpy as np
 from core.errors import ConfigError, DataError, first_line
 from core.hub import hub_reachable
 from models import gpt_config
-from models.config import ModelOptions
-from models.gpt import GPT, INIT_STD, Block, GPTConfig, LayerNorm, Linear
+from models.block import INIT_STD, Block, Linear
+from models.config import GPTConfig, ModelOptions
+from models.gpt import GPT
 from models.hf_llama import (
     check_llama_config,
     from_llama_tensors,
@@ -33,6 +34,7 @@ from models.hf_llama import (
     pad_vocab_rows,
     to_llama_tensors,
 )
+from models.norms import LayerNorm
 
 HF_PREFIX = "hf:"
 HF_FILES = ("config.json", "model.safetensors")

@@ -1,7 +1,7 @@
 """Hugging Face Llama interop: a Llama-style GPT (rotary positions, RMSNorm, SwiGLU; any n_kv_head, tied or untied
 head, with or without biases) <-> a `transformers.LlamaForCausalLM` folder (config.json + model.safetensors).
 
-The layouts differ where ours fuses: our QKV weight [D, G + 2, K x H] (models/gpt.py `qkv_shape`: query head
+The layouts differ where ours fuses: our QKV weight [D, G + 2, K x H] (models/block.py `qkv_shape`: query head
 n = k G + g at row g) is Llama's q_proj, k_proj and v_proj, and our SwiGLU weight [D, F, 2] its gate_proj and up_proj.
 torch's Linear stores [out, in], ours [in, out]. Both rotate the two halves of a head (rotate_half), so rotary needs
 no permutation. Vocabulary rows are exported unpadded and padded back with fresh rows on import, as for GPT-2
@@ -20,7 +20,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from core.errors import ConfigError, DataError
-from models.gpt import GPT, INIT_STD, Block, GPTConfig, Linear
+from models.block import INIT_STD, Block, Linear
+from models.config import GPTConfig
+from models.gpt import GPT
 from models.norms import EPS, RMSNorm
 
 

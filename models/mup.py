@@ -24,7 +24,7 @@ from typing import Protocol
 
 
 class Widths(Protocol):
-    """models/gpt.py's GPTConfig (which imports this module): μP's width multiplier m."""
+    """GPTConfig (models/config.py) as far as μP reads it: its width multiplier m."""
 
     @property
     def width_multiplier(self) -> float: ...

@@ -56,7 +56,7 @@ class Reduce:
 
 
 class QkvHeads:
-    """qkv.weight [L, D, R, E] (R = 3, E = N*H; under grouped-query attention R = G + 2 rows of K*H: models/gpt.py
+    """qkv.weight [L, D, R, E] (R = 3, E = N*H; under grouped-query attention R = G + 2 rows of K*H: models/block.py
     `qkv_shape`): queries and keys one block per (layer, head) -> v [L, R - 1, E / H]; values one block per (layer,
     output neuron) -> v [L, E]."""
 

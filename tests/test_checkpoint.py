@@ -9,7 +9,8 @@ import optax
 import pytest
 
 from core.errors import CheckpointError
-from models.gpt import GPT, GPTConfig
+from models.config import GPTConfig
+from models.gpt import GPT
 from training.checkpoints.checkpointer import Checkpointer
 from training.step.precision import LossScale
 from training.step.state import TrainState

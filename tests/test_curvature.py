@@ -14,7 +14,7 @@ import pytest
 import train_jax
 from helpers import read_metrics, script_in_process, tiny_overrides
 from models import init_gpt
-from models.gpt import GPTConfig
+from models.config import GPTConfig
 from training.analysis import curvature
 from training.analysis import landscape as L
 

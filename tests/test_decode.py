@@ -8,8 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from models.config import GPTConfig
 from models.decode import generate
-from models.gpt import GPT, GPTConfig
+from models.gpt import GPT
 from models.sampling import generate_no_cache, sample_logits
 
 
@@ -65,9 +66,9 @@ def test_rows_stop_at_eos_and_sampling_is_seeded(model):
 
 def test_decoding_runs_the_models_own_blocks(model, monkeypatch):
     """A change to the model's block reaches the cached decoder too: it has no arithmetic of its own."""
-    import models.gpt as gpt
+    import models.block as block
 
-    original = gpt.Block.__call__
+    original = block.Block.__call__
 
     def changed(self, x, *args, **kwargs):
         y, cache = original(self, x, *args, **kwargs)
@@ -75,7 +76,7 @@ def test_decoding_runs_the_models_own_blocks(model, monkeypatch):
 
     prompts = [[1, 2, 3], [7, 8]]
     before = generate(model, prompts, 10, temperature=0.0)
-    monkeypatch.setattr(gpt.Block, "__call__", changed)
+    monkeypatch.setattr(block.Block, "__call__", changed)
     jax.clear_caches()  # the compiled decoders traced the original block
     try:
         after = generate(model, prompts, 10, temperature=0.0)

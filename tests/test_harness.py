@@ -19,8 +19,9 @@ import pytest
 import train_jax
 from data.tokenizers import BpeTokenizer, ByteTokenizer, Gpt2Tokenizer
 from helpers import ROOT, run_cli, tiny_overrides
+from models.config import GPTConfig
 from models.decode import generate
-from models.gpt import GPT, GPTConfig
+from models.gpt import GPT
 from models.sampling import generate_no_cache
 from training.checkpoints.trained import load_trained
 from training.step.losses import token_losses

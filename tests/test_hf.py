@@ -305,7 +305,7 @@ def test_an_imported_vocabulary_is_padded_with_fresh_rows_and_a_larger_one_is_on
     import jax
 
     from core.errors import DataError
-    from models.gpt import GPTConfig
+    from models.config import GPTConfig
     from models.hf_llama import pad_vocab_rows
 
     cfg = GPTConfig(vocab_size=100, n_layer=1, n_head=2, n_embd=8, context_size=8)

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from helpers import build, tiny_overrides
-from models.gpt import GPT, GPTConfig
+from models.config import GPTConfig
+from models.gpt import GPT
 from models.lm_head import chunk_length, chunked_log_z_and_target_logit
 from training.distributed.sharding import put_batch
 from training.step.precision import cast_floating

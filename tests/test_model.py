@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from models import gpt_config
-from models.gpt import GPT, GPTConfig, count_params
+from models.config import GPTConfig
+from models.gpt import GPT, count_params
 from training.config import load_config
 from training.step.losses import mean_loss
 

@@ -17,7 +17,8 @@ import yaml
 import train_jax
 from helpers import ROOT, build, tiny_overrides
 from models import gpt_config, parameter_labels
-from models.gpt import GPT, GPTConfig
+from models.config import GPTConfig
+from models.gpt import GPT
 from models.mlp import mlp_activation
 from models.norms import RMSNorm
 from models.rope import apply_rotary, rotary_angles

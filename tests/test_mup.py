@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import pytest
 
 from core.errors import ConfigError
-from models.gpt import GPT, GPTConfig
+from models.config import GPTConfig
+from models.gpt import GPT
 from models.hf import gpt2_problem
 from optimizers import build_optimizer, build_schedule
 from training.analysis.coord_check import coord_check, growth

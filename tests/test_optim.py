@@ -7,7 +7,8 @@ import numpy as np
 import optax
 import pytest
 
-from models.gpt import GPT, GPTConfig
+from models.config import GPTConfig
+from models.gpt import GPT
 from optimizers import OPTIMIZERS, applied_lr_of, build_optimizer, build_schedule, grad_norm_of
 from training.config import load_config
 from training.step.losses import mean_loss

@@ -9,7 +9,8 @@ import pytest
 
 from core.errors import ConfigError
 from helpers import build, read_metrics, run_in_process, tiny_overrides
-from models.gpt import GPT, GPTConfig
+from models.config import GPTConfig
+from models.gpt import GPT
 from optimizers import build_optimizer, build_schedule
 from optimizers.decay import fixed
 from training.config import load_config

@@ -95,7 +95,8 @@ def test_an_optimizer_added_as_a_file_and_a_yaml_trains(project, data_cache, tmp
 BUILT = textwrap.dedent("""
     import json, sys
     import equinox as eqx, jax, jax.numpy as jnp
-    from models.gpt import GPT, GPTConfig
+    from models.config import GPTConfig
+    from models.gpt import GPT
     from optimizers import build_optimizer, build_schedule
     from training.config import load_config
     from core.errors import ConfigError

@@ -11,7 +11,8 @@ import optax
 import pytest
 
 from core.errors import ConfigError
-from models.gpt import GPT, GPTConfig
+from models.config import GPTConfig
+from models.gpt import GPT
 from optimizers import OPTIMIZERS, build_optimizer, build_schedule, matrices
 from optimizers.decay import fixed
 from training.config import load_config

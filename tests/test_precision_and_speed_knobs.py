@@ -17,7 +17,8 @@ import train_jax
 from core.errors import ConfigError
 from helpers import build, run_cli, tiny_overrides
 from models import gpt_config
-from models.gpt import GPT, GPTConfig
+from models.config import GPTConfig
+from models.gpt import GPT
 from training.config import load_config
 from training.distributed.sharding import put_batch
 from training.reporting.flops import flops_per_token, mfu, peak_flops

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from helpers import build, tiny_overrides
+from models.config import GPTConfig
 from models.decode import generate, generate_no_cache
-from models.gpt import GPT, GPTConfig
+from models.gpt import GPT
 
 BASE = GPTConfig(vocab_size=61, n_layer=4, n_head=2, n_embd=32, context_size=16, bias=False)
 hidden = eqx.filter_jit(lambda model, x: model.hidden(x)[0])

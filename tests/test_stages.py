@@ -18,7 +18,8 @@ import pytest
 import models.rope
 from data.batches import BatchSizes, step_samples
 from helpers import build, read_metrics, run_in_process, tiny_overrides
-from models.gpt import GPT, GPTConfig, with_config
+from models.config import GPTConfig
+from models.gpt import GPT, with_config
 from models.rope import rotary_angles, yarn_score_factor
 from training.config import load_config
 from training.config.stages import batch_sizes, final_model, plan_stages

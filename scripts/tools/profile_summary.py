@@ -7,7 +7,7 @@
 Reads the newest trace in RUN_DIR/profile (training/loop/profile.py). The ops are the trace's events with an `hlo_op`
 stat: kernels on the GPU planes' `Stream` lines, or, on XLA:CPU, thunks on the host threads of `/host:CPU`. Each is
 looked up in the HLO module the trace stores (`/host:metadata`) and classified by its named-scope path first
-(`attention` in models/gpt.py, `lm_head_loss`, `optimizer`), then by its HLO opcodes (those of a fusion's body
+(`attention` in models/block.py, `lm_head_loss`, `optimizer`), then by its HLO opcodes (those of a fusion's body
 included) or kernel name. Collectives go first: communication stays visible whatever scope issued it. The steps'
 window runs from the first `PjitFunction(train_step)` call to the end of the last train-step op; each instant of it is
 split evenly among the ops running then (CPU threads and GPU streams overlap; a CPU while-loop's thunk yields to the

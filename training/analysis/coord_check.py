@@ -21,7 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from models.gpt import GPT, GPTConfig
+from models.config import GPTConfig
+from models.gpt import GPT
 from optimizers import build_optimizer, build_schedule, own_warmups_in_steps
 from training.config import load_config
 from training.step.losses import mean_loss

@@ -27,7 +27,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from models.gpt import GPT, Linear
+from models.block import Linear
+from models.gpt import GPT
 from training.step.losses import token_losses
 
 Params = chex.ArrayTree  # a pytree of the model's arrays (eqx.filter(model, eqx.is_array))

@@ -27,7 +27,8 @@ from data.batches import BatchSizes
 from training.config.root import schedule_steps
 
 if TYPE_CHECKING:
-    from models.gpt import GPT, GPTConfig
+    from models.config import GPTConfig
+    from models.gpt import GPT
     from training.config.root import Config
 
 

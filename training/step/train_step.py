@@ -42,7 +42,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from models.gpt import GPT, GPTConfig, with_config
+from models.config import GPTConfig
+from models.gpt import GPT, with_config
 from optimizers import applied_lr_of, grad_norm_of, lr_step_of
 from optimizers.reporting import optimizer_metrics
 from training.step.losses import Batch, LossSums, loss_sums
