@@ -203,6 +203,37 @@ def test_fsdp_shards_big_arrays_on_their_largest_divisible_dimension():
     assert dp_bytes > 18e9 and fsdp_bytes < dp_bytes / 7.5  # 1.56B params x (param + 2 moments) x 4 bytes
 
 
+@pytest.mark.parametrize("layout,model_axis", [("fsdp", 1), ("dp", 2)])
+def test_a_fresh_model_is_made_in_its_shards_with_the_numbers_of_one_device(layout, model_axis):
+    """The run's model comes out of one program already in its layout: under FSDP on 8 devices each holds its share
+    of the large arrays and of their random bits, never the whole model (XLA's own count of the program's bytes on a
+    device); with tensor parallelism each holds its heads and hidden units. Its numbers are those of the model made
+    on one device."""
+    import equinox as eqx
+
+    from training.pipeline.build import init_model, model_maker
+
+    cfg = load_config(
+        ["model=gpt2-tiny", "system.num_devices=8", f"system.sharding={layout}", f"system.mesh_model={model_axis}"]
+    )
+    mesh, key = init_mesh(8, model_axis), jax.random.PRNGKey(0)
+    make = model_maker(cfg, 50257, mesh)
+    model, alone = make(key), init_model(cfg, 50257, key)
+    whole = sum(x.nbytes for x in jax.tree.leaves(eqx.filter(alone, eqx.is_array)))
+    expected = state_shardings(model, mesh, layout, model.TENSOR_PARALLEL_AXES)
+    arrays = [jax.tree.leaves(eqx.filter(m, eqx.is_array)) for m in (model, alone)]
+    for a, b, sharding in zip(*arrays, jax.tree.leaves(expected), strict=True):
+        assert a.sharding == sharding
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    if layout == "fsdp":  # 3.3M parameters, 13.3 MB on one device; here 1.7 MB out and 4.8 MB of work a device
+        memory = make.lower(key).compile().compiled.memory_analysis()  # JAX's Compiled inside Equinox's
+        assert memory.output_size_in_bytes < whole / 4, (memory, whole)
+        assert memory.output_size_in_bytes + memory.temp_size_in_bytes < whole, (memory, whole)
+        assert model.wte.addressable_shards[0].data.shape == (50304 // 8, 64)
+    else:
+        assert model.blocks.fc.weight.addressable_shards[0].data.shape == (2, 64, 256 // 2)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

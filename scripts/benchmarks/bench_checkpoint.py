@@ -37,7 +37,7 @@ def main(argv: list[str]) -> int:
     args, overrides = parser.parse_known_args(argv)
     cfg = config_lib.load_config(overrides)
     mesh = init_mesh(cfg.system.num_devices)
-    model = init_model(cfg, args.vocab, jax.random.PRNGKey(0))
+    model = init_model(cfg, args.vocab, jax.random.PRNGKey(0), mesh)
     optimizer = init_optimizer(cfg, init_scheduler(cfg), model)
     state, _ = place_state(model, optimizer, jax.random.PRNGKey(1), mesh, cfg.system.sharding)
     state_bytes = sum(x.nbytes for x in jax.tree.leaves(eqx.filter(state, eqx.is_array)))

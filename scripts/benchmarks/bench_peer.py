@@ -177,7 +177,7 @@ def ours(args: argparse.Namespace, commands: TextIO, replies: TextIO) -> None:
     config_lib.check_devices(cfg, jax.local_device_count())
     mesh = init_mesh(cfg.system.num_devices, cfg.system.mesh_model)
     model_key, train_key = jax.random.split(jax.random.PRNGKey(cfg.train.seed))
-    model = init_model(cfg, args.vocab, model_key)
+    model = init_model(cfg, args.vocab, model_key, mesh)
     schedule = init_scheduler(cfg)
     optimizer = init_optimizer(cfg, schedule, model)
     state, _, train_step, _ = init_state_and_steps(cfg, model, schedule, optimizer, train_key, mesh)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import equinox as eqx
 import jax
 import optax
 from jax.sharding import Mesh
@@ -37,7 +38,7 @@ from training import config as config_lib
 from training.checkpoints.resume import Source
 from training.config import Config
 from training.config.stages import batch_sizes, final_model, lr_multiplier_at, model_config_at, plan_stages
-from training.distributed.sharding import init_mesh
+from training.distributed.sharding import init_mesh, state_shardings
 from training.evaluation.splits import evaluate
 from training.step.eval_step import make_eval_step
 from training.step.precision import compute_dtype
@@ -84,10 +85,27 @@ def load_data(cfg: Config, corpus: Corpus, tokenizer: Tokenizer) -> Data:
     return make_data(cfg, corpus, tokenizer, context, jax.process_index(), jax.process_count(), sizes)
 
 
-def init_model(cfg: Config, vocab_size: int, key: jax.Array) -> GPT:
+def init_model(cfg: Config, vocab_size: int, key: jax.Array, mesh: Mesh | None = None) -> GPT:
     """The model the run ends with (train.stages' last attention window); earlier stages read it under their own
-    window (training/config/stages.py)."""
-    return MODEL_BUILDERS[cfg.model.arch](final_model(cfg), vocab_size, key)
+    window (training/config/stages.py). On `mesh`, made in its layout (`model_maker`); without one, on the default
+    device."""
+    return model_maker(cfg, vocab_size, mesh)(key)
+
+
+def model_maker(cfg: Config, vocab_size: int, mesh: Mesh | None = None) -> Callable[[jax.Array], GPT]:
+    """key -> the fresh model. On `mesh`: one program whose every array comes out in its share of the run's layout
+    (system.sharding, the model's tensor-parallel axes), so no device ever holds the whole model, only its share and
+    the random bits of it (JAX's partitionable threefry draws the same numbers however the arrays are split)."""
+    builder, options = MODEL_BUILDERS[cfg.model.arch], final_model(cfg)
+
+    def make(key: jax.Array) -> GPT:
+        return builder(options, vocab_size, key)
+
+    if mesh is None:
+        return make
+    abstract = eqx.filter_eval_shape(make, jax.random.PRNGKey(0))
+    shardings = state_shardings(abstract, mesh, cfg.system.sharding, getattr(abstract, "TENSOR_PARALLEL_AXES", {}))
+    return eqx.filter_jit(lambda key: eqx.filter_shard(make(key), shardings))
 
 
 def init_scheduler(cfg: Config) -> optax.Schedule:
@@ -161,7 +179,7 @@ def build(cfg: Config, source: Source | None = None) -> Pipeline:
     tokenizer = init_tokenizer(cfg, corpus, source)
     data = load_data(cfg, corpus, tokenizer)
     model_key, train_key = jax.random.split(jax.random.PRNGKey(cfg.train.seed))
-    model = init_model(cfg, tokenizer.vocab_size, model_key)
+    model = init_model(cfg, tokenizer.vocab_size, model_key, mesh)
     schedule = init_scheduler(cfg)
     optimizer = init_optimizer(cfg, schedule, model)
     return Pipeline(

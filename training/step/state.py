@@ -59,7 +59,8 @@ def place_state(
 ) -> tuple[TrainState, TrainState]:
     """A fresh TrainState laid out on the mesh, and the shardings of its arrays (a TrainState of NamedShardings).
 
-    The optimizer state is created under jit straight into its sharding, never first as one full copy per device.
+    The optimizer state is created under jit straight into its sharding, never first as one full copy per device; a
+    model made by training/pipeline/build.py `model_maker` on the mesh arrives in the same layout.
     """
     abstract = eqx.filter_eval_shape(TrainState.create, model, optimizer, key, dtype, knobs, fp8_history)
     shardings = state_shardings(abstract, mesh, layout)
