@@ -104,10 +104,12 @@ def put_batch(batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
 def state_shardings(
     abstract_state: State, mesh: Mesh, layout: str, tensor_parallel_axes: dict[tuple[str, ...], int] | None = None
 ) -> State:
-    """A sharding for every array leaf of the (abstract) train state; `layout` is `dp` or `fsdp`;
-    `tensor_parallel_axes`: the model's (path suffix -> axis split over `model`), default the state's model's own."""
+    """A sharding for every array leaf of the (abstract) train state, or of a model alone; `layout` is `dp` or `fsdp`;
+    `tensor_parallel_axes`: the model's (path suffix -> axis split over `model`), default the state's model's own (or
+    the model's, given a model)."""
     if tensor_parallel_axes is None:
-        tensor_parallel_axes = getattr(getattr(abstract_state, "model", None), "TENSOR_PARALLEL_AXES", {})
+        model = getattr(abstract_state, "model", abstract_state)
+        tensor_parallel_axes = getattr(model, "TENSOR_PARALLEL_AXES", {})
     n_data, n_model = mesh.shape[DATA_AXIS], mesh.shape[MODEL_AXIS]
 
     def leaf(path: tuple, x: Any) -> NamedSharding | None:  # x: any leaf of the state

@@ -104,7 +104,7 @@ def model_maker(cfg: Config, vocab_size: int, mesh: Mesh | None = None) -> Calla
     if mesh is None:
         return make
     abstract = eqx.filter_eval_shape(make, jax.random.PRNGKey(0))
-    shardings = state_shardings(abstract, mesh, cfg.system.sharding, getattr(abstract, "TENSOR_PARALLEL_AXES", {}))
+    shardings = state_shardings(abstract, mesh, cfg.system.sharding)
     return eqx.filter_jit(lambda key: eqx.filter_shard(make(key), shardings))
 
 

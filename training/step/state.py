@@ -60,7 +60,7 @@ def place_state(
     """A fresh TrainState laid out on the mesh, and the shardings of its arrays (a TrainState of NamedShardings).
 
     The optimizer state is created under jit straight into its sharding, never first as one full copy per device; a
-    model made by training/pipeline/build.py `model_maker` on the mesh arrives in the same layout.
+    model already made in that layout is taken as it is.
     """
     abstract = eqx.filter_eval_shape(TrainState.create, model, optimizer, key, dtype, knobs, fp8_history)
     shardings = state_shardings(abstract, mesh, layout)
