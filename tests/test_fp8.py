@@ -14,7 +14,16 @@ import pytest
 
 from core.errors import ConfigError
 from helpers import build, read_metrics, run_in_process, tiny_overrides
-from models.fp8 import E4M3, E5M2, Fp8State, fp8_dot, native_fp8_problem, quantize_dequantize, scales_from_history
+from models.fp8 import (
+    E4M3,
+    E5M2,
+    MATMULS,
+    Fp8State,
+    fp8_dot,
+    native_fp8_problem,
+    quantize_dequantize,
+    scales_from_history,
+)
 from scripts.benchmarks.bench import custom_calls, float8_dots
 from training.config import check_devices, load_config
 from training.distributed.sharding import put_batch
@@ -49,6 +58,48 @@ def test_fp8_dot_rounds_its_operands_and_gradient_and_reports_their_amaxes():
     np.testing.assert_array_equal(amax, [jnp.max(jnp.abs(x)), jnp.max(jnp.abs(w)), jnp.max(jnp.abs(g))])
     # quantising at a scale leaves values that are exactly representable: rounding twice changes nothing
     np.testing.assert_array_equal(quantize_dequantize(jnp.asarray(xq), E4M3, scales[0]), xq)
+
+
+def power_of_two_scale(a: np.ndarray, dtype) -> float:
+    """The scale delayed scaling would give `a` (its amax at the format's max), rounded up to a power of two so that
+    bfloat16 holds it exactly and the reference rounds at the very scale fp8_dot does."""
+    return float(2.0 ** np.ceil(np.log2(np.max(np.abs(a)) / float(jnp.finfo(dtype).max))))
+
+
+@pytest.mark.parametrize(("d", "out"), [(768, (3, 768)), (768, (768,)), (768, (3072,)), (3072, (768,))], ids=MATMULS)
+def test_fp8_dot_at_gpt2s_shapes_computes_the_products_of_its_rounded_operands(d, out):
+    """The three products of one matmul as the train step compiles them (bfloat16 in and out, gpt2's width, a mean
+    loss's ~1e-6 output gradients) against numpy's float32 products of the same rounded operands. On a GPU with FP8
+    matmuls all three run in FP8 (cuBLASLt's GEMMs or XLA's kernels on float8 operands), whose scales are runtime
+    arguments: a scale applied twice, dropped or swapped there is an error of the scale's size, not of rounding."""
+    native = native_fp8_problem() is None
+    n = 2048 if native else 256
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(n, d)).astype(jnp.bfloat16)
+    w = (0.02 * rng.normal(size=(d, *out))).astype(jnp.bfloat16)
+    g = (1e-6 * rng.normal(size=(n, *out))).astype(jnp.bfloat16)
+    scales = np.asarray([power_of_two_scale(x, E4M3), power_of_two_scale(w, E4M3), power_of_two_scale(g, E5M2)])
+
+    @jax.jit
+    def products(x, w, scales, g):
+        y, pullback = jax.vjp(fp8_dot, x, w, scales)
+        return (y, *pullback(g)[:2])
+
+    args = (jnp.asarray(x), jnp.asarray(w), jnp.asarray(scales, jnp.float32), jnp.asarray(g))
+    compiled = products.lower(*args).compile().as_text()
+    fp8 = custom_calls(compiled).get(FP8_GEMM, 0) + float8_dots(compiled)
+    assert fp8 == (3 if native else 0), custom_calls(compiled)  # forward and both gradients, each in FP8 on a GPU
+    y, dx, dw = products(*args)
+    assert (y.dtype, dx.dtype, dw.dtype) == (jnp.bfloat16,) * 3
+    xq, wq, gq = rounded(x, E4M3, scales[0]), rounded(w, E4M3, scales[1]), rounded(g, E5M2, scales[2])
+    wq2, gq2 = wq.reshape(d, -1), gq.reshape(n, -1)
+    for got, exact in ((y, xq @ wq2), (dx, gq2 @ wq2.T), (dw, xq.T @ gq2)):
+        got = np.asarray(got, np.float32).reshape(exact.shape)
+        # bfloat16's rounding of the result (2^-9) and the summation order; a misapplied scale is off by >= 2x
+        assert np.linalg.norm(got - exact) / np.linalg.norm(exact) < 1e-2
+    # ... and FP8's rounding is in them: ~0.03 from the unrounded product, where bfloat16's would be ~0.003
+    unrounded = x.astype(np.float32) @ w.astype(np.float32).reshape(d, -1)
+    assert np.linalg.norm(np.asarray(y, np.float32).reshape(n, -1) - unrounded) / np.linalg.norm(unrounded) > 1e-2
 
 
 def test_scales_come_from_the_largest_amax_of_the_history_and_start_from_first_amax():
