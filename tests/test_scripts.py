@@ -94,6 +94,31 @@ def test_fp8_gemm_runs_every_form_and_each_rounds_as_fp8_does(monkeypatch, capsy
     assert [x["custom_calls"]["float8 dots"] for x in lines] == [0] * 9
 
 
+def test_gemm_epilogue_runs_every_form_both_ways_and_each_computes_the_same_function(monkeypatch, capsys):
+    small = ["--m", "128", "--k", "32", "--n", "48", "--context", "64", "--iters", "2"]
+    out = run_script("scripts.benchmarks.gemm_epilogue", small, monkeypatch, capsys)
+    lines = [json.loads(line) for line in out.strip().splitlines()]
+    from scripts.benchmarks import gemm_epilogue
+
+    forms = gemm_epilogue.forms(64)
+    assert [(x["form"], x["passes"]) for x in lines] == [
+        (form, passes) for form in forms for passes in ("forward", "forward and backward")
+    ]
+    # each form against its own function in float32: bfloat16's rounding of operands and output, nothing more
+    assert all(x["relative_error"] < 0.01 for x in lines), lines
+    assert not any(x["custom_calls"] or x["epilogues"] for x in lines)  # the CPU has no cuBLASLt
+    # the train step's Linear and GELU compute the 2-D form's function, and that one the bias the product lacks
+    rng = np.random.default_rng(0)
+    x, w, b = (rng.normal(size=shape).astype(np.float32) for shape in ((128, 32), (32, 48), (48,)))
+    (product, with_bias, gelu_2d, model) = (np.asarray(f(x, w, b)) for f in forms.values())
+    np.testing.assert_allclose(model, gelu_2d, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(with_bias - product, np.broadcast_to(b, product.shape), rtol=1e-5, atol=1e-5)
+    config = '"gemm_backend_config":{"epilogue":"BIAS_GELU_AUX","beta":0} ... "epilogue":"DEFAULT" "epilogue":"DEFAULT"'
+    assert gemm_epilogue.epilogues(config) == {"BIAS_GELU_AUX": 1, "DEFAULT": 2}
+    assert gemm_epilogue.main(["--m", "100", "--context", "64"]) == 2
+    assert capsys.readouterr().err == "error: --context 64 must divide --m 100\n"
+
+
 def test_gpu_suite_runs_its_stages_within_the_budget_and_packs_what_it_has(tmp_path, monkeypatch, capsys):
     """The suite's machinery on a CPU: a stage runs as a command with its log, one whose usual length the budget no
     longer holds is skipped and says so, and the output folder is packed (the data's caches left out)."""

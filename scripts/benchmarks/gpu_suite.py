@@ -18,6 +18,8 @@ Stages, in this order (`--only` picks some; each is a command of its own, its ou
   peer       scripts/benchmarks/bench_peer.py: nanoGPT (torch.compile, flash SDPA, fused AdamW) against ours
   fp8_gemm   scripts/benchmarks/fp8_gemm.py at its default shape and at gpt2's qkv shape: which FP8 forms XLA
              rewrites into FP8 GEMMs
+  epilogue   scripts/benchmarks/gemm_epilogue.py at gpt2's MLP input matmul: which forms of the bias and GELU XLA folds
+             into cuBLASLt's epilogues, forward and backward, and their speed
   fp8_step   bench.py: gpt2 in bfloat16 and FP8 in one process, then FP8 with Triton's GEMMs off in another: which
              kind of FP8 matmul the step holds (records' custom calls and float8_dots), its compile time and speed
   levers     bench.py, one process: gpt2 at batch 32 in bfloat16 with each lever switched from its default
@@ -230,6 +232,9 @@ class Suite:
         command = [sys.executable, "-m", "scripts.benchmarks.bench_peer", *peer.split(), *record]
         self.run("peer", command, 90, env=self.warm, most=240)
 
+    def epilogue(self) -> None:
+        self.run("epilogue", [sys.executable, "-m", "scripts.benchmarks.gemm_epilogue"], usual=30, most=120)
+
     def fp8_gemm(self) -> None:
         module = [sys.executable, "-m", "scripts.benchmarks.fp8_gemm"]
         self.run("fp8_gemm", module, usual=20, most=90)
@@ -306,7 +311,18 @@ def main(argv: list[str]) -> int:
     chosen_levers(args.levers)  # a --levers that picks nothing is said before anything runs or is written
     suite = Suite(args)
     suite.side_by_side()
-    stages = ("profile", "peer", "fp8_gemm", "fp8_step", "levers", "big", "flags", "fp8_curve", "fp8_deterministic")
+    stages = (
+        "profile",
+        "peer",
+        "fp8_gemm",
+        "epilogue",
+        "fp8_step",
+        "levers",
+        "big",
+        "flags",
+        "fp8_curve",
+        "fp8_deterministic",
+    )
     for stage in stages:
         if suite.wanted(stage):
             getattr(suite, stage)()
