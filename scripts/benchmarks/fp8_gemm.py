@@ -74,25 +74,23 @@ def forms(scales: jax.Array) -> dict[str, Callable]:
     }
 
 
-def compiled_matmuls(jitted: Callable, *args) -> dict[str, int]:
-    """The compiled program's custom calls, and its dots of float8 operands under "float8 dots" (XLA's own FP8
+def matmuls(hlo_text: str) -> dict[str, int]:
+    """A compiled program's custom calls, and its dots of float8 operands under "float8 dots" (XLA's own FP8
     kernels)."""
-    text = jitted.lower(*args).compile().as_text()
-    return {**custom_calls(text), "float8 dots": float8_dots(text)}
+    return {**custom_calls(hlo_text), "float8 dots": float8_dots(hlo_text)}
 
 
-def measure(f: Callable, args: tuple, iters: int) -> tuple[dict[str, int], float, jax.Array]:
-    """The compiled program's custom calls (`compiled_matmuls`), the median ms of `iters` synchronised calls, and the
-    product."""
+def measure(f: Callable, args: tuple, iters: int) -> tuple[str, float, jax.Array]:
+    """The compiled program's HLO text, the median ms of `iters` synchronised calls, and the product."""
     jitted = jax.jit(f)
-    calls = compiled_matmuls(jitted, *args)
+    text = jitted.lower(*args).compile().as_text()
     y = jax.block_until_ready(jitted(*args))
     times = []
     for _ in range(iters):
         t = time.perf_counter()
         jax.block_until_ready(jitted(*args))
         times.append(time.perf_counter() - t)
-    return calls, 1000 * statistics.median(times), y
+    return text, 1000 * statistics.median(times), y
 
 
 def main(argv: list[str]) -> int:
@@ -115,13 +113,13 @@ def main(argv: list[str]) -> int:
         return jnp.sum(jnp.square(fp8_dot(x, w, s).astype(jnp.float32)))
 
     gradient = jax.jit(jax.grad(loss, argnums=(0, 1)))
-    fp8_gemms = compiled_matmuls(gradient, x, w, scales)
+    fp8_gemms = matmuls(gradient.lower(x, w, scales).compile().as_text())
     form = "fp8_dot forward and backward at runtime scales"
     print(json.dumps({"form": form, "custom_calls": fp8_gemms, "device": device}), flush=True)
     for name, f in forms(scales).items():
-        calls, ms, y = measure(f, operands, args.iters)
+        text, ms, y = measure(f, operands, args.iters)
         error = float(jnp.linalg.norm(y.astype(jnp.float32) - reference) / jnp.linalg.norm(reference))
-        line = {"form": name, "custom_calls": calls, "ms": round(ms, 4), "tflops": round(flops / ms / 1e9, 1)}
+        line = {"form": name, "custom_calls": matmuls(text), "ms": round(ms, 4), "tflops": round(flops / ms / 1e9, 1)}
         line |= {"relative_error": round(error, 5), "shape": [args.m, args.k, args.n], "device": device}
         print(json.dumps(line), flush=True)
 

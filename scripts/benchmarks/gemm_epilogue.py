@@ -86,8 +86,7 @@ def main(argv: list[str]) -> int:
     for name, f in forms(args.context).items():
         exact = f(x.astype(jnp.float32), w.astype(jnp.float32), b.astype(jnp.float32))
         for passes, fn in (("forward", f), ("forward and backward", with_backward(f, g))):
-            text = jax.jit(fn).lower(x, w, b).compile().as_text()
-            _, ms, out = measure(fn, (x, w, b), args.iters)
+            text, ms, out = measure(fn, (x, w, b), args.iters)
             y = out if passes == "forward" else out[0]
             error = float(jnp.linalg.norm(y.astype(jnp.float32) - exact) / jnp.linalg.norm(exact))
             line = {"form": name, "passes": passes, "custom_calls": custom_calls(text), "epilogues": epilogues(text)}
