@@ -7,6 +7,7 @@ the compiled step must run its matmuls in FP8 (cuBLASLt's FP8 GEMMs, or XLA's ow
 
 import warnings
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,6 +15,8 @@ import pytest
 
 from core.errors import ConfigError
 from helpers import build, read_metrics, run_in_process, tiny_overrides
+from models.auto import resolve_attention
+from models.config import GPTConfig
 from models.fp8 import (
     E4M3,
     E5M2,
@@ -24,9 +27,11 @@ from models.fp8 import (
     quantize_dequantize,
     scales_from_history,
 )
+from models.gpt import GPT
 from scripts.benchmarks.bench import custom_calls, float8_dots
 from training.config import check_devices, load_config
 from training.distributed.sharding import put_batch
+from training.step.precision import cast_floating
 
 pytestmark = pytest.mark.gpu
 STEPS = 20
@@ -100,6 +105,53 @@ def test_fp8_dot_at_gpt2s_shapes_computes_the_products_of_its_rounded_operands(d
     # ... and FP8's rounding is in them: ~0.03 from the unrounded product, where bfloat16's would be ~0.003
     unrounded = x.astype(np.float32) @ w.astype(np.float32).reshape(d, -1)
     assert np.linalg.norm(np.asarray(y, np.float32).reshape(n, -1) - unrounded) / np.linalg.norm(unrounded) > 1e-2
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "fp8"])
+def test_the_train_steps_loss_at_a_position_sees_no_later_token(dtype):
+    """Each token's loss as the train step's program computes it (the compute-dtype copy of the model, forward and
+    backward in one program, FP8's matmuls at the scales a first step's amaxes give, attention as `auto` picks it) is
+    the same for two batches that differ only after that token. A kernel that let a query see later keys would let
+    the training loss fall faster than the model learns. On a GPU gpt2's shapes and kernels (cuDNN's attention,
+    cuBLASLt's FP8 GEMMs, whose layouts XLA chooses around each other); elsewhere a small model."""
+    on_gpu = jax.default_backend() == "gpu"
+    if dtype == "fp8" and on_gpu and native_fp8_problem():
+        pytest.skip(f"FP8 matmuls: {native_fp8_problem()}")
+    shape = dict(vocab_size=50304, n_layer=12, n_head=12, n_embd=768, context_size=1024) if on_gpu else {}
+    shape = shape or dict(vocab_size=259, n_layer=2, n_head=2, n_embd=64, context_size=128)
+    cfg = GPTConfig(**shape, attention=resolve_attention("auto", dtype))
+    model = GPT.init(cfg, jax.random.PRNGKey(0))
+    batch, T = 4, cfg.context_size
+    rng = np.random.default_rng(0)
+    same = rng.integers(0, cfg.vocab_size, (batch, T + 1))
+    later = same.copy()
+    later[:, T // 2 + 1 :] = rng.integers(0, cfg.vocab_size, (batch, T // 2))  # inputs from T/2 + 1, targets from T/2
+
+    @jax.jit
+    def train_program(model, scales, tokens):
+        def objective(model_and_scales):
+            m, s = model_and_scales
+            log_z, target_logit = cast_floating(m, jnp.bfloat16).loss_terms(tokens[:, :-1], tokens[:, 1:], fp8_scales=s)
+            return jnp.mean(log_z - target_logit), log_z - target_logit
+
+        (_, losses), (grads, amax) = eqx.filter_value_and_grad(objective, has_aux=True)((model, scales))
+        squares = sum(jnp.sum(jnp.square(g.astype(jnp.float32))) for g in jax.tree.leaves(grads))
+        return losses, squares, amax  # the gradient's norm keeps the backward pass in the program
+
+    scales = None
+    if dtype == "fp8":  # the scales after one step: each tensor's amax at its format's max
+        amax = train_program(model, Fp8State.create(cfg.n_layer, 1).scales(), jnp.asarray(same))[2]
+        scales = scales_from_history(amax[..., None])
+    compiled = train_program.lower(model, scales, jnp.asarray(same)).compile().as_text()
+    calls = custom_calls(compiled)
+    assert (cfg.attention == "cudnn") == any("fmha" in name for name in calls), calls
+    if dtype == "fp8" and on_gpu:
+        assert calls.get(FP8_GEMM, 0) + float8_dots(compiled) >= 3 * 4, calls
+    (a, norm_a, _), (b, norm_b, _) = (train_program(model, scales, jnp.asarray(t)) for t in (same, later))
+    assert np.isfinite(float(norm_a)) and float(norm_a) > 0 and float(norm_b) != float(norm_a)
+    # a token's loss sees its position's input and the ones before it, and its target: all the same up to T/2
+    np.testing.assert_array_equal(np.asarray(a)[:, : T // 2], np.asarray(b)[:, : T // 2])
+    assert np.all(np.asarray(a)[:, T // 2 + 1 :] != np.asarray(b)[:, T // 2 + 1 :])  # later, every position differs
 
 
 def test_scales_come_from_the_largest_amax_of_the_history_and_start_from_first_amax():
