@@ -34,6 +34,7 @@ def test_bench_times_the_step_the_loader_and_a_compile(data_cache, monkeypatch, 
         run_script("scripts.benchmarks.bench", ["--steps", "2", "--warmup", "1", *tiny], monkeypatch, capsys)
     )
     assert step["steps_timed"] == 2 and step["tokens_per_s"] > 0 and step["config"]["model"] == "gpt2-tiny"
+    assert step["custom_calls"] == step["gemm_epilogues"] == {}  # the CPU's dots are XLA's own: no cuBLAS(Lt) call
     loader = last_json(run_script("scripts.benchmarks.bench", ["--loader", "--steps", "3", *tiny], monkeypatch, capsys))
     assert loader["steps"] == 3 and loader["tokens_per_batch"] == 8 * 64 and loader["loader_tokens_per_s"] > 0
     compiled = last_json(

@@ -74,6 +74,7 @@ def bench(overrides: list[str], steps: int, warmup: int, first: bool = True) -> 
         times.append(time.perf_counter() - t)
         losses.append(float(metrics["loss"]))  # outside the timed interval
     compiled = train_step.lower(state, batches[0]).compile()  # the executable just run (jit's cache: no compiling)
+    hlo = compiled.as_text()
 
     context = config_lib.context_size(cfg)
     tokens_per_step = data.train.global_batch * context
@@ -107,8 +108,9 @@ def bench(overrides: list[str], steps: int, warmup: int, first: bool = True) -> 
         "steps_timed": steps,
         "loss_last": losses[-1],
         "losses": [round(x, 5) for x in losses],
-        "custom_calls": custom_calls(compiled.as_text()),
-        "float8_dots": float8_dots(compiled.as_text()),
+        "custom_calls": custom_calls(hlo),
+        "float8_dots": float8_dots(hlo),
+        "gemm_epilogues": epilogues(hlo),
         "config": {
             "model": cfg.model.name,
             "n_layer": cfg.model.n_layer,
@@ -147,6 +149,12 @@ def planned_memory(compiled: Any) -> int | None:
 def custom_calls(hlo_text: str) -> dict[str, int]:
     """How often each custom-call target occurs in a compiled program's HLO (cuDNN's attention, cuBLAS's GEMMs...)."""
     return dict(sorted(Counter(re.findall(r'custom_call_target="([^"]+)"', hlo_text)).items()))
+
+
+def epilogues(hlo_text: str) -> dict[str, int]:
+    """How often each cuBLASLt epilogue (what the GEMM applies as it writes: DEFAULT, BIAS, GELU, ...) occurs in a
+    compiled program's GEMM calls (their backend configs)."""
+    return dict(sorted(Counter(re.findall(r'"epilogue":"([A-Z_]+)"', hlo_text)).items()))
 
 
 _DEFINITION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(\w+)\[", re.M)

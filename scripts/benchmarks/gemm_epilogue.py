@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
-from collections import Counter
 from collections.abc import Callable
 
 import jax
@@ -32,13 +30,8 @@ import jax.numpy as jnp
 
 from models.block import Linear
 from models.mlp import mlp_activation
-from scripts.benchmarks.bench import custom_calls
+from scripts.benchmarks.bench import custom_calls, epilogues
 from scripts.benchmarks.fp8_gemm import measure
-
-
-def epilogues(hlo_text: str) -> dict[str, int]:
-    """How often each cuBLASLt epilogue occurs in a compiled program's GEMM calls."""
-    return dict(sorted(Counter(re.findall(r'"epilogue":"([A-Z_]+)"', hlo_text)).items()))
 
 
 def forms(context: int) -> dict[str, Callable]:
