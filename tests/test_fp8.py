@@ -15,6 +15,7 @@ import pytest
 
 from core.errors import ConfigError
 from helpers import build, read_metrics, run_in_process, tiny_overrides
+from models import fp8 as fp8_module
 from models.auto import resolve_attention
 from models.config import GPTConfig
 from models.fp8 import (
@@ -107,51 +108,108 @@ def test_fp8_dot_at_gpt2s_shapes_computes_the_products_of_its_rounded_operands(d
     assert np.linalg.norm(np.asarray(y, np.float32).reshape(n, -1) - unrounded) / np.linalg.norm(unrounded) > 1e-2
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "fp8"])
-def test_the_train_steps_loss_at_a_position_sees_no_later_token(dtype):
-    """Each token's loss as the train step's program computes it (the compute-dtype copy of the model, forward and
-    backward in one program, FP8's matmuls at the scales a first step's amaxes give, attention as `auto` picks it) is
-    the same for two batches that differ only after that token. A kernel that let a query see later keys would let
-    the training loss fall faster than the model learns. On a GPU gpt2's shapes and kernels (cuDNN's attention,
-    cuBLASLt's FP8 GEMMs, whose layouts XLA chooses around each other); elsewhere a small model."""
+def program_model(dtype: str) -> GPT:
+    """gpt2's shapes and the attention `auto` picks (cuDNN's) on a GPU, whose FP8 matmuls it needs; a small model
+    elsewhere. Every bias and norm parameter moved off its init (zeros, ones), so that each takes part."""
     on_gpu = jax.default_backend() == "gpu"
     if dtype == "fp8" and on_gpu and native_fp8_problem():
         pytest.skip(f"FP8 matmuls: {native_fp8_problem()}")
     shape = dict(vocab_size=50304, n_layer=12, n_head=12, n_embd=768, context_size=1024) if on_gpu else {}
     shape = shape or dict(vocab_size=259, n_layer=2, n_head=2, n_embd=64, context_size=128)
-    cfg = GPTConfig(**shape, attention=resolve_attention("auto", dtype))
-    model = GPT.init(cfg, jax.random.PRNGKey(0))
-    batch, T = 4, cfg.context_size
-    rng = np.random.default_rng(0)
-    same = rng.integers(0, cfg.vocab_size, (batch, T + 1))
-    later = same.copy()
-    later[:, T // 2 + 1 :] = rng.integers(0, cfg.vocab_size, (batch, T // 2))  # inputs from T/2 + 1, targets from T/2
+    model = GPT.init(GPTConfig(**shape, attention=resolve_attention("auto", dtype)), jax.random.PRNGKey(0))
+    keys = iter(jax.random.split(jax.random.PRNGKey(1), 1000))
+    moved = lambda p: p + 0.1 * jax.random.normal(next(keys), p.shape) if float(jnp.std(p)) == 0 else p  # noqa: E731
+    return jax.tree.map(lambda p: moved(p) if eqx.is_inexact_array(p) else p, model)
+
+
+def train_program():
+    """The train step's program for one batch, as `micro_step` builds it: the compute-dtype copy of the model, forward
+    and backward in one program, FP8's matmuls at the given scales. Each token's loss, the gradient, the amaxes."""
 
     @jax.jit
-    def train_program(model, scales, tokens):
+    def program(model, scales, tokens):
         def objective(model_and_scales):
             m, s = model_and_scales
             log_z, target_logit = cast_floating(m, jnp.bfloat16).loss_terms(tokens[:, :-1], tokens[:, 1:], fp8_scales=s)
             return jnp.mean(log_z - target_logit), log_z - target_logit
 
         (_, losses), (grads, amax) = eqx.filter_value_and_grad(objective, has_aux=True)((model, scales))
-        squares = sum(jnp.sum(jnp.square(g.astype(jnp.float32))) for g in jax.tree.leaves(grads))
-        return losses, squares, amax  # the gradient's norm keeps the backward pass in the program
+        return losses, grads, amax
 
-    scales = None
-    if dtype == "fp8":  # the scales after one step: each tensor's amax at its format's max
-        amax = train_program(model, Fp8State.create(cfg.n_layer, 1).scales(), jnp.asarray(same))[2]
-        scales = scales_from_history(amax[..., None])
-    compiled = train_program.lower(model, scales, jnp.asarray(same)).compile().as_text()
-    calls = custom_calls(compiled)
-    assert (cfg.attention == "cudnn") == any("fmha" in name for name in calls), calls
-    if dtype == "fp8" and on_gpu:
-        assert calls.get(FP8_GEMM, 0) + float8_dots(compiled) >= 3 * 4, calls
-    (a, norm_a, _), (b, norm_b, _) = (train_program(model, scales, jnp.asarray(t)) for t in (same, later))
-    assert np.isfinite(float(norm_a)) and float(norm_a) > 0 and float(norm_b) != float(norm_a)
+    return program
+
+
+def one_step_scales(model: GPT, tokens: jax.Array) -> jax.Array:
+    """The scales after one step: each tensor's amax of a first step at its format's max."""
+    amax = train_program()(model, Fp8State.create(model.cfg.n_layer, 1).scales(), tokens)[2]
+    return scales_from_history(amax[..., None])
+
+
+def fp8_matmuls(program, *args) -> tuple[int, dict[str, int]]:
+    """The compiled program's matmuls in FP8 (cuBLASLt's FP8 GEMMs and XLA's own dots of float8 operands), and its
+    custom calls."""
+    text = program.lower(*args).compile().as_text()
+    return custom_calls(text).get(FP8_GEMM, 0) + float8_dots(text), custom_calls(text)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "fp8"])
+def test_the_train_steps_loss_at_a_position_sees_no_later_token(dtype):
+    """Each token's loss as the train step's program computes it (`train_program`, FP8's at the scales of one step) is
+    the same for two batches that differ only after that token. A kernel that let a query see later keys would let
+    the training loss fall faster than the model learns. On a GPU gpt2's shapes and kernels (cuDNN's attention,
+    cuBLASLt's FP8 GEMMs, whose layouts XLA chooses around each other); elsewhere a small model."""
+    model = program_model(dtype)
+    batch, T = 4, model.cfg.context_size
+    rng = np.random.default_rng(0)
+    same = rng.integers(0, model.cfg.vocab_size, (batch, T + 1))
+    later = same.copy()
+    later[:, T // 2 + 1 :] = rng.integers(0, model.cfg.vocab_size, (batch, T // 2))  # inputs from T/2 + 1, targets T/2
+    scales = one_step_scales(model, jnp.asarray(same)) if dtype == "fp8" else None
+    program = train_program()
+    fp8, calls = fp8_matmuls(program, model, scales, jnp.asarray(same))
+    assert (model.cfg.attention == "cudnn") == any("fmha" in name for name in calls), calls
+    assert fp8 >= 3 * 4 if dtype == "fp8" and jax.default_backend() == "gpu" else fp8 == 0, calls
+    (a, grads_a, _), (b, grads_b, _) = (program(model, scales, jnp.asarray(t)) for t in (same, later))
+    assert not jax.tree.all(jax.tree.map(jnp.array_equal, grads_a, grads_b))  # the batches differ, and so the steps
     # a token's loss sees its position's input and the ones before it, and its target: all the same up to T/2
     np.testing.assert_array_equal(np.asarray(a)[:, : T // 2], np.asarray(b)[:, : T // 2])
     assert np.all(np.asarray(a)[:, T // 2 + 1 :] != np.asarray(b)[:, T // 2 + 1 :])  # later, every position differs
+
+
+def widened_scaled_dot(a, b, scale_a, scale_b, dimensions, out_dtype):
+    """`scaled_dot` computed from its float8 operands widened to float32 behind a barrier, so that no FP8 matmul can
+    form: each product of two float8 values is exact in float32, and the sums float32's."""
+    a32, b32 = jax.lax.optimization_barrier((a.astype(jnp.float32), b.astype(jnp.float32)))
+    product = jax.lax.dot_general(a32, b32, dimensions, precision=jax.lax.Precision.HIGHEST)
+    return (product * (scale_a * scale_b)).astype(out_dtype)
+
+
+def test_the_fp8_train_programs_loss_and_gradient_are_its_rounded_products_computed_wide(monkeypatch):
+    """The FP8 train program (`train_program`: on a GPU gpt2's, with cuBLASLt's FP8 GEMMs and whatever XLA folds
+    into them, biases included) against the same program whose FP8 products are computed wide (`widened_scaled_dot`):
+    the same roundings to float8 at the same scales, so each token's loss and every gradient agree up to bfloat16's
+    rounding of the products and the order of their sums. A scale applied twice or dropped, a bias added in the
+    wrong place, a kernel summing wrongly, is an error of the gradient's size."""
+    model = program_model("fp8")
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, model.cfg.vocab_size, (4, model.cfg.context_size + 1)))
+    scales = one_step_scales(model, tokens)
+    native = train_program()
+    fp8, calls = fp8_matmuls(native, model, scales, tokens)
+    assert fp8 >= 3 * 4 if jax.default_backend() == "gpu" else fp8 == 0, calls
+    losses, grads, amax = native(model, scales, tokens)
+    monkeypatch.setattr(fp8_module, "scaled_dot", widened_scaled_dot)
+    wide = train_program()
+    assert fp8_matmuls(wide, model, scales, tokens)[0] == 0
+    wide_losses, wide_grads, wide_amax = wide(model, scales, tokens)
+    np.testing.assert_allclose(losses, wide_losses, atol=0.02)  # per token; the mean: 1e-3
+    assert abs(float(jnp.mean(losses)) - float(jnp.mean(wide_losses))) < 1e-3
+    np.testing.assert_allclose(amax, wide_amax, rtol=0.02)
+    for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(grads), jax.tree.leaves(wide_grads), strict=True):
+        g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
+        # FP8's roundings amplify small differences: one flip of an E5M2 rounding (2 mantissa bits) in a layer's output
+        # gradient moves all that layer's gradients; 2-4% apart on the CPU, where only bfloat16's rounding differs
+        apart = float(np.linalg.norm(g - w) / np.linalg.norm(w))
+        assert apart <= 0.1, (jax.tree_util.keystr(path), apart)
 
 
 def test_scales_come_from_the_largest_amax_of_the_history_and_start_from_first_amax():
