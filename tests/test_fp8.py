@@ -139,17 +139,16 @@ def train_program():
     return program
 
 
-def one_step_scales(model: GPT, tokens: jax.Array) -> jax.Array:
-    """The scales after one step: each tensor's amax of a first step at its format's max."""
-    amax = train_program()(model, Fp8State.create(model.cfg.n_layer, 1).scales(), tokens)[2]
-    return scales_from_history(amax[..., None])
-
-
-def fp8_matmuls(program, *args) -> tuple[int, dict[str, int]]:
-    """The compiled program's matmuls in FP8 (cuBLASLt's FP8 GEMMs and XLA's own dots of float8 operands), and its
-    custom calls."""
-    text = program.lower(*args).compile().as_text()
-    return custom_calls(text).get(FP8_GEMM, 0) + float8_dots(text), custom_calls(text)
+def compiled_program(program, model: GPT, fp8: bool, tokens: jax.Array):
+    """`program` compiled for `model` and batches like `tokens`, with the scales it runs at: for FP8 the scales after
+    one step (each tensor's amax of a first step at its format's max; the program compiled once, at the first step's
+    scales); its matmuls in FP8 (cuBLASLt's FP8 GEMMs and XLA's own dots of float8 operands); its custom calls."""
+    scales = Fp8State.create(model.cfg.n_layer, 1).scales() if fp8 else None
+    compiled = program.lower(model, scales, tokens).compile()
+    if fp8:
+        scales = scales_from_history(compiled(model, scales, tokens)[2][..., None])
+    text = compiled.as_text()
+    return compiled, scales, custom_calls(text).get(FP8_GEMM, 0) + float8_dots(text), custom_calls(text)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "fp8"])
@@ -164,9 +163,7 @@ def test_the_train_steps_loss_at_a_position_sees_no_later_token(dtype):
     same = rng.integers(0, model.cfg.vocab_size, (batch, T + 1))
     later = same.copy()
     later[:, T // 2 + 1 :] = rng.integers(0, model.cfg.vocab_size, (batch, T // 2))  # inputs from T/2 + 1, targets T/2
-    scales = one_step_scales(model, jnp.asarray(same)) if dtype == "fp8" else None
-    program = train_program()
-    fp8, calls = fp8_matmuls(program, model, scales, jnp.asarray(same))
+    program, scales, fp8, calls = compiled_program(train_program(), model, dtype == "fp8", jnp.asarray(same))
     assert (model.cfg.attention == "cudnn") == any("fmha" in name for name in calls), calls
     assert fp8 >= 3 * 4 if dtype == "fp8" and jax.default_backend() == "gpu" else fp8 == 0, calls
     (a, grads_a, _), (b, grads_b, _) = (program(model, scales, jnp.asarray(t)) for t in (same, later))
@@ -192,18 +189,17 @@ def test_the_fp8_train_programs_loss_and_gradient_are_its_rounded_products_compu
     wrong place, a kernel summing wrongly, is an error of the gradient's size."""
     model = program_model("fp8")
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, model.cfg.vocab_size, (4, model.cfg.context_size + 1)))
-    scales = one_step_scales(model, tokens)
-    native = train_program()
-    fp8, calls = fp8_matmuls(native, model, scales, tokens)
+    native, scales, fp8, calls = compiled_program(train_program(), model, True, tokens)
     assert fp8 >= 3 * 4 if jax.default_backend() == "gpu" else fp8 == 0, calls
     losses, grads, amax = native(model, scales, tokens)
     monkeypatch.setattr(fp8_module, "scaled_dot", widened_scaled_dot)
-    wide = train_program()
-    assert fp8_matmuls(wide, model, scales, tokens)[0] == 0
+    wide = train_program().lower(model, scales, tokens).compile()
+    assert float8_dots(wide.as_text()) == 0 and FP8_GEMM not in custom_calls(wide.as_text())
     wide_losses, wide_grads, wide_amax = wide(model, scales, tokens)
     np.testing.assert_allclose(losses, wide_losses, atol=0.02)  # per token; the mean: 1e-3
     assert abs(float(jnp.mean(losses)) - float(jnp.mean(wide_losses))) < 1e-3
-    np.testing.assert_allclose(amax, wide_amax, rtol=0.02)
+    np.testing.assert_allclose(amax[..., :2], wide_amax[..., :2], rtol=0.02)  # inputs and weights: forward values
+    np.testing.assert_allclose(amax[..., 2], wide_amax[..., 2], rtol=0.1)  # output gradients: see below
     for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(grads), jax.tree.leaves(wide_grads), strict=True):
         g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
         # FP8's roundings amplify small differences: one flip of an E5M2 rounding (2 mantissa bits) in a layer's output
