@@ -127,6 +127,14 @@ def scales_from_history(history: jax.Array) -> jax.Array:
     return jnp.where(amax > 0, amax / limits * 2.0**MARGIN, first)
 
 
+def amax_over_range(scales: jax.Array, amax: jax.Array) -> jax.Array:
+    """[..., 3] each tensor's amax over the range its scale covers (the scale times the format's max): above 1 the
+    tensor's largest values were clipped to the format's max. Delayed scaling clips where a tensor outgrows the
+    amaxes of its history, as activations and gradients do while they grow early in training."""
+    limits = jnp.asarray([_max(E4M3), _max(E4M3), _max(E5M2)], jnp.float32)
+    return amax / (scales * limits)
+
+
 class Fp8State(eqx.Module):
     """The amax histories of every FP8 matmul: [L, 4 matmuls (MATMULS), 3 tensors (X, W, G), H steps], newest
     first."""

@@ -263,7 +263,17 @@ def test_fp8_training_tracks_bfloat16_and_records_every_matmuls_amax(bfloat16_cu
     compiled = lowered.compile().as_text()
     fp8 = custom_calls(compiled).get(FP8_GEMM, 0) + float8_dots(compiled)
     assert fp8 >= 12 if native_fp8_problem() is None else fp8 == 0, (fp8, custom_calls(compiled))
-    curve = [float(parts.step(s)["loss"]) for s in range(STEPS)]
+    curve, clipped, limits = [], [], np.asarray([448.0, 448.0, 57344.0])  # E4M3's, E4M3's and E5M2's max
+    for s in range(STEPS):
+        scales = np.asarray(parts.state.fp8.scales())
+        metrics = parts.step(s)
+        # the step's clipping, from its scales and the amaxes it recorded: a tensor beyond its scale's range
+        over = np.asarray(parts.state.fp8.history[..., 0]) / (scales * limits)
+        assert int(metrics["fp8_clipped"]) == int(np.sum(over > 1.0))
+        assert float(metrics["fp8_amax_over_range"]) == pytest.approx(float(np.max(over)), rel=1e-6)
+        curve.append(float(metrics["loss"]))
+        clipped.append(int(metrics["fp8_clipped"]))
+    assert clipped[0] == 0 and sum(clipped) > 0, clipped  # the first step's ranges are wide, later ones the amaxes'
     assert np.mean(np.abs(np.array(curve) - np.array(bfloat16_curve))) < 0.03  # bfloat16's own tolerance vs float32
     assert curve[-1] < curve[0] - 0.5
     assert curve != bfloat16_curve  # ... and it is not bfloat16 under another name
@@ -305,6 +315,21 @@ def test_fp8_scales_are_checkpointed_and_a_resumed_run_equals_the_straight_one(d
     straight = {r["step"]: r["loss"] for r in read_metrics(tmp_path / "straight", "train")}
     assert sorted(losses) == list(range(1, 9))
     assert [losses[s] for s in range(1, 9)] == [straight[s] for s in range(1, 9)]  # bit for bit, steps 5-8 too
+    # each logged step says how many FP8 tensors outgrew their scale's range (training/loop/session.py), as its line
+    assert all({"fp8_clipped", "fp8_amax_over_range"} <= set(r) for r in read_metrics(split, "train"))
+    assert "| fp8 clipped " in first.stdout + first.stderr
+
+
+def test_an_intervals_fp8_clipping_counts_its_steps_and_takes_the_largest_overshoot():
+    from training.loop.session import fp8_interval
+
+    steps = [
+        {"fp8_clipped": np.int32(2), "fp8_amax_over_range": np.float32(1.5)},
+        {"fp8_clipped": np.int32(0), "fp8_amax_over_range": np.float32(0.75)},
+        {"fp8_clipped": np.int32(1), "fp8_amax_over_range": np.float32(1.25)},
+    ]
+    assert fp8_interval(steps) == {"fp8_clipped": 3, "fp8_amax_over_range": 1.5}
+    assert fp8_interval([{"loss": 1.0}]) == {}  # not an FP8 run
 
 
 def test_fp8_on_a_gpu_without_fp8_matmuls_is_one_config_line(monkeypatch):

@@ -195,6 +195,7 @@ class TrainingSession:
                 "mfu": mfu(tokens_per_s, self.flops, self.peak, self.p.mesh.devices.size),
                 "skipped_steps": int(last["skipped_steps"]),
                 "loss_scale": float(last["loss_scale"]),
+                **fp8_interval(fetched),
                 "elapsed_s": self.clock.elapsed(),
                 "remaining_s": self.clock.remaining(loop.step),
                 **statistics_of(last),
@@ -335,6 +336,17 @@ def _token_weighted(fetched: list[dict], name: str) -> float:
     pairs = [(float(m[name]), float(m["target_tokens"])) for m in fetched if math.isfinite(float(m[name]))]
     tokens = sum(n for _, n in pairs)
     return sum(v * n for v, n in pairs) / tokens if tokens else math.nan
+
+
+def fp8_interval(fetched: list[dict]) -> dict[str, float]:
+    """system.dtype=fp8: the FP8 tensors clipped in the interval's steps (a tensor once per step it outgrew its
+    scale's range) and the largest amax over range among them (models/fp8.py `amax_over_range`); else nothing."""
+    if "fp8_clipped" not in fetched[-1]:
+        return {}
+    return {
+        "fp8_clipped": sum(int(m["fp8_clipped"]) for m in fetched),
+        "fp8_amax_over_range": max(float(m["fp8_amax_over_range"]) for m in fetched),
+    }
 
 
 def agreed_stop(reason: str | None) -> str | None:

@@ -233,7 +233,10 @@ def _window(knobs: StatsKnobs, window: jax.Array, out: dict[str, jax.Array]) -> 
     return window, {f"{name}_avg": averages[i] for i, name in enumerate(knobs.scalar_names())}
 
 
-STEP_METRICS = ("loss", "target_tokens", "lr", "z_loss", "grad_norm", "loss_scale", "skipped_steps")  # not statistics
+STEP_METRICS = (  # not statistics
+    *("loss", "target_tokens", "lr", "z_loss", "grad_norm", "loss_scale", "skipped_steps"),
+    *("fp8_clipped", "fp8_amax_over_range"),
+)
 
 
 def statistics_of(metrics: dict) -> dict[str, float | None]:

@@ -43,6 +43,7 @@ import jax.numpy as jnp
 import optax
 
 from models.config import GPTConfig
+from models.fp8 import amax_over_range
 from models.gpt import GPT, with_config
 from optimizers import applied_lr_of, grad_norm_of, lr_step_of
 from optimizers.reporting import optimizer_metrics
@@ -279,6 +280,9 @@ def train_step(
         stats=stats,
         fp8=fp8,
     )
+    if state.fp8 is not None:  # how many FP8 tensors outgrew their scale's range this step, and by how much
+        over = amax_over_range(objective.fp8_scales, carry.fp8_amax)
+        stat_metrics = {**stat_metrics, "fp8_clipped": jnp.sum(over > 1.0), "fp8_amax_over_range": jnp.max(over)}
     new_state = eqx.filter_shard(new_state, spec.shardings)
     return new_state, step_metrics(spec, opt_state, loss, z_term, objective.step_tokens, loss_scale, stat_metrics)
 
