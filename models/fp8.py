@@ -30,6 +30,7 @@ import jax.numpy as jnp
 E4M3, E5M2 = jnp.float8_e4m3fn, jnp.float8_e5m2
 MARGIN = 0  # extra powers of two of headroom below the format's max
 X, W, G = 0, 1, 2  # a matmul's three scaled tensors: input, weight, output gradient
+TENSORS = ("input", "weight", "gradient")  # their names, in that order
 MATMULS = ("qkv", "attn_proj", "fc", "mlp_proj")  # the blocks' weight matmuls in FP8 (the LM head stays bf16)
 
 

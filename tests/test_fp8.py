@@ -5,6 +5,7 @@ compute, which is what these tests check; on a GPU with FP8 matmuls (`pytest -m 
 the compiled step must run its matmuls in FP8 (cuBLASLt's FP8 GEMMs, or XLA's own kernels on float8 operands).
 """
 
+import re
 import warnings
 
 import equinox as eqx
@@ -268,11 +269,11 @@ def test_fp8_training_tracks_bfloat16_and_records_every_matmuls_amax(bfloat16_cu
         scales = np.asarray(parts.state.fp8.scales())
         metrics = parts.step(s)
         # the step's clipping, from its scales and the amaxes it recorded: a tensor beyond its scale's range
-        over = np.asarray(parts.state.fp8.history[..., 0]) / (scales * limits)
-        assert int(metrics["fp8_clipped"]) == int(np.sum(over > 1.0))
-        assert float(metrics["fp8_amax_over_range"]) == pytest.approx(float(np.max(over)), rel=1e-6)
+        over = (np.asarray(parts.state.fp8.history[..., 0]) / (scales * limits)).reshape(-1, 3)  # input, weight, grad
+        np.testing.assert_array_equal(metrics["fp8_clipped"], np.sum(over > 1.0, axis=0))
+        np.testing.assert_allclose(metrics["fp8_amax_over_range"], np.max(over, axis=0), rtol=1e-6)
         curve.append(float(metrics["loss"]))
-        clipped.append(int(metrics["fp8_clipped"]))
+        clipped.append(int(np.sum(metrics["fp8_clipped"])))
     assert clipped[0] == 0 and sum(clipped) > 0, clipped  # the first step's ranges are wide, later ones the amaxes'
     assert np.mean(np.abs(np.array(curve) - np.array(bfloat16_curve))) < 0.03  # bfloat16's own tolerance vs float32
     assert curve[-1] < curve[0] - 0.5
@@ -316,19 +317,31 @@ def test_fp8_scales_are_checkpointed_and_a_resumed_run_equals_the_straight_one(d
     assert sorted(losses) == list(range(1, 9))
     assert [losses[s] for s in range(1, 9)] == [straight[s] for s in range(1, 9)]  # bit for bit, steps 5-8 too
     # each logged step says how many FP8 tensors outgrew their scale's range (training/loop/session.py), as its line
-    assert all({"fp8_clipped", "fp8_amax_over_range"} <= set(r) for r in read_metrics(split, "train"))
-    assert "| fp8 clipped " in first.stdout + first.stderr
+    kinds = {
+        f"{name}/{kind}" for name in ("fp8_clipped", "fp8_amax_over_range") for kind in ("input", "weight", "gradient")
+    }
+    assert all({"fp8_clipped", "fp8_amax_over_range", *kinds} <= set(r) for r in read_metrics(split, "train"))
+    assert re.search(r"\| fp8 clipped \d+ \(input \d+, weight \d+, gradient \d+\), amax ", first.stdout + first.stderr)
 
 
 def test_an_intervals_fp8_clipping_counts_its_steps_and_takes_the_largest_overshoot():
     from training.loop.session import fp8_interval
 
-    steps = [
-        {"fp8_clipped": np.int32(2), "fp8_amax_over_range": np.float32(1.5)},
-        {"fp8_clipped": np.int32(0), "fp8_amax_over_range": np.float32(0.75)},
-        {"fp8_clipped": np.int32(1), "fp8_amax_over_range": np.float32(1.25)},
+    steps = [  # per kind: input, weight, gradient
+        {"fp8_clipped": np.asarray([2, 0, 1]), "fp8_amax_over_range": np.asarray([1.5, 0.5, 1.25], np.float32)},
+        {"fp8_clipped": np.asarray([0, 0, 0]), "fp8_amax_over_range": np.asarray([0.75, 0.5, 0.25], np.float32)},
+        {"fp8_clipped": np.asarray([1, 0, 3]), "fp8_amax_over_range": np.asarray([1.25, 0.75, 2.0], np.float32)},
     ]
-    assert fp8_interval(steps) == {"fp8_clipped": 3, "fp8_amax_over_range": 1.5}
+    assert fp8_interval(steps) == {
+        "fp8_clipped": 7,
+        "fp8_clipped/input": 3,
+        "fp8_clipped/weight": 0,
+        "fp8_clipped/gradient": 4,
+        "fp8_amax_over_range": 2.0,
+        "fp8_amax_over_range/input": 1.5,
+        "fp8_amax_over_range/weight": 0.75,
+        "fp8_amax_over_range/gradient": 2.0,
+    }
     assert fp8_interval([{"loss": 1.0}]) == {}  # not an FP8 run
 
 

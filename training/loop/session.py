@@ -25,9 +25,11 @@ import time
 from types import TracebackType
 
 import jax
+import numpy as np
 
 from core.errors import PipelineError
 from data.prefetch import Prefetcher
+from models.fp8 import TENSORS
 from models.gpt import GPT
 from training import config as config_lib
 from training.analysis.curvature import SEED, fixed_batch, sharpness_fn
@@ -340,12 +342,17 @@ def _token_weighted(fetched: list[dict], name: str) -> float:
 
 def fp8_interval(fetched: list[dict]) -> dict[str, float]:
     """system.dtype=fp8: the FP8 tensors clipped in the interval's steps (a tensor once per step it outgrew its
-    scale's range) and the largest amax over range among them (models/fp8.py `amax_over_range`); else nothing."""
+    scale's range) and the largest amax over range (models/fp8.py `amax_over_range`), in all and per kind of tensor
+    (`fp8_clipped/input`, `/weight`, `/gradient`); else nothing."""
     if "fp8_clipped" not in fetched[-1]:
         return {}
+    clipped = np.sum([np.asarray(m["fp8_clipped"]) for m in fetched], axis=0)
+    largest = np.max([np.asarray(m["fp8_amax_over_range"]) for m in fetched], axis=0)
     return {
-        "fp8_clipped": sum(int(m["fp8_clipped"]) for m in fetched),
-        "fp8_amax_over_range": max(float(m["fp8_amax_over_range"]) for m in fetched),
+        "fp8_clipped": int(clipped.sum()),
+        **{f"fp8_clipped/{name}": int(n) for name, n in zip(TENSORS, clipped, strict=True)},
+        "fp8_amax_over_range": float(largest.max()),
+        **{f"fp8_amax_over_range/{name}": float(r) for name, r in zip(TENSORS, largest, strict=True)},
     }
 
 

@@ -59,7 +59,8 @@ def train_line(step: int, m: dict[str, float]) -> str:
     if m.get("loss_scale", 1.0) != 1.0 or m.get("skipped_steps", 0):
         line += f" | loss scale {m['loss_scale']:g}, {m['skipped_steps']} skipped"
     if "fp8_clipped" in m:  # system.dtype=fp8: tensors that outgrew their scale's range in the interval's steps
-        line += f" | fp8 clipped {m['fp8_clipped']}, amax {m['fp8_amax_over_range']:.2f}x range"
+        kinds = ", ".join(f"{k.removeprefix('fp8_clipped/')} {v}" for k, v in m.items() if k.startswith("fp8_clipped/"))
+        line += f" | fp8 clipped {m['fp8_clipped']} ({kinds}), amax {m['fp8_amax_over_range']:.2f}x range"
     reported = [
         f"{k.removeprefix('optimizer/')} {v:.3g}" for k, v in m.items() if k.startswith("optimizer/") and v is not None
     ]

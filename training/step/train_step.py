@@ -280,9 +280,10 @@ def train_step(
         stats=stats,
         fp8=fp8,
     )
-    if state.fp8 is not None:  # how many FP8 tensors outgrew their scale's range this step, and by how much
-        over = amax_over_range(objective.fp8_scales, carry.fp8_amax)
-        stat_metrics = {**stat_metrics, "fp8_clipped": jnp.sum(over > 1.0), "fp8_amax_over_range": jnp.max(over)}
+    if state.fp8 is not None:  # per kind (input, weight, gradient): the tensors that outgrew their scale's range
+        over = amax_over_range(objective.fp8_scales, carry.fp8_amax).reshape(-1, 3)
+        clipped, largest = jnp.sum(over > 1.0, axis=0), jnp.max(over, axis=0)
+        stat_metrics = {**stat_metrics, "fp8_clipped": clipped, "fp8_amax_over_range": largest}
     new_state = eqx.filter_shard(new_state, spec.shardings)
     return new_state, step_metrics(spec, opt_state, loss, z_term, objective.step_tokens, loss_scale, stat_metrics)
 
