@@ -50,6 +50,11 @@ def _max(dtype) -> float:
     return float(jnp.finfo(dtype).max)
 
 
+def _limits() -> jax.Array:
+    """[3] the formats' max of a matmul's input, weight and output gradient (X, W, G): E4M3's, E4M3's, E5M2's."""
+    return jnp.asarray([_max(E4M3), _max(E4M3), _max(E5M2)], jnp.float32)
+
+
 def quantize_dequantize(x: jax.Array, dtype, scale: jax.Array) -> jax.Array:
     """x rounded to `dtype` at `scale` and back, in x's dtype (the value an FP8 operand stands for)."""
     return quantize(x, dtype, scale).astype(x.dtype) * scale.astype(x.dtype)
@@ -123,7 +128,7 @@ def scales_from_history(history: jax.Array) -> jax.Array:
     max with MARGIN's headroom (E4M3 for input and weight, E5M2 for the gradient); FIRST_AMAX's, with no headroom,
     where nothing is recorded yet."""
     amax = jnp.max(jnp.where(jnp.isfinite(history), history, 0.0), axis=-1)
-    limits = jnp.asarray([_max(E4M3), _max(E4M3), _max(E5M2)], jnp.float32)
+    limits = _limits()
     first = jnp.asarray(FIRST_AMAX, jnp.float32) / limits  # 1 for input and weight
     return jnp.where(amax > 0, amax / limits * 2.0**MARGIN, first)
 
@@ -132,8 +137,7 @@ def amax_over_range(scales: jax.Array, amax: jax.Array) -> jax.Array:
     """[..., 3] each tensor's amax over the range its scale covers (the scale times the format's max): above 1 the
     tensor's largest values were clipped to the format's max. Delayed scaling clips where a tensor outgrows the
     amaxes of its history, as activations and gradients do while they grow early in training."""
-    limits = jnp.asarray([_max(E4M3), _max(E4M3), _max(E5M2)], jnp.float32)
-    return amax / (scales * limits)
+    return amax / (scales * _limits())
 
 
 class Fp8State(eqx.Module):
