@@ -9,7 +9,7 @@ which XLA's GPU compiler makes a cuBLASLt FP8 GEMM with the scales as runtime ar
 backends run the same products in their own arithmetic: the numbers a GPU would compute, without its speed.
 
 Delayed scaling: a tensor's scale s comes from the largest |x| of the last `history` steps (its amax history),
-s = amax / max * 2^MARGIN, so quantising the current step needs no pass over the tensor first. The step records each
+s = amax / max * 2^margin, so quantising the current step needs no pass over the tensor first. The step records each
 tensor's amax of this step into the history. The histories are train state (TrainState.fp8): checkpointed and
 restored with everything else, so a resumed run quantises as the straight run does.
 
@@ -28,7 +28,6 @@ import jax
 import jax.numpy as jnp
 
 E4M3, E5M2 = jnp.float8_e4m3fn, jnp.float8_e5m2
-MARGIN = 0  # extra powers of two of headroom below the format's max
 X, W, G = 0, 1, 2  # a matmul's three scaled tensors: input, weight, output gradient
 TENSORS = ("input", "weight", "gradient")  # their names, in that order
 MATMULS = ("qkv", "attn_proj", "fc", "mlp_proj")  # the blocks' weight matmuls in FP8 (the LM head stays bf16)
@@ -123,14 +122,14 @@ _fp8_dot.defvjp(_fp8_dot_fwd, _fp8_dot_bwd)
 FIRST_AMAX = (_max(E4M3), _max(E4M3), 1.0)
 
 
-def scales_from_history(history: jax.Array) -> jax.Array:
+def scales_from_history(history: jax.Array, margin: int = 0) -> jax.Array:
     """[..., 3, H] amax histories -> [..., 3] scales: the largest finite amax over the history mapped to the format's
-    max with MARGIN's headroom (E4M3 for input and weight, E5M2 for the gradient); FIRST_AMAX's, with no headroom,
-    where nothing is recorded yet."""
+    max divided by 2^margin (E4M3 for input and weight, E5M2 for the gradient), so that a tensor may grow 2^margin
+    times past its history before it clips; FIRST_AMAX's, with no headroom, where nothing is recorded yet."""
     amax = jnp.max(jnp.where(jnp.isfinite(history), history, 0.0), axis=-1)
     limits = _limits()
     first = jnp.asarray(FIRST_AMAX, jnp.float32) / limits  # 1 for input and weight
-    return jnp.where(amax > 0, amax / limits * 2.0**MARGIN, first)
+    return jnp.where(amax > 0, amax / limits * 2.0**margin, first)
 
 
 def amax_over_range(scales: jax.Array, amax: jax.Array) -> jax.Array:
@@ -142,18 +141,20 @@ def amax_over_range(scales: jax.Array, amax: jax.Array) -> jax.Array:
 
 class Fp8State(eqx.Module):
     """The amax histories of every FP8 matmul: [L, 4 matmuls (MATMULS), 3 tensors (X, W, G), H steps], newest
-    first."""
+    first; and the scales' headroom in powers of two (`margin`, system.fp8_margin: a setting, not state, so a resumed
+    run takes the margin it is given)."""
 
     history: jax.Array
+    margin: int = eqx.field(static=True, default=0)
 
     @staticmethod
-    def create(n_layer: int, history: int) -> Fp8State:
-        return Fp8State(jnp.zeros((n_layer, len(MATMULS), 3, history), jnp.float32))
+    def create(n_layer: int, history: int, margin: int = 0) -> Fp8State:
+        return Fp8State(jnp.zeros((n_layer, len(MATMULS), 3, history), jnp.float32), margin)
 
     def scales(self) -> jax.Array:
         """[L, 4, 3]: the scales this step quantises with."""
-        return scales_from_history(self.history)
+        return scales_from_history(self.history, self.margin)
 
     def record(self, amax: jax.Array) -> Fp8State:
         """The histories with this step's amaxes ([L, 4, 3]) in front and the oldest dropped."""
-        return Fp8State(jnp.concatenate([amax[..., None], self.history[..., :-1]], axis=-1))
+        return Fp8State(jnp.concatenate([amax[..., None], self.history[..., :-1]], axis=-1), self.margin)

@@ -49,6 +49,7 @@ BAD_CONFIGS = [
         "checkpoint.load_file: must be latest, best, a step number or iter_<step>.ckpt; got 'iter_x.ckpt'",
     ),
     (["system.dtype=fp4"], "system.dtype: 'fp4' is not one of float32, bfloat16, float16, fp8"),
+    (["system.fp8_margin=-1"], "system.fp8_margin: must be 0 to 8 (powers of two of headroom); got -1"),
     (["model.remat=True"], "model.remat: 'True' is not one of none, block, full"),
     (["checkpoint.load=maybe"], "checkpoint.load: must be true, false or auto; got 'maybe'"),
     (

@@ -32,7 +32,8 @@ from models.fp8 import (
 from models.gpt import GPT
 from scripts.benchmarks.bench import custom_calls, float8_dots
 from training.config import check_devices, load_config
-from training.distributed.sharding import put_batch
+from training.distributed.sharding import init_mesh, put_batch
+from training.pipeline.build import init_model, init_optimizer, init_scheduler, init_state_and_steps
 from training.step.precision import cast_floating
 
 pytestmark = pytest.mark.gpu
@@ -221,6 +222,23 @@ def test_scales_come_from_the_largest_amax_of_the_history_and_start_from_first_a
     state = Fp8State.create(n_layer=2, history=3).record(jnp.full((2, 4, 3), 2.0)).record(jnp.full((2, 4, 3), 5.0))
     np.testing.assert_array_equal(state.history[0, 0, 0], [5.0, 2.0, 0.0])  # newest first, oldest dropped last
     assert state.record(jnp.ones((2, 4, 3))).history[0, 0, 0].tolist() == [1.0, 5.0, 2.0]
+
+
+def test_a_margin_widens_the_recorded_amaxes_scales_by_its_powers_of_two(data_cache):
+    history = jnp.zeros((2, 4, 3, 5)).at[1, 2, :, 3].set(jnp.asarray([448.0 * 3, 448.0 / 2, 57344.0 * 8]))
+    np.testing.assert_allclose(scales_from_history(history, margin=2)[1, 2], [12.0, 2.0, 32.0], rtol=1e-6)
+    # ... and leaves the first step's alone (nothing recorded yet: no amax to keep headroom above)
+    np.testing.assert_array_equal(scales_from_history(history, margin=2)[0], scales_from_history(history)[0])
+    # system.fp8_margin reaches the run's state, which keeps it from step to step
+    cfg = load_config(tiny_overrides(data_cache, "system.dtype=fp8", "system.fp8_margin=3"))
+    model = init_model(cfg, 259, jax.random.PRNGKey(0))
+    schedule = init_scheduler(cfg)
+    optimizer = init_optimizer(cfg, schedule, model)
+    mesh = init_mesh(1, 1)
+    fp8 = init_state_and_steps(cfg, model, schedule, optimizer, jax.random.PRNGKey(0), mesh)[0].fp8
+    state = fp8.record(jnp.full(fp8.history.shape[:-1], 448.0))
+    assert state.margin == 3 and state.record(state.history[..., 0]).margin == 3
+    np.testing.assert_allclose(state.scales()[..., 0], 8.0, rtol=1e-6)
 
 
 @pytest.mark.usefixtures("float32_matmuls")

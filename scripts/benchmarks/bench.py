@@ -215,7 +215,13 @@ def bench_compile(overrides: list[str], vocab: int) -> dict:
     schedule = init_scheduler(cfg)
     optimizer = init_optimizer(cfg, schedule, model)
     state = eqx.filter_eval_shape(
-        TrainState.create, model, optimizer, jax.random.PRNGKey(0), dtype, fp8_history=fp8_history
+        TrainState.create,
+        model,
+        optimizer,
+        jax.random.PRNGKey(0),
+        dtype,
+        fp8_history=fp8_history,
+        fp8_margin=cfg.system.fp8_margin,
     )
     shardings = state_shardings(state, mesh, cfg.system.sharding)
     state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, shardings)

@@ -28,6 +28,9 @@ class Sharding(StrEnum):
 class SystemConfig:
     dtype: Dtype = Dtype.float32  # compute dtype
     fp8_amax_history: int = 16  # dtype=fp8: steps of amax history each tensor's scale is taken from (delayed scaling)
+    # dtype=fp8: powers of two of headroom in each scale: a tensor may grow 2^margin times past its history's amax
+    # before its largest values clip to the format's max, at the cost of as many powers of two of range at the bottom
+    fp8_margin: int = 0
     sharding: Sharding = Sharding.dp  # how parameters and optimizer state are laid out over devices
     num_devices: Optional[int] = None  # local devices to use (single process); null = all
     mesh_model: int = 1  # devices on the mesh's `model` axis (Megatron tensor parallelism); `data` takes the rest
@@ -63,6 +66,8 @@ class SystemConfig:
                 fail("system.xla_flags", f"each must be one XLA flag, --xla_<name>[=<value>]; got {flag!r}")
         if self.fp8_amax_history < 1:
             fail("system.fp8_amax_history", f"must be >= 1; got {self.fp8_amax_history}")
+        if not 0 <= self.fp8_margin <= 8:
+            fail("system.fp8_margin", f"must be 0 to 8 (powers of two of headroom); got {self.fp8_margin}")
         if self.num_devices is not None and (self.num_processes or 1) > 1:
             fail(
                 "system.num_devices", "selects local devices of a single process; leave it null with num_processes > 1"

@@ -136,7 +136,9 @@ def init_state_and_steps(
     dtype = compute_dtype(cfg.system.dtype)
     knobs = StatsKnobs.from_cfg(cfg.logging, geometry_groups(cfg.optimizer, model))
     fp8_history = cfg.system.fp8_amax_history if cfg.system.dtype == "fp8" else 0
-    state, shardings = place_state(model, optimizer, key, mesh, cfg.system.sharding, dtype, knobs, fp8_history)
+    state, shardings = place_state(
+        model, optimizer, key, mesh, cfg.system.sharding, dtype, knobs, fp8_history, cfg.system.fp8_margin
+    )
     train_step = make_train_step(
         optimizer,
         lr_schedule_of(cfg.optimizer, schedule),

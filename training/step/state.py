@@ -33,8 +33,10 @@ class TrainState(eqx.Module):
         dtype: jnp.dtype = jnp.float32,
         knobs: StatsKnobs = StatsKnobs(),
         fp8_history: int = 0,
+        fp8_margin: int = 0,
     ) -> TrainState:
-        """`fp8_history` > 0: FP8 matmuls, each tensor's scale from the amaxes of that many steps."""
+        """`fp8_history` > 0: FP8 matmuls, each tensor's scale from the amaxes of that many steps, with `fp8_margin`
+        powers of two of headroom."""
         params = eqx.filter(model, eqx.is_array)
         return TrainState(
             step=jnp.zeros([], jnp.int32),
@@ -43,7 +45,7 @@ class TrainState(eqx.Module):
             key=key,
             loss_scale=LossScale.create(dtype),
             stats=init_stats(knobs, params),
-            fp8=Fp8State.create(model.cfg.n_layer, fp8_history) if fp8_history else None,
+            fp8=Fp8State.create(model.cfg.n_layer, fp8_history, fp8_margin) if fp8_history else None,
         )
 
 
@@ -56,16 +58,19 @@ def place_state(
     dtype: jnp.dtype = jnp.float32,
     knobs: StatsKnobs = StatsKnobs(),
     fp8_history: int = 0,
+    fp8_margin: int = 0,
 ) -> tuple[TrainState, TrainState]:
     """A fresh TrainState laid out on the mesh, and the shardings of its arrays (a TrainState of NamedShardings).
 
     The optimizer state is created under jit straight into its sharding, never first as one full copy per device; a
     model already made in that layout is taken as it is.
     """
-    abstract = eqx.filter_eval_shape(TrainState.create, model, optimizer, key, dtype, knobs, fp8_history)
+    abstract = eqx.filter_eval_shape(TrainState.create, model, optimizer, key, dtype, knobs, fp8_history, fp8_margin)
     shardings = state_shardings(abstract, mesh, layout)
     create = eqx.filter_jit(
-        lambda m, k: eqx.filter_shard(TrainState.create(m, optimizer, k, dtype, knobs, fp8_history), shardings)
+        lambda m, k: eqx.filter_shard(
+            TrainState.create(m, optimizer, k, dtype, knobs, fp8_history, fp8_margin), shardings
+        )
     )
     return create(model, key), shardings
 
