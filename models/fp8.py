@@ -22,6 +22,7 @@ them.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import equinox as eqx
 import jax
@@ -139,6 +140,14 @@ def amax_over_range(scales: jax.Array, amax: jax.Array) -> jax.Array:
     return amax / (scales * _limits())
 
 
+class Fp8Recipe(NamedTuple):
+    """Delayed scaling's settings (system.fp8_amax_history and system.fp8_margin): each tensor's scale comes from its
+    amaxes of the last `history` steps, with `margin` powers of two of headroom."""
+
+    history: int
+    margin: int = 0
+
+
 class Fp8State(eqx.Module):
     """The amax histories of every FP8 matmul: [L, 4 matmuls (MATMULS), 3 tensors (X, W, G), H steps], newest
     first; and the scales' headroom in powers of two (`margin`, system.fp8_margin: a setting, not state, so a resumed
@@ -148,8 +157,8 @@ class Fp8State(eqx.Module):
     margin: int = eqx.field(static=True, default=0)
 
     @staticmethod
-    def create(n_layer: int, history: int, margin: int = 0) -> Fp8State:
-        return Fp8State(jnp.zeros((n_layer, len(MATMULS), 3, history), jnp.float32), margin)
+    def create(n_layer: int, recipe: Fp8Recipe) -> Fp8State:
+        return Fp8State(jnp.zeros((n_layer, len(MATMULS), 3, recipe.history), jnp.float32), recipe.margin)
 
     def scales(self) -> jax.Array:
         """[L, 4, 3]: the scales this step quantises with."""

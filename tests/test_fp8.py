@@ -23,6 +23,7 @@ from models.fp8 import (
     E4M3,
     E5M2,
     MATMULS,
+    Fp8Recipe,
     Fp8State,
     fp8_dot,
     native_fp8_problem,
@@ -34,7 +35,7 @@ from scripts.benchmarks.bench import custom_calls, float8_dots
 from training.config import check_devices, load_config
 from training.distributed.sharding import init_mesh, put_batch
 from training.pipeline.build import init_model, init_optimizer, init_scheduler, init_state_and_steps
-from training.step.precision import cast_floating
+from training.step.precision import cast_floating, fp8_recipe
 
 pytestmark = pytest.mark.gpu
 STEPS = 20
@@ -145,7 +146,7 @@ def compiled_program(program, model: GPT, fp8: bool, tokens: jax.Array):
     """`program` compiled for `model` and batches like `tokens`, with the scales it runs at: for FP8 the scales after
     one step (each tensor's amax of a first step at its format's max; the program compiled once, at the first step's
     scales); its matmuls in FP8 (cuBLASLt's FP8 GEMMs and XLA's own dots of float8 operands); its custom calls."""
-    scales = Fp8State.create(model.cfg.n_layer, 1).scales() if fp8 else None
+    scales = Fp8State.create(model.cfg.n_layer, Fp8Recipe(history=1)).scales() if fp8 else None
     compiled = program.lower(model, scales, tokens).compile()
     if fp8:
         scales = scales_from_history(compiled(model, scales, tokens)[2][..., None])
@@ -219,7 +220,7 @@ def test_scales_come_from_the_largest_amax_of_the_history_and_start_from_first_a
     # a non-finite entry is no amax: the finite ones give the scale, and none at all gives the first scales
     mixed = jnp.zeros((2, 3, 3)).at[:, :, 0].set(jnp.inf).at[0, :, 1].set(jnp.asarray([448.0, 448.0, 57344.0]) * 2)
     np.testing.assert_allclose(scales_from_history(mixed), [[2.0, 2.0, 2.0], [1.0, 1.0, 1 / 57344]], rtol=1e-6)
-    state = Fp8State.create(n_layer=2, history=3).record(jnp.full((2, 4, 3), 2.0)).record(jnp.full((2, 4, 3), 5.0))
+    state = Fp8State.create(2, Fp8Recipe(history=3)).record(jnp.full((2, 4, 3), 2.0)).record(jnp.full((2, 4, 3), 5.0))
     np.testing.assert_array_equal(state.history[0, 0, 0], [5.0, 2.0, 0.0])  # newest first, oldest dropped last
     assert state.record(jnp.ones((2, 4, 3))).history[0, 0, 0].tolist() == [1.0, 5.0, 2.0]
 
@@ -231,6 +232,8 @@ def test_a_margin_widens_the_recorded_amaxes_scales_by_its_powers_of_two(data_ca
     np.testing.assert_array_equal(scales_from_history(history, margin=2)[0], scales_from_history(history)[0])
     # system.fp8_margin reaches the run's state, which keeps it from step to step
     cfg = load_config(tiny_overrides(data_cache, "system.dtype=fp8", "system.fp8_margin=3"))
+    assert fp8_recipe(cfg.system) == Fp8Recipe(history=16, margin=3)
+    assert fp8_recipe(load_config(tiny_overrides(data_cache, "system.dtype=bfloat16")).system) is None  # no FP8 state
     model = init_model(cfg, 259, jax.random.PRNGKey(0))
     schedule = init_scheduler(cfg)
     optimizer = init_optimizer(cfg, schedule, model)
@@ -250,7 +253,7 @@ def test_a_fresh_runs_first_fp8_step_keeps_a_mean_losss_small_gradients():
     x = jax.random.normal(kx, (64, 32), jnp.float32)
     w = 0.02 * jax.random.normal(kw, (32, 48), jnp.float32)
     g = 1e-6 * jax.random.normal(kg, (64, 48), jnp.float32)
-    first = Fp8State.create(n_layer=1, history=2).scales()[0, 0]
+    first = Fp8State.create(1, Fp8Recipe(history=2)).scales()[0, 0]
     dx, dw, _ = jax.vjp(fp8_dot, x, w, first)[1](g)
     for got, exact in ((dx, g @ w.T), (dw, x.T @ g)):
         assert float(jnp.linalg.norm(got - exact) / jnp.linalg.norm(exact)) < 0.15  # E5M2's and E4M3's rounding

@@ -203,13 +203,12 @@ def bench_compile(overrides: list[str], vocab: int) -> dict:
 
     from optimizers import lr_schedule_of
     from training.distributed.sharding import init_mesh, state_shardings
-    from training.step.precision import compute_dtype
+    from training.step.precision import compute_dtype, fp8_recipe
     from training.step.state import TrainState
     from training.step.train_step import make_train_step
 
     cfg = config_lib.load_config(overrides)
     dtype = compute_dtype(cfg.system.dtype)
-    fp8_history = cfg.system.fp8_amax_history if cfg.system.dtype == "fp8" else 0
     mesh = init_mesh(cfg.system.num_devices, cfg.system.mesh_model)
     model = eqx.filter_eval_shape(init_model, cfg, vocab, jax.random.PRNGKey(0))
     schedule = init_scheduler(cfg)
@@ -220,8 +219,7 @@ def bench_compile(overrides: list[str], vocab: int) -> dict:
         optimizer,
         jax.random.PRNGKey(0),
         dtype,
-        fp8_history=fp8_history,
-        fp8_margin=cfg.system.fp8_margin,
+        fp8=fp8_recipe(cfg.system),
     )
     shardings = state_shardings(state, mesh, cfg.system.sharding)
     state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, shardings)

@@ -41,7 +41,7 @@ from training.config.stages import batch_sizes, final_model, lr_multiplier_at, m
 from training.distributed.sharding import init_mesh, state_shardings
 from training.evaluation.splits import evaluate
 from training.step.eval_step import make_eval_step
-from training.step.precision import compute_dtype
+from training.step.precision import compute_dtype, fp8_recipe
 from training.step.state import TrainState, place_state
 from training.step.stats import StatsKnobs
 from training.step.train_step import TrainStep, make_train_step
@@ -135,9 +135,8 @@ def init_state_and_steps(
     steps for the run's precision."""
     dtype = compute_dtype(cfg.system.dtype)
     knobs = StatsKnobs.from_cfg(cfg.logging, geometry_groups(cfg.optimizer, model))
-    fp8_history = cfg.system.fp8_amax_history if cfg.system.dtype == "fp8" else 0
     state, shardings = place_state(
-        model, optimizer, key, mesh, cfg.system.sharding, dtype, knobs, fp8_history, cfg.system.fp8_margin
+        model, optimizer, key, mesh, cfg.system.sharding, dtype, knobs, fp8_recipe(cfg.system)
     )
     train_step = make_train_step(
         optimizer,

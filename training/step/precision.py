@@ -19,6 +19,9 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from models.fp8 import Fp8Recipe
+from training.config.system import SystemConfig
+
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 FLOAT16_INITIAL_SCALE = 2.0**15
 SCALE_PERIOD = 2000  # finite steps in a row before the scale doubles
@@ -29,6 +32,11 @@ MIN_SCALE = 1.0
 def compute_dtype(name: str) -> jnp.dtype:
     """`system.dtype` -> the dtype the step computes in: fp8 is bfloat16 with FP8 matmuls in the blocks."""
     return jnp.bfloat16 if name == "fp8" else COMPUTE_DTYPES[name]
+
+
+def fp8_recipe(system: SystemConfig) -> Fp8Recipe | None:
+    """The FP8 matmuls' delayed scaling as `system` sets it (system.dtype=fp8), else None: no FP8 state."""
+    return Fp8Recipe(system.fp8_amax_history, system.fp8_margin) if system.dtype == "fp8" else None
 
 
 class LossScale(eqx.Module):

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
-from models.fp8 import Fp8State
+from models.fp8 import Fp8Recipe, Fp8State
 from models.gpt import GPT
 from optimizers import eval_params
 from training.distributed.sharding import state_shardings
@@ -32,11 +32,9 @@ class TrainState(eqx.Module):
         key: jax.Array,
         dtype: jnp.dtype = jnp.float32,
         knobs: StatsKnobs = StatsKnobs(),
-        fp8_history: int = 0,
-        fp8_margin: int = 0,
+        fp8: Fp8Recipe | None = None,
     ) -> TrainState:
-        """`fp8_history` > 0: FP8 matmuls, each tensor's scale from the amaxes of that many steps, with `fp8_margin`
-        powers of two of headroom."""
+        """`fp8`: FP8 matmuls, their scales set by this recipe (training/step/precision.py `fp8_recipe`)."""
         params = eqx.filter(model, eqx.is_array)
         return TrainState(
             step=jnp.zeros([], jnp.int32),
@@ -45,7 +43,7 @@ class TrainState(eqx.Module):
             key=key,
             loss_scale=LossScale.create(dtype),
             stats=init_stats(knobs, params),
-            fp8=Fp8State.create(model.cfg.n_layer, fp8_history, fp8_margin) if fp8_history else None,
+            fp8=Fp8State.create(model.cfg.n_layer, fp8) if fp8 else None,
         )
 
 
@@ -57,20 +55,17 @@ def place_state(
     layout: str,
     dtype: jnp.dtype = jnp.float32,
     knobs: StatsKnobs = StatsKnobs(),
-    fp8_history: int = 0,
-    fp8_margin: int = 0,
+    fp8: Fp8Recipe | None = None,
 ) -> tuple[TrainState, TrainState]:
     """A fresh TrainState laid out on the mesh, and the shardings of its arrays (a TrainState of NamedShardings).
 
     The optimizer state is created under jit straight into its sharding, never first as one full copy per device; a
     model already made in that layout is taken as it is.
     """
-    abstract = eqx.filter_eval_shape(TrainState.create, model, optimizer, key, dtype, knobs, fp8_history, fp8_margin)
+    abstract = eqx.filter_eval_shape(TrainState.create, model, optimizer, key, dtype, knobs, fp8)
     shardings = state_shardings(abstract, mesh, layout)
     create = eqx.filter_jit(
-        lambda m, k: eqx.filter_shard(
-            TrainState.create(m, optimizer, k, dtype, knobs, fp8_history, fp8_margin), shardings
-        )
+        lambda m, k: eqx.filter_shard(TrainState.create(m, optimizer, k, dtype, knobs, fp8), shardings)
     )
     return create(model, key), shardings
 
