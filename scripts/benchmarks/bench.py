@@ -214,12 +214,7 @@ def bench_compile(overrides: list[str], vocab: int) -> dict:
     schedule = init_scheduler(cfg)
     optimizer = init_optimizer(cfg, schedule, model)
     state = eqx.filter_eval_shape(
-        TrainState.create,
-        model,
-        optimizer,
-        jax.random.PRNGKey(0),
-        dtype,
-        fp8=fp8_recipe(cfg.system),
+        TrainState.create, model, optimizer, jax.random.PRNGKey(0), dtype, fp8=fp8_recipe(cfg.system)
     )
     shardings = state_shardings(state, mesh, cfg.system.sharding)
     state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, shardings)

@@ -43,7 +43,7 @@ class TrainState(eqx.Module):
             key=key,
             loss_scale=LossScale.create(dtype),
             stats=init_stats(knobs, params),
-            fp8=Fp8State.create(model.cfg.n_layer, fp8) if fp8 else None,
+            fp8=Fp8State.create(model.cfg.n_layer, fp8) if fp8 is not None else None,
         )
 
 
