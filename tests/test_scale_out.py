@@ -234,6 +234,24 @@ def test_a_fresh_model_is_made_in_its_shards_with_the_numbers_of_one_device(layo
         assert model.blocks.fc.weight.addressable_shards[0].data.shape == (2, 64, 256 // 2)
 
 
+def test_the_same_model_in_the_same_layout_is_made_by_the_program_made_before():
+    """A process that makes a model again (an in-process sweep's jobs, the tests) gets the program it made before,
+    whatever else of the run changed, and a program of its own where the model's init differs with the same shapes
+    (model.zero_init_mlp_out) or its layout does."""
+    from training.pipeline.build import model_maker
+
+    mesh, key = init_mesh(8, 1), jax.random.PRNGKey(0)
+    base = ["model=gpt2-tiny", "system.num_devices=8", "system.sharding=fsdp"]
+    first = model_maker(load_config([*base, "train.seed=1"]), 259, mesh)
+    assert model_maker(load_config([*base, "train.seed=2", "train.max_steps=9"]), 259, mesh) is first
+    zeroed = model_maker(load_config([*base, "model.zero_init_mlp_out=true"]), 259, mesh)
+    dp = model_maker(load_config([*base, "system.sharding=dp"]), 259, mesh)
+    assert zeroed is not first and dp is not first
+    assert np.any(np.asarray(first(key).blocks.mlp_proj.weight))
+    assert not np.any(np.asarray(zeroed(key).blocks.mlp_proj.weight))
+    assert first(key).wte.sharding.spec == P("data") and dp(key).wte.sharding.spec == P()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

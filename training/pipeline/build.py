@@ -105,7 +105,20 @@ def model_maker(cfg: Config, vocab_size: int, mesh: Mesh | None = None) -> Calla
         return make
     abstract = eqx.filter_eval_shape(make, jax.random.PRNGKey(0))
     shardings = state_shardings(abstract, mesh, cfg.system.sharding)
-    return eqx.filter_jit(lambda key: eqx.filter_shard(make(key), shardings))
+    found = (builder, jax.tree.structure(abstract), *jax.tree.leaves(abstract), *jax.tree.leaves(shardings))
+    if found not in _MADE_IN_LAYOUT:
+        if len(_MADE_IN_LAYOUT) >= 16:
+            _MADE_IN_LAYOUT.clear()
+        _MADE_IN_LAYOUT[found] = eqx.filter_jit(lambda key: eqx.filter_shard(make(key), shardings))
+    return _MADE_IN_LAYOUT[found]
+
+
+# model_maker's programs on a mesh, by builder, the model's structure (its static fields: a builder's model keeps every
+# option its init read, e.g. models/__init__.py's GPTConfig), shapes and shardings: a process that makes the same
+# model in the same layout again (an in-process sweep's jobs, a notebook, the test suite) calls the program it has,
+# instead of tracing and lowering it again (0.5 s for gpt2-tiny's; BENCHMARKS.md "Start-up of a short run, and how
+# the test suite compiles").
+_MADE_IN_LAYOUT: dict[tuple, Callable[[jax.Array], GPT]] = {}
 
 
 def init_scheduler(cfg: Config) -> optax.Schedule:
