@@ -161,6 +161,60 @@ def test_the_same_overrides_compose_once_until_a_file_of_conf_changes(tmp_path, 
     assert len(composed) == 4
 
 
+ONE_PASS = [
+    [],
+    ["train.batch_size=8", "model=gpt2-tiny", "train.batch_size=4"],  # the last value of a key wins
+    ["optimizer=lion", "optimizer/lr_config=cosine", "optimizer.lr_config.lr=3e-4", "optimizer.lr_config.warmup=5"],
+    ["recipe=speedrun-micro", "train.max_steps=7"],
+    ["dataset=text_files", "dataset.files=[a.txt,b.txt]", "++train.seed=3", "logging.run_dir='a b'"],
+    ["+recipe=speedrun", "~recipe"],
+    ["hydra.job.name=x", "train.seed=2"],
+]
+
+
+@pytest.mark.parametrize("overrides", ONE_PASS)
+def test_a_composition_is_hydras_in_one_pass_and_each_choice_of_presets_is_composed_once(overrides):
+    """`compose_config` keeps what the presets chosen compose to and sets the other overrides onto a copy, with
+    Hydra's code: the config is the one Hydra composes from all the overrides at once, and a second list with the
+    same choices and other values composes no preset again."""
+    from training.config import compose
+
+    ours, hydras = compose_config(overrides), compose._compose(overrides)
+    assert OmegaConf.to_yaml(ours) == OmegaConf.to_yaml(hydras) and OmegaConf.is_struct(ours)
+    if not overrides or overrides[0].startswith("hydra"):
+        return
+    before = compose._chosen.cache_info()
+    compose_config([*overrides, "train.eval_iters=3"])
+    after = compose._chosen.cache_info()
+    assert (after.hits, after.misses) == (before.hits + 1, before.misses)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["train.bogus=1"],
+        ["model=nope"],
+        ["train.batch_size=abc"],
+        ["train.seed=1,2"],
+        ["+train.seed=3"],
+        ["~train.x"],
+        ["~optimizer.lr_config.min_lr_ratio"],
+        ["model@x=gpt2"],
+    ],
+)
+def test_a_composition_that_fails_says_what_hydra_says(overrides):
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from training.config import compose
+
+    with pytest.raises(ConfigError) as ours:
+        compose_config(overrides)
+    with pytest.raises((HydraException, OmegaConfBaseException)) as hydras:
+        compose._compose(overrides)
+    assert str(ours.value) == str(compose.composition_error(hydras.value, overrides))
+
+
 def test_a_config_made_after_another_keeps_none_of_its_values():
     """`to_config` merges each config onto a schema node kept for the process (one per dataset class): what one
     config sets, its dataset section's keys included, never reaches the next."""

@@ -15,8 +15,12 @@ import functools
 import typing
 
 from hydra import compose, initialize_config_dir
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra.core.config_store import ConfigStore
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
 from hydra.errors import HydraException
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -61,12 +65,43 @@ def _conf_files() -> tuple:
 
 
 def compose_config(overrides: list[str]) -> DictConfig:
-    """conf/config.yaml with command-line overrides, as Hydra composes it onto the schema (types are checked)."""
+    """conf/config.yaml with command-line overrides, as Hydra composes it onto the schema (types are checked).
+
+    Hydra composes in two phases: the configs that the group overrides choose (`model=gpt2`,
+    `optimizer/lr_config=cosine`), then every other override set onto the result, in order. A process keeps the
+    first phase's result for each choice of groups while no file of conf/ changes (`_chosen`), and runs the second
+    for each new list of values with the code Hydra's own pass runs (`ConfigLoaderImpl`'s, Hydra 1.3; tests/
+    test_config.py compares the two): a sweep's driver or the test suite composing many variations of a few presets
+    pays Hydra's 0.15-0.35 s once per choice, then 0.02 s (BENCHMARKS.md "Start-up of a short run, and how the test
+    suite compiles")."""
     try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-            return compose(config_name="config", overrides=list(overrides))
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+        groups = [o for o in parsed if _chooses_a_config(o)]
+        if any(o.is_hydra_override() for o in parsed):
+            return _compose(list(overrides))  # Hydra's own settings: not kept
+        ConfigLoaderImpl.validate_sweep_overrides_legal(parsed, RunMode.RUN, from_shell=False)
+        composed = copy.deepcopy(_chosen(tuple(o.input_line for o in groups), _conf_files()))
+        ConfigLoaderImpl._apply_overrides_to_config([o for o in parsed if not _chooses_a_config(o)], composed)
+        return composed
     except (HydraException, OmegaConfBaseException) as e:
         raise composition_error(e, overrides) from None
+
+
+def _chooses_a_config(override: Override) -> bool:
+    """A group override (`model=gpt2`, `+recipe=speedrun`, `~recipe`): its key names a folder of conf/."""
+    return (CONF_DIR / override.key_or_group).is_dir()
+
+
+@functools.lru_cache(maxsize=64)
+def _chosen(groups: tuple[str, ...], conf_files: tuple) -> DictConfig:
+    """Hydra's composition of conf/config.yaml with group overrides alone (never changed: callers copy it), for
+    `compose_config`; `conf_files` (`_conf_files()`) keys it to conf/'s files as they are."""
+    return _compose(list(groups))
+
+
+def _compose(overrides: list[str]) -> DictConfig:
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        return compose(config_name="config", overrides=overrides)
 
 
 def composition_error(e: BaseException, overrides: list[str]) -> ConfigError:
@@ -121,8 +156,6 @@ def _schema(dataset: type) -> DictConfig:
 
 def _unparsable_override(overrides: list[str]) -> str | None:
     """The first argument Hydra's override grammar rejects, named, with how to write it; None when all parse."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     parser = OverridesParser.create()
     for item in overrides:
         try:
