@@ -168,6 +168,8 @@ ONE_PASS = [
     ["recipe=speedrun-micro", "train.max_steps=7"],
     ["dataset=text_files", "dataset.files=[a.txt,b.txt]", "++train.seed=3", "logging.run_dir='a b'"],
     ["+recipe=speedrun", "~recipe"],
+    ["model=gpt2-tiny", "model.n_layer=4", "model={n_layer:3}", "optimizer={weight_decay:0.5}"],
+    ["+model.foo=1", "model={foo:2}"],  # (an unknown key: `finish` refuses it)
     ["hydra.job.name=x", "train.seed=2"],
 ]
 

@@ -88,8 +88,9 @@ def compose_config(overrides: list[str]) -> DictConfig:
 
 
 def _chooses_a_config(override: Override) -> bool:
-    """A group override (`model=gpt2`, `+recipe=speedrun`, `~recipe`): its key names a folder of conf/."""
-    return (CONF_DIR / override.key_or_group).is_dir()
+    """A group override (`model=gpt2`, `+recipe=speedrun`, `~recipe`): its key names a folder of conf/, and its value
+    is not a dict (`model={n_layer:2}` sets values, in its place among the others, as Hydra reads it)."""
+    return (CONF_DIR / override.key_or_group).is_dir() and not isinstance(override.value(), dict)
 
 
 @functools.lru_cache(maxsize=64)
