@@ -76,12 +76,14 @@ def compose_config(overrides: list[str]) -> DictConfig:
     suite compiles")."""
     try:
         parsed = OverridesParser.create().parse_overrides(list(overrides))
-        groups = [o for o in parsed if _chooses_a_config(o)]
         if any(o.is_hydra_override() for o in parsed):
             return _compose(list(overrides))  # Hydra's own settings: not kept
         ConfigLoaderImpl.validate_sweep_overrides_legal(parsed, RunMode.RUN, from_shell=False)
+        groups, values = [], []
+        for o in parsed:
+            (groups if _chooses_a_config(o) else values).append(o)
         composed = copy.deepcopy(_chosen(tuple(o.input_line for o in groups), _conf_files()))
-        ConfigLoaderImpl._apply_overrides_to_config([o for o in parsed if not _chooses_a_config(o)], composed)
+        ConfigLoaderImpl._apply_overrides_to_config(values, composed)
         return composed
     except (HydraException, OmegaConfBaseException) as e:
         raise composition_error(e, overrides) from None
