@@ -43,10 +43,17 @@ def matmul_operand_types(parts) -> list[set[str]]:
 
 
 @pytest.fixture(scope="module")
-def float32_curve(data_cache):
+def float32_run(data_cache):
+    """The tiny run at its defaults in float32: each step's loss and gradient norm, and the attention `auto` chose."""
     parts = build(tiny_overrides(data_cache, f"train.max_steps={STEPS}"))
     assert all(types == {"f32"} for types in matmul_operand_types(parts))
-    return [float(parts.step(s)["loss"]) for s in range(STEPS)]
+    curve = np.array([[float(m["loss"]), float(m["grad_norm"])] for m in map(parts.step, range(STEPS))])
+    return curve, parts.state.model.cfg.attention
+
+
+@pytest.fixture(scope="module")
+def float32_curve(float32_run):
+    return list(float32_run[0][:, 0])
 
 
 @pytest.mark.gpu
@@ -146,17 +153,25 @@ def traced_ops(cfg: GPTConfig) -> collections.Counter:
     return counts
 
 
+VALUE_AND_GRAD = eqx.filter_jit(eqx.filter_value_and_grad(mean_loss))
+
+
+@pytest.fixture(scope="module")
+def plain_loss_and_grads():
+    """The plain model's loss and gradients on `knobs_batch`, computed once for every variant compared with them."""
+    with jax.default_matmul_precision("float32"):  # as `float32_matmuls` gives each test
+        return VALUE_AND_GRAD(GPT.init(PLAIN, jax.random.PRNGKey(0)), knobs_batch(), None, jnp.float32)
+
+
 @pytest.mark.gpu
 @pytest.mark.usefixtures("float32_matmuls")
 @pytest.mark.parametrize(
     "scan,remat", [(s, r) for s in (True, False) for r in ("none", "block", "full") if (s, r) != (False, "none")]
 )
-def test_remat_and_scanned_layers_give_the_plain_models_loss_and_gradients(scan, remat):
+def test_remat_and_scanned_layers_give_the_plain_models_loss_and_gradients(scan, remat, plain_loss_and_grads):
     variant = dataclasses.replace(PLAIN, scan_layers=scan, remat=remat)
-    key = jax.random.PRNGKey(0)
-    plain, other = GPT.init(PLAIN, key), GPT.init(variant, key)
-    value_and_grad = eqx.filter_jit(eqx.filter_value_and_grad(mean_loss))
-    (loss_a, grads_a), (loss_b, grads_b) = (value_and_grad(m, knobs_batch(), None, jnp.float32) for m in (plain, other))
+    loss_a, grads_a = plain_loss_and_grads
+    loss_b, grads_b = VALUE_AND_GRAD(GPT.init(variant, jax.random.PRNGKey(0)), knobs_batch(), None, jnp.float32)
     # two programs (scan/remat, plain): a loss ~5 a few ulp off (~1e-6), gradients < 1 by ~1e-7: 1e-5 for both
     assert abs(float(loss_a) - float(loss_b)) <= 1e-5
     for a, b in zip(jax.tree.leaves(grads_a), jax.tree.leaves(grads_b)):
@@ -409,20 +424,18 @@ def test_dense_layers_written_out_backward_equals_automatic_differentiation(out)
 
 
 def test_blocked_attentions_backward_keeps_a_runs_losses_within_1e_5_of_automatic_differentiation(
-    data_cache, monkeypatch
+    float32_run, data_cache, monkeypatch
 ):
     """The CPU's default attention with its written-out backward against the same attention differentiated by JAX
     (what `blocked` ran before): 20 training steps' losses and gradient norms within 1e-5 relative (the same maths,
-    other rounding)."""
+    other rounding). The written-out run is the module's float32 run, whose `auto` is `blocked` on the CPU."""
     from models import attention
 
-    def curve():
-        parts = build(tiny_overrides(data_cache, "model.attention=blocked", "train.max_steps=20"))
-        return np.array([[float(m["loss"]), float(m["grad_norm"])] for m in map(parts.step, range(20))])
-
-    written_out = curve()
+    written_out, chosen = float32_run
+    assert chosen == "blocked" and STEPS == 20
     monkeypatch.setattr(attention, "block_attention", lambda *a: attention._block_forward(*a)[0])
-    automatic = curve()
+    parts = build(tiny_overrides(data_cache, "model.attention=blocked", "train.max_steps=20"))
+    automatic = np.array([[float(m["loss"]), float(m["grad_norm"])] for m in map(parts.step, range(20))])
     np.testing.assert_allclose(written_out, automatic, rtol=1e-5)
     assert written_out[-1, 0] < written_out[0, 0] - 0.5  # it trained
 
