@@ -86,9 +86,9 @@ def spawn(
 ) -> subprocess.Popen | warm_python.Forked:
     """Start `command` in its own process group (so that it and anything it starts can be killed together), with the
     checkout on PYTHONPATH and `env` over this environment (None unsets a variable); `kill_started()` ends it, at
-    the latest when the test ends or times out. A `python train_jax.py` or `python -m scripts...` command is forked
-    from the worker's warm Python (tests/warm_python.py) where a fork runs it as a fresh interpreter would, unless
-    `fresh` or WARM_PYTHON=0."""
+    the latest when the test ends or times out. A `python train_jax.py`, `python -m scripts...` or `python -c ...`
+    command is forked from the worker's warm Python (tests/warm_python.py) where a fork runs it as a fresh interpreter
+    would, unless `fresh` (a command that checks what a fresh interpreter imports) or WARM_PYTHON=0."""
     path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
     base_env = {**os.environ, "PYTHONPATH": path}
     full_env = {k: v for k, v in {**base_env, **(env or {})}.items() if v is not None}

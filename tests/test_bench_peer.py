@@ -92,6 +92,7 @@ def test_the_parent_imports_neither_jax_nor_torch(tmp_path):
     proc = spawn(
         [sys.executable, "-c", check],
         env={"PATH": no_gpu_path(tmp_path, None)},
+        fresh=True,  # what the parent imports: a fork of the warm Python has imported jax already
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -93,7 +93,8 @@ def test_tensorboard_is_written_without_importing_torch_which_stays_importable(t
         "print('torch', torch.__version__)\n"
     )
     result = communicate(
-        spawn([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), timeout=120
+        spawn([sys.executable, "-c", script], fresh=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "torch imported: False" in result.stdout and "torch 2." in result.stdout, result.stdout

@@ -155,7 +155,7 @@ def test_every_optimizer_learns_what_the_context_predicts_and_resumes_bitwise(na
         return new, loss
 
     # committed to the device, as the restored state will be: both then call the one compiled step
-    state = jax.device_put(TrainState.create(model, opt, jax.random.PRNGKey(0)), jax.devices()[0])
+    state = fresh = jax.device_put(TrainState.create(model, opt, jax.random.PRNGKey(0)), jax.devices()[0])
     losses, saved = [], {}
     for n in range(30):
         if n in (2, 4):
@@ -167,9 +167,7 @@ def test_every_optimizer_learns_what_the_context_predicts_and_resumes_bitwise(na
     saver = Checkpointer(tmp_path / "ckpt")
     assert saver.save(saved[2], {"step": 2})
     saver.close()
-    restored = Checkpointer(tmp_path / "ckpt", read_only=True).restore(
-        2, TrainState.create(model, opt, jax.random.PRNGKey(0))
-    )
+    restored = Checkpointer(tmp_path / "ckpt", read_only=True).restore(2, fresh)  # into the state before step 1
     resumed = step(step(restored)[0])[0]
     straight = saved[4]
     leaves = jax.tree.leaves((eqx.filter(resumed.model, eqx.is_array), resumed.opt_state))

@@ -37,8 +37,10 @@ def both(command: list[str], **env) -> tuple[subprocess.CompletedProcess, subpro
         [TRAIN_JAX, "model=gpt2-tiny", "train.batch_size=banana"],
         ["-m", "scripts.tools.compare_runs", "/nonexistent/sweep"],
         ["-m", "scripts.tools.no_such_tool"],
+        ["-c", "import sys, train_jax; print(__name__, sys.argv, repr(sys.path[0])); sys.exit(3)", "a", "b=1"],
+        ["-c", "import json\n\ndef f():\n    return json.loads('{')\n\nf()"],
     ],
-    ids=["cfg", "bad-config", "tool", "no-module"],
+    ids=["cfg", "bad-config", "tool", "no-module", "code", "code-raises"],
 )
 def test_a_forked_command_prints_and_exits_as_a_fresh_one(command):
     fresh, forked = both([sys.executable, *command])
@@ -74,9 +76,10 @@ def test_what_a_fork_cannot_give_runs_fresh():
     for env in ({"JAX_ENABLE_X64": "1"}, {"HF_HUB_OFFLINE": None}, {"PYTHONHASHSEED": "3"}):
         assert isinstance(spawn(cfg, env=env, stdout=subprocess.DEVNULL), subprocess.Popen), env
     assert isinstance(spawn(cfg, stdout=subprocess.DEVNULL, preexec_fn=lambda: None), subprocess.Popen)
-    assert isinstance(spawn([sys.executable, "-c", "pass"]), subprocess.Popen)
-    # `python -m` imports from the working directory first, which may hold another copy of the project
+    assert isinstance(spawn([sys.executable, "-c", "pass", "-m", "x"], stdout=subprocess.DEVNULL), warm_python.Forked)
+    # `python -m` and `-c` import from the working directory first, which may hold another copy of the project
     assert isinstance(spawn([sys.executable, "-m", "scripts.tools.sample"], cwd=ROOT), subprocess.Popen)
+    assert isinstance(spawn([sys.executable, "-c", "pass"], cwd=ROOT), subprocess.Popen)
 
 
 def test_a_change_in_the_workers_own_environment_starts_a_new_warm_python(monkeypatch):

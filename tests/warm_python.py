@@ -1,5 +1,5 @@
 """A Python that has imported the project once and forks a process per command, for the tests' `python train_jax.py
-...` and `python -m scripts...` commands (helpers.spawn).
+...`, `python -m scripts...` and `python -c ...` commands (helpers.spawn).
 
 A fresh interpreter spends 1.3-3 s on a train_jax command before it reads its arguments: importing jax, equinox,
 optax, orbax, Hydra, datasets and the project (1,700 modules), compiling the project's bytecode where
@@ -139,10 +139,12 @@ def _become(request: dict, fds: list[int]) -> None:
     os.environ.clear()
     os.environ.update(request["env"])
     sys.argv = list(request["argv"])
-    # sys.path[0] as `python script.py` (the script's folder) or `python -m module` (the working directory) sets it
-    sys.path[0] = str(Path(request["script"]).parent) if request["script"] else os.getcwd()
-    # a fresh interpreter imports the command's module only as __main__: let nothing find the preloaded one instead
-    sys.modules.pop(request["module"] or "train_jax", None)
+    # sys.path[0] as `python script.py` (the script's folder), `python -m module` (the working directory) or
+    # `python -c code` (the empty string: the working directory, wherever it is then) sets it
+    sys.path[0] = str(Path(request["script"]).parent) if request["script"] else "" if request["code"] else os.getcwd()
+    if request["code"] is None:
+        # a fresh interpreter imports the command's module only as __main__: let nothing find the preloaded one instead
+        sys.modules.pop(request["module"] or "train_jax", None)
 
 
 def run(request: dict) -> None:
@@ -151,8 +153,27 @@ def run(request: dict) -> None:
 
     if request["script"]:
         runpy.run_path(request["script"], run_name="__main__")
-    else:
+    elif request["module"]:
         runpy._run_module_as_main(request["module"])  # what `python -m` calls (its errors, sys.argv[0], sys.path)
+    else:
+        _run_code(request["code"])
+
+
+def _run_code(code: str) -> None:
+    """`python -c code`: the code in a module `__main__` of its own; an exception's traceback starts in the code, as
+    the interpreter prints it, and exits 1."""
+    import builtins
+    import traceback
+    import types
+
+    main = types.ModuleType("__main__")
+    main.__builtins__ = builtins
+    sys.modules["__main__"] = main
+    try:
+        exec(compile(code, "<string>", "exec"), main.__dict__)
+    except Exception as e:
+        traceback.print_exception(type(e), e, e.__traceback__.tb_next)  # without this function's frame
+        sys.exit(1)
 
 
 # ---- the test worker's side ----------------------------------------------------------------------------------------
@@ -181,16 +202,22 @@ class WarmPython:
         if len(command) < 2 or command[0] != sys.executable or options - {"stdin", "stdout", "stderr", "text"}:
             return None
         if command[1] == TRAIN_JAX:
-            script, module, argv = TRAIN_JAX, None, [TRAIN_JAX, *command[2:]]
-        elif command[1] == "-m" and len(command) > 2 and command[2].startswith("scripts."):
-            script, module, argv = None, command[2], [command[2], *command[3:]]
+            script, module, code, argv = TRAIN_JAX, None, None, [TRAIN_JAX, *command[2:]]
+        elif command[1] in ("-m", "-c") and len(command) > 2:
+            if command[1] == "-m" and not command[2].startswith("scripts."):
+                return None
             if any((Path(cwd) / package).exists() for package in PACKAGES):
-                return None  # `-m` imports from the working directory first: perhaps another copy of the project
+                return None  # `-m` and `-c` import from the working directory first: perhaps another project copy
+            script, module, code = None, None, None
+            if command[1] == "-m":
+                module, argv = command[2], [command[2], *command[3:]]
+            else:
+                code, argv = command[2], ["-c", *command[3:]]
         else:
             return None
         if any(import_time_variable(k) for k in set(env) | set(self.env) if env.get(k) != self.env.get(k)):
             return None
-        return {"argv": argv, "script": script, "module": module, "env": env, "cwd": str(cwd)}
+        return {"argv": argv, "script": script, "module": module, "code": code, "env": env, "cwd": str(cwd)}
 
     def start(self, env: dict[str, str], cwd: Path) -> None:
         folder = tempfile.mkdtemp(prefix="warm-python-")
