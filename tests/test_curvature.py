@@ -132,6 +132,7 @@ def test_hessian_script_prints_the_eigenvalue_the_loop_and_the_function_measure(
     printed = float(re.search(r"step 4: sharpness (\S+), ", result.stdout).group(1))
     trained = load_trained(str(run_dir), "4")
     batch = jax.tree.map(jnp.asarray, curvature.fixed_batch(run_data(trained)))
+    assert curvature.sharpness_fn(4) is curvature.sharpness_fn(4)  # one function per iters: the script's programs
     expected = float(curvature.sharpness_fn(4)(trained.model, batch, jax.random.PRNGKey(curvature.SEED)).top)
     assert printed == pytest.approx(expected, rel=1e-5)  # the same computation; the printed value's digits
     logged = read_metrics(run_dir, "curvature")[-1]["sharpness"]

@@ -27,6 +27,7 @@ left to jit: the vectors take the parameters' layouts, so it runs on the run's m
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -113,9 +114,11 @@ def model_loss(static: GPT) -> LossFn:
     return lambda params, batch: mean_loss(eqx.combine(params, static), batch, None, jnp.float32)
 
 
+@functools.cache
 def sharpness_fn(iters: int = ITERS) -> Callable[[GPT, Batch, jax.Array], Extremes]:
     """`sharpness(model, batch, key) -> Extremes`: the extreme Hessian eigenvalues of the eval loss at the model's
-    float32 parameters, compiled on its first call (once per model structure and batch shape)."""
+    float32 parameters, compiled on its first call (once per model structure and batch shape). One function per
+    `iters` in a process (it depends on nothing else), so a second run, script or caller reuses its programs."""
 
     @eqx.filter_jit
     def sharpness(model: GPT, batch: Batch, key: jax.Array) -> Extremes:
