@@ -3,6 +3,8 @@ steps against its paper's rule written out again here, in float64 numpy, on the 
 random gradients; Adam-mini's blocks; SOAP's first step as Adam in the eigenbases of G G^T and G^T G; each steps a
 parameter group's part of the model by the same rule; each preset composes."""
 
+import functools
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -612,14 +614,23 @@ def kron_reference(
     return out
 
 
+@functools.cache
+def kron_step_draws():
+    """key -> the draws kron's step makes from its state's key for MODEL's parameters (one program for the module)."""
+    from optimizers.kron import as_matrices, draws
+    from optimizers.param_roles import roles_of
+
+    roles = roles_of(MODEL)
+    shapes = {n: as_matrices(p, roles[n]).shape for n, p in zip(flat(PARAMS), jax.tree.leaves(PARAMS))}
+    return jax.jit(lambda key: draws(jax.random.split(key)[1], shapes))
+
+
 @pytest.mark.parametrize("momentum_into_precond", [True, False])
 def test_kron_steps_follow_the_paper(momentum_into_precond):
     """Five steps, refit with probability 1/2 (the draws land on both sides of it: steps that refit and steps that
     keep the preconditioner); wte's vocabulary side and qkv's 3D side over max_size_triangular get diagonal factors,
     the rest triangular, vectors a diagonal one. The draws are the rule's inputs, read from the optimizer's key.
     The refit probability is reported as optimizer/kron_refit_probability."""
-    from optimizers.kron import as_matrices, draws
-    from optimizers.param_roles import roles_of
     from optimizers.reporting import optimizer_metrics
 
     hyper = dict(
@@ -632,13 +643,10 @@ def test_kron_steps_follow_the_paper(momentum_into_precond):
     )
     opt = OPTIMIZERS["kron"](MODEL, **hyper)
     update = jax.jit(opt.update)
-    roles = roles_of(MODEL)
-    shapes = {n: as_matrices(p, roles[n]).shape for n, p in zip(flat(PARAMS), jax.tree.leaves(PARAMS))}
     grads = gradients(5)
     params, state, got, step_draws = PARAMS, opt.init(PARAMS), [], []
-    step_draws_of = jax.jit(lambda key: draws(jax.random.split(key)[1], shapes))  # the draws kron's step makes
     for g in grads:
-        u, probes, noise = step_draws_of(state.key)
+        u, probes, noise = kron_step_draws()(state.key)
         step_draws.append((float(u), probes, noise))
         d, state = update(unflat(g), state, params)
         params = optax.apply_updates(params, jax.tree.map(lambda x: LR * x, d))
