@@ -9,6 +9,7 @@ import functools
 import json
 import math
 import os
+import shutil
 
 import equinox as eqx
 import jax
@@ -16,9 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import train_jax
 from data.tokenizers import BpeTokenizer, ByteTokenizer, Gpt2Tokenizer
-from helpers import ROOT, run_cli, tiny_overrides
+from helpers import ROOT, run_cli
 from models.config import GPTConfig
 from models.decode import generate
 from models.gpt import GPT
@@ -186,10 +186,11 @@ def test_a_task_whose_data_cannot_be_had_offline_is_one_line(lm_eval, tmp_path, 
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, data_cache):
-    """A tiny run (bytes, gpt2-tiny) trained for 4 steps, with a checkpoint at step 4."""
+def trained(tmp_path_factory, finished):
+    """A copy of the suite's tiny run (bytes, gpt2-tiny, checkpoints at steps 4 and 8): the script writes into the
+    run it is given, the copy, and never into the run the copy was made from (whose checkpoints record its path)."""
     run_dir = tmp_path_factory.mktemp("harness") / "run"
-    assert train_jax.command_line(tiny_overrides(data_cache, f"logging.run_dir={run_dir}", "train.max_steps=4")) == 0
+    shutil.copytree(finished, run_dir)
     return run_dir
 
 
@@ -272,7 +273,7 @@ def write_tasks(folder, lm, tok) -> dict:
 
 
 @pytest.mark.e2e
-def test_script_writes_lm_evals_results_beside_the_run_and_logs_them(lm_eval, trained, tmp_path):
+def test_script_writes_lm_evals_results_beside_the_run_and_logs_them(lm_eval, trained, finished, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from training.evaluation.harness import harness_lm
@@ -283,9 +284,9 @@ def test_script_writes_lm_evals_results_beside_the_run_and_logs_them(lm_eval, tr
     env = {"HF_DATASETS_OFFLINE": "1", "HF_DATASETS_CACHE": str(tmp_path / "hf-datasets")}
     done = run_cli(args, timeout=240, env=env, module="scripts.tools.eval_harness")
     assert done.returncode == 0, done.stderr[-3000:]
-    out = trained / "harness" / "step4-tiny_choice+tiny_pages+tiny_answer.json"
+    out = trained / "harness" / "step8-tiny_choice+tiny_pages+tiny_answer.json"
     record = json.loads(out.read_text())
-    assert record["step"] == 4 and record["command"].startswith("python -m scripts.tools.eval_harness ")
+    assert record["step"] == 8 and record["command"].startswith("python -m scripts.tools.eval_harness ")
     results = record["results"]
     assert results["tiny_choice"]["acc,none"] == expected["acc"]
     assert results["tiny_pages"]["bits_per_byte,none"] == pytest.approx(expected["bits_per_byte"], rel=1e-5)
@@ -294,7 +295,8 @@ def test_script_writes_lm_evals_results_beside_the_run_and_logs_them(lm_eval, tr
     events = EventAccumulator(str(trained / "tensorboard"))
     events.Reload()
     logged = events.Scalars("harness/tiny_choice/acc")
-    assert [(e.step, e.value) for e in logged] == [(4, 1.0)]
+    assert [(e.step, e.value) for e in logged] == [(8, 1.0)]
+    assert not (finished / "harness").exists()  # the run the copy was made from, recorded in its checkpoints
 
 
 @pytest.mark.e2e
@@ -308,4 +310,4 @@ def test_script_without_lm_eval_says_how_to_install_it_and_exits_2(trained, tmp_
     assert done.stderr.strip().splitlines() == [
         "error: lm-eval is not installed (No module named 'lm_eval'): pip install -r requirements-eval.txt"
     ]
-    assert done.stdout == "" and not (trained / "harness" / "step4-hellaswag.json").exists()
+    assert done.stdout == "" and not (trained / "harness" / "step8-hellaswag.json").exists()

@@ -49,7 +49,7 @@ def main(argv: list[str]) -> int:
         trained = load_trained(args.path, args.which)
         if trained.tokenizer.kind == "notes":
             raise ConfigError(f"{args.path}: a note model (notes tokenizer); lm-eval's tasks are text")
-        out = Path(args.out or run_dir_of(trained, args.path) / "harness" / results_name(trained, tasks, args))
+        out = Path(args.out or trained.run_dir / "harness" / results_name(trained, tasks, args))
         check_writable("--out", out.parent)
         lm = harness_lm(cast_floating(trained.model, COMPUTE_DTYPES[args.dtype]), trained.tokenizer, args.batch_tokens)
         results = evaluate_tasks(
@@ -73,15 +73,9 @@ def main(argv: list[str]) -> int:
     print(make_table(results))
     if "groups" in results:
         print(make_table(results, "groups"))
-    logged = log_to_tensorboard(trained, args.path, results)
+    logged = log_to_tensorboard(trained, results)
     print(f"written to {out}" + (f"; TensorBoard: {logged}" if logged else ""))
     return 0
-
-
-def run_dir_of(trained: Trained, path: str) -> Path:
-    """The run's directory as the checkpoint recorded it, or the directory given when that one is gone (moved)."""
-    recorded = trained.meta.get("run_dir")
-    return Path(recorded) if recorded and Path(recorded).is_dir() else Path(path)
 
 
 def results_name(trained: Trained, tasks: list[str], args: argparse.Namespace) -> str:
@@ -103,9 +97,9 @@ def scalar_metrics(results: dict) -> dict[str, float]:
     return scalars
 
 
-def log_to_tensorboard(trained: Trained, path: str, results: dict) -> Path | None:
+def log_to_tensorboard(trained: Trained, results: dict) -> Path | None:
     """The metrics as scalars at the checkpoint's step, in the run's TensorBoard folder (when the run has one)."""
-    logdir = run_dir_of(trained, path) / "tensorboard"
+    logdir = trained.run_dir / "tensorboard"
     if not (trained.cfg.logging.tensorboard and logdir.is_dir()):
         return None
     from tensorboardX import SummaryWriter

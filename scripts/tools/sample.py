@@ -97,7 +97,7 @@ def sample_notes(trained: Trained, args: argparse.Namespace) -> int:
         raise DataError(f"the prompt ({source}) has no notes")
     prompt = note_prompt(task, given, tok)
     generated = _generate(trained, [prompt] * args.num_samples, args)
-    out = Path(args.out or Path(trained.meta.get("run_dir") or Path(args.path)) / layout.SAMPLES)
+    out = Path(args.out or trained.run_dir / layout.SAMPLES)
     quantised = tok.quantise(given)
     draw_piano_roll(
         quantised,

@@ -352,6 +352,17 @@ def find_checkpoint_dir(path: str | Path) -> Path:
     return p
 
 
+def run_dir_of(checkpoint_dir: Path, meta: dict) -> Path:
+    """The run directory of the checkpoints in `checkpoint_dir` (`meta`: one's metadata): the parent of a default
+    `checkpoints/` directory, also when the run was moved or copied (what a resumed run, a sample or an evaluation
+    writes goes beside this copy, never into the run it was copied from); else the one recorded at save time, where
+    it still exists; else the checkpoint directory's parent."""
+    if checkpoint_dir.name == layout.CHECKPOINTS:
+        return checkpoint_dir.parent
+    recorded = meta.get("run_dir")
+    return Path(recorded) if recorded and Path(recorded).is_dir() else checkpoint_dir.parent
+
+
 def holds_checkpoints(path: Path) -> bool:
     """A complete checkpoint is there (a run that stopped before its first one left nothing to protect)."""
     return path.is_dir() and any(c.name.isdigit() for c in path.iterdir())

@@ -27,7 +27,7 @@ from omegaconf import OmegaConf
 from core.errors import CheckpointError, ConfigError, warn
 from models.hf import HF_PREFIX, check_hf_config, load_hf_model, resolve_hf
 from optimizers import continue_schedule_at
-from training.checkpoints.checkpointer import PARTS, Checkpointer, find_checkpoint_dir, holds_checkpoints
+from training.checkpoints.checkpointer import PARTS, Checkpointer, find_checkpoint_dir, holds_checkpoints, run_dir_of
 from training.checkpoints.storage import check_writable
 from training.config import Config, LoadMode, as_dict, evaluating, finish, init_from_dir, layout, load_mode
 from training.config.legacy import model_arch, upgrade_saved
@@ -132,7 +132,7 @@ def plan_run(cfg: Config, overrides: list[str], stamp: int) -> RunPlan:
         check_same_model(cfg, init_from)
 
     if resume is not None:
-        run_dir = Path(cfg.logging.run_dir or _run_dir_of(resume))
+        run_dir = Path(cfg.logging.run_dir or run_dir_of(resume.reader.directory, resume.meta))
         save_path = Path(cfg.checkpoint.save_path or resume.reader.directory)
     else:
         name = cfg.logging.name or f"{cfg.model.name}-{cfg.dataset.name}"
@@ -149,16 +149,6 @@ def plan_run(cfg: Config, overrides: list[str], stamp: int) -> RunPlan:
             f"path, or resume that run with checkpoint.load=True checkpoint.load_path={save_path}"
         )
     return RunPlan(cfg, run_dir.absolute(), save_path.absolute(), resume, init_from, ignored)
-
-
-def _run_dir_of(source: Source) -> Path:
-    """The run directory a resumed run continues in: the parent of a default `checkpoints/` directory (also when the
-    run was moved or copied), else the one recorded at save time, else the checkpoint directory's parent."""
-    directory = source.reader.directory
-    if directory.name == layout.CHECKPOINTS:
-        return directory.parent
-    recorded = source.meta.get("run_dir")
-    return Path(recorded) if recorded and Path(recorded).is_dir() else directory.parent
 
 
 def _saved_config_wins(cfg: Config, source: Source, overrides: list[str]) -> tuple[Config, list[str]]:

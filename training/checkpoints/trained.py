@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 
 import equinox as eqx
 import jax
@@ -16,7 +17,7 @@ from data.tokenizers import Tokenizer, tokenizer_from_json
 from models import MODEL_BUILDERS
 from models.gpt import GPT
 from training import config as config_lib
-from training.checkpoints.checkpointer import Checkpointer, find_checkpoint_dir
+from training.checkpoints.checkpointer import Checkpointer, find_checkpoint_dir, run_dir_of
 from training.config import Config, to_config
 from training.config.stages import final_model, model_after
 
@@ -28,6 +29,7 @@ class Trained:
     cfg: Config
     step: int
     meta: dict
+    run_dir: Path  # where a tool writes what it makes of the run (checkpointer.run_dir_of)
 
 
 def add_checkpoint_arguments(parser: argparse.ArgumentParser, path: str = "path") -> None:
@@ -48,7 +50,7 @@ def load_trained(path: str, which: str = "latest") -> Trained:
     sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), abstract)
     model = model_after(reader.restore_model(step, like), cfg, step)  # as its step's stage read it (train.stages)
-    return Trained(model, tokenizer, cfg, step, meta)
+    return Trained(model, tokenizer, cfg, step, meta, run_dir_of(reader.directory, meta))
 
 
 def run_data(trained: Trained) -> Data:
