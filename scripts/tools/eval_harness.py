@@ -22,7 +22,7 @@ from pathlib import Path
 
 from core.errors import ConfigError, PipelineError, say
 from core.files import write_atomic
-from training.checkpoints.checkpointer import find_checkpoint_dir
+from training.checkpoints.locate import find_checkpoint_dir
 from training.checkpoints.storage import check_writable
 from training.checkpoints.trained import Trained, add_checkpoint_arguments, load_trained
 from training.evaluation.harness import evaluate_tasks, harness_lm, import_lm_eval

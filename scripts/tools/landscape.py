@@ -73,7 +73,8 @@ def landscape(args: argparse.Namespace) -> dict:
     import numpy as np
 
     from training.analysis import landscape as L
-    from training.checkpoints.checkpointer import Checkpointer, find_checkpoint_dir
+    from training.checkpoints.checkpointer import Checkpointer
+    from training.checkpoints.locate import find_checkpoint_dir
     from training.checkpoints.trained import load_trained, run_data
 
     centre = load_trained(args.run, args.step)

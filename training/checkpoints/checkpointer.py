@@ -4,7 +4,7 @@
     <save_path>/<step>/model/        the parameters (the Equinox model's arrays)
     <save_path>/<step>/opt_state/    the optimizer state, incl. MultiSteps' accumulator and any loss scale
     <save_path>/<step>/progress/     step, PRNG key, loss scale, skipped-step count and (fp8) the amax histories
-    <save_path>/<step>/meta/         JSON: step, tokens seen, losses, config, tokenizer, wandb id, versions, ...
+    <save_path>/<step>/meta/         JSON: step, tokens seen, losses, config, tokenizer, versions, ... (metadata.py)
     <save_path>/<step>/eval_model/   schedule-free only: the averaged weights x, what sampling and export read
     <save_path>/<step>/stats/        the training statistics' buffers (and the update geometry's running sums), only
                                      when the run's knobs made them (training/step/stats.py)
@@ -30,7 +30,6 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Protocol
 
 import absl.logging
 import chex
@@ -41,10 +40,9 @@ from orbax.checkpoint import checkpoint_managers as policies
 
 from core.errors import CheckpointError, first_line
 from core.trees import path_name
-from data.tokenizers import Tokenizer
 from models.gpt import GPT
 from training.checkpoints.storage import DISK_FULL_ERRNOS
-from training.config import Config, layout, load_file_step
+from training.config import load_file_step
 from training.step.precision import all_finite
 from training.step.state import TrainState, eval_model
 
@@ -57,14 +55,6 @@ META = "meta"
 STATS = "stats"  # training-statistics buffers: saved only by runs whose knobs made them (training/step/stats.py)
 EVAL_MODEL = "eval_model"  # the weights to evaluate and export where they are not the parameters (schedule-free's x)
 _finite_params = jax.jit(all_finite)  # a save checks the parameters first: it writes no NaN weights
-
-
-class Planned(Protocol):
-    """What the metadata reads of the run's plan (training/checkpoints/resume.py's RunPlan; resume.py imports this
-    module, so not the other way round)."""
-
-    @property
-    def run_dir(self) -> Path: ...
 
 
 def _val_loss(metrics: dict) -> float:
@@ -335,82 +325,3 @@ def _parts(state: TrainState) -> dict[str, chex.ArrayTree]:
             **({"fp8": state.fp8} if state.fp8 is not None else {}),
         },
     }
-
-
-def find_checkpoint_dir(path: str | Path) -> Path:
-    """`load_path` may name the checkpoint directory itself or the run directory that holds `checkpoints/`."""
-    p = Path(path).expanduser()
-    if not p.exists():
-        raise CheckpointError(f"checkpoint.load_path: {p} does not exist")
-    if not p.is_dir():
-        raise CheckpointError(f"checkpoint.load_path: {p} is not a directory")
-    checkpoints = p / layout.CHECKPOINTS
-    if checkpoints.is_dir() and not (p / layout.CONFIG).exists():
-        return checkpoints
-    if checkpoints.is_dir() and any(c.name.isdigit() for c in checkpoints.iterdir()):
-        return checkpoints
-    return p
-
-
-def run_dir_of(checkpoint_dir: Path, meta: dict) -> Path:
-    """The run directory of the checkpoints in `checkpoint_dir` (`meta`: one's metadata): the parent of a default
-    `checkpoints/` directory, also when the run was moved or copied (what a resumed run, a sample or an evaluation
-    writes goes beside this copy, never into the run it was copied from); else the one recorded at save time, where
-    it still exists; else the checkpoint directory's parent."""
-    if checkpoint_dir.name == layout.CHECKPOINTS:
-        return checkpoint_dir.parent
-    recorded = meta.get("run_dir")
-    return Path(recorded) if recorded and Path(recorded).is_dir() else checkpoint_dir.parent
-
-
-def holds_checkpoints(path: Path) -> bool:
-    """A complete checkpoint is there (a run that stopped before its first one left nothing to protect)."""
-    return path.is_dir() and any(c.name.isdigit() for c in path.iterdir())
-
-
-def checkpoint_meta(
-    cfg: Config,
-    plan: Planned,
-    tokenizer: Tokenizer,
-    step: int,
-    tokens_seen: int,
-    train_loss: float,
-    val_loss: float | None,
-    best_val_loss: float,
-    wandb_id: str | None,
-    time_trained_s: float,
-) -> dict:
-    """The JSON item saved beside the arrays: enough to resume, evaluate, sample or audit without the run's logs."""
-    from training.config import as_dict
-
-    return {
-        "step": step,
-        "tokens_seen": tokens_seen,
-        "train_loss": _finite_or_none(train_loss),
-        "val_loss": _finite_or_none(val_loss),
-        "best_val_loss": _finite_or_none(min(best_val_loss, val_loss if val_loss is not None else math.inf)),
-        "config": as_dict(cfg),
-        "tokenizer": tokenizer.to_json(),
-        "wandb_id": wandb_id,
-        "run_dir": str(plan.run_dir),
-        "time_trained_s": time_trained_s,
-        "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "versions": package_versions(),
-    }
-
-
-def _finite_or_none(x: float | None) -> float | None:
-    return x if x is not None and math.isfinite(x) else None
-
-
-def package_versions() -> dict[str, str]:
-    import platform
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {"python": platform.python_version()}
-    for name in ("jax", "jaxlib", "equinox", "optax", "orbax-checkpoint", "tokenizers", "datasets"):
-        try:
-            out[name] = version(name)
-        except PackageNotFoundError:
-            pass
-    return out

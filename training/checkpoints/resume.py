@@ -27,7 +27,8 @@ from omegaconf import OmegaConf
 from core.errors import CheckpointError, ConfigError, warn
 from models.hf import HF_PREFIX, check_hf_config, load_hf_model, resolve_hf
 from optimizers import continue_schedule_at
-from training.checkpoints.checkpointer import PARTS, Checkpointer, find_checkpoint_dir, holds_checkpoints, run_dir_of
+from training.checkpoints.checkpointer import PARTS, Checkpointer
+from training.checkpoints.locate import find_checkpoint_dir, holds_checkpoints, run_dir_of
 from training.checkpoints.storage import check_writable
 from training.config import Config, LoadMode, as_dict, evaluating, finish, init_from_dir, layout, load_mode
 from training.config.legacy import model_arch, upgrade_saved

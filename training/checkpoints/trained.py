@@ -17,7 +17,8 @@ from data.tokenizers import Tokenizer, tokenizer_from_json
 from models import MODEL_BUILDERS
 from models.gpt import GPT
 from training import config as config_lib
-from training.checkpoints.checkpointer import Checkpointer, find_checkpoint_dir, run_dir_of
+from training.checkpoints.checkpointer import Checkpointer
+from training.checkpoints.locate import find_checkpoint_dir, run_dir_of
 from training.config import Config, to_config
 from training.config.stages import final_model, model_after
 
@@ -29,7 +30,7 @@ class Trained:
     cfg: Config
     step: int
     meta: dict
-    run_dir: Path  # where a tool writes what it makes of the run (checkpointer.run_dir_of)
+    run_dir: Path  # where a tool writes what it makes of the run (locate.run_dir_of)
 
 
 def add_checkpoint_arguments(parser: argparse.ArgumentParser, path: str = "path") -> None:

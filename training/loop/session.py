@@ -33,8 +33,9 @@ from models.fp8 import TENSORS
 from models.gpt import GPT
 from training import config as config_lib
 from training.analysis.curvature import SEED, fixed_batch, sharpness_fn
-from training.checkpoints.checkpointer import Checkpointer, checkpoint_meta
+from training.checkpoints.checkpointer import Checkpointer
 from training.checkpoints.lock import lock_save_path
+from training.checkpoints.metadata import checkpoint_meta
 from training.checkpoints.resume import RunPlan, carried_over
 from training.config import Config, layout
 from training.config.stages import model_after
@@ -215,7 +216,7 @@ class TrainingSession:
         if self.checkpointer is not None:
             meta = checkpoint_meta(
                 self.cfg,
-                self.plan,
+                self.plan.run_dir,
                 self.p.tokenizer,
                 loop.step,
                 loop.tokens_seen,

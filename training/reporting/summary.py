@@ -154,7 +154,7 @@ def finish_run(
     plot: bool = True,
 ) -> None:
     """summary.json, and plots.png unless `plot` is false, at the end of a run (process 0)."""
-    from training.checkpoints.checkpointer import package_versions
+    from training.checkpoints.metadata import package_versions
 
     checkpoints = None
     if checkpointer is not None:

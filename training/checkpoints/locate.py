@@ -1,0 +1,41 @@
+"""Where a run's checkpoints are, and whose run they are: what `checkpoint.load_path` names (a run directory or its
+`checkpoints/`), the run directory a resumed run, a sample or an evaluation writes beside, and whether a save path
+already holds a checkpoint that a fresh run must not overwrite."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from core.errors import CheckpointError
+from training.config import layout
+
+
+def find_checkpoint_dir(path: str | Path) -> Path:
+    """`load_path` may name the checkpoint directory itself or the run directory that holds `checkpoints/`."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise CheckpointError(f"checkpoint.load_path: {p} does not exist")
+    if not p.is_dir():
+        raise CheckpointError(f"checkpoint.load_path: {p} is not a directory")
+    checkpoints = p / layout.CHECKPOINTS
+    if checkpoints.is_dir() and not (p / layout.CONFIG).exists():
+        return checkpoints
+    if checkpoints.is_dir() and any(c.name.isdigit() for c in checkpoints.iterdir()):
+        return checkpoints
+    return p
+
+
+def run_dir_of(checkpoint_dir: Path, meta: dict) -> Path:
+    """The run directory of the checkpoints in `checkpoint_dir` (`meta`: one's metadata): the parent of a default
+    `checkpoints/` directory, also when the run was moved or copied (what a resumed run, a sample or an evaluation
+    writes goes beside this copy, never into the run it was copied from); else the one recorded at save time, where
+    it still exists; else the checkpoint directory's parent."""
+    if checkpoint_dir.name == layout.CHECKPOINTS:
+        return checkpoint_dir.parent
+    recorded = meta.get("run_dir")
+    return Path(recorded) if recorded and Path(recorded).is_dir() else checkpoint_dir.parent
+
+
+def holds_checkpoints(path: Path) -> bool:
+    """A complete checkpoint is there (a run that stopped before its first one left nothing to protect)."""
+    return path.is_dir() and any(c.name.isdigit() for c in path.iterdir())
