@@ -220,6 +220,28 @@ def test_sample_and_export_take_the_checkpoint_named_by_which(finished, tmp_path
         assert np.array_equal(exported, wte) == (step == 4)
 
 
+def test_the_tools_read_a_checkpoint_saved_under_earlier_keys_as_a_resume_does(finished, tmp_path):
+    """A checkpoint whose metadata holds an earlier spelling (model.arch=gpt2; an absolute lr floor, min_lr) loads in
+    sample, evaluate and export (`load_trained`) as it does for a resume: in today's keys, the same weights."""
+    from training.checkpoints.trained import load_trained
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished, run_dir)
+    metadata = run_dir / "checkpoints" / "8" / "meta" / "metadata"
+    meta = json.loads(metadata.read_text())
+    lr_config = meta["config"]["optimizer"]["lr_config"]
+    ratio = lr_config.pop("min_lr_ratio")
+    lr_config["min_lr"] = ratio * lr_config["lr"]
+    assert meta["config"]["model"]["arch"] == "gpt"
+    meta["config"]["model"]["arch"] = "gpt2"
+    metadata.write_text(json.dumps(meta))
+
+    earlier, today = load_trained(str(run_dir), "8"), load_trained(str(finished), "8")
+    assert earlier.cfg.model.arch == "gpt"
+    assert earlier.cfg.optimizer.lr_config.min_lr_ratio == pytest.approx(ratio)
+    np.testing.assert_array_equal(np.asarray(earlier.model.wte), np.asarray(today.model.wte))
+
+
 def test_check_env_names_what_is_missing_in_one_line_and_exits_1(monkeypatch, capsys):
     """A package whose module cannot be found (even with its distribution's metadata still there), and a missing
     test extra: listed without --test, required with it."""

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import equinox as eqx
 import jax
+from omegaconf import OmegaConf
 
 from data import Data, make_data
 from data.corpus import load_corpus
@@ -20,6 +21,7 @@ from training import config as config_lib
 from training.checkpoints.checkpointer import Checkpointer
 from training.checkpoints.locate import find_checkpoint_dir, run_dir_of
 from training.config import Config, to_config
+from training.config.legacy import read_earlier_values, upgrade_saved
 from training.config.stages import final_model, model_after
 
 
@@ -44,7 +46,7 @@ def load_trained(path: str, which: str = "latest") -> Trained:
     reader = Checkpointer(find_checkpoint_dir(path), read_only=True)
     step = reader.resolve(which)
     meta = reader.read_meta(step)
-    cfg = to_config(meta["config"])
+    cfg = to_config(read_earlier_values(upgrade_saved(OmegaConf.create(meta["config"]))))  # as a resume reads it
     tokenizer = tokenizer_from_json(meta["tokenizer"])
     builder = MODEL_BUILDERS[cfg.model.arch]
     abstract = eqx.filter_eval_shape(builder, final_model(cfg), tokenizer.vocab_size, jax.random.PRNGKey(0))
