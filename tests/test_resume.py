@@ -7,6 +7,7 @@ produces the same losses, step by step and bit for bit, as the run that was neve
 
 import json
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -34,6 +35,7 @@ from helpers import (
     wait_for_step,
 )
 from optimizers import continue_schedule_at
+from training.checkpoints.checkpointer import Checkpointer
 from training.checkpoints.resume import open_source, plan_run, restore_state
 from training.config import load_config
 
@@ -344,6 +346,87 @@ def test_best_checkpoint_can_be_named(straight, data_cache, tmp_path, monkeypatc
     )
     assert f"step {best_step}," in result.stdout
     assert open_source(str(run_dir), "best").step == best_step  # what checkpoint.load_file=best loads
+
+
+def test_a_resume_from_an_older_step_sets_the_later_checkpoints_aside_and_saves_its_own(
+    finished, data_cache, tmp_path, capsys
+):
+    """Resuming a run in its own save path from step 4 when it holds step 8 (checkpoint.load_file=<step> or best, or
+    past a damaged newest step) trains steps 5-8 again: the old step 8 is renamed out of the way, kept, and the run
+    saves its own step 8, which the next resume then takes."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished, run_dir)
+    new_lr = "optimizer.lr_config.lr=1e-4"
+    args = resume_args(data_cache, run_dir, "checkpoint.load_file=4", "checkpoint.overwrite_config=True", new_lr)
+    result = ok(run_in_process(args, capsys))
+    assert f"resuming {run_dir}/checkpoints at step 4" in result.stdout
+    (aside,) = (run_dir / "checkpoints").glob("8.superseded-*")
+    assert f"warning: checkpoint: step 8 is past the resumed step 4; kept as {aside}" in result.stderr
+
+    def lr_saved(directory, step):
+        meta = Checkpointer(directory, read_only=True).read_meta(step)
+        return meta["config"]["optimizer"]["lr_config"]["lr"]
+
+    assert lr_saved(run_dir / "checkpoints", 8) == 1e-4  # this run's step 8, not the one it resumed before
+    aside.rename(tmp_path / "8")  # the old step 8, whole, under its own name
+    assert lr_saved(tmp_path, 8) == lr_saved(finished / "checkpoints", 8) != 1e-4
+    assert open_source(str(run_dir), "latest").meta["config"]["optimizer"]["lr_config"]["lr"] == 1e-4
+
+
+def test_load_auto_continues_its_own_checkpoints_before_load_path_and_a_missing_load_path_is_one_line(
+    finished, data_cache, tmp_path, capsys
+):
+    """A requeueable run that starts from another run's checkpoint (`checkpoint.load=auto checkpoint.load_path=A`,
+    saving elsewhere): its first invocation starts from A, and the same command rerun continues its own checkpoints,
+    not A's again. A load_path that is not there is one line, not a silent fresh start."""
+    source, run_dir = tmp_path / "source", tmp_path / "run"
+    shutil.copytree(finished, source)
+    command = tiny_overrides(
+        data_cache,
+        "checkpoint.load=auto",
+        f"checkpoint.load_path={source}",
+        f"checkpoint.save_path={run_dir / 'checkpoints'}",
+        f"logging.run_dir={run_dir}",
+        "checkpoint.overwrite_config=True",
+        "train.max_steps=12",
+        "checkpoint.num_steps=2",
+    )
+    first = ok(run_in_process(command, capsys))
+    assert f"resuming {source}/checkpoints at step 8" in first.stdout
+    second = ok(run_in_process(command, capsys))
+    assert f"resuming {run_dir}/checkpoints at step 10" in second.stdout
+    assert Checkpointer(run_dir / "checkpoints", read_only=True).steps()[-1] == 12
+
+    missing = tmp_path / "nope"
+    result = run_in_process(
+        tiny_overrides(
+            data_cache, "checkpoint.load=auto", f"checkpoint.load_path={missing}", f"logging.run_dir={tmp_path / 'x'}"
+        ),
+        capsys,
+    )
+    assert result.returncode != 0 and result.stderr.strip() == f"error: checkpoint.load_path: {missing} does not exist"
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_resumed_run_keeps_its_saved_compute_dtype_unless_the_command_names_one(finished, data_cache, tmp_path):
+    """system.* describes the machine and comes from the command line on resume, but for what the experiment
+    computes in: a run saved in bfloat16 resumes in bfloat16 (the command line's default is float32), and in
+    float32 only when the command says so; its FP8 scaling likewise."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished, run_dir)
+    saved = run_dir / "checkpoints" / "config.yaml"
+    text = saved.read_text()
+    assert "  dtype: float32\n" in text and "  fp8_margin: 0\n" in text
+    saved.write_text(text.replace("  dtype: float32\n", "  dtype: bfloat16\n").replace("margin: 0", "margin: 2"))
+
+    def planned(*extra):
+        overrides = resume_args(data_cache, run_dir, *extra)
+        return plan_run(load_config(overrides), overrides, 0).cfg.system
+
+    system = planned("system.num_devices=1")
+    assert (system.dtype, system.fp8_margin) == ("bfloat16", 2)
+    system = planned("system.dtype=float32", "system.fp8_margin=1")
+    assert (system.dtype, system.fp8_margin) == ("float32", 1)
 
 
 BAD_INPUTS = [  # (name, run dir -> (arguments, what the line says), in a process of its own)

@@ -150,12 +150,17 @@ class Checkpointer:
             )
             raise self._failed from None
 
-    def set_aside(self, step: int) -> Path:
-        """Rename a damaged step out of the way (never deleted), so that the resumed run can save that step again."""
-        aside = self.directory / f"{step}.damaged-{time.strftime('%Y%m%d-%H%M%S')}"
+    def set_aside(self, step: int, why: str = "damaged") -> Path:
+        """Rename a step out of the way (never deleted) as `<step>.<why>-<time>`, so that the resumed run can save
+        that step again: a damaged one, or one of the run's past that a resume from an older step trains again."""
+        aside = self.directory / f"{step}.{why}-{time.strftime('%Y%m%d-%H%M%S')}"
         (self.directory / str(step)).rename(aside)
         self._manager.reload()
         return aside
+
+    def reload(self) -> None:
+        """List the steps on disk again (another process has renamed some)."""
+        self._manager.reload()
 
     # -- reading ---------------------------------------------------------------------------------------------------
     def steps(self) -> list[int]:

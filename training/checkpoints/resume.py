@@ -46,6 +46,8 @@ RESUME_KEYS = (
     "logging.progress",
     "logging.wandb",
 )
+# Of those, what the experiment computes in: the saved value stays unless the command line names the key.
+SAVED_SYSTEM_KEYS = ("system.dtype", "system.fp8_amax_history", "system.fp8_margin")
 # Keys that fix the shapes of the parameters: a checkpoint only loads into a model with the same values.
 MODEL_SHAPE_KEYS = ("arch", "n_layer", "n_head", "n_embd", "context_size", "bias", "vocab_multiple")
 
@@ -98,14 +100,29 @@ def older_steps(reader: Checkpointer, step: int) -> list[int]:
 
 
 def auto_resume_path(cfg: Config) -> str | None:
-    """checkpoint.load=auto: the directory to resume from (load_path, else this run's save path), when it holds a
-    complete checkpoint; None starts the run fresh."""
+    """checkpoint.load=auto: this run's own save path (checkpoint.save_path, or <logging.run_dir>/checkpoints) when
+    it holds a complete checkpoint, so that the same command rerun continues the run, also one that started from
+    another run's checkpoint; else checkpoint.load_path, which must then hold one (unless it is this run's own path:
+    a run that has not saved yet starts fresh); else None, a fresh start. Evaluating (mode=eval), load_path first."""
     c = cfg.checkpoint
     run_dir = cfg.logging.run_dir
-    path = c.load_path or c.save_path or (str(Path(run_dir) / layout.CHECKPOINTS) if run_dir else None)
-    if path is None or not Path(path).expanduser().is_dir():
-        return None
-    return path if Checkpointer(find_checkpoint_dir(path), read_only=True).steps() else None
+    own = c.save_path or (str(Path(run_dir) / layout.CHECKPOINTS) if run_dir else None)
+    if evaluating(cfg) and c.load_path:
+        return c.load_path  # what to evaluate, named
+    if own is not None and _holds_steps(own):
+        return own
+    if c.load_path and not _same_place(c.load_path, own, run_dir):
+        return c.load_path  # open_source says in one line what is missing there
+    return None
+
+
+def _holds_steps(path: str) -> bool:
+    return Path(path).expanduser().is_dir() and bool(Checkpointer(find_checkpoint_dir(path), read_only=True).steps())
+
+
+def _same_place(path: str, *places: str | None) -> bool:
+    where = Path(path).expanduser().absolute()
+    return any(p is not None and where == Path(p).expanduser().absolute() for p in places)
 
 
 def plan_run(cfg: Config, overrides: list[str], stamp: int) -> RunPlan:
@@ -163,8 +180,13 @@ def _saved_config_wins(cfg: Config, source: Source, overrides: list[str]) -> tup
     except Exception as e:
         raise CheckpointError(f"checkpoint {config_file}: unreadable ({type(e).__name__}); corrupt?") from None
     given = OmegaConf.create(as_dict(cfg))
+    named = {item.split("=", 1)[0].lstrip("+~") for item in overrides}
+    kept = {key: OmegaConf.select(saved, key) for key in SAVED_SYSTEM_KEYS if key not in named}
     for key in RESUME_KEYS:
         OmegaConf.update(saved, key, OmegaConf.select(given, key), merge=False)
+    for key, value in kept.items():
+        if value is not None:
+            OmegaConf.update(saved, key, value, merge=False)
     try:
         resumed = finish(saved, jax.local_device_count())
     except ConfigError as e:

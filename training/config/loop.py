@@ -145,8 +145,8 @@ class LoadMode(StrEnum):
 
     true = "true"  # resume from load_path
     false = "false"  # start fresh
-    # resume from load_path, or else from this run's save path when it holds a checkpoint, and start fresh when none
-    # does (the same command rerun after a kill continues)
+    # resume from this run's save path when it holds a checkpoint (the same command rerun after a kill continues),
+    # else from load_path when given, else start fresh
     auto = "auto"
 
 
@@ -159,10 +159,10 @@ class CheckpointConfig:
     # evaluates and checkpoints like a finished run; null = up to train.max_steps, which the schedule still spans
     num_steps: Optional[int] = None
     max_to_keep: Optional[int] = 3  # periodic checkpoints kept besides latest and best; null = all
-    # true: resume from load_path; false: start fresh; auto: resume from load_path, or else from this run's save path
-    # (save_path, or <logging.run_dir>/checkpoints), when it holds a checkpoint, and start fresh when none does (the
-    # same command rerun after a kill continues); a latest checkpoint that does not restore falls back, with a
-    # warning, to the newest one that does (true only names it)
+    # true: resume from load_path; false: start fresh; auto: resume from this run's save path (save_path, or
+    # <logging.run_dir>/checkpoints) when it holds a checkpoint, so the same command rerun after a kill continues;
+    # else from load_path when given (it must hold one); else start fresh. A latest checkpoint that does not restore
+    # falls back, with a warning, to the newest one that does (true only names it)
     load: str = LoadMode.false
     load_path: Optional[str] = None  # the checkpoint directory to load, or the run directory that holds it
     load_file: str = "latest"  # latest | best | <step> (trainit's iter_<step>.ckpt is read as <step>: legacy.py)

@@ -26,8 +26,9 @@ from types import TracebackType
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
-from core.errors import PipelineError
+from core.errors import PipelineError, warn
 from data.prefetch import Prefetcher
 from models.fp8 import TENSORS
 from models.gpt import GPT
@@ -36,7 +37,7 @@ from training.analysis.curvature import SEED, fixed_batch, sharpness_fn
 from training.checkpoints.checkpointer import Checkpointer
 from training.checkpoints.lock import lock_save_path
 from training.checkpoints.metadata import checkpoint_meta
-from training.checkpoints.resume import RunPlan, carried_over
+from training.checkpoints.resume import RunPlan, Source, carried_over
 from training.config import Config, layout
 from training.config.stages import model_after
 from training.distributed.peers import abandon, lost_peer
@@ -81,9 +82,8 @@ class TrainingSession:
             )
             if self.is_main:
                 (plan.save_path / layout.CONFIG).write_text(config_lib.to_yaml(cfg))
-                if plan.resume is not None and plan.resume.reader.directory == plan.save_path:
-                    for step, _ in plan.resume.passed_over:  # damaged steps this run will write again
-                        self.checkpointer.set_aside(step)
+            if plan.resume is not None and plan.resume.reader.directory == plan.save_path:
+                self.set_aside_later_steps(plan.resume)
         t = cfg.train
         self.end = segment_end(cfg, int(state.step))
         self.log = RunLogger(
@@ -98,6 +98,22 @@ class TrainingSession:
         self.sharpness = None  # the compiled measurement and its batch, made at the first one (logging.hessian_every)
         self.prefetcher: Prefetcher | None = None
         self.loop_started = time.time()
+
+    def set_aside_later_steps(self, resume: Source) -> None:
+        """A run resumed in its own save path from an older step than its newest (a damaged newest one, or
+        `checkpoint.load_file=<step>` / `best`) trains those steps again: their checkpoints are renamed out of the way,
+        kept, so that none of them passes for this run's (a later `checkpoint.load=auto` would take it) and this run
+        saves its own at those steps."""
+        damaged = {step for step, _ in resume.passed_over}
+        later = [s for s in self.checkpointer.steps() if s > resume.step]
+        if self.is_main:
+            for step in later:
+                aside = self.checkpointer.set_aside(step, "damaged" if step in damaged else "superseded")
+                if step not in damaged:
+                    warn(f"checkpoint: step {step} is past the resumed step {resume.step}; kept as {aside}")
+        if later and jax.process_count() > 1:  # every process's manager lists the steps as process 0 left them
+            multihost_utils.sync_global_devices("checkpoints set aside")
+            self.checkpointer.reload()
 
     def tokens_before(self, step: int) -> int:
         """Training tokens of the run's first `step` steps (the batch may grow with train.stages)."""
