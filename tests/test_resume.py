@@ -429,6 +429,18 @@ def test_a_resumed_run_keeps_its_saved_compute_dtype_unless_the_command_names_on
     assert (system.dtype, system.fp8_margin) == ("float32", 1)
 
 
+def test_a_run_directory_under_the_home_is_the_homes(data_cache, tmp_path, monkeypatch):
+    """`logging.run_dir=~/runs/x` (quoted, so no shell expanded it) and `checkpoint.save_path=~/...` name the home's
+    folders, as the writability check reads them, not a folder named `~` in the working directory."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    overrides = tiny_overrides(data_cache, 'logging.run_dir="~/runs/x"')
+    plan = plan_run(load_config(overrides), overrides, 0)
+    assert (plan.run_dir, plan.save_path) == (tmp_path / "home/runs/x", tmp_path / "home/runs/x/checkpoints")
+    overrides = tiny_overrides(data_cache, 'logging.run_dir="~/runs/y"', 'checkpoint.save_path="~/saved"')
+    assert plan_run(load_config(overrides), overrides, 0).save_path == tmp_path / "home/saved"
+
+
 BAD_INPUTS = [  # (name, run dir -> (arguments, what the line says), in a process of its own)
     ("missing path", lambda d: (["checkpoint.load=True", f"checkpoint.load_path={d}/nope"], "does not exist"), False),
     (

@@ -150,12 +150,13 @@ def plan_run(cfg: Config, overrides: list[str], stamp: int) -> RunPlan:
         check_same_model(cfg, init_from)
 
     if resume is not None:
-        run_dir = Path(cfg.logging.run_dir or run_dir_of(resume.reader.directory, resume.meta))
-        save_path = Path(cfg.checkpoint.save_path or resume.reader.directory)
+        run_dir = Path(cfg.logging.run_dir or run_dir_of(resume.reader.directory, resume.meta)).expanduser()
+        save_path = Path(cfg.checkpoint.save_path or resume.reader.directory).expanduser()
     else:
         name = cfg.logging.name or f"{cfg.model.name}-{cfg.dataset.name}"
         run_dir = Path(cfg.logging.run_dir or f"runs/{name}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(stamp))}")
-        save_path = Path(cfg.checkpoint.save_path or run_dir / layout.CHECKPOINTS)
+        run_dir = run_dir.expanduser()  # `~/runs/x` is the home's, as a shell would read it unquoted
+        save_path = Path(cfg.checkpoint.save_path or run_dir / layout.CHECKPOINTS).expanduser()
     check_writable("logging.run_dir", run_dir)
     if not evaluating(cfg) and cfg.checkpoint.save:
         check_writable("checkpoint.save_path", save_path)

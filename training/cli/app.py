@@ -190,7 +190,7 @@ def _sweep_job(
     record = {
         "job": hydra.job.num,
         "overrides": overrides,
-        "run_dir": str(Path(composed.logging.run_dir).absolute()),
+        "run_dir": str(Path(composed.logging.run_dir).expanduser().absolute()),
         "status": sweep.RUNNING,
     }
     sweep.write_record(job_dir, record)
