@@ -109,3 +109,15 @@ def test_the_time_limit_stops_the_run_with_an_evaluation_and_a_checkpoint(data_c
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["stopped"] == "time limit" and summary["checkpoints"]["latest"] == stopped
     assert not (run_dir / "plots.png").exists()  # logging.plot=false (tiny_overrides)
+
+
+def test_a_time_limit_spent_at_the_last_step_ends_the_run_as_finished(data_cache, tmp_path, capsys):
+    """The last step's evaluation and checkpoint are the run's end: a time limit that runs out there stops nothing
+    (no second evaluation, and the summary says the run reached max_steps)."""
+    run_dir = tmp_path / "run"
+    overrides = ("train.max_steps=1", "optimizer.lr_config.warmup=0", "train.max_training_hours=1e-9")
+    assert train_jax.command_line(tiny_overrides(data_cache, f"logging.run_dir={run_dir}", *overrides)) == 0
+    out = capsys.readouterr().out
+    assert "stopped at step" not in out and "final evaluation at step 1:" in out
+    assert [r["step"] for r in read_metrics(run_dir, "val")] == [1]
+    assert json.loads((run_dir / "summary.json").read_text())["stopped"] == "max_steps"

@@ -268,6 +268,8 @@ class TrainingSession:
         self.clock.mark(loop.step)  # measuring is not training throughput
 
     def agree_to_stop(self, loop: LoopState) -> None:
+        if loop.step >= self.end:
+            return  # every step trained, evaluated and saved: a time limit or signal now stops nothing
         loop.stop = agreed_stop(self.signals.signal_name or ("time limit" if self.clock.out_of_time() else None))
 
     # -- start and end ---------------------------------------------------------------------------------------------
