@@ -484,6 +484,11 @@ BAD_INPUTS = [  # (name, run dir -> (arguments, what the line says), in a proces
         lambda d: ([f"checkpoint.save_path={d}/good/checkpoints"], "already holds another run"),
         False,
     ),
+    (  # a fresh run would append its metrics to that run's and overwrite its config and summary
+        "run dir in use",
+        lambda d: ([f"logging.run_dir={d}/good", "checkpoint.save=false"], "good already holds a run that trained"),
+        False,
+    ),
 ]
 
 

@@ -161,6 +161,11 @@ def plan_run(cfg: Config, overrides: list[str], stamp: int) -> RunPlan:
     if not evaluating(cfg) and cfg.checkpoint.save:
         check_writable("checkpoint.save_path", save_path)
     check_writable("dataset.cache_dir", cfg.dataset.cache_dir, probe=False)  # a prebuilt store may be read-only
+    if resume is None and mode == LoadMode.false and not evaluating(cfg) and has_trained(run_dir):
+        raise ConfigError(  # its metrics, config and summary would be mixed with this run's or overwritten
+            f"logging.run_dir: {run_dir} already holds a run that trained ({layout.METRICS}); choose another "
+            f"directory, or continue that run with checkpoint.load=True checkpoint.load_path={run_dir}"
+        )
     resuming_here = resume is not None and save_path.absolute() == resume.reader.directory
     if not evaluating(cfg) and cfg.checkpoint.save and not resuming_here and holds_checkpoints(save_path):
         raise CheckpointError(
@@ -168,6 +173,14 @@ def plan_run(cfg: Config, overrides: list[str], stamp: int) -> RunPlan:
             f"path, or resume that run with checkpoint.load=True checkpoint.load_path={save_path}"
         )
     return RunPlan(cfg, run_dir.absolute(), save_path.absolute(), resume, init_from, ignored)
+
+
+def has_trained(run_dir: Path) -> bool:
+    """A run has logged a training step in `run_dir` (one that failed before its first step left nothing to keep)."""
+    if not layout.is_run_dir(run_dir):
+        return False
+    with open(run_dir / layout.METRICS) as rows:
+        return any('"train"' in row and json.loads(row).get("split") == "train" for row in rows)
 
 
 def _saved_config_wins(cfg: Config, source: Source, overrides: list[str]) -> tuple[Config, list[str]]:
