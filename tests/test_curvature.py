@@ -165,3 +165,8 @@ def test_landscape_script_draws_a_contour_with_the_trajectory_and_a_line(run_dir
     assert line.stat().st_size > 10_000
     result = script_in_process("scripts.tools.landscape", [str(run_dir), "--to-step", "3"], monkeypatch, capsys)
     assert result.returncode == 2 and "step 3" in result.stderr
+    (tmp_path / "a-file").write_text("mine")  # where the picture's folder goes: one line before the computing
+    out = tmp_path / "a-file" / "x.png"
+    result = script_in_process("scripts.tools.landscape", [str(run_dir), "--out", str(out)], monkeypatch, capsys)
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert result.stderr.startswith(f"error: --out: {out.parent}") and "is a file, not a directory" in result.stderr

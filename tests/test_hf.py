@@ -139,6 +139,13 @@ def test_export_refuses_a_folder_in_use(exported, tmp_path):
     )
     assert (tmp_path / "busy" / "keep.txt").read_text() == "mine"
 
+    (tmp_path / "a-file").write_text("mine")  # a file where the folder goes, or above it: one line before any work
+    for out in (tmp_path / "a-file", tmp_path / "a-file" / "sub"):
+        result = run_cli([str(exported / "run"), str(out)], module="scripts.tools.export_hf")
+        assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr[-2000:]
+        assert result.stderr.startswith(f"error: out_dir: {out}") and "is a file, not a directory" in result.stderr
+    assert (tmp_path / "a-file").read_text() == "mine"
+
 
 # Llama: in this process, on tiny models (no run needed): our Llama-style GPT <-> transformers' LlamaForCausalLM.
 LLAMA_TINY = ["model=llama-tiny", "model.context_size=32"]  # 4 heads of 16 over 2 key/value heads, untied, no biases

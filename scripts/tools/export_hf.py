@@ -17,6 +17,7 @@ import sys
 
 from core.errors import PipelineError, say
 from models.hf import ARCHITECTURES, export_hf
+from training.checkpoints.storage import check_writable
 from training.checkpoints.trained import add_checkpoint_arguments, load_trained
 
 
@@ -32,6 +33,7 @@ def main(argv: list[str]) -> int:
     )
     args = parser.parse_args(argv)
     try:
+        check_writable("out_dir", args.out_dir)  # before the checkpoint is read: a file or unwritable place there
         trained = load_trained(args.checkpoint, args.which)
         written = export_hf(trained.model, trained.tokenizer, args.out_dir, args.architecture)
     except PipelineError as e:

@@ -28,7 +28,6 @@ import sys
 from pathlib import Path
 
 from core.errors import CheckpointError, PipelineError, say
-from training.config import layout
 
 
 def main(argv: list[str]) -> int:
@@ -75,8 +74,11 @@ def landscape(args: argparse.Namespace) -> dict:
     from training.analysis import landscape as L
     from training.checkpoints.checkpointer import Checkpointer
     from training.checkpoints.locate import find_checkpoint_dir
+    from training.checkpoints.storage import check_writable
     from training.checkpoints.trained import load_trained, run_data
 
+    if args.out:  # before the computing: a file or unwritable place where the picture goes
+        check_writable("--out", Path(args.out).expanduser().absolute().parent)
     centre = load_trained(args.run, args.step)
     checkpoints = find_checkpoint_dir(args.run)
     steps = Checkpointer(checkpoints, read_only=True).steps()
@@ -98,7 +100,7 @@ def landscape(args: argparse.Namespace) -> dict:
     values = L.loss_surface(centre.model, directions, np.concatenate([points, np.zeros((1, args.dims))]), batches)
     losses, at_centre = values[:-1].reshape([args.grid] * args.dims), values[-1]
 
-    run_dir = checkpoints.parent if checkpoints.name == layout.CHECKPOINTS else checkpoints
+    run_dir = centre.run_dir  # beside the run, also one whose checkpoints were saved elsewhere (locate.run_dir_of)
     out = Path(args.out) if args.out else run_dir / f"landscape-step{centre.step}.png"
     title = f"{data.main_split} loss around step {centre.step} of {run_dir.name} ({tokens} target tokens)"
     draw(out, grids, losses, names, placed, centre.step, title)
