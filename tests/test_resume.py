@@ -444,6 +444,15 @@ def test_a_run_directory_under_the_home_is_the_homes(data_cache, tmp_path, monke
 BAD_INPUTS = [  # (name, run dir -> (arguments, what the line says), in a process of its own)
     ("missing path", lambda d: (["checkpoint.load=True", f"checkpoint.load_path={d}/nope"], "does not exist"), False),
     (
+        "a step's folder",
+        lambda d: (
+            ["checkpoint.load=True", f"checkpoint.load_path={d}/good/checkpoints/40"],
+            f"name the folder that holds the steps and the step: checkpoint.load_path={d}/good/checkpoints "
+            "checkpoint.load_file=40",
+        ),
+        False,
+    ),
+    (
         "empty dir",
         lambda d: (["checkpoint.load=True", f"checkpoint.load_path={d}/empty"], "holds no complete checkpoint"),
         False,

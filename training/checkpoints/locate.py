@@ -17,6 +17,11 @@ def find_checkpoint_dir(path: str | Path) -> Path:
         raise CheckpointError(f"checkpoint.load_path: {p} does not exist")
     if not p.is_dir():
         raise CheckpointError(f"checkpoint.load_path: {p} is not a directory")
+    if p.name.isdigit() and (p / "meta").is_dir():  # one step's items: model/, opt_state/, meta/, ...
+        raise CheckpointError(
+            f"checkpoint.load_path: {p} is one step's folder; name the folder that holds the steps and the step: "
+            f"checkpoint.load_path={p.parent} checkpoint.load_file={p.name}"
+        )
     checkpoints = p / layout.CHECKPOINTS
     if checkpoints.is_dir() and not (p / layout.CONFIG).exists():
         return checkpoints
