@@ -136,9 +136,12 @@ def test_num_steps_trains_segments_that_add_up_to_the_uninterrupted_run(finished
     assert "trained checkpoint.num_steps=5 steps, to step 5 of train.max_steps=8" in first.stdout
     assert json.loads((split / "summary.json").read_text())["stopped"] == "checkpoint.num_steps"
     assert max(train_losses(split)) == 5 and (split / "checkpoints" / "5").is_dir()
+    first_trained = json.loads((split / "summary.json").read_text())["time_trained_s"]
     second = ok(run_cli(command))
     assert f"resuming {split}/checkpoints at step 5" in second.stdout
-    assert json.loads((split / "summary.json").read_text())["stopped"] == "max_steps"  # 5 more would pass step 8
+    summary = json.loads((split / "summary.json").read_text())
+    assert summary["stopped"] == "max_steps"  # 5 more would pass step 8
+    assert summary["time_trained_s"] > first_trained  # both segments' training time
     assert [r["step"] for r in read_metrics(split, "train")] == list(range(1, 9))
     want, got = train_losses(finished), train_losses(split)  # `finished`: the same run, never split
     assert [got[s] for s in range(1, 9)] == [want[s] for s in range(1, 9)]

@@ -329,6 +329,7 @@ class TrainingSession:
                 self.checkpointer,
                 "checkpoint.num_steps" if segment_done else loop.stop,
                 time.time() - self.started,
+                self.trained_before + time.time() - self.loop_started,
                 count_params(loop.state.model),
                 MFU_FORMULA[MFU_CONVENTION],
                 plot=self.cfg.logging.plot,

@@ -149,6 +149,7 @@ def finish_run(
     checkpointer: Checkpointer | None,
     stopped: str | None,
     wall_s: float,
+    trained_s: float,
     parameters: int,
     mfu_formula: str,
     plot: bool = True,
@@ -171,7 +172,8 @@ def finish_run(
         {
             "run_dir": str(run_dir),
             "stopped": stopped or "max_steps",
-            "wall_time_s": round(wall_s, 1),
+            "wall_time_s": round(wall_s, 1),  # this invocation's, set-up included
+            "time_trained_s": round(trained_s, 1),  # the training loop's, every resumed segment's together
             "parameters": parameters,
             "mfu_formula": mfu_formula,
             "checkpoints": checkpoints,
