@@ -92,6 +92,8 @@ def muon(
         raise ConfigError(
             f"config: optimizer.orthogonalizer: must be one of {', '.join(ORTHOGONALIZERS)}; got {orthogonalizer!r}"
         )
+    if ns_steps < 1:
+        raise ConfigError(f"config: optimizer.ns_steps: must be >= 1 (the orthogonaliser's iterations); got {ns_steps}")
     if orthogonalizer == "polar_express" and ns_steps != len(POLAR_EXPRESS):
         raise ConfigError(
             f"config: optimizer.ns_steps: polar_express's coefficients are for {len(POLAR_EXPRESS)} steps; "

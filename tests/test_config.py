@@ -42,6 +42,7 @@ BAD_CONFIGS = [
     (["optimizer.name=adagrad"], "optimizer.name: must be one of adafactor, adam, "),
     (["train.max_training_hours=-1"], "train.max_training_hours: must be > 0"),
     (["checkpoint.save_steps=[10,-5]"], "checkpoint.save_steps"),
+    (["checkpoint.save_steps=true"], "checkpoint.save_steps: must be a positive int"),  # not the int 1: every step
     (["checkpoint.load=True"], "checkpoint.load_path"),
     (["checkpoint.num_steps=0"], "checkpoint.num_steps: must be >= 1 (or null for up to train.max_steps); got 0"),
     (

@@ -906,6 +906,8 @@ def test_muon_runs_polar_express_when_asked_and_refuses_other_names():
         OPTIMIZERS["muon"](MODEL, orthogonalizer="polar", **hyper)
     with pytest.raises(ConfigError, match="optimizer.ns_steps: polar_express's coefficients are for 5 steps; got 4"):
         OPTIMIZERS["muon"](MODEL, orthogonalizer="polar_express", ns_steps=4, **hyper)
+    with pytest.raises(ConfigError, match="optimizer.ns_steps: must be >= 1 .*; got 0"):
+        OPTIMIZERS["muon"](MODEL, ns_steps=0, **hyper)  # no iteration: the update would not be orthogonalised
 
 
 def normuon(orth: np.ndarray, second: np.ndarray | None, beta2: float) -> tuple[np.ndarray, np.ndarray]:

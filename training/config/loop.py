@@ -179,9 +179,8 @@ class CheckpointConfig:
     def check(self) -> None:
         steps = self.save_steps
         if steps is not None:
-            ok = (isinstance(steps, int) and steps > 0) or (
-                isinstance(steps, list) and all(isinstance(s, int) and s > 0 for s in steps)
-            )
+            whole = lambda n: isinstance(n, int) and not isinstance(n, bool) and n > 0  # noqa: E731  (true is no step)
+            ok = whole(steps) or (isinstance(steps, list) and all(whole(s) for s in steps))
             if not ok:
                 fail("checkpoint.save_steps", f"must be a positive int, a list of positive ints, or null; got {steps}")
         if self.num_steps is not None and self.num_steps < 1:
