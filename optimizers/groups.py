@@ -24,6 +24,7 @@ import chex
 import jax
 import optax
 
+from core.checks import require_fraction, require_non_negative
 from core.errors import ConfigError
 from core.param_labels import BLOCK_MATRICES, EMBEDDINGS, LABELS, VECTORS
 from core.trees import path_name
@@ -33,6 +34,9 @@ from optimizers.registry import LR_USE, OPTIMIZERS, RESERVED, build_direction, h
 
 COARSE = {"matrix": BLOCK_MATRICES, "vector": VECTORS, "embedding": EMBEDDINGS}
 GROUP_KEYS = ("name", "labels", "lr_multiplier")  # a group's own keys, beside its optimizer's hyper-parameters
+# The optimizer section's keys with a range, checked alike in the section and in each group that sets them.
+FRACTIONS = ("beta1", "beta2", "momentum", "decay")  # in [0, 1)
+NON_NEGATIVE = ("eps", "weight_decay", "grad_clip")
 REST = ""  # the partition's name for the parameters of no group (no group name in what they report)
 
 
@@ -82,7 +86,22 @@ def check_groups(optimizer_cfg: OptimizerSection) -> None:
         multiplier = group.get("lr_multiplier", 1.0)
         if not isinstance(multiplier, (int, float)) or multiplier < 0:
             _fail(f"{name}.lr_multiplier", f"must be a number >= 0; got {multiplier!r}")
-        group_config(optimizer_cfg, group)  # every hyper-parameter the group's optimizer needs has a value
+        for key, value in group.items():  # of the section's type: a string where a number goes fails here, not in optax
+            current = getattr(optimizer_cfg, key, None)
+            if key not in GROUP_KEYS and current is not None and not _same_kind(value, current):
+                _fail(f"{name}.{key}", f"must be a {type(current).__name__}, as optimizer.{key}; got {value!r}")
+        cfg = group_config(optimizer_cfg, group)  # every hyper-parameter the group's optimizer needs has a value
+        require_fraction(cfg, f"optimizer.groups.{name}", *(k for k in FRACTIONS if k in group))
+        require_non_negative(cfg, f"optimizer.groups.{name}", *(k for k in NON_NEGATIVE if k in group))
+
+
+def _same_kind(value: object, current: object) -> bool:
+    """A number for a number (an int for a float too), a bool for a bool, a string for a string; anything for others."""
+    if isinstance(current, bool) or isinstance(value, bool):
+        return isinstance(value, bool) and isinstance(current, bool)
+    if isinstance(current, (int, float)):
+        return isinstance(value, (int, float))
+    return isinstance(value, str) if isinstance(current, str) else True
 
 
 def check_labels_present(optimizer_cfg: OptimizerSection, present: set[str]) -> None:

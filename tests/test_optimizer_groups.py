@@ -158,6 +158,10 @@ def _loss(parts, ln_f_bias):
         ("{vector: {grad_clip: 0.5}}", "optimizer.groups.vector.grad_clip: adamw has no such key"),
         ("{vector: {name: nope}}", "optimizer.groups.vector.name: must be one of"),
         ("{vector: {lr_multiplier: -1}}", "optimizer.groups.vector.lr_multiplier: must be a number >= 0"),
+        # the section's own checks, on a group's values: a type optax would fail on mid-run, a range it would take
+        ("{matrix: {beta1: abc}}", "optimizer.groups.matrix.beta1: must be a float, as optimizer.beta1; got 'abc'"),
+        ("{matrix: {beta1: 1.5}}", "optimizer.groups.matrix.beta1: must be in [0, 1"),
+        ("{vector: {weight_decay: -0.1}}", "optimizer.groups.vector.weight_decay: must be >= 0; got -0.1"),
     ],
 )
 def test_a_bad_group_is_one_config_error(groups, message):

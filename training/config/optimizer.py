@@ -8,7 +8,7 @@ from enum import StrEnum
 from typing import Any, Optional
 
 from core.checks import fail, require_fraction, require_non_negative
-from optimizers.groups import check_groups
+from optimizers.groups import FRACTIONS, NON_NEGATIVE, check_groups
 from optimizers.registry import check_optimizer, with_hyper_parameters
 
 
@@ -99,8 +99,8 @@ class OptimizerConfig:
     def check(self) -> None:
         check_optimizer(self)  # a registered name, and every hyper-parameter its builder needs
         self.lr_config.check()
-        require_fraction(self, "optimizer", "beta1", "beta2", "momentum", "decay")
-        require_non_negative(self, "optimizer", "eps", "weight_decay", "grad_clip")
+        require_fraction(self, "optimizer", *FRACTIONS)
+        require_non_negative(self, "optimizer", *NON_NEGATIVE)
         check_groups(self)
 
 
