@@ -267,10 +267,24 @@ def _hub_call(label: str, d: HfConfig, load: Callable, connect: bool = True):
         ) from None
 
 
+def _load_split(d: HfConfig, name: str, hf_split: str, kwargs: dict) -> datasets.Dataset:
+    """One split; a split the dataset does not have (a builder over local files has only `train`) is one line
+    naming the key that asked for it."""
+    try:
+        return hf_datasets().load_dataset(split=hf_split, **kwargs)
+    except ValueError as e:
+        if not str(e).startswith("Unknown split"):
+            raise
+        held_out = (
+            f"; dataset.{name}_split=null holds out dataset.{name}_fraction of train instead" if name != "train" else ""
+        )
+        raise DataError(f"dataset.{name}_split: {first_line(e)}{held_out}") from None
+
+
 def _hub_splits(d: HfConfig, kwargs: dict) -> dict[str, datasets.Dataset]:
     splits = {"train": d.train_split, "val": d.val_split, "test": d.test_split}
     corpus = {
-        name: _text_column(hf_datasets().load_dataset(split=hf_split, **kwargs), d)
+        name: _text_column(_load_split(d, name, hf_split, kwargs), d)
         for name, hf_split in splits.items()
         if hf_split is not None
     }

@@ -9,7 +9,7 @@ from data.batches import EvalBatches, TrainBatches, allot
 from data.examples import Windows
 from data.mixture import MIXTURE_BLOCK, MixtureTrainBatches
 from helpers import ROOT, read_metrics, run_cli, tiny_overrides
-from training.config import load_config
+from training.config import load_config, mixture_sources
 
 PAD = 257
 
@@ -148,12 +148,28 @@ def test_a_mixture_run_evaluates_each_source_and_resumes_bitwise(data_cache, tmp
             "dataset.mixture=[{dataset: pystdlib, weight: 1}, {dataset: text_files, weight: 1e-6, files: [x]}]",
             "dataset.mixture",
         ),
+        ("dataset.val_fraction=0.2", "dataset.val_fraction"),  # each source holds out its own: it would reach none
     ],
 )
 def test_a_bad_mixture_is_one_config_error_naming_the_entry(override, named):
     with pytest.raises(ConfigError) as e:
         load_config(["dataset=mixture", "dataset.tokenizer=byte", override], num_local_devices=1)
     assert f"config: {named}" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_runs_cap_and_document_cutting_reach_every_source_unless_an_entry_sets_its_own():
+    """dataset.max_documents (a quick run's cap), document_starts and max_document_tokens, set on the run, are each
+    source's: they were dropped, so a mixture read every document of its sources."""
+    mixture = (
+        "dataset.mixture=[{dataset: pystdlib, weight: 1, name: a}, "
+        "{dataset: pystdlib, weight: 1, name: b, max_documents: 5}]"
+    )
+    run = ["dataset.max_documents=24", "dataset.document_starts=true", "dataset.max_document_tokens=64"]
+    cfg = load_config(["dataset=mixture", "dataset.tokenizer=byte", mixture, *run], num_local_devices=1)
+    got = {
+        name: (s.max_documents, s.document_starts, s.max_document_tokens) for name, _, s in mixture_sources(cfg.dataset)
+    }
+    assert got == {"a": (24, True, 64), "b": (5, True, 64)}
 
 
 def test_a_mixture_without_source_mixture_is_refused():

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from core.errors import DataError
 from data.corpus import load_corpus
 from data.packing import tokenized_corpus
 from data.token_store import token_dtype
@@ -102,6 +103,18 @@ def build(overrides: list[str], tokenizer=None, index: int = 0, count: int = 1):
     d = load_config(overrides).dataset
     corpus = load_corpus(d)
     return corpus, tokenized_corpus(corpus, tokenizer or ByteTokenizer(), d, index, count)
+
+
+def test_a_split_local_files_do_not_have_is_one_line_naming_its_key(tmp_path):
+    """A datasets builder over local files (hf_path=json) has only a train split: the preset's validation split is
+    one line naming dataset.val_split and what to set, not a failure blamed on the Hub."""
+    write_jsonl(tmp_path / "a.jsonl", 30)
+    overrides = streamed(tmp_path / "a.jsonl", tmp_path / "cache", "dataset.streaming=false")
+    overrides = [o for o in overrides if o not in ("dataset.val_split=null", "dataset.test_split=null")]
+    with pytest.raises(DataError) as refused:
+        load_corpus(load_config(overrides).dataset)
+    assert str(refused.value).startswith('dataset.val_split: Unknown split "validation"'), refused.value
+    assert str(refused.value).endswith("; dataset.val_split=null holds out dataset.val_fraction of train instead")
 
 
 def test_each_split_is_its_documents_each_followed_by_eos(tmp_path):

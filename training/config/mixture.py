@@ -23,10 +23,16 @@ MIXTURE_INHERITED = (
     "context_size",
     "docs_per_chunk",
     "document_mask",
+    "document_starts",
+    "max_document_tokens",
+    "max_documents",
     "build_timeout_s",
     "num_proc",
     "cache_dir",
 )
+# Keys each source's preset sets for itself (how much of it is held out): on the mixture's own section they would
+# reach no source, so a value other than the default there is refused, naming where it goes.
+MIXTURE_PER_SOURCE = ("val_fraction", "test_fraction")
 MIXTURE_ENTRY_KEYS = ("dataset", "weight")
 
 
@@ -76,6 +82,14 @@ def check_mixture(d: DatasetConfig, finetuning: bool) -> None:
         )
     if d.records or finetuning:
         fail("dataset.mixture", "mixes pretraining text; fine-tune on one prompt/completion source")
+    defaults = type(d)()
+    for key in MIXTURE_PER_SOURCE:
+        if getattr(d, key) != getattr(defaults, key):
+            fail(
+                f"dataset.{key}",
+                f"each source of a mixture holds out its own share: set it in the source's entry, e.g. "
+                f"dataset.mixture=[{{dataset: pystdlib, weight: 1, {key}: {getattr(d, key)}}}]",
+            )
     names, sources = [], mixture_sources(d)
     for i, (name, weight, source) in enumerate(sources):
         at = f"dataset.mixture[{i}]"
