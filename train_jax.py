@@ -37,7 +37,7 @@ from training.loop.host_memory import init_host_memory
 from training.loop.session import TrainingSession
 from training.loop.steps import run_loop
 from training.pipeline.build import Pipeline, build
-from training.reporting.console import eval_table
+from training.reporting.console import eval_table, ignored_note
 from training.step.state import TrainState, eval_model
 
 
@@ -65,6 +65,8 @@ def evaluate_checkpoint(plan: RunPlan, p: Pipeline, state: TrainState) -> float:
     model = model_after(eval_model(state), plan.cfg, int(state.step))  # as its step's stage read it (train.stages)
     results = p.evaluate(model, {**p.data.evals, **({"test": p.data.test} if p.data.test else {})})
     if jax.process_index() == 0:
+        if note := ignored_note(plan):
+            print(note)
         step, source = int(state.step), plan.resume.reader.directory
         out = plan.run_dir / layout.eval_result(step)
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -123,6 +123,13 @@ PATH_CASES = [  # (override, key named, reason, limits set in the child, in a pr
         _without_root_override,
         True,
     ),
+    (  # a cache not there yet is made: where it cannot be, one line before anything is built
+        "dataset.cache_dir={d}/read_only/cache",
+        "dataset.cache_dir",
+        "cannot write in {d}/read_only: Permission denied",
+        _without_root_override,
+        True,
+    ),
     (
         "logging.run_dir={d}/run",
         "logging.run_dir",
@@ -136,7 +143,7 @@ PATH_CASES = [  # (override, key named, reason, limits set in the child, in a pr
 @pytest.mark.parametrize(
     "override,key,reason,child,own_process",
     PATH_CASES,
-    ids=["save_path a file", "run_dir under a file", "cache_dir under a file", "read-only", "full"],
+    ids=["save_path a file", "run_dir under a file", "cache_dir under a file", "read-only", "cache read-only", "full"],
 )
 def test_a_path_that_cannot_be_written_is_one_line_naming_the_key_and_nothing_is_written(
     override, key, reason, child, own_process, data_cache, tmp_path, capsys

@@ -312,7 +312,10 @@ def test_overwrite_optimizer_starts_a_fresh_optimizer(straight, data_cache, tmp_
 
 
 def test_mode_eval_matches_the_training_time_evaluation(straight, data_cache, capsys):
-    result = ok(run_in_process(resume_args(data_cache, straight, "mode=eval", "checkpoint.load_file=latest"), capsys))
+    args = resume_args(data_cache, straight, "mode=eval", "checkpoint.load_file=latest", "train.eval_iters=6")
+    result = ok(run_in_process(args, capsys))
+    note = next(line for line in result.stdout.splitlines() if line.startswith("note       ignored"))
+    assert "train.eval_iters=6" in note.split(":")[0] and "the saved config wins" in note  # it evaluated the saved
     report = json.loads((straight / f"eval-step{STEPS}.json").read_text())
     trained = {r["split"]: r for r in read_metrics(straight) if r["step"] == STEPS and r["split"] != "train"}
     for split, row in trained.items():
@@ -472,6 +475,14 @@ BAD_INPUTS = [  # (name, run dir -> (arguments, what the line says), in a proces
                 "model.n_layer=3",
             ],
             "holds a different model: n_layer 2 (checkpoint) vs 3",
+        ),
+        False,
+    ),
+    (  # weights only, into a model without the checkpoint's learned positions: not a silent drop of them
+        "init_from another structure",
+        lambda d: (
+            [f"init_from={d}/good", "model.position=rope"],
+            "holds a different model: position learned (checkpoint) vs rope",
         ),
         False,
     ),

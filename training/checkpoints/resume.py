@@ -48,8 +48,29 @@ RESUME_KEYS = (
 )
 # Of those, what the experiment computes in: the saved value stays unless the command line names the key.
 SAVED_SYSTEM_KEYS = ("system.dtype", "system.fp8_amax_history", "system.fp8_margin")
-# Keys that fix the shapes of the parameters: a checkpoint only loads into a model with the same values.
-MODEL_SHAPE_KEYS = ("arch", "n_layer", "n_head", "n_embd", "context_size", "bias", "vocab_multiple")
+# Keys that fix the parameters' shapes and which parameters there are: a checkpoint only loads into a model with the
+# same values (a model without one of the checkpoint's arrays, e.g. rotary positions against a learned embedding,
+# would drop it without a word).
+MODEL_SHAPE_KEYS = (
+    "arch",
+    "n_layer",
+    "n_head",
+    "n_embd",
+    "context_size",
+    "bias",
+    "vocab_multiple",
+    "position",
+    "norm",
+    "norm_weight",
+    "mlp",
+    "fused_qkv",
+    "qk_norm",
+    "tie_embeddings",
+    "head_bias",
+    "unet_skips",
+    "value_embeddings",
+    "smear_gate",
+)
 
 
 @dataclass
@@ -160,7 +181,10 @@ def plan_run(cfg: Config, overrides: list[str], stamp: int) -> RunPlan:
     check_writable("logging.run_dir", run_dir)
     if not evaluating(cfg) and cfg.checkpoint.save:
         check_writable("checkpoint.save_path", save_path)
-    check_writable("dataset.cache_dir", cfg.dataset.cache_dir, probe=False)  # a prebuilt store may be read-only
+    # a prebuilt store may be read-only; a cache that is not there yet must be made
+    check_writable(
+        "dataset.cache_dir", cfg.dataset.cache_dir, probe=not Path(cfg.dataset.cache_dir).expanduser().exists()
+    )
     if resume is None and mode == LoadMode.false and not evaluating(cfg) and has_trained(run_dir):
         raise ConfigError(  # its metrics, config and summary would be mixed with this run's or overwritten
             f"logging.run_dir: {run_dir} already holds a run that trained ({layout.METRICS}); choose another "

@@ -134,12 +134,19 @@ def describe_run(
     ]
     if t.stages:
         lines.append("stages     " + " | ".join(stage_line(s) for s in plan_stages(cfg)))
-    if plan.ignored_overrides:
-        lines.append(
-            f"note       ignored {' '.join(plan.ignored_overrides)}: the saved config wins "
-            "(checkpoint.overwrite_config=True applies them)"
-        )
+    if note := ignored_note(plan):
+        lines.append(note)
     return lines
+
+
+def ignored_note(plan: RunPlan) -> str | None:
+    """The overrides a resumed or evaluated checkpoint's saved config left unused, as one line; None when none."""
+    if not plan.ignored_overrides:
+        return None
+    return (
+        f"note       ignored {' '.join(plan.ignored_overrides)}: the saved config wins "
+        "(checkpoint.overwrite_config=True applies them)"
+    )
 
 
 def stage_line(stage) -> str:
