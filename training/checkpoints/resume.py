@@ -138,7 +138,7 @@ def auto_resume_path(cfg: Config) -> str | None:
 
 
 def _holds_steps(path: str) -> bool:
-    return Path(path).expanduser().is_dir() and bool(Checkpointer(find_checkpoint_dir(path), read_only=True).steps())
+    return Path(path).expanduser().is_dir() and holds_checkpoints(find_checkpoint_dir(path))
 
 
 def _same_place(path: str, *places: str | None) -> bool:
