@@ -95,9 +95,11 @@ class MixtureCorpus:
 
 
 def _checked(corpus: dict[str, datasets.Dataset], label: str) -> dict[str, datasets.Dataset]:
+    # Where a source splits its documents by hash, the fractions decide which split is left empty.
+    fix = {"train": "lower dataset.val_fraction and dataset.test_fraction", "val": "raise dataset.val_fraction"}
     for name in ("train", "val"):
         if len(corpus.get(name, [])) == 0:
-            raise DataError(f"dataset {label}: the {name} split is empty; add documents or raise dataset.val_fraction")
+            raise DataError(f"dataset {label}: the {name} split is empty; add documents or {fix[name]}")
     return corpus
 
 

@@ -210,6 +210,20 @@ def test_text_files_that_match_nothing_fail_clearly(tmp_path):
         load_corpus(cfg.dataset)
 
 
+@pytest.mark.parametrize(
+    ("empty", "fix"), [("train", "lower dataset.val_fraction"), ("val", "raise dataset.val_fraction")]
+)
+def test_an_empty_split_names_the_fraction_that_fills_it(tmp_path, data_cache, empty, fix):
+    """One file, placed by its path's hash in the split that is not empty: the line says which way to move."""
+    kept = "val" if empty == "train" else "train"
+    path = next(p for i in range(100) if split_of(str(p := tmp_path / f"doc{i}.txt"), 0.4, 0.0) == kept)
+    path.write_text("the only document\n" * 20)
+    overrides = ["dataset=text_files", f"dataset.files=[{path}]", f"dataset.cache_dir={data_cache}"]
+    cfg = load_config([*overrides, "dataset.val_fraction=0.4", "dataset.test_fraction=0"])
+    with pytest.raises(DataError, match=f"the {empty} split is empty; add documents or {fix}"):
+        _ = load_corpus(cfg.dataset).datasets
+
+
 def test_the_hub_is_probed_only_outside_offline_mode(monkeypatch):
     """HF_HUB_OFFLINE=1 (set for every test) means no lookup at all; without it, a failed lookup is what sends the
     Hub code paths offline at once (instead of huggingface_hub's retries)."""
