@@ -41,6 +41,7 @@ from orbax.checkpoint import checkpoint_managers as policies
 from core.errors import CheckpointError, first_line
 from core.trees import path_name
 from models.gpt import GPT
+from training.checkpoints.locate import META
 from training.checkpoints.storage import DISK_FULL_ERRNOS
 from training.config import load_file_step
 from training.step.precision import all_finite
@@ -51,7 +52,6 @@ from training.step.state import TrainState, eval_model
 absl.logging.set_verbosity(absl.logging.FATAL)
 
 PARTS = ("model", "opt_state", "progress")  # the TrainState, split by what a restore may want
-META = "meta"
 STATS = "stats"  # training-statistics buffers: saved only by runs whose knobs made them (training/step/stats.py)
 EVAL_MODEL = "eval_model"  # the weights to evaluate and export where they are not the parameters (schedule-free's x)
 _finite_params = jax.jit(all_finite)  # a save checks the parameters first: it writes no NaN weights

@@ -9,6 +9,8 @@ from pathlib import Path
 from core.errors import CheckpointError
 from training.config import layout
 
+META = "meta"  # each step's item that says whose run it is (training/checkpoints/metadata.py)
+
 
 def find_checkpoint_dir(path: str | Path) -> Path:
     """`load_path` may name the checkpoint directory itself or the run directory that holds `checkpoints/`."""
@@ -17,7 +19,7 @@ def find_checkpoint_dir(path: str | Path) -> Path:
         raise CheckpointError(f"checkpoint.load_path: {p} does not exist")
     if not p.is_dir():
         raise CheckpointError(f"checkpoint.load_path: {p} is not a directory")
-    if p.name.isdigit() and (p / "meta").is_dir():  # one step's items: model/, opt_state/, meta/, ...
+    if p.name.isdigit() and (p / META).is_dir():  # one step's items: model/, opt_state/, meta/, ...
         raise CheckpointError(
             f"checkpoint.load_path: {p} is one step's folder; name the folder that holds the steps and the step: "
             f"checkpoint.load_path={p.parent} checkpoint.load_file={p.name}"
