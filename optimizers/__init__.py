@@ -127,11 +127,8 @@ def eval_params(opt_state: optax.OptState, params: optax.Params) -> optax.Params
 def lr_schedule_of(cfg: OptimizerSection, schedule: optax.Schedule) -> optax.Schedule:
     """The schedule as `optimizer.name`'s method takes it (registry.register's `lr`): the lr `scale_by_lr` applies at
     each update count."""
-    use = LR_USE.get(cfg.name, "schedule")
-    if use == "own":
+    if LR_USE.get(cfg.name, "schedule") == "own":
         return lambda count: jnp.ones([], jnp.float32)
-    if use == "shape" and cfg.lr_config.lr > 0:
-        return lambda count: schedule(count) / cfg.lr_config.lr
     return schedule
 
 

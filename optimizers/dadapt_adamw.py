@@ -9,10 +9,11 @@ whose step size d is a growing lower bound on the distance to the solution, as t
     d <- max(d, min(r / ((1 - b) |s|_1), d * growth_rate))
     x <- x - m / (sqrt(v) + eps) - dlr * weight_decay * x
 
-`lr` is the run's schedule as a shape at peak 1 (registered with lr="shape"): the train step hands it to the update
-(training/step/train_step.py). The reference keeps it inside its momentum (m sums dlr-weighted gradients, and the step
-is m / a), while the pipeline multiplies every direction by it once (optimizers/__init__.py): the direction here is
-m / (lr a), so that the step is the reference's. Called without it (outside the train step), the method runs at lr 1.
+`lr` is the run's schedule, the reference's lr (1 at its peak in the paper; registered with lr="estimate"): the
+train step hands it to the update (training/step/train_step.py). The reference keeps it inside its momentum (m sums
+dlr-weighted gradients, and the step is m / a), while the pipeline multiplies every direction by it once
+(optimizers/__init__.py): the direction here is m / (lr a), so that the step is the reference's. Called without it
+(outside the train step), the method runs at lr 1.
 
 Written here rather than taken from optax.contrib.dadapt_adamw, which always applies Adam's bias correction (the
 reference defaults it off): with it the estimate grew so slowly that the preset did not lower gpt2-tiny's loss in 12
@@ -121,7 +122,7 @@ def dadapt_direction(
     return optax.GradientTransformationExtraArgs(init, update)
 
 
-@register("dadapt_adamw", lr="shape")
+@register("dadapt_adamw", lr="estimate")
 def dadapt_adamw(
     model,
     *,

@@ -31,6 +31,7 @@ from core.trees import path_name
 from optimizers.decay import fixed, with_decay_mode
 from optimizers.protocols import Group, OptimizedModel, OptimizerSection, Section
 from optimizers.registry import LR_USE, OPTIMIZERS, RESERVED, build_direction, hyper_parameter_values, hyper_parameters
+from optimizers.schedules import own_warmups_in_steps
 
 COARSE = {"matrix": BLOCK_MATRICES, "vector": VECTORS, "embedding": EMBEDDINGS}
 GROUP_KEYS = ("name", "labels", "lr_multiplier")  # a group's own keys, beside its optimizer's hyper-parameters
@@ -73,11 +74,11 @@ def check_groups(optimizer_cfg: OptimizerSection) -> None:
         optimizer = group.get("name", optimizer_cfg.name)
         if optimizer not in OPTIMIZERS:
             _fail(f"{name}.name", f"must be one of {', '.join(sorted(OPTIMIZERS))}; got {optimizer!r}")
-        if LR_USE.get(optimizer, "schedule") != "schedule" and optimizer != optimizer_cfg.name:
+        if LR_USE.get(optimizer, "schedule") != "schedule":  # (optimizer.name is one that takes the lr: registry.py)
             _fail(
                 f"{name}.name",
                 f"{optimizer} sets its own step size (and schedule-free its own evaluation weights): "
-                "it runs as optimizer.name, for every parameter, not in a group",
+                "it runs as optimizer.name, for every parameter, without groups",
             )
         allowed = set(GROUP_KEYS) | set(hyper_parameters(OPTIMIZERS[optimizer]))
         for key in group:
@@ -187,6 +188,10 @@ def build_grouped_direction(
     transforms = {}
     for name, group in {**groups, REST: {}}.items():
         cfg = group_config(optimizer_cfg, group) if group else optimizer_cfg
+        if (
+            group and run_steps is not None
+        ):  # a group's own `*_warmup` below 1 is a fraction of the run, as the section's
+            cfg = own_warmups_in_steps(cfg, run_steps)
         decay_mask = model.weight_decay_mask()
         if "weight_decay" in group:  # set for the group: it decays every parameter of the group
             decay_mask = jax.tree.map(lambda _: True, decay_mask)

@@ -7,10 +7,10 @@ size d is estimated on the fly, as the authors' reference implementation (prodig
     d_max <- max(d_max, d_coef r / |s|_1);  d <- max(d, that) on the first growth, then min(d_max, d * growth_rate)
     x  <- x - dlr (m / (sqrt(v) + d eps)) - dlr * weight_decay * x          (decay on matrices only)
 
-`lr` is the run's schedule as a shape at peak 1 (registered with lr="shape"): the train step hands it to the update
-(training/step/train_step.py), and it enters the estimate's sums as the reference's scheduled lr does; the step's
-direction here leaves it out, since the pipeline multiplies every direction by it once (optimizers/__init__.py).
-Called without it (outside the train step), the method runs at lr 1.
+`lr` is the run's schedule, the reference's lr (1 at its peak in the paper; registered with lr="estimate"): the train
+step hands it to the update (training/step/train_step.py), and it enters the estimate's sums as the reference's
+scheduled lr does; the step's direction here leaves it out, since the pipeline multiplies every direction by it once
+(optimizers/__init__.py). Called without it (outside the train step), the method runs at lr 1.
 
 Written here rather than taken from optax.contrib.prodigy, which always applies Adam's bias correction: the reference
 defaults it off, and with it on the estimate grows far more slowly (on a toy quadratic, d after 12 steps ~250x
@@ -114,7 +114,7 @@ def prodigy_direction(
     return optax.GradientTransformationExtraArgs(init, update)
 
 
-@register("prodigy", lr="shape")
+@register("prodigy", lr="estimate")
 def prodigy(
     model,
     *,

@@ -33,18 +33,24 @@ RUN_ARGUMENTS = ("run_steps",)
 OWN_KEYS: dict[str, list[str]] = {}  # hyper-parameters the schema gained from builders -> the optimizers that read them
 
 
-LR_USES = ("schedule", "shape", "own")
+LR_USES = ("schedule", "estimate", "own")
 LR_USE: dict[str, str] = {}  # name -> how the optimizer takes the run's lr schedule (default "schedule")
+AVERAGED: set[str] = set()  # the optimizers whose evaluation weights are an average their state keeps (schedule-free)
 
 
-def register(name: str, lr: str = "schedule") -> Callable[[Builder], Builder]:
+def register(name: str, lr: str = "schedule", averaged: bool = False) -> Callable[[Builder], Builder]:
     """`@register("name")` on a builder `(model, *, hyper-parameters) -> optax.GradientTransformation`. `lr`: how its
-    direction takes the run's learning-rate schedule: `schedule` (times it), `shape` (times schedule / its peak: the
-    methods that estimate their step size, Prodigy and D-Adaptation, take the schedule's shape at peak 1), `own`
-    (not at all: a method whose step size is a key of its own and breaks under any other, schedule-free, COCOB)."""
+    direction takes the run's learning-rate schedule: `schedule` (times it), `estimate` (times it, and the method
+    reads it too: Prodigy and D-Adaptation multiply the step size they estimate by it, as their authors' lr, 1 in
+    their papers; their estimate's sums weigh each step by it), `own` (not at all: a method whose step size is a key
+    of its own and breaks under any other, schedule-free, COCOB). `averaged`: the weights it evaluates are an average
+    of its iterates that its state rebuilds from its own steps (schedule-free), so nothing may change a step after it
+    (optimizers/__init__.py's eval_params)."""
     if lr not in LR_USES:
         raise TypeError(f"register({name!r}, lr={lr!r}): lr must be one of {', '.join(LR_USES)}")
     LR_USE[name] = lr
+    if averaged:
+        AVERAGED.add(name)
 
     def add(builder: Builder) -> Builder:
         where = f"{builder.__module__}.{builder.__qualname__}"
@@ -146,3 +152,32 @@ def check_optimizer(optimizer_cfg: OptimizerSection) -> None:
                 f"{' and '.join(readers)}'s); leave it null"
             )
     hyper_parameter_values(optimizer_cfg)
+    check_own_step_size(optimizer_cfg)
+
+
+def check_own_step_size(optimizer_cfg: OptimizerSection) -> None:
+    """What would move a step outside a method that sets or estimates its own step size: decay scaled by the run's lr
+    (which is not the method's step size), parameter groups (which give parts of the model another one), and, for a
+    schedule-free method, anything that changes its step after it (its evaluation weights are rebuilt from its own
+    steps, so they would no longer be an average of where it went)."""
+    name = optimizer_cfg.name
+    if LR_USE.get(name, "schedule") == "schedule":
+        return
+    own = "estimates its own step size" if LR_USE[name] == "estimate" else "sets its own step size"
+    if optimizer_cfg.weight_decay_mode == "decoupled" and optimizer_cfg.weight_decay > 0:
+        raise ConfigError(
+            f"config: optimizer.weight_decay_mode: decoupled decay is scaled by the run's lr, and {name} {own}; "
+            "use native (its own decay, scaled by its step) or l2"
+        )
+    if optimizer_cfg.groups:
+        raise ConfigError(
+            f"config: optimizer.groups: {name} {own} for every parameter; groups need an optimizer.name that takes "
+            "the run's lr (e.g. adamw), which a group may then replace"
+        )
+    if name in AVERAGED:
+        for key in ("cautious", "mechanic"):
+            if getattr(optimizer_cfg, key):
+                raise ConfigError(
+                    f"config: optimizer.{key}: it changes {name}'s steps after the method, which then evaluates "
+                    "weights that are not the average of where it went; leave it false"
+                )

@@ -113,6 +113,30 @@ def test_muon_through_groups_equals_the_muon_it_replaces_to_the_last_bit():
     assert not np.array_equal(got.blocks.fc.weight, PARAMS.blocks.fc.weight)
 
 
+def test_a_groups_own_warmup_below_1_is_a_fraction_of_the_run():
+    """A group's momentum_warmup of 0.5 in a run of 12 optimizer steps is 6 steps, as it is in the section: the same
+    updates as a group given 6, and not those of the 0.5 read as steps (full momentum from the second step: what a
+    build that does not know the run's length makes of it)."""
+
+    def grouped(warmup, run_steps=12):
+        group = f"{{matrix: {{name: muon, momentum_warmup: {warmup}, momentum_start: 0.5}}}}"
+        cfg = load_config(["optimizer.grad_clip=0", "optimizer/lr_config=constant", f"+optimizer.groups={group}"])
+        schedule = build_schedule(cfg.optimizer.lr_config, 12)
+        optimizer = build_optimizer(cfg.optimizer, schedule, MODEL, 1, run_steps=run_steps)
+        params, state = PARAMS, optimizer.init(PARAMS)
+        update = jax.jit(optimizer.update)
+        for i in range(3):  # follow's gradients, one program per build
+            grads = jax.tree.map(lambda x: jax.random.normal(jax.random.PRNGKey(i), x.shape), params)
+            updates, state = update(grads, state, params)
+            params = optax.apply_updates(params, updates)
+        return params
+
+    fraction = grouped(0.5)
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, **CHAIN_TOLERANCE), fraction, grouped(6))
+    as_steps = grouped(0.5, run_steps=None)
+    assert not all(jax.tree.leaves(jax.tree.map(lambda x, y: np.allclose(x, y, **CHAIN_TOLERANCE), fraction, as_steps)))
+
+
 def test_each_groups_lr_is_logged_as_what_it_applied(data_cache):
     parts = build(
         tiny_overrides(
@@ -167,6 +191,47 @@ def _loss(parts, ln_f_bias):
 def test_a_bad_group_is_one_config_error(groups, message):
     with pytest.raises(ConfigError, match="^config: " + message.replace("[", r"\[")):
         load_config([f"optimizer.groups={groups}"])
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        # decay scaled by the run's lr, where that lr is not the step size: 10% of each weight gone per step
+        (
+            ["optimizer=prodigy", "optimizer.weight_decay_mode=decoupled", "optimizer.weight_decay=0.1"],
+            "weight_decay_mode: decoupled",
+        ),
+        (
+            ["optimizer=cocob", "optimizer.weight_decay_mode=decoupled", "optimizer.weight_decay=0.1"],
+            "weight_decay_mode: decoupled",
+        ),
+        # groups: a schedule-free state split by group (its evaluation weights fail), or a group at lr 1
+        (
+            ["optimizer=schedule_free_adamw", "+optimizer.groups={vector: {weight_decay: 0.0}}"],
+            "groups: schedule_free_adamw",
+        ),
+        (["optimizer=dadapt_adamw", "+optimizer.groups={embedding: {name: adamw}}"], "groups: dadapt_adamw estimates"),
+        (["+optimizer.groups={embedding: {name: prodigy}}"], "groups.embedding.name: prodigy sets its own step size"),
+        # a schedule-free step changed after the method: its averaged weights no longer are the average
+        (["optimizer=schedule_free_sgd", "optimizer.cautious=true"], "cautious: it changes schedule_free_sgd's steps"),
+        (["optimizer=schedule_free_adamw", "optimizer.mechanic=true"], "mechanic: it changes schedule_free_adamw's"),
+        (["optimizer=schedule_free_adamw", "model.parametrization=mup"], "model.parametrization: μP scales"),
+    ],
+)
+def test_what_would_move_a_step_outside_a_method_with_its_own_step_size_is_refused(overrides, message):
+    with pytest.raises(ConfigError, match="^config: [a-z_.]*" + message.split(": ", 1)[0].split(".")[-1]) as e:
+        load_config(overrides)
+    assert message in str(e.value)
+
+
+def test_what_a_method_with_its_own_step_size_keeps():
+    """Its own decay, L2, and (COCOB, which evaluates its parameters) the wrappers stay valid."""
+    for overrides in (
+        ["optimizer=prodigy", "optimizer.weight_decay=0.1"],
+        ["optimizer=schedule_free_adamw", "optimizer.weight_decay_mode=l2"],
+        ["optimizer=cocob", "optimizer.mechanic=true"],
+    ):
+        assert load_config(overrides).optimizer.name == overrides[0].split("=")[1]
 
 
 def test_a_label_the_model_lacks_exits_2_with_one_line(data_cache, tmp_path, capsys):

@@ -15,7 +15,7 @@ import pytest
 from core.errors import ConfigError
 from models.config import GPTConfig
 from models.gpt import GPT
-from optimizers import OPTIMIZERS, build_optimizer, build_schedule, matrices
+from optimizers import OPTIMIZERS, build_optimizer, build_schedule, lr_schedule_of, matrices
 from optimizers.decay import fixed
 from training.config import load_config
 
@@ -804,6 +804,29 @@ def test_dadapt_adamw_steps_follow_the_reference():
     np.testing.assert_allclose(ds, want_ds, rtol=1e-3)
     assert_steps_match_in_scale(moves, want_moves, 1e-4)
     assert ds[-1] > 100 * hyper["d0"], ds  # the estimate grew
+
+
+@pytest.mark.parametrize("name", ["prodigy", "dadapt_adamw"])
+def test_the_runs_lr_is_the_references_lr_for_the_estimating_methods(name):
+    """optimizer.lr_config.lr multiplies the estimated step size, as the reference's lr: the pipeline's optimizer at a
+    constant lr 0.5 (its lr handed to each update as the train step hands it) moves as the reference at lr 0.5, which
+    is not how it moves at lr 1 (its estimate weighs each step by the lr, so neither moves nor d simply halve)."""
+    overrides = [f"optimizer={name}", "optimizer/lr_config=constant", "optimizer.lr_config.warmup=0"]
+    cfg = load_config([*overrides, "optimizer.lr_config.lr=0.5", "optimizer.grad_clip=0"]).optimizer
+    schedule = build_schedule(cfg.lr_config, 10)
+    opt, lr = build_optimizer(cfg, schedule, MODEL, 1), lr_schedule_of(cfg, schedule)
+    x_star = {n: a + 0.5 * np.random.default_rng(3).standard_normal(a.shape) for n, a in flat(PARAMS).items()}
+    update, params, state, moves = jax.jit(opt.update), PARAMS, opt.init(PARAMS), []
+    for k in range(6):
+        u, state = update(jax.tree.map(lambda p, t: p - t, params, unflat(x_star)), state, params, lr=lr(k))
+        params = optax.apply_updates(params, u)
+        moves.append(flat(u))
+    hyper = dict(beta1=cfg.beta1, beta2=cfg.beta2, eps=cfg.eps, d0=cfg.d0, weight_decay=cfg.weight_decay)
+    reference = functools.partial(prodigy_reference, d_coef=1.0, bias_correction=False) if name == "prodigy" else None
+    reference = reference or dadapt_reference
+    assert_steps_match_in_scale(moves, reference(x_star, [0.5] * 6, **hyper)[0], 1e-3)
+    at_1 = reference(x_star, [1.0] * 6, **hyper)[0][-1]
+    assert max(np.abs(moves[-1][n] - at_1[n]).max() / np.abs(at_1[n]).max() for n in at_1) > 0.1
 
 
 # ------------------------------------------------------------------------------------------------------------- Muon

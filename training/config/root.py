@@ -19,6 +19,7 @@ from models.fp8 import native_fp8_problem
 from models.hf import HF_PREFIX
 from optimizers.groups import check_labels_present
 from optimizers.muon import cooldown_steps
+from optimizers.registry import AVERAGED
 from training.config.loop import CheckpointConfig, LoadMode, LoggingConfig, TrainConfig
 from training.config.mixture import check_mixture
 from training.config.model import ModelConfig, Position
@@ -101,6 +102,13 @@ def check_across(cfg: Config) -> None:
             "model.head_loss",
             "sophia differentiates the loss twice (Hessian-vector products), which the chunked "
             "head's hand-written backward pass does not support; use model.head_loss=dense",
+        )
+    m = cfg.model
+    if m.parametrization == "mup" and m.n_embd != m.mup_base_width and cfg.optimizer.name in AVERAGED:
+        fail(
+            "model.parametrization",
+            f"μP scales the hidden matrices' steps after {cfg.optimizer.name}, whose evaluation weights are then not "
+            "the average of where it went; use model.parametrization=standard or another optimizer",
         )
     if cfg.optimizer.groups:  # groups name labels this model has (from its shapes alone: nothing is allocated)
         check_labels_present(cfg.optimizer, parameter_labels(cfg.model))
