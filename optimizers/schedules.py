@@ -57,7 +57,8 @@ def build_schedule(lr_cfg: LrSection, total_steps: int) -> optax.Schedule:
     elif name == "cosine":
         decay = optax.cosine_decay_schedule(peak, decay_steps, alpha=lr_cfg.min_lr_ratio)
     elif name == "trapezoid":
-        cooldown = max(round(lr_cfg.decay_fraction * total_steps), 1)
+        # the last decay_fraction of the run, or all that the warmup leaves of it: the run ends at the floor
+        cooldown = min(max(round(lr_cfg.decay_fraction * total_steps), 1), decay_steps)
         stable = max(decay_steps - cooldown, 0)
         decay = optax.join_schedules(
             [optax.constant_schedule(peak), optax.linear_schedule(peak, floor, cooldown)], [stable]

@@ -54,6 +54,14 @@ def test_trapezoid_is_flat_until_the_final_decay():
     assert float(s(90)) == pytest.approx(PEAK / 2, rel=1e-4)
 
 
+def test_a_trapezoids_decay_longer_than_the_warmup_leaves_still_ends_at_the_floor():
+    """A decay of 0.95 of the run after a warmup of 10 of 100 steps: it starts at the warmup's end and reaches the
+    floor at the run's end (not 0.05 of the way short)."""
+    s = schedule("trapezoid", min_lr_ratio=FLOOR / PEAK, decay_fraction=0.95)
+    assert float(s(WARMUP)) == pytest.approx(PEAK) and float(s(STEPS)) == pytest.approx(FLOOR, rel=1e-5)
+    assert float(s(WARMUP + (STEPS - WARMUP) // 2)) == pytest.approx((PEAK + FLOOR) / 2, rel=1e-4)
+
+
 def test_piecewise_linear_goes_through_its_points():
     s = schedule("piecewise_linear", boundaries="[20,60]", boundary_lrs="[5e-4,1e-4]")
     assert float(s(WARMUP + 20)) == pytest.approx(5e-4)
