@@ -37,7 +37,15 @@ def beta3_schedule(beta_start: float, beta3: float, warmup: int) -> optax.Scalar
     return schedule
 
 
-@register("ademamix")
+@register(
+    "ademamix",
+    bounds={
+        "beta3": "fraction",
+        "alpha": "non_negative",
+        "alpha_warmup": "non_negative",
+        "beta3_warmup": "non_negative",
+    },
+)
 def ademamix(
     model,
     *,

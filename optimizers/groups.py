@@ -30,7 +30,15 @@ from core.param_labels import BLOCK_MATRICES, EMBEDDINGS, LABELS, VECTORS
 from core.trees import path_name
 from optimizers.decay import fixed, with_decay_mode
 from optimizers.protocols import Group, OptimizedModel, OptimizerSection, Section
-from optimizers.registry import LR_USE, OPTIMIZERS, RESERVED, build_direction, hyper_parameter_values, hyper_parameters
+from optimizers.registry import (
+    LR_USE,
+    OPTIMIZERS,
+    RESERVED,
+    build_direction,
+    check_bounds,
+    hyper_parameter_values,
+    hyper_parameters,
+)
 from optimizers.schedules import own_warmups_in_steps
 
 COARSE = {"matrix": BLOCK_MATRICES, "vector": VECTORS, "embedding": EMBEDDINGS}
@@ -91,7 +99,8 @@ def check_groups(optimizer_cfg: OptimizerSection) -> None:
             current = getattr(optimizer_cfg, key, None)
             if key not in GROUP_KEYS and current is not None and not _same_kind(value, current):
                 _fail(f"{name}.{key}", f"must be a {type(current).__name__}, as optimizer.{key}; got {value!r}")
-        cfg = group_config(optimizer_cfg, group)  # every hyper-parameter the group's optimizer needs has a value
+        cfg = group_config(optimizer_cfg, group)
+        check_bounds(cfg, f"optimizer.groups.{name}")  # its optimizer's own keys, as the section's
         require_fraction(cfg, f"optimizer.groups.{name}", *(k for k in FRACTIONS if k in group))
         require_non_negative(cfg, f"optimizer.groups.{name}", *(k for k in NON_NEGATIVE if k in group))
 
@@ -121,7 +130,7 @@ def group_config(optimizer_cfg: Section, group: Group) -> Section:
     overrides = {k: v for k, v in group.items() if k not in ("labels", "lr_multiplier")}
     names = {f.name for f in dataclasses.fields(optimizer_cfg)}
     cfg = dataclasses.replace(optimizer_cfg, groups={}, **{k: v for k, v in overrides.items() if k in names})
-    hyper_parameter_values(cfg)  # the same checks as the section's own optimizer
+    hyper_parameter_values(cfg)  # every hyper-parameter the group's optimizer needs has a value
     return cfg
 
 

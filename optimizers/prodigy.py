@@ -114,7 +114,7 @@ def prodigy_direction(
     return optax.GradientTransformationExtraArgs(init, update)
 
 
-@register("prodigy", lr="estimate")
+@register("prodigy", lr="estimate", bounds={"d0": "positive", "d_coef": "positive", "beta3": "fraction"})
 def prodigy(
     model,
     *,

@@ -36,19 +36,35 @@ OWN_KEYS: dict[str, list[str]] = {}  # hyper-parameters the schema gained from b
 LR_USES = ("schedule", "estimate", "own")
 LR_USE: dict[str, str] = {}  # name -> how the optimizer takes the run's lr schedule (default "schedule")
 AVERAGED: set[str] = set()  # the optimizers whose evaluation weights are an average their state keeps (schedule-free)
+# The ranges a builder's own hyper-parameters may take, checked with the config (register's `bounds`): rule -> (test,
+# what the error says)
+RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "positive": (lambda v: v > 0, "> 0"),
+    "non_negative": (lambda v: v >= 0, ">= 0"),
+    "fraction": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "count": (lambda v: v >= 1, ">= 1"),
+}
+BOUNDS: dict[str, dict[str, str]] = {}  # name -> {hyper-parameter: rule}
 
 
-def register(name: str, lr: str = "schedule", averaged: bool = False) -> Callable[[Builder], Builder]:
+def register(
+    name: str, lr: str = "schedule", averaged: bool = False, bounds: dict[str, str] | None = None
+) -> Callable[[Builder], Builder]:
     """`@register("name")` on a builder `(model, *, hyper-parameters) -> optax.GradientTransformation`. `lr`: how its
     direction takes the run's learning-rate schedule: `schedule` (times it), `estimate` (times it, and the method
     reads it too: Prodigy and D-Adaptation multiply the step size they estimate by it, as their authors' lr, 1 in
     their papers; their estimate's sums weigh each step by it), `own` (not at all: a method whose step size is a key
     of its own and breaks under any other, schedule-free, COCOB). `averaged`: the weights it evaluates are an average
     of its iterates that its state rebuilds from its own steps (schedule-free), so nothing may change a step after it
-    (optimizers/__init__.py's eval_params)."""
+    (optimizers/__init__.py's eval_params). `bounds`: {hyper-parameter: rule} (a rule of RULES) for the values that
+    would train without an error and wrongly, checked with the config (check_bounds); a check that spans keys stays
+    in the builder."""
     if lr not in LR_USES:
         raise TypeError(f"register({name!r}, lr={lr!r}): lr must be one of {', '.join(LR_USES)}")
+    if unknown := [rule for rule in (bounds or {}).values() if rule not in RULES]:
+        raise TypeError(f"register({name!r}): bounds' rules are {', '.join(RULES)}; got {', '.join(unknown)}")
     LR_USE[name] = lr
+    BOUNDS[name] = dict(bounds or {})
     if averaged:
         AVERAGED.add(name)
 
@@ -151,8 +167,18 @@ def check_optimizer(optimizer_cfg: OptimizerSection) -> None:
                 f"config: optimizer.{key}: {optimizer_cfg.name} does not take it (it is "
                 f"{' and '.join(readers)}'s); leave it null"
             )
-    hyper_parameter_values(optimizer_cfg)
+    check_bounds(optimizer_cfg)
     check_own_step_size(optimizer_cfg)
+
+
+def check_bounds(optimizer_cfg: OptimizerSection, at: str = "optimizer") -> None:
+    """The builder gets every hyper-parameter it needs, each in its registered range (`at`: where the section is,
+    `optimizer` or a group's place)."""
+    values = hyper_parameter_values(optimizer_cfg)
+    for key, rule in BOUNDS.get(optimizer_cfg.name, {}).items():
+        test, want = RULES[rule]
+        if key in values and isinstance(values[key], (int, float)) and not test(values[key]):
+            raise ConfigError(f"config: {at}.{key}: {optimizer_cfg.name} needs it {want}; got {values[key]}")
 
 
 def check_own_step_size(optimizer_cfg: OptimizerSection) -> None:

@@ -41,7 +41,7 @@ def require_positive_beta1(beta1: float, name: str, key: str) -> None:
         )
 
 
-@register("schedule_free_adamw", lr="own", averaged=True)
+@register("schedule_free_adamw", lr="own", averaged=True, bounds={"sf_lr": "positive", "sf_warmup": "non_negative"})
 def schedule_free_adamw(
     model,
     *,

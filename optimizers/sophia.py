@@ -24,7 +24,7 @@ from optimizers.registry import register
 from optimizers.reporting import report
 
 
-@register("sophia")
+@register("sophia", bounds={"gamma": "positive", "clip_threshold": "positive", "update_interval": "count"})
 def sophia(
     model,
     *,

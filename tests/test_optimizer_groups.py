@@ -1,5 +1,7 @@
 """optimizer.groups: labelled parameters get their own optimizer, lr multiplier or hyper-parameters; Muon is one use."""
 
+import re
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -222,6 +224,27 @@ def test_what_would_move_a_step_outside_a_method_with_its_own_step_size_is_refus
     with pytest.raises(ConfigError, match="^config: [a-z_.]*" + message.split(": ", 1)[0].split(".")[-1]) as e:
         load_config(overrides)
     assert message in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [  # each trained without a word: d never grew, the Hessian was estimated once, ...
+        (["optimizer=prodigy", "optimizer.d0=0"], "optimizer.d0: prodigy needs it > 0; got 0"),
+        (["optimizer=dadapt_adamw", "optimizer.d0=0"], "optimizer.d0: dadapt_adamw needs it > 0; got 0"),
+        (["optimizer=sophia", "optimizer.update_interval=0"], "optimizer.update_interval: sophia needs it >= 1; got 0"),
+        (["optimizer=cocob", "optimizer.alpha=0"], "optimizer.alpha: cocob needs it > 0; got 0"),
+        (["optimizer=ademamix", "optimizer.beta3=1.0"], "optimizer.beta3: ademamix needs it in [0, 1); got 1.0"),
+        (["optimizer=schedule_free_sgd", "optimizer.sf_lr=-1"], "optimizer.sf_lr: schedule_free_sgd needs it > 0"),
+        (["optimizer=schedule_free_adamw", "optimizer.sf_warmup=-1"], "optimizer.sf_warmup: schedule_free_adamw needs"),
+        (
+            ["+optimizer.groups={matrix: {name: sophia, update_interval: 0}}"],
+            "optimizer.groups.matrix.update_interval: sophia",
+        ),
+    ],
+)
+def test_an_optimizers_own_key_out_of_its_range_is_one_config_line(overrides, message):
+    with pytest.raises(ConfigError, match="^config: " + re.escape(message)):
+        load_config(overrides)
 
 
 def test_what_a_method_with_its_own_step_size_keeps():
