@@ -146,10 +146,21 @@ def muon(
         consistent_rms=consistent_rms,
         adam_b1=beta1,
         adam_b2=beta2,
-        adam_weight_decay=weight_decay,
+        adam_weight_decay=0.0,  # optax's Adam branch would decay all it gets: its decay follows the mask, below
         muon_weight_dimension_numbers=dimensions,
     )
     steps = [muon_update]
+    # AdamW's decay on what the Adam branch takes (what Muon does not orthogonalise) where the model decays it: not
+    # the norms, biases and positions (a step is already negated: -wd x w)
+    orthogonalised_embeddings = ("token_embedding", "position") if orthogonalize_embeddings else ()
+    adam_decayed = jax.tree.map(
+        lambda decays, m, label: bool(decays) and not m and label not in orthogonalised_embeddings,
+        model.weight_decay_mask(),
+        is_matrix,
+        labels,
+    )
+    if weight_decay:
+        steps.append(optax.masked(optax.add_decayed_weights(-weight_decay), fixed(adam_decayed)))
     if normuon_beta2 is not None:
         steps.append(optax.masked(scale_by_normuon(normuon_beta2), fixed(is_matrix)))
     if own_decay and weight_decay:

@@ -419,6 +419,17 @@ def test_adams_ablations_follow_their_formula(debias, precondition):
         np.testing.assert_allclose(a, b, **CHAIN_TOLERANCE)  # the rule written out in numpy: other roundings again
 
 
+def test_muons_own_adam_branch_decays_only_what_the_model_decays():
+    """Without the preset's adam group, the parameters Muon does not orthogonalise go to optax's Adam branch: on a zero
+    gradient the token embedding decays by lr x wd (AdamW's), and the positions and norms, which the model never
+    decays, stay where they are."""
+    optimizer = ours("optimizer=muon", "~optimizer.groups.adam", "optimizer.weight_decay=0.1")
+    zeros = jax.tree.map(jnp.zeros_like, PARAMS)
+    updates, _ = optimizer.update(zeros, optimizer.init(PARAMS), PARAMS)
+    np.testing.assert_allclose(updates.wte, -0.01 * 0.1 * PARAMS.wte, rtol=1e-6)
+    assert not np.any(updates.wpe) and not np.any(updates.ln_f.weight) and not np.any(updates.blocks.ln1.weight)
+
+
 def test_muon_can_orthogonalise_the_embeddings():
     """With orthogonalize_embeddings, Muon's step for the token embedding is an orthogonalised matrix (its singular
     values all near one scale) instead of Adam's elementwise step."""
