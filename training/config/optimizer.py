@@ -82,7 +82,7 @@ class OptimizerConfig:
     lr_config: LrConfig = field(default_factory=LrConfig)  # the learning-rate schedule
     beta1: float = 0.9  # first-moment decay (adam family, lion, muon's Adam fallback)
     beta2: float = 0.95  # second-moment decay (adam family, muon's Adam fallback); lion: its update interpolation
-    eps: float = 1e-8  # added to the second moment's root (adam family, rmsprop)
+    eps: float = 1e-8  # added to the second moment's root (adam family); rmsprop: inside the root (optax's)
     weight_decay: float = 0.1  # matrices only (unless a group sets it); decoupled for adamw, lion, muon
     momentum: float = 0.9  # sgdm, rmsprop, muon
     nesterov: bool = False  # sgdm, muon
