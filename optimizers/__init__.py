@@ -8,7 +8,8 @@ The full update for one optimizer step is
     MultiSteps(k = train.grad_accum_steps)(            # only when k > 1: sums the k micro-batch gradients
         chain(record_grad_norm, clip_by_global_norm, <optimizer with a unit lr>, scale_by_lr(schedule)))
 where <optimizer> is `optimizer.name`'s, or one per parameter group (optimizers/groups.py, optax.partition);
-`optimizer.cautious` masks its direction (optimizers/wrappers.py), `optimizer.mechanic` wraps the direction and the
+`optimizer.cautious` masks each optimizer's direction (optimizers/wrappers.py; the decoupled decay of
+weight_decay_mode=decoupled stays outside the mask), `optimizer.mechanic` wraps the direction and the
 lr in Mechanic (optax.contrib.mechanize), which learns their scale.
 The optimizers are built with learning rate 1, so their output is the step's direction (already negated), and the
 learning rate is applied once, by `scale_by_lr`, whose state counts the updates applied and keeps the lr the last
@@ -33,7 +34,6 @@ from optimizers.groups import build_grouped_direction, geometry_groups, lr_multi
 from optimizers.protocols import OptimizedModel, OptimizerSection
 from optimizers.registry import LR_USE, OPTIMIZERS, register
 from optimizers.schedules import build_schedule, own_warmups_in_steps
-from optimizers.wrappers import cautious
 
 __all__ = [
     "build_optimizer",
@@ -153,8 +153,6 @@ def build_optimizer(
     `run_steps`: the optimizer steps the run's schedule spans (None: unknown; a method that needs them says so)."""
     direction = build_grouped_direction(cfg, model, run_steps)
     schedule = lr_schedule_of(cfg, schedule)
-    if cfg.cautious:
-        direction = cautious(direction)
     step = optax.chain(direction, *mup_lr_scale(model), scale_by_lr(schedule))
     if cfg.mechanic:  # Mechanic learns a scale s for the whole step and moves from x0 by s x its steps: it goes last
         step = optax.contrib.mechanize(step)

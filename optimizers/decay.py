@@ -21,12 +21,18 @@ def l2(weight_decay: float, decay_mask: chex.ArrayTree) -> optax.GradientTransfo
 
 
 def with_decay_mode(
-    mode: str, weight_decay: float, decay_mask: chex.ArrayTree, build: Callable[[float], optax.GradientTransformation]
+    mode: str,
+    weight_decay: float,
+    decay_mask: chex.ArrayTree,
+    build: Callable[[float], optax.GradientTransformation],
+    wrap: Callable[[optax.GradientTransformation], optax.GradientTransformation] = lambda t: t,
 ) -> optax.GradientTransformation:
     """`optimizer.weight_decay_mode`: `native` keeps the optimizer's own decay (`build(weight_decay)`); `l2` adds
     weight_decay x w to the gradient before the optimizer; `decoupled` subtracts it beside the optimizer's direction
-    (then scaled by the lr, as AdamW's). The two set the optimizer's own decay to 0 (`build(0)`)."""
+    (then scaled by the lr, as AdamW's). The two set the optimizer's own decay to 0 (`build(0)`). `wrap` (cautious)
+    modifies the optimizer's direction: with its own decay or L2 in it, and without the decoupled decay, which is
+    added after it unchanged (Cautious's paper masks the update, not the decay)."""
     if mode == "native" or weight_decay == 0:
-        return build(weight_decay)
+        return wrap(build(weight_decay))
     decay = optax.add_decayed_weights(weight_decay if mode == "l2" else -weight_decay, fixed(decay_mask))
-    return optax.chain(decay, build(0.0)) if mode == "l2" else optax.chain(build(0.0), decay)
+    return wrap(optax.chain(decay, build(0.0))) if mode == "l2" else optax.chain(wrap(build(0.0)), decay)

@@ -40,6 +40,7 @@ from optimizers.registry import (
     hyper_parameters,
 )
 from optimizers.schedules import own_warmups_in_steps
+from optimizers.wrappers import cautious
 
 COARSE = {"matrix": BLOCK_MATRICES, "vector": VECTORS, "embedding": EMBEDDINGS}
 GROUP_KEYS = ("name", "labels", "lr_multiplier")  # a group's own keys, beside its optimizer's hyper-parameters
@@ -161,6 +162,7 @@ def directed(
         optimizer_cfg.weight_decay,
         model.weight_decay_mask(),
         lambda wd: build_direction(dataclasses.replace(optimizer_cfg, weight_decay=wd), model, run_steps),
+        cautious if optimizer_cfg.cautious else lambda t: t,
     )
 
 

@@ -330,6 +330,17 @@ def test_cautious_keeps_the_downhill_entries_of_the_direction_rescaled():
         np.testing.assert_allclose(a, b, **CHAIN_TOLERANCE)  # the rule written out in numpy: other roundings again
 
 
+def test_cautious_leaves_the_decoupled_decay_unmasked_as_the_paper():
+    """On a zero gradient no entry of the direction descends, so cautious keeps none of it: AdamW's own decay, part of
+    its direction, goes with it, and weight_decay_mode=decoupled's decay stays, lr x wd x w on the decayed matrices."""
+    zeros = jax.tree.map(jnp.zeros_like, PARAMS)
+    for mode, factor in (("native", 0.0), ("decoupled", -0.01 * 0.5)):
+        optimizer = ours("optimizer.weight_decay=0.5", "optimizer.cautious=true", f"optimizer.weight_decay_mode={mode}")
+        updates, _ = optimizer.update(zeros, optimizer.init(PARAMS), PARAMS)
+        np.testing.assert_allclose(updates.blocks.fc.weight, factor * PARAMS.blocks.fc.weight, rtol=1e-6)
+        assert not np.any(updates.ln_f.weight)
+
+
 def test_mechanic_wraps_the_optimizer_and_reports_its_scale():
     from optimizers.reporting import optimizer_metrics
 

@@ -89,7 +89,9 @@ class OptimizerConfig:
     decay: float = 0.9  # rmsprop: squared-gradient averaging
     grad_clip: float = 1.0  # global-norm clipping threshold; 0 = off
     weight_decay_mode: DecayMode = DecayMode.native  # the optimizer's own decay, or decoupled, or L2, for any optimizer
-    cautious: bool = False  # keep only the direction's entries that agree in sign with the descent (Cautious, 2024)
+    # keep only the direction's entries that agree in sign with the descent (Cautious, 2024): an optimizer's own decay
+    # is masked with its direction; weight_decay_mode=decoupled keeps the decay outside the mask, as the paper's
+    cautious: bool = False
     mechanic: bool = False  # wrap the optimizer in Mechanic, which learns the scale of its steps (Cutkosky et al.)
     # parameter groups (optimizers/groups.py): {group: {labels: [...], name: <optimizer>, lr_multiplier: x, <key>: v}};
     # a group named by a label needs no `labels`; labels: token_embedding, head, position, attn_qkv, attn_out, mlp_in,
