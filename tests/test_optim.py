@@ -130,6 +130,8 @@ def test_every_optimizer_learns_what_the_context_predicts_and_resumes_bitwise(na
         "adafactor": 0.1,
         "scion": 3.6e-4,
         "sophia": 1e-2,
+        "prodigy": 1.0,  # the reference's lr, which multiplies the step size it estimates
+        "dadapt_adamw": 1.0,
     }.get(name, 1e-2)
     own = {  # the methods that set their own step size: theirs, for 30 steps
         "prodigy": ["optimizer.d0=1e-3"],
