@@ -14,7 +14,7 @@ from optimizers.decay import fixed
 from optimizers.registry import register
 
 
-@register("cocob", lr="own", bounds={"alpha": "positive"})
+@register("cocob", lr="own", bounds={"alpha": "positive"}, step_size="alpha")
 def cocob(model, *, alpha: float, eps: float, weight_decay: float) -> optax.GradientTransformation:
     """eps: the initial scale L_0 of each coordinate's gradients (keeps the first bet finite)."""
     return optax.contrib.cocob(

@@ -35,6 +35,7 @@ OWN_KEYS: dict[str, list[str]] = {}  # hyper-parameters the schema gained from b
 
 LR_USES = ("schedule", "estimate", "own")
 LR_USE: dict[str, str] = {}  # name -> how the optimizer takes the run's lr schedule (default "schedule")
+STEP_SIZE: dict[str, str] = {}  # lr="own": the key that sets the method's step size (what a sweep over it sets)
 AVERAGED: set[str] = set()  # the optimizers whose evaluation weights are an average their state keeps (schedule-free)
 # The ranges a builder's own hyper-parameters may take, checked with the config (register's `bounds`): rule -> (test,
 # what the error says)
@@ -48,7 +49,11 @@ BOUNDS: dict[str, dict[str, str]] = {}  # name -> {hyper-parameter: rule}
 
 
 def register(
-    name: str, lr: str = "schedule", averaged: bool = False, bounds: dict[str, str] | None = None
+    name: str,
+    lr: str = "schedule",
+    averaged: bool = False,
+    bounds: dict[str, str] | None = None,
+    step_size: str = "",
 ) -> Callable[[Builder], Builder]:
     """`@register("name")` on a builder `(model, *, hyper-parameters) -> optax.GradientTransformation`. `lr`: how its
     direction takes the run's learning-rate schedule: `schedule` (times it), `estimate` (times it, and the method
@@ -58,13 +63,16 @@ def register(
     of its iterates that its state rebuilds from its own steps (schedule-free), so nothing may change a step after it
     (optimizers/__init__.py's eval_params). `bounds`: {hyper-parameter: rule} (a rule of RULES) for the values that
     would train without an error and wrongly, checked with the config (check_bounds); a check that spans keys stays
-    in the builder."""
+    in the builder. `step_size`: with lr="own", the key that sets the method's step size (named where a run sets the
+    lr)."""
     if lr not in LR_USES:
         raise TypeError(f"register({name!r}, lr={lr!r}): lr must be one of {', '.join(LR_USES)}")
     if unknown := [rule for rule in (bounds or {}).values() if rule not in RULES]:
         raise TypeError(f"register({name!r}): bounds' rules are {', '.join(RULES)}; got {', '.join(unknown)}")
     LR_USE[name] = lr
     BOUNDS[name] = dict(bounds or {})
+    if step_size:
+        STEP_SIZE[name] = step_size
     if averaged:
         AVERAGED.add(name)
 
@@ -190,6 +198,13 @@ def check_own_step_size(optimizer_cfg: OptimizerSection) -> None:
     if LR_USE.get(name, "schedule") == "schedule":
         return
     own = "estimates its own step size" if LR_USE[name] == "estimate" else "sets its own step size"
+    lr = optimizer_cfg.lr_config
+    if LR_USE[name] == "own" and (lr.name != "constant" or lr.lr != 1.0):
+        key = f"optimizer.lr_config{'' if lr.name != 'constant' else '.lr'}"
+        raise ConfigError(
+            f"config: {key}: {name} {own} (optimizer.{STEP_SIZE.get(name, '<its own key>')}); the run's "
+            "schedule does not reach it, so it stays constant at lr 1"
+        )
     if optimizer_cfg.weight_decay_mode == "decoupled" and optimizer_cfg.weight_decay > 0:
         raise ConfigError(
             f"config: optimizer.weight_decay_mode: decoupled decay is scaled by the run's lr, and {name} {own}; "

@@ -41,7 +41,13 @@ def require_positive_beta1(beta1: float, name: str, key: str) -> None:
         )
 
 
-@register("schedule_free_adamw", lr="own", averaged=True, bounds={"sf_lr": "positive", "sf_warmup": "non_negative"})
+@register(
+    "schedule_free_adamw",
+    lr="own",
+    averaged=True,
+    bounds={"sf_lr": "positive", "sf_warmup": "non_negative"},
+    step_size="sf_lr",
+)
 def schedule_free_adamw(
     model,
     *,

@@ -132,6 +132,9 @@ def test_every_optimizer_learns_what_the_context_predicts_and_resumes_bitwise(na
         "sophia": 1e-2,
         "prodigy": 1.0,  # the reference's lr, which multiplies the step size it estimates
         "dadapt_adamw": 1.0,
+        "schedule_free_adamw": 1.0,  # the three below take no lr (it stays 1): their own keys, in `own`
+        "schedule_free_sgd": 1.0,
+        "cocob": 1.0,
     }.get(name, 1e-2)
     own = {  # the methods that set their own step size: theirs, for 30 steps
         "prodigy": ["optimizer.d0=1e-3"],

@@ -218,6 +218,12 @@ def test_a_bad_group_is_one_config_error(groups, message):
         (["optimizer=schedule_free_sgd", "optimizer.cautious=true"], "cautious: it changes schedule_free_sgd's steps"),
         (["optimizer=schedule_free_adamw", "optimizer.mechanic=true"], "mechanic: it changes schedule_free_adamw's"),
         (["optimizer=schedule_free_adamw", "model.parametrization=mup"], "model.parametrization: μP scales"),
+        # an lr sweep that would run the same run at every point: the step size is the method's own key
+        (["optimizer=schedule_free_adamw", "optimizer.lr_config.lr=0.01"], "lr_config.lr: schedule_free_adamw sets"),
+        (
+            ["optimizer=cocob", "optimizer/lr_config=cosine"],
+            "lr_config: cocob sets its own step size (optimizer.alpha)",
+        ),
     ],
 )
 def test_what_would_move_a_step_outside_a_method_with_its_own_step_size_is_refused(overrides, message):
