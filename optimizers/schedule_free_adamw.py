@@ -41,13 +41,13 @@ def require_positive_beta1(beta1: float, name: str, key: str) -> None:
         )
 
 
-@register(
-    "schedule_free_adamw",
-    lr="own",
-    averaged=True,
-    bounds={"sf_lr": "positive", "sf_warmup": "non_negative"},
-    step_size="sf_lr",
+# How both schedule-free methods register: their own step size and warmup, and the average they evaluate
+SCHEDULE_FREE = dict(
+    lr="own", averaged=True, bounds={"sf_lr": "positive", "sf_warmup": "non_negative"}, step_size="sf_lr"
 )
+
+
+@register("schedule_free_adamw", **SCHEDULE_FREE)
 def schedule_free_adamw(
     model,
     *,

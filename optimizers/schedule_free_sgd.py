@@ -13,16 +13,10 @@ import optax
 
 from optimizers.decay import l2
 from optimizers.registry import register
-from optimizers.schedule_free_adamw import one_step_ahead, require_positive_beta1, warmed_up
+from optimizers.schedule_free_adamw import SCHEDULE_FREE, one_step_ahead, require_positive_beta1, warmed_up
 
 
-@register(
-    "schedule_free_sgd",
-    lr="own",
-    averaged=True,
-    bounds={"sf_lr": "positive", "sf_warmup": "non_negative"},
-    step_size="sf_lr",
-)
+@register("schedule_free_sgd", **SCHEDULE_FREE)
 def schedule_free_sgd(
     model, *, sf_lr: float, sf_warmup: float, momentum: float, weight_decay: float, weight_lr_power: float
 ) -> optax.GradientTransformation:
