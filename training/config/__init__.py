@@ -3,10 +3,11 @@ checked once, at the door.
 
 Types, defaults and allowed values (enums) live in the dataclasses, each field with its meaning as a comment and each
 section with a `check` of its own values beside its fields:
-  dataset.py     the dataset and data sections          loop.py     train, logging, checkpoint
-  model.py       model                                  system.py   system
-  optimizer.py   optimizer and its lr_config            mixture.py  dataset.mixture's sources and their checks
+  model.py       model (its options: models/config.py)  loop.py     train, logging, checkpoint
+  optimizer.py   optimizer and its lr_config            system.py   system
+  stages.py      train.stages                           mixture.py  dataset.mixture's sources and their checks
   root.py        Config: the top-level keys, the checks across sections, values derived from the config
+The dataset and data sections are data/config.py's (a source's section is its class there).
 conf/*.yaml holds presets only (a group's options, and in config.yaml what the default run changes in them).
 compose.py turns YAML and overrides into the checked `Config` (`load_config`, `finish`); nodes.py goes between it and
 OmegaConf (plain data, YAML, one-line errors). The config never changes once checked; derived values (global batch,

@@ -28,7 +28,7 @@ class TrainConfig:
     seed: int = 0  # model initialisation, dropout and the data order all follow from it
     batch_size: int = 16  # sequences per micro-batch per process, split over the process's devices
     grad_accum_steps: int = 1  # micro-batches per optimizer step (optax.MultiSteps)
-    max_steps: int = 120  # optimizer steps; the default run: ~8 minutes on 2 CPU cores (docs/configuration.md)
+    max_steps: int = 120  # optimizer steps; the default run: minutes on 2 CPU cores (docs/configuration.md)
     max_training_hours: Optional[float] = None  # stop (and checkpoint) after this much wall time
     eval_interval: int = 60  # steps between evaluations (and one at the end)
     eval_iters: int = 8  # batches per validation split per evaluation

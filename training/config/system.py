@@ -42,8 +42,8 @@ class SystemConfig:
     cpu_devices_per_process: Optional[int] = None  # CPU only: devices each process simulates
     distributed_timeout_s: int = 300  # how long to wait for every process to join, or for one that falls silent
     compilation_cache_dir: Optional[str] = ".cache/jax"  # persistent XLA compilation cache; null = off
-    # flags added to XLA_FLAGS before the backend starts, e.g. [--xla_gpu_enable_latency_hiding_scheduler=true];
-    # what each is worth on a GPU is in BENCHMARKS.md
+    # flags added to XLA_FLAGS before the backend starts, each quoted on the command line:
+    # 'system.xla_flags=["--xla_gpu_enable_latency_hiding_scheduler=true"]'; what each is worth is in BENCHMARKS.md
     xla_flags: list[str] = field(default_factory=list)
     # true: the same inputs give the same bits on a GPU too (XLA's deterministic kernels: no atomics in reductions and
     # scatters), so a resumed run equals the straight one there; costs step time (BENCHMARKS.md). XLA:CPU's kernels
