@@ -139,7 +139,10 @@ def test_hessian_script_prints_the_eigenvalue_the_loop_and_the_function_measure(
     assert printed == pytest.approx(logged, rel=1e-4)  # the loop's measurement at step 4, repeated
     assert png.stat().st_size > 10_000
 
-    for args, why in (([str(tmp_path / "nothing")], "does not exist"), ([str(run_dir), "--step", "3"], "step 3")):
+    for args, why in (  # the tool's own names for the path and the step
+        ([str(tmp_path / "nothing")], f"error: run: {tmp_path / 'nothing'} does not exist"),
+        ([str(run_dir), "--step", "3"], "error: --step: step 3 is not in"),
+    ):
         result = script_in_process("scripts.tools.hessian", args, monkeypatch, capsys)
         assert result.returncode == 2 and why in result.stderr and len(result.stderr.strip().splitlines()) == 1
 

@@ -61,7 +61,7 @@ def main(argv: list[str]) -> int:
 
     record = {
         "command": shlex.join(["python", "-m", "scripts.tools.eval_harness", *argv]),
-        "checkpoint": str(find_checkpoint_dir(args.path).absolute()),
+        "checkpoint": str(find_checkpoint_dir(args.path, ("path", "--which")).absolute()),
         "step": trained.step,
         "model": trained.cfg.model.name,
         "tokenizer": trained.tokenizer.kind,

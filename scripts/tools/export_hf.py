@@ -34,7 +34,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         check_writable("out_dir", args.out_dir)  # before the checkpoint is read: a file or unwritable place there
-        trained = load_trained(args.checkpoint, args.which)
+        trained = load_trained(args.checkpoint, args.which, ("checkpoint", "--which"))
         written = export_hf(trained.model, trained.tokenizer, args.out_dir, args.architecture)
     except PipelineError as e:
         return say(e)

@@ -65,7 +65,7 @@ def measure(args: argparse.Namespace) -> tuple[int, float]:
     from training.analysis import curvature
     from training.checkpoints.trained import load_trained, run_data
 
-    trained = load_trained(args.run, args.step or "latest")
+    trained = load_trained(args.run, args.step or "latest", ("run", "--step"))
     data = run_data(trained)
     batch = jax.tree.map(jnp.asarray, curvature.fixed_batch(data))
     iters = args.iters or trained.cfg.logging.hessian_iters

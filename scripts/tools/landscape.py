@@ -79,8 +79,8 @@ def landscape(args: argparse.Namespace) -> dict:
 
     if args.out:  # before the computing: a file or unwritable place where the picture goes
         check_writable("--out", Path(args.out).expanduser().absolute().parent)
-    centre = load_trained(args.run, args.step)
-    checkpoints = find_checkpoint_dir(args.run)
+    centre = load_trained(args.run, args.step, ("run", "--step"))
+    checkpoints = find_checkpoint_dir(args.run, ("run", "--step"))
     steps = Checkpointer(checkpoints, read_only=True).steps()
     params = {
         s: L.params_of(load_trained(args.run, str(s)).model) if s != centre.step else L.params_of(centre.model)

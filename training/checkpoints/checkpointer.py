@@ -41,7 +41,7 @@ from orbax.checkpoint import checkpoint_managers as policies
 from core.errors import CheckpointError, first_line
 from core.trees import path_name
 from models.gpt import GPT
-from training.checkpoints.locate import META
+from training.checkpoints.locate import KEYS, META
 from training.checkpoints.storage import DISK_FULL_ERRNOS
 from training.config import load_file_step
 from training.step.precision import all_finite
@@ -166,11 +166,12 @@ class Checkpointer:
     def steps(self) -> list[int]:
         return sorted(self._manager.all_steps())
 
-    def resolve(self, load_file: str) -> int:
-        """`latest`, `best` or a step number -> a step that exists here."""
-        steps = self.steps()
+    def resolve(self, load_file: str, keys: tuple[str, str] = KEYS) -> int:
+        """`latest`, `best` or a step number -> a step that exists here. `keys`: what names the path and the step in
+        the messages (locate.KEYS)."""
+        steps, (where, which) = self.steps(), keys
         if not steps:
-            raise CheckpointError(f"checkpoint.load_path: {self.directory} holds no complete checkpoint")
+            raise CheckpointError(f"{where}: {self.directory} holds no complete checkpoint")
         if load_file == "latest":
             return steps[-1]
         if load_file == "best":
@@ -178,10 +179,10 @@ class Checkpointer:
             return best if best is not None else steps[-1]
         step = load_file_step(load_file)
         if step is None:
-            raise CheckpointError(f"checkpoint.load_file: must be latest, best or a step number; got {load_file!r}")
+            raise CheckpointError(f"{which}: must be latest, best or a step number; got {load_file!r}")
         if step not in steps:
             raise CheckpointError(
-                f"checkpoint.load_file: step {step} is not in {self.directory}; it has {', '.join(map(str, steps))}"
+                f"{which}: step {step} is not in {self.directory}; it has {', '.join(map(str, steps))}"
             )
         return step
 

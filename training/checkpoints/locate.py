@@ -10,19 +10,23 @@ from core.errors import CheckpointError
 from training.config import layout
 
 META = "meta"  # each step's item that says whose run it is (training/checkpoints/metadata.py)
+# What names a checkpoint in the messages: the keys of a run's config by default; a tool names its own arguments
+# (e.g. ("path", "--which")), a fine-tune init_from.
+KEYS = ("checkpoint.load_path", "checkpoint.load_file")
 
 
-def find_checkpoint_dir(path: str | Path) -> Path:
-    """`load_path` may name the checkpoint directory itself or the run directory that holds `checkpoints/`."""
-    p = Path(path).expanduser()
+def find_checkpoint_dir(path: str | Path, keys: tuple[str, str] = KEYS) -> Path:
+    """`load_path` may name the checkpoint directory itself or the run directory that holds `checkpoints/`. `keys`:
+    what names the path and the step in the messages."""
+    p, (where, which) = Path(path).expanduser(), keys
     if not p.exists():
-        raise CheckpointError(f"checkpoint.load_path: {p} does not exist")
+        raise CheckpointError(f"{where}: {p} does not exist")
     if not p.is_dir():
-        raise CheckpointError(f"checkpoint.load_path: {p} is not a directory")
+        raise CheckpointError(f"{where}: {p} is not a directory")
     if p.name.isdigit() and (p / META).is_dir():  # one step's items: model/, opt_state/, meta/, ...
         raise CheckpointError(
-            f"checkpoint.load_path: {p} is one step's folder; name the folder that holds the steps and the step: "
-            f"checkpoint.load_path={p.parent} checkpoint.load_file={p.name}"
+            f"{where}: {p} is one step's folder; name the folder that holds the steps and the step: "
+            f"{setting(where, p.parent)} {setting(which, p.name)}"
         )
     checkpoints = p / layout.CHECKPOINTS
     if checkpoints.is_dir() and not (p / layout.CONFIG).exists():
@@ -30,6 +34,14 @@ def find_checkpoint_dir(path: str | Path) -> Path:
     if checkpoints.is_dir() and any(c.name.isdigit() for c in checkpoints.iterdir()):
         return checkpoints
     return p
+
+
+def setting(key: str, value: object) -> str:
+    """How a command sets `key`: a config key (`a.b=v`, `init_from=v`), a tool's flag (`--which v`) or its positional
+    argument (`v`)."""
+    if key.startswith("-"):
+        return f"{key} {value}"
+    return f"{key}={value}" if "." in key or key == "init_from" else str(value)
 
 
 def run_dir_of(checkpoint_dir: Path, meta: dict) -> Path:

@@ -41,10 +41,11 @@ def add_checkpoint_arguments(parser: argparse.ArgumentParser, path: str = "path"
     parser.add_argument("--which", default="latest", help="latest, best or a step number")
 
 
-def load_trained(path: str, which: str = "latest") -> Trained:
-    """`path`: a run directory or its checkpoint directory; `which`: latest, best or a step number."""
-    reader = Checkpointer(find_checkpoint_dir(path), read_only=True)
-    step = reader.resolve(which)
+def load_trained(path: str, which: str = "latest", keys: tuple[str, str] = ("path", "--which")) -> Trained:
+    """`path`: a run directory or its checkpoint directory; `which`: latest, best or a step number; `keys`: the tool's
+    names for the two, in its messages."""
+    reader = Checkpointer(find_checkpoint_dir(path, keys), read_only=True)
+    step = reader.resolve(which, keys)
     meta = reader.read_meta(step)
     cfg = to_config(read_earlier_values(upgrade_saved(OmegaConf.create(meta["config"]))))  # as a resume reads it
     tokenizer = tokenizer_from_json(meta["tokenizer"])
