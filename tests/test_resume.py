@@ -374,6 +374,8 @@ def test_a_resume_from_an_older_step_sets_the_later_checkpoints_aside_and_saves_
     aside.rename(tmp_path / "8")  # the old step 8, whole, under its own name
     assert lr_saved(tmp_path, 8) == lr_saved(finished / "checkpoints", 8) != 1e-4
     assert open_source(str(run_dir), "latest").meta["config"]["optimizer"]["lr_config"]["lr"] == 1e-4
+    again = ok(run_in_process(resume_args(data_cache, run_dir), capsys))  # now finished: the first line says so
+    assert f"resuming {run_dir}/checkpoints at step 8 = train.max_steps: nothing left to train" in again.stdout
 
 
 def test_load_auto_continues_its_own_checkpoints_before_load_path_and_a_missing_load_path_is_one_line(
@@ -411,7 +413,9 @@ def test_load_auto_continues_its_own_checkpoints_before_load_path_and_a_missing_
     assert not (tmp_path / "x").exists()
 
 
-def test_a_resumed_run_keeps_its_saved_compute_dtype_unless_the_command_names_one(finished, data_cache, tmp_path):
+def test_a_resumed_run_keeps_its_saved_dtype_and_wandb_mode_unless_the_command_names_them(
+    finished, data_cache, tmp_path
+):
     """system.* describes the machine and comes from the command line on resume, but for what the experiment
     computes in: a run saved in bfloat16 resumes in bfloat16 (the command line's default is float32), and in
     float32 only when the command says so; its FP8 scaling likewise."""
@@ -430,6 +434,11 @@ def test_a_resumed_run_keeps_its_saved_compute_dtype_unless_the_command_names_on
     assert (system.dtype, system.fp8_margin) == ("bfloat16", 2)
     system = planned("system.dtype=float32", "system.fp8_margin=1")
     assert (system.dtype, system.fp8_margin) == ("float32", 1)
+    # where it is tracked, likewise: saved with wandb disabled, resumed by a command that does not name it (whose
+    # default is offline) -> still disabled
+    overrides = [o for o in resume_args(data_cache, run_dir) if not o.startswith("logging.wandb")]
+    assert load_config(overrides).logging.wandb == "offline"
+    assert plan_run(load_config(overrides), overrides, 0).cfg.logging.wandb == "disabled"
 
 
 def test_a_run_directory_under_the_home_is_the_homes(data_cache, tmp_path, monkeypatch):
@@ -446,6 +455,7 @@ def test_a_run_directory_under_the_home_is_the_homes(data_cache, tmp_path, monke
 
 BAD_INPUTS = [  # (name, run dir -> (arguments, what the line says), in a process of its own)
     ("missing path", lambda d: (["checkpoint.load=True", f"checkpoint.load_path={d}/nope"], "does not exist"), False),
+    ("missing init_from", lambda d: ([f"init_from={d}/nope"], f"error: init_from: {d}/nope does not exist"), False),
     (
         "a step's folder",
         lambda d: (

@@ -28,7 +28,7 @@ from core.errors import CheckpointError, ConfigError, warn
 from models.hf import HF_PREFIX, check_hf_config, load_hf_model, resolve_hf
 from optimizers import continue_schedule_at
 from training.checkpoints.checkpointer import PARTS, Checkpointer
-from training.checkpoints.locate import find_checkpoint_dir, holds_checkpoints, run_dir_of
+from training.checkpoints.locate import KEYS, find_checkpoint_dir, holds_checkpoints, run_dir_of
 from training.checkpoints.storage import check_writable
 from training.config import Config, LoadMode, as_dict, evaluating, finish, init_from_dir, layout, load_mode
 from training.config.legacy import model_arch, upgrade_saved
@@ -46,8 +46,9 @@ RESUME_KEYS = (
     "logging.progress",
     "logging.wandb",
 )
-# Of those, what the experiment computes in: the saved value stays unless the command line names the key.
-SAVED_SYSTEM_KEYS = ("system.dtype", "system.fp8_amax_history", "system.fp8_margin")
+# Of those, what the experiment computes in, and where it is tracked (a run kept out of wandb stays out, one in it
+# goes on in the same mode): the saved value stays unless the command line names the key.
+SAVED_UNLESS_NAMED = ("system.dtype", "system.fp8_amax_history", "system.fp8_margin", "logging.wandb")
 # Keys that fix the parameters' shapes and which parameters there are: a checkpoint only loads into a model with the
 # same values (a model without one of the checkpoint's arrays, e.g. rotary positions against a learned embedding,
 # would drop it without a word).
@@ -100,11 +101,11 @@ class RunPlan:
     ignored_overrides: list[str]
 
 
-def open_source(path: str, load_file: str) -> Source:
+def open_source(path: str, load_file: str, keys: tuple[str, str] = KEYS) -> Source:
     """The checkpoint `load_file` names; for `latest`, the newest whose metadata reads (what was passed over is
-    recorded, and restore_state decides whether falling back is allowed)."""
-    reader = Checkpointer(find_checkpoint_dir(path), read_only=True)
-    step = reader.resolve(load_file)
+    recorded, and restore_state decides whether falling back is allowed). `keys`: what names them in messages."""
+    reader = Checkpointer(find_checkpoint_dir(path, keys), read_only=True)
+    step = reader.resolve(load_file, keys)
     passed_over: list[tuple[int, str]] = []
     for candidate in [step] + (older_steps(reader, step) if load_file == "latest" else []):
         try:
@@ -167,7 +168,7 @@ def plan_run(cfg: Config, overrides: list[str], stamp: int) -> RunPlan:
     elif str(cfg.init_from or "").startswith(HF_PREFIX):
         init_from = open_hf_source(cfg)
     elif init_from_dir(cfg):
-        init_from = open_source(init_from_dir(cfg), cfg.checkpoint.load_file)
+        init_from = open_source(init_from_dir(cfg), cfg.checkpoint.load_file, ("init_from", KEYS[1]))
         check_same_model(cfg, init_from)
 
     if resume is not None:
@@ -219,7 +220,7 @@ def _saved_config_wins(cfg: Config, source: Source, overrides: list[str]) -> tup
         raise CheckpointError(f"checkpoint {config_file}: unreadable ({type(e).__name__}); corrupt?") from None
     given = OmegaConf.create(as_dict(cfg))
     named = {item.split("=", 1)[0].lstrip("+~") for item in overrides}
-    kept = {key: OmegaConf.select(saved, key) for key in SAVED_SYSTEM_KEYS if key not in named}
+    kept = {key: OmegaConf.select(saved, key) for key in SAVED_UNLESS_NAMED if key not in named}
     for key in RESUME_KEYS:
         OmegaConf.update(saved, key, OmegaConf.select(given, key), merge=False)
     for key, value in kept.items():

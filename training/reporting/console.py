@@ -114,6 +114,11 @@ def describe_run(
     start = ""
     if plan.resume is not None:
         start = f" | resuming {plan.resume.reader.directory} at step {plan.resume.step}"
+        if plan.resume.step >= t.max_steps:  # a finished run: it evaluates again and stops
+            start += (
+                " = train.max_steps: nothing left to train (a longer run: checkpoint.overwrite_config=True "
+                "train.max_steps=N)"
+            )
     elif plan.init_from is not None:
         start = f" | weights from {plan.init_from.where}"
     lines = [
