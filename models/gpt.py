@@ -132,10 +132,15 @@ class GPT(eqx.Module):
             lm_head=None if cfg.tie_embeddings else embedding(jax.random.fold_in(key, 3)),
             lm_bias=jnp.zeros((cfg.padded_vocab_size,), jnp.float32) if cfg.head_bias else None,
             skip_weights=jnp.ones((cfg.n_layer // 2,), jnp.float32) if cfg.unet_skips else None,
-            # the speedrun's: tables drawn with std 0.01, gates at 0 (2 sigmoid(0) = 1)
+            # the speedrun's: tables drawn with std 0.01, gates at 0 (2 sigmoid(0) = 1); as wide as the values (the
+            # key/value heads', narrower than n_embd under grouped-query attention)
             value_embeds=(
                 VALUE_EMBEDDING_STD
-                * jax.random.normal(jax.random.fold_in(key, 4), (cfg.value_embeddings, *vocab_shape), jnp.float32)
+                * jax.random.normal(
+                    jax.random.fold_in(key, 4),
+                    (cfg.value_embeddings, cfg.padded_vocab_size, cfg.kv_heads * cfg.head_dim),
+                    jnp.float32,
+                )
                 if cfg.value_embeddings
                 else None
             ),

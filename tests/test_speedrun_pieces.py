@@ -173,9 +173,12 @@ def test_value_embeddings_are_gated_into_the_values_of_the_first_and_last_k_bloc
     np.testing.assert_allclose(hidden(model, x), want, rtol=1e-4, atol=1e-4)  # float32 against float64
 
 
-def test_cached_decoding_with_value_embeddings_equals_decoding_without_the_cache():
-    cfg = dataclasses.replace(BASE, n_layer=4, value_embeddings=2, unet_skips=True)
+@pytest.mark.parametrize("n_kv_head", [None, 1])
+def test_cached_decoding_with_value_embeddings_equals_decoding_without_the_cache(n_kv_head):
+    """Also under grouped-query attention, where the values (and so the tables) are one key/value head wide."""
+    cfg = dataclasses.replace(BASE, n_layer=4, value_embeddings=2, unet_skips=True, n_kv_head=n_kv_head)
     model = jax.tree.map(lambda a: 8.0 * a, GPT.init(cfg, jax.random.PRNGKey(3)))
+    assert model.value_embeds.shape == (2, 64, 16 if n_kv_head else 32)
     prompts = [[1, 2, 3], [7], [4, 4, 4, 4, 9, 10]]
     cached = generate(model, prompts, 8, temperature=0.0)
     assert cached == generate_no_cache(model, prompts, 8, temperature=0.0)
