@@ -255,6 +255,17 @@ def check_hf_config(folder: Path, model_cfg: ModelOptions) -> dict[str, Any]:
         )
     if config.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
         raise ConfigError(f"init_from=hf:{folder}: activation {config['activation_function']} is not GPT-2's tanh GELU")
+    # what transformers' GPT-2 computes otherwise than GPT-2 (and this model) where these are set: refused, since
+    # the weights would load into a model that computes something else
+    other = {
+        "tie_word_embeddings": (True, "an untied head (lm_head.weight); this import ties it to the token embedding"),
+        "scale_attn_weights": (True, "attention scores without the 1/sqrt(head_dim) scale"),
+        "scale_attn_by_inverse_layer_idx": (False, "attention scores scaled by 1/layer"),
+        "layer_norm_epsilon": (LAYER_NORM_EPS, f"a LayerNorm epsilon other than {LAYER_NORM_EPS:g}"),
+    }
+    for key, (gpt2, what) in other.items():
+        if config.get(key, gpt2) != gpt2:
+            raise ConfigError(f"init_from=hf:{folder}: its {key}={config[key]} is {what}, which GPT-2 does not compute")
     wanted = {"n_layer": model_cfg.n_layer, "n_head": model_cfg.n_head, "n_embd": model_cfg.n_embd}
     wrong = [f"{k}={config[k]} (run has {v})" for k, v in wanted.items() if config.get(k) != v]
     if not wrong and (config.get("n_inner") or 4 * cfg.n_embd) != cfg.mlp_width:
@@ -321,6 +332,6 @@ def load_hf_model(folder: Path, like: GPT, key: jax.Array) -> GPT:
     from safetensors.numpy import load_file
 
     tensors = load_file(str(folder / "model.safetensors"))
-    if "model.embed_tokens.weight" in tensors:  # Llama's names
-        return from_llama_tensors(tensors, like, key)
-    return from_hf_tensors(tensors, like, key)
+    model = (from_llama_tensors if "model.embed_tokens.weight" in tensors else from_hf_tensors)(tensors, like, key)
+    # in the run's parameter dtype (float32), whatever the folder stores (transformers saves float16 or bfloat16 too)
+    return jax.tree.map(lambda w, want: jnp.asarray(w, want.dtype), model, like)

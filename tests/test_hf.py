@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import shutil
 
+import jax
 import numpy as np
 import pytest
 
@@ -106,6 +108,48 @@ def test_a_model_that_does_not_match_the_export_is_refused(exported, data_cache,
     overrides = bpe_overrides(data_cache, f"init_from=hf:{exported / 'export'}", "model.bias=false")
     with pytest.raises(ConfigError, match=r"biases \(run has model.bias=false\)"):
         plan_run(config_lib.load_config(overrides), overrides, 0)
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("tie_word_embeddings", False),
+        ("scale_attn_weights", False),
+        ("scale_attn_by_inverse_layer_idx", True),
+        ("layer_norm_epsilon", 0.01),
+    ],
+)
+def test_a_gpt2_folder_that_computes_otherwise_is_refused(exported, data_cache, tmp_path, key, value):
+    """transformers' GPT-2 options that change what the model computes (real Hub checkpoints set some): the weights
+    would load into this model and compute something else, so the folder is one line instead."""
+    folder = tmp_path / "edited"
+    shutil.copytree(exported / "export", folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, key: value}))
+    from models.hf import check_hf_config
+
+    model = config_lib.load_config(bpe_overrides(data_cache)).model
+    check_hf_config(exported / "export", model)  # the export itself passes
+    with pytest.raises(ConfigError, match=rf"^init_from=hf:{folder}: its {key}={value} is "):
+        check_hf_config(folder, model)
+
+
+def test_a_half_precision_folder_imports_into_float32_parameters(exported, data_cache, tmp_path):
+    """A folder saved in float16 (transformers' save of a half-precision model): the run's parameters stay float32,
+    each the folder's value."""
+    from safetensors.numpy import load_file, save_file
+
+    from models.hf import load_hf_model
+
+    folder = tmp_path / "half"
+    shutil.copytree(exported / "export", folder)
+    tensors = load_file(str(folder / "model.safetensors"))
+    save_file({k: v.astype(np.float16) for k, v in tensors.items()}, str(folder / "model.safetensors"))
+    overrides = bpe_overrides(data_cache, f"init_from=hf:{folder}")
+    parts = build(overrides, plan_run(config_lib.load_config(overrides), overrides, 0).init_from)
+    model = load_hf_model(folder, parts.state.model, jax.random.PRNGKey(0))
+    assert {x.dtype for x in jax.tree.leaves(model)} == {np.dtype(np.float32)}
+    np.testing.assert_array_equal(model.wpe, tensors["transformer.wpe.weight"].astype(np.float16).astype(np.float32))
 
 
 def test_a_hub_id_offline_is_one_line(tmp_path):
