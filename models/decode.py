@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from models.sampling import generate_no_cache, sample_logits
+from models.sampling import check_sampling, generate_no_cache, sample_logits
 
 if TYPE_CHECKING:
     from models.gpt import GPT
@@ -84,6 +84,7 @@ def generate(
 ) -> list[list[int]]:
     """Continue each prompt by up to `max_new_tokens` ids (fewer once a row emits `eos_id`), with a KV cache.
     Same interface and, at temperature 0, the same tokens as `generate_no_cache`."""
+    check_sampling(temperature, top_k, top_p)
     if max_new_tokens < 1:
         return [[] for _ in prompts]
     if not prompts or min(len(p) for p in prompts) < 1:

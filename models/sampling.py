@@ -13,8 +13,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from core.errors import ConfigError
+
 if TYPE_CHECKING:
     from models.gpt import GPT
+
+
+def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
+    """Values that would sample from another distribution than asked (a negative temperature inverts it): one line."""
+    if temperature < 0:
+        raise ConfigError(f"temperature: must be >= 0 (0: the most likely token); got {temperature}")
+    if top_k is not None and top_k < 0:
+        raise ConfigError(f"top_k: must be >= 1, or 0 / none for every token; got {top_k}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ConfigError(f"top_p: must be in (0, 1]; got {top_p}")
 
 
 def sample_logits(
@@ -67,6 +79,7 @@ def generate_no_cache(
 ) -> list[list[int]]:
     """Continue each prompt by up to `max_new_tokens` ids (fewer once a row emits `eos_id`). Prompts may differ in
     length; when a sequence outgrows the context, the model sees its last `context_size` tokens."""
+    check_sampling(temperature, top_k, top_p)
     context = model.cfg.context_size
     key = jax.random.PRNGKey(seed)
     sequences = [list(p) for p in prompts]

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from core.errors import ConfigError
 from models.config import GPTConfig
 from models.decode import generate
 from models.gpt import GPT
@@ -95,6 +96,21 @@ def test_the_cache_filled_in_two_chunks_equals_one_pass(model):
     # two programs (a cache filled in two chunks, one pass): a few ulp of |h| ~ 8 (~1e-6); 1e-4
     np.testing.assert_allclose(np.concatenate([h_first, h_rest], axis=1), whole, atol=1e-4)  # |h| ~ 8
     assert cache.lengths.tolist() == [20, 20]
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"temperature": -1.0}, "temperature: must be >= 0"),
+        ({"top_k": -2}, "top_k: must be >= 1"),
+        ({"top_p": 0.0}, r"top_p: must be in \(0, 1\]"),
+    ],
+)
+def test_sampling_options_that_change_the_distribution_are_one_line(model, options, message):
+    """A negative temperature samples the least likely tokens first: refused by both decoders before any work."""
+    for decode in (generate, generate_no_cache):
+        with pytest.raises(ConfigError, match=f"^{message}"):
+            decode(model, [[1, 2]], 4, **options)
 
 
 def test_top_k_and_top_p_sample_only_from_the_most_likely_tokens(model):
