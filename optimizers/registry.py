@@ -175,8 +175,24 @@ def check_optimizer(optimizer_cfg: OptimizerSection) -> None:
                 f"config: optimizer.{key}: {optimizer_cfg.name} does not take it (it is "
                 f"{' and '.join(readers)}'s); leave it null"
             )
+    check_shared_keys_read(optimizer_cfg)
     check_bounds(optimizer_cfg)
     check_own_step_size(optimizer_cfg)
+
+
+def check_shared_keys_read(optimizer_cfg: OptimizerSection) -> None:
+    """A key the schema shares between optimizers (beta1, momentum, nesterov, ...) set away from its default, where
+    the chosen optimizer does not read it: refused, as another optimizer's own key is, instead of ignored. (Weight
+    decay reaches every optimizer: weight_decay_mode.)"""
+    builder = hyper_parameters(OPTIMIZERS[optimizer_cfg.name])
+    shared = {k for b in OPTIMIZERS.values() for k in hyper_parameters(b)} - set(OWN_KEYS) - {"weight_decay"}
+    for f in dataclasses.fields(optimizer_cfg):
+        if f.name in shared and f.name not in builder and getattr(optimizer_cfg, f.name) != f.default:
+            readers = [n for n, b in OPTIMIZERS.items() if f.name in hyper_parameters(b)]
+            raise ConfigError(
+                f"config: optimizer.{f.name}: {optimizer_cfg.name} does not read it ({', '.join(readers)} do); "
+                f"leave it at {f.default}"
+            )
 
 
 def check_bounds(optimizer_cfg: OptimizerSection, at: str = "optimizer") -> None:

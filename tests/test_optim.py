@@ -244,24 +244,23 @@ def follow(optimizer, params, steps: int = 6):
 def test_each_optimizer_is_optax_own_with_its_hyper_parameters_and_schedule(name):
     """The lr is applied once, after the optimizer (optimizers/__init__.py): over a warmup and decay, with every
     hyper-parameter off its default, the parameters follow optax's own optimizer with the schedule inside it."""
+    from optimizers.registry import hyper_parameters
+
     model = tiny_model()
-    extra = ["optimizer.momentum=0"] if name == "rmsprop" else []  # RMSprop's momentum differs on purpose (docstring)
+    # each shared key the optimizer reads (another's it refuses); RMSprop's momentum differs on purpose (docstring)
+    shared = {"beta1": 0.8, "beta2": 0.9, "eps": 1e-6, "decay": 0.8, "nesterov": "true", "momentum": 0.7}
+    shared |= {"momentum": 0} if name == "rmsprop" else {}
+    reads = hyper_parameters(OPTIMIZERS[name])
     cfg = load_config(
         [
             f"optimizer={name}",
             "optimizer.grad_clip=0",
-            "optimizer.beta1=0.8",
-            "optimizer.beta2=0.9",
-            "optimizer.eps=1e-6",
             "optimizer.weight_decay=0.3",
-            "optimizer.decay=0.8",
-            "optimizer.nesterov=true",
             "optimizer.lr_config.lr=0.01",
             "optimizer.lr_config.warmup=2",
             "train.max_steps=6",
-            *extra,
+            *(f"optimizer.{key}={value}" for key, value in shared.items() if key in reads),
         ]
-        + ([] if name == "rmsprop" else ["optimizer.momentum=0.7"])
         + (["optimizer.groups.adam.lr_multiplier=0.5"] if name == "muon" else [])
     )
     schedule = build_schedule(cfg.optimizer.lr_config, 6)

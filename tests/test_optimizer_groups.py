@@ -239,6 +239,12 @@ def test_what_would_move_a_step_outside_a_method_with_its_own_step_size_is_refus
         (["optimizer=dadapt_adamw", "optimizer.d0=0"], "optimizer.d0: dadapt_adamw needs it > 0; got 0"),
         (["optimizer=sophia", "optimizer.update_interval=0"], "optimizer.update_interval: sophia needs it >= 1; got 0"),
         (["optimizer=cocob", "optimizer.alpha=0"], "optimizer.alpha: cocob needs it > 0; got 0"),
+        # a key the schema shares, set for an optimizer that does not read it: refused as another's own key is
+        (
+            ["optimizer=adamw", "optimizer.nesterov=true"],
+            "optimizer.nesterov: adamw does not read it (muon, nadamw, sgdm",
+        ),
+        (["optimizer=sgdm", "optimizer.beta2=0.5"], "optimizer.beta2: sgdm does not read it"),
         (["optimizer=ademamix", "optimizer.beta3=1.0"], "optimizer.beta3: ademamix needs it in [0, 1); got 1.0"),
         (["optimizer=schedule_free_sgd", "optimizer.sf_lr=-1"], "optimizer.sf_lr: schedule_free_sgd needs it > 0"),
         (["optimizer=schedule_free_adamw", "optimizer.sf_warmup=-1"], "optimizer.sf_warmup: schedule_free_adamw needs"),
