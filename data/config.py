@@ -59,9 +59,9 @@ class DatasetConfig:
     `--cfg` and `--help` show only the keys that source reads."""
 
     name: str = "pystdlib"  # label used in run names
-    # Where documents (or pieces of notes) come from: a key of data/corpus.py's table of loaders, or mixture (the
-    # preset of conf/dataset/ picks it, with the section's class)
-    source: str = "pystdlib"  # the loader (dataset=pystdlib picks this section)
+    # where documents (or pieces of notes) come from: a key of data/corpus.py's table of loaders, or mixture; the
+    # preset of conf/dataset/ picks it, with the section's class (dataset=pystdlib picks this section)
+    source: str = "pystdlib"
     tokenizer: TokenizerKind = TokenizerKind.bpe  # text sources take a text tokenizer, notes sources `notes`
     context_size: Optional[int] = None  # tokens per training window; null = model.context_size
     val_fraction: float = 0.05  # sources without their own splits: share of documents held out per split

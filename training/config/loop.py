@@ -113,8 +113,9 @@ class LoggingConfig:
     # `curvature`); scripts/tools/hessian.py plots the sharpness against 2/lr; 0 = off
     hessian_every: int = 0
     hessian_iters: int = 20  # hessian_every: Lanczos steps (Hessian-vector products, each ~2-3 backward passes)
-    # Training statistics (training/step/stats.py says what each computes and what it costs); all off by default.
-    log_callback_data: bool = False  # gradient / parameter / update norms (global, per layer), <g_t, update_t>
+    # training statistics, all off by default (training/step/stats.py says what each computes and what it costs):
+    # gradient / parameter / update norms (global, per layer), <g_t, update_t>
+    log_callback_data: bool = False
     store_last_grads: bool = False  # keep g_{t-1}: cos(g_t, g_{t-1})
     store_past_grads: bool = False  # keep the sum of past gradients: cos(g_t, their mean)
     store_last_params: bool = False  # keep x_{t-1}: the last step's length

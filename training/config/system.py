@@ -35,8 +35,9 @@ class SystemConfig:
     num_devices: Optional[int] = None  # local devices to use (single process); null = all
     mesh_model: int = 1  # devices on the mesh's `model` axis (Megatron tensor parallelism); `data` takes the rest
     peak_flops: Optional[float] = None  # per-device peak FLOP/s for MFU; null = from the table of known devices
-    # Multi-process (multi-host) runs; null = from the launcher's environment (SLURM, Open MPI, JAX_* variables).
-    num_processes: Optional[int] = None  # processes in the run
+    # processes in a multi-process (multi-host) run; null = from the launcher's environment (SLURM, Open MPI, JAX_*
+    # variables)
+    num_processes: Optional[int] = None
     process_id: Optional[int] = None  # this process's rank, 0 .. num_processes - 1
     coordinator_address: Optional[str] = None  # host:port of process 0
     cpu_devices_per_process: Optional[int] = None  # CPU only: devices each process simulates
