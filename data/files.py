@@ -13,17 +13,17 @@ from core.errors import DataError
 
 
 def expand_files(patterns: list[str]) -> list[str]:
-    """`dataset.files`: paths, directories (every file under them) or globs -> sorted file paths."""
+    """`dataset.files`: paths, directories (every file under them) or globs (a directory they match: every file under
+    it too) -> sorted file paths."""
     paths: list[str] = []
     for pattern in patterns:
         expanded = os.path.expanduser(pattern)
-        if os.path.isdir(expanded):
-            matches = [str(p) for p in sorted(Path(expanded).rglob("*")) if p.is_file()]
-        else:
-            matches = sorted(glob.glob(expanded, recursive=True))
+        named = [expanded] if os.path.isdir(expanded) else sorted(glob.glob(expanded, recursive=True))
+        matches = [m for n in named for m in ([str(p) for p in Path(n).rglob("*")] if os.path.isdir(n) else [n])]
+        matches = [m for m in matches if os.path.isfile(m)]
         if not matches:
             raise DataError(f"dataset.files: {pattern!r} matches no file")
-        paths.extend(m for m in matches if os.path.isfile(m))
+        paths.extend(matches)
     return sorted(set(paths))
 
 

@@ -68,6 +68,7 @@ class ShardedTokens:
     `tokens[a:b]` (a new array), as `Windows` reads a split."""
 
     def __init__(self, shards: list[np.ndarray], limit: int | None = None) -> None:
+        shards = [s for s in shards if len(s)]  # an empty shard holds no slice (and would end one early)
         self.shards = shards
         self.starts = np.concatenate([[0], np.cumsum([len(s) for s in shards])]).astype(np.int64)
         self.length = int(self.starts[-1]) if limit is None else min(limit, int(self.starts[-1]))

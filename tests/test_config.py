@@ -37,6 +37,7 @@ BAD_CONFIGS = [
         "train.batch_size: 12 is not divisible by the 8 local devices",
     ),
     (["train.grad_accum_steps=0"], "train.grad_accum_steps: must be >= 1"),
+    (["train.seed=-1"], "train.seed: must be >= 0; got -1"),  # numpy's data order took it, then failed mid-run
     (["model=gpt3"], "model=gpt3 does not exist; choose one of gpt2, gpt2-large"),
     (["optimizer=adamw", "optimizer/lr_config=exponential"], "optimizer/lr_config=exponential does not exist"),
     (["optimizer.name=adagrad"], "optimizer.name: must be one of adafactor, adam, "),

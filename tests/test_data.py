@@ -204,6 +204,17 @@ def test_text_files_source_reads_the_users_files(tmp_path, data_cache):
     assert len(corpus["val"]) > 0 and len(corpus["train"]) > len(corpus["val"])
 
 
+def test_a_glob_that_matches_a_directory_takes_the_files_under_it(tmp_path):
+    from data.files import expand_files
+
+    for name in ("a/one.txt", "a/sub/two.txt", "b.txt"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+    every = [str(tmp_path / n) for n in ("a/one.txt", "a/sub/two.txt", "b.txt")]
+    assert expand_files([f"{tmp_path}/*"]) == expand_files([str(tmp_path)]) == every
+    assert expand_files([f"{tmp_path}/a/su*"]) == [str(tmp_path / "a/sub/two.txt")]  # it said: matches no file
+
+
 def test_text_files_that_match_nothing_fail_clearly(tmp_path):
     cfg = load_config(["dataset=text_files", f"dataset.files=[{tmp_path}/missing/*.txt]"])
     with pytest.raises(DataError, match="matches no file"):

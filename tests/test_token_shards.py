@@ -69,6 +69,8 @@ def test_slices_across_shards_equal_the_concatenation(tmp_path):
         np.testing.assert_array_equal(tokens[a:b], whole[a:b])
     limited = ShardedTokens(tokens.shards, limit=3100)
     assert len(limited) == 3100 and len(limited[2900:4000]) == 200  # a limit cuts the split
+    a, b = (np.arange(n, dtype=np.uint16) for n in (100, 100))  # an empty shard between two: a slice across it
+    np.testing.assert_array_equal(ShardedTokens([a, a[:0], b])[90:110], np.concatenate([a, b])[90:110])
 
 
 def test_a_run_trains_on_the_shards_and_evaluates_val_from_its_start(tmp_path, data_cache):

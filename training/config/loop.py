@@ -48,7 +48,7 @@ class TrainConfig:
         require_positive(
             self, "train", "batch_size", "max_steps", "eval_interval", "eval_iters", "log_interval", "grad_accum_steps"
         )
-        require_non_negative(self, "train", "z_loss")
+        require_non_negative(self, "train", "z_loss", "seed")  # a seed is a non-negative integer (numpy's PCG64)
         if self.max_training_hours is not None and self.max_training_hours <= 0:
             fail("train.max_training_hours", f"must be > 0 (or null for no limit); got {self.max_training_hours}")
         self.check_stages()
