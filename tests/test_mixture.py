@@ -149,6 +149,9 @@ def test_a_mixture_run_evaluates_each_source_and_resumes_bitwise(data_cache, tmp
             "dataset.mixture",
         ),
         ("dataset.val_fraction=0.2", "dataset.val_fraction"),  # each source holds out its own: it would reach none
+        # the rows of one batch share a context and a masking: an entry's own was ignored (source 0's cut every row)
+        ("dataset.mixture=[{dataset: pystdlib, weight: 1, context_size: 8}]", "dataset.mixture[0].context_size"),
+        ("dataset.mixture=[{dataset: pystdlib, weight: 1, document_mask: true}]", "dataset.mixture[0].document_mask"),
     ],
 )
 def test_a_bad_mixture_is_one_config_error_naming_the_entry(override, named):

@@ -34,6 +34,9 @@ MIXTURE_INHERITED = (
 # reach no source, so a value other than the default there is refused, naming where it goes.
 MIXTURE_PER_SOURCE = ("val_fraction", "test_fraction")
 MIXTURE_ENTRY_KEYS = ("dataset", "weight")
+# Keys that cut every source's rows one way (the rows of a batch share a context and a masking; one vocabulary): the
+# run's, so an entry that sets another value is refused, naming the run's key.
+MIXTURE_RUN_WIDE = ("context_size", "document_mask", "bpe_vocab_size")
 
 
 def mixture_sources(d: DatasetConfig) -> list[tuple[str, float, DatasetConfig]]:
@@ -93,6 +96,13 @@ def check_mixture(d: DatasetConfig, finetuning: bool) -> None:
     names, sources = [], mixture_sources(d)
     for i, (name, weight, source) in enumerate(sources):
         at = f"dataset.mixture[{i}]"
+        for key in MIXTURE_RUN_WIDE:
+            if key in d.mixture[i] and d.mixture[i][key] != getattr(d, key):
+                fail(
+                    f"{at}.{key}",
+                    f"every source's rows are cut the run's way (one context, one masking, one vocabulary): set "
+                    f"dataset.{key} for the run, not per source",
+                )
         if not _positive_number(weight):
             fail(f"{at}.weight", f"must be a number > 0; got {weight!r}")
         if source.notes or source.records:

@@ -114,7 +114,7 @@ def describe_run(
     start = ""
     if plan.resume is not None:
         start = f" | resuming {plan.resume.reader.directory} at step {plan.resume.step}"
-        if plan.resume.step >= t.max_steps:  # a finished run: it evaluates again and stops
+        if plan.resume.step >= t.max_steps:  # a finished run: it trains nothing and reports its checkpoint
             start += (
                 " = train.max_steps: nothing left to train (a longer run: checkpoint.overwrite_config=True "
                 "train.max_steps=N)"
