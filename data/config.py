@@ -240,6 +240,13 @@ class HfConfig(RecordsConfig):
                 fail(
                     f"{at}.streaming", "fine-tuning records (prompt_column) are read whole; set dataset.streaming=false"
                 )
+            for key in ("val_split", "test_split"):
+                if getattr(self, key) is not None:
+                    fail(
+                        f"{at}.{key}",
+                        f"a stream reads only dataset.train_split and holds out val_fraction / test_fraction of it; "
+                        f"set dataset.{key}=null (or dataset.streaming=false to read the Hub's {getattr(self, key)!r})",
+                    )
 
 
 @dataclass(frozen=True)

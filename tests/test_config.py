@@ -38,6 +38,10 @@ BAD_CONFIGS = [
     ),
     (["train.grad_accum_steps=0"], "train.grad_accum_steps: must be >= 1"),
     (["train.seed=-1"], "train.seed: must be >= 0; got -1"),  # numpy's data order took it, then failed mid-run
+    (  # a stream reads its train split only: the Hub's validation split was ignored without a word
+        ["dataset=hf", "dataset.hf_path=x", "dataset.streaming=true", "dataset.tokenizer=byte", "dataset.max_tokens=9"],
+        "dataset.val_split: a stream reads only dataset.train_split",
+    ),
     (["model=gpt3"], "model=gpt3 does not exist; choose one of gpt2, gpt2-large"),
     (["optimizer=adamw", "optimizer/lr_config=exponential"], "optimizer/lr_config=exponential does not exist"),
     (["optimizer.name=adagrad"], "optimizer.name: must be one of adafactor, adam, "),
