@@ -43,6 +43,21 @@ def malformed_json(paths: list[str], error: Exception) -> DataError:
     return DataError(f"dataset.files: {', '.join(paths[:3])}: datasets cannot read them as JSON ({reason})")
 
 
+def not_utf8(paths: list[str], error: UnicodeDecodeError) -> DataError:
+    """A JSON file with bytes that are not UTF-8 (pyarrow reads them; a column's read fails): the file and line."""
+    for path in paths:
+        with open(path, "rb") as f:
+            for number, line in enumerate(f, 1):
+                try:
+                    line.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    return DataError(
+                        f"dataset.files: {path} line {number}: not UTF-8 (byte {e.start}: {e.reason}); save the file "
+                        "as UTF-8 or fix that line"
+                    )
+    return DataError(f"dataset.files: {', '.join(paths[:3])}: not UTF-8 ({error.reason}); save them as UTF-8")
+
+
 def check_filled(ds: datasets.Dataset, columns: dict[str, str], paths: list[str]) -> None:
     """Every row has a value in each of `columns` ({config key: column}); else DataError naming the file and line
     (or record) of the first row without one. `ds` holds the rows of `paths`, in order."""

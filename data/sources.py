@@ -174,20 +174,12 @@ def json_files_corpus(d: JsonFilesConfig) -> TextCorpus:
     paths = expand_files(d.files)
 
     def load() -> dict[str, datasets.Dataset]:
-        from data.file_checks import check_filled, malformed_json
+        from data.file_checks import not_utf8
 
-        datasets = hf_datasets()
-        datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # a malformed line is said once, below
         try:
-            loaded = datasets.load_dataset("json", data_files=paths, cache_dir=str(Path(d.cache_dir) / "hf"))
-        except Exception as e:  # a malformed line: DatasetGenerationError, which names neither file nor line
-            raise malformed_json(paths, e) from None
-        finally:
-            datasets.logging.set_verbosity_error()
-        rows = _text_column(loaded["train"], d, label=" ".join(paths[:3]) + (" ..." if len(paths) > 3 else ""))
-        keys = ("prompt_column", "completion_column") if d.prompt_column else ("text_column",)
-        check_filled(loaded["train"], {key: getattr(d, key) for key in keys}, paths)
-        return _capped(_hash_split(rows, d), d)
+            return _load_json(paths, d)
+        except UnicodeDecodeError as e:
+            raise not_utf8(paths, e) from None
 
     columns = [d.text_column, d.prompt_column, d.completion_column]
     return TextCorpus(
@@ -195,6 +187,24 @@ def json_files_corpus(d: JsonFilesConfig) -> TextCorpus:
         _fingerprint("json-v1", file_stamps(paths), columns, d.val_fraction, d.test_fraction, d.max_documents),
         load,
     )
+
+
+def _load_json(paths: list[str], d: JsonFilesConfig) -> dict[str, datasets.Dataset]:
+    """The rows of `paths` as text (or records), checked, then split and capped."""
+    from data.file_checks import check_filled, malformed_json
+
+    datasets = hf_datasets()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # a malformed line is said once, below
+    try:
+        loaded = datasets.load_dataset("json", data_files=paths, cache_dir=str(Path(d.cache_dir) / "hf"))
+    except Exception as e:  # a malformed line: DatasetGenerationError, which names neither file nor line
+        raise malformed_json(paths, e) from None
+    finally:
+        datasets.logging.set_verbosity_error()
+    rows = _text_column(loaded["train"], d, label=" ".join(paths[:3]) + (" ..." if len(paths) > 3 else ""))
+    keys = ("prompt_column", "completion_column") if d.prompt_column else ("text_column",)
+    check_filled(loaded["train"], {key: getattr(d, key) for key in keys}, paths)
+    return _capped(_hash_split(rows, d), d)
 
 
 def _load_text_files(by_split: dict[str, list[str]], d: DatasetConfig, sample_by: str) -> dict[str, datasets.Dataset]:

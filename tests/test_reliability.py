@@ -185,7 +185,7 @@ def _write_jsonl(path, rows, replace=None):
     lines = [json.dumps(r) for r in rows]
     for number, text in (replace or {}).items():
         lines[number - 1] = text
-    path.write_text("\n".join(lines) + "\n")
+    path.write_bytes(("\n".join(lines) + "\n").encode("utf-8", "surrogateescape"))  # \udcXX: the raw byte XX
     return path
 
 
@@ -203,13 +203,19 @@ JSON_CASES = [  # (how the file is broken, the columns asked for, what the line 
         False,
     ),
     ({}, ("quest", "answer"), "dataset.prompt_column: 'quest' is not a column of {f}; it has question, answer", False),
+    (  # a Latin-1 byte: pyarrow read it, and a traceback came from decoding the column
+        {12: '{"question": "caf\udce9", "answer": "it is"}'},
+        ("question", "answer"),
+        "{f} line 12: not UTF-8 (byte 17: invalid continuation byte)",
+        False,
+    ),
 ]
 
 
 @pytest.mark.parametrize(
     "broken,columns,message,own_process",
     JSON_CASES,
-    ids=["malformed line", "record without completion", "no such column"],
+    ids=["malformed line", "record without completion", "no such column", "not UTF-8"],
 )
 def test_a_bad_json_lines_file_is_one_line_naming_the_file_and_line(
     broken, columns, message, own_process, data_cache, tmp_path, capsys
