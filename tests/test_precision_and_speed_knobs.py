@@ -97,10 +97,23 @@ def test_float16_overflow_halves_the_scale_and_skips_the_step(data_cache):
     assert float(metrics["loss_scale"]) == pytest.approx(1.5e38)  # float32's 1.5e38: 6e-8 off float64's
     assert int(metrics["skipped_steps"]) == 1 and int(parts.state.step) == 2
     assert unchanged(before, (parts.state.model, parts.state.opt_state))
+    # the step says it was skipped, and reports no gradient norm (the state's is the last applied step's)
+    assert not bool(metrics["applied"]) and np.isnan(float(metrics["grad_norm"]))
     parts.state = eqx.tree_at(lambda s: s.loss_scale.scale, parts.state, jnp.asarray(2.0**15, jnp.float32))
     metrics = parts.step(2)  # with a sane scale again, the next step updates
-    assert int(metrics["skipped_steps"]) == 1
+    assert int(metrics["skipped_steps"]) == 1 and bool(metrics["applied"]) and float(metrics["grad_norm"]) > 0
     assert not unchanged(before[0], parts.state.model)
+
+
+def test_the_logged_loss_leaves_out_skipped_steps():
+    """A skipped step can have a finite loss (its gradient was not finite): the interval's loss is the applied
+    steps' token-weighted mean; a run without the guard reports no `applied` and every finite step counts."""
+    from training.loop.session import _token_weighted
+
+    rows = [{"loss": 2.0, "target_tokens": 10}, {"loss": 4.0, "target_tokens": 30}]
+    assert _token_weighted(rows, "loss") == 3.5
+    guarded = [{**rows[0], "applied": True}, {**rows[1], "applied": False}, {"loss": 8.0, "target_tokens": 10}]
+    assert _token_weighted(guarded, "loss") == 5.0  # (2 x 10 + 8 x 10) / 20; with the skipped step: 4.4
 
 
 @pytest.mark.gpu

@@ -190,7 +190,7 @@ class TrainingSession:
         """Fetch the interval's metrics, stop on a non-finite loss, log the token-weighted mean loss."""
         fetched, loop.pending = jax.device_get(loop.pending), []
         losses = [float(m["loss"]) for m in fetched]
-        if not self.cfg.train.skip_nonfinite:
+        if "applied" not in fetched[0]:  # no guard (float16 and train.skip_nonfinite skip such steps instead)
             for i, loss in enumerate(losses):
                 if not math.isfinite(loss):
                     raise PipelineError(
@@ -354,8 +354,13 @@ def segment_end(cfg: Config, first_step: int) -> int:
 
 def _token_weighted(fetched: list[dict], name: str) -> float:
     """The steps' mean of `name` weighted by their target tokens: every target token of the interval counts once.
-    Non-finite steps (skipped with train.skip_nonfinite) are left out."""
-    pairs = [(float(m[name]), float(m["target_tokens"])) for m in fetched if math.isfinite(float(m[name]))]
+    Skipped steps (a non-finite gradient, under float16 or train.skip_nonfinite) and non-finite values are left
+    out."""
+    pairs = [
+        (float(m[name]), float(m["target_tokens"]))
+        for m in fetched
+        if math.isfinite(float(m[name])) and bool(m.get("applied", True))
+    ]
     tokens = sum(n for _, n in pairs)
     return sum(v * n for v, n in pairs) / tokens if tokens else math.nan
 

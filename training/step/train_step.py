@@ -226,15 +226,21 @@ def step_metrics(
     step_tokens: jax.Array,
     loss_scale: LossScale,
     stat_metrics: Metrics,
+    applied: jax.Array,
 ) -> Metrics:
+    """What a step reports. Where non-finite steps are skipped (spec.guard), whether this one was `applied`, and
+    its gradient norm only if so (NaN: the state's norm is the last applied step's)."""
     lr = applied_lr_of(opt_state)
     group_lrs = {f"lr/{name}": lr * multiplier for name, multiplier in spec.lr_multipliers.items()}
+    grad_norm = grad_norm_of(opt_state)
+    guarded = {"applied": applied, "grad_norm": jnp.where(applied, grad_norm, jnp.nan)} if spec.guard else {}
     return {
         "loss": loss,
         "target_tokens": step_tokens,
         "lr": lr,
         **group_lrs,
-        "grad_norm": grad_norm_of(opt_state),
+        "grad_norm": grad_norm,
+        **guarded,
         "loss_scale": loss_scale.scale,
         "skipped_steps": loss_scale.skipped,
         **({"z_loss": z_term} if spec.z_loss else {}),
@@ -285,7 +291,8 @@ def train_step(
         clipped, largest = jnp.sum(over > 1.0, axis=0), jnp.max(over, axis=0)
         stat_metrics = {**stat_metrics, "fp8_clipped": clipped, "fp8_amax_over_range": largest}
     new_state = eqx.filter_shard(new_state, spec.shardings)
-    return new_state, step_metrics(spec, opt_state, loss, z_term, objective.step_tokens, loss_scale, stat_metrics)
+    metrics = step_metrics(spec, opt_state, loss, z_term, objective.step_tokens, loss_scale, stat_metrics, carry.finite)
+    return new_state, metrics
 
 
 class TrainStep:
