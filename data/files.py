@@ -15,16 +15,29 @@ from core.errors import DataError
 def expand_files(patterns: list[str]) -> list[str]:
     """`dataset.files`: paths, directories (every file under them) or globs (a directory they match: every file under
     it too) -> sorted file paths."""
-    paths: list[str] = []
+    return sorted(named_files(patterns))
+
+
+def named_files(patterns: list[str]) -> dict[str, str]:
+    """Each file the patterns find -> its name below the directory its pattern starts from (a named directory; a
+    glob's part before its first wildcard; a named file's folder), the same however that directory is spelled
+    (absolute, relative, `./`, `~`): what a file's split is drawn from. A file two patterns find keeps the first's."""
+    names: dict[str, str] = {}
     for pattern in patterns:
         expanded = os.path.expanduser(pattern)
-        named = [expanded] if os.path.isdir(expanded) else sorted(glob.glob(expanded, recursive=True))
+        if os.path.isdir(expanded):
+            base, named = expanded, [expanded]
+        else:
+            parts = Path(expanded).parts
+            fixed = next((i for i, part in enumerate(parts) if glob.has_magic(part)), len(parts) - 1)
+            base, named = str(Path(*parts[:fixed])) if fixed else ".", sorted(glob.glob(expanded, recursive=True))
         matches = [m for n in named for m in ([str(p) for p in Path(n).rglob("*")] if os.path.isdir(n) else [n])]
         matches = [m for m in matches if os.path.isfile(m)]
         if not matches:
             raise DataError(f"dataset.files: {pattern!r} matches no file")
-        paths.extend(matches)
-    return sorted(set(paths))
+        for m in matches:
+            names.setdefault(m, Path(os.path.relpath(m, base)).as_posix())
+    return names
 
 
 def file_stamps(paths: list[str]) -> list:

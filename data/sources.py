@@ -32,7 +32,7 @@ from data.config import (
     TextConfig,
     TextFilesConfig,
 )
-from data.files import expand_files, file_stamps
+from data.files import expand_files, file_stamps, named_files
 
 if TYPE_CHECKING:
     import datasets
@@ -153,10 +153,11 @@ def pystdlib_corpus(d: PystdlibConfig) -> TextCorpus:
 
 
 def text_files_corpus(d: TextFilesConfig) -> TextCorpus:
-    """One document per file; a file's split is a hash of its path, so adding a file moves no other one."""
+    """One document per file; a file's split is a hash of its name below its pattern's directory (files.named_files),
+    so adding a file moves no other one, and another spelling of the same folder (absolute, relative) moves none."""
     by_split: dict[str, list[str]] = {}
-    for path in expand_files(d.files):
-        by_split.setdefault(split_of(path, d.val_fraction, d.test_fraction), []).append(path)
+    for path, name in sorted(named_files(d.files).items()):
+        by_split.setdefault(split_of(name, d.val_fraction, d.test_fraction), []).append(path)
     return _file_corpus(d.name, by_split, d)
 
 

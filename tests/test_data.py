@@ -215,6 +215,22 @@ def test_a_glob_that_matches_a_directory_takes_the_files_under_it(tmp_path):
     assert expand_files([f"{tmp_path}/a/su*"]) == [str(tmp_path / "a/sub/two.txt")]  # it said: matches no file
 
 
+def test_a_files_split_is_the_same_however_its_folder_is_spelled(tmp_path, data_cache, monkeypatch):
+    """text_files: a file's split comes from its name below its pattern's folder, so the folder given absolute,
+    relative, as a glob or with `./` (a resume from elsewhere, another machine) holds out the same files: with the
+    path's whole spelling, a run from another directory trained on the first one's validation files."""
+    for i in range(40):
+        (tmp_path / "c" / f"doc{i:02d}.txt").parent.mkdir(exist_ok=True)
+        (tmp_path / "c" / f"doc{i:02d}.txt").write_text(f"document {i}\n" * 5)
+    monkeypatch.chdir(tmp_path)
+    held_out = []
+    for files in (f"{tmp_path}/c", "c", "./c/*.txt", f"{tmp_path}/c/*"):
+        cfg = load_config(["dataset=text_files", f"dataset.files=[{files}]", f"dataset.cache_dir={data_cache}"])
+        corpus = load_corpus(cfg.dataset)
+        held_out.append(sorted(t for t in corpus.datasets["val"]["text"]))
+    assert held_out[0] and all(h == held_out[0] for h in held_out), held_out
+
+
 def test_text_files_that_match_nothing_fail_clearly(tmp_path):
     cfg = load_config(["dataset=text_files", f"dataset.files=[{tmp_path}/missing/*.txt]"])
     with pytest.raises(DataError, match="matches no file"):
@@ -227,7 +243,7 @@ def test_text_files_that_match_nothing_fail_clearly(tmp_path):
 def test_an_empty_split_names_the_fraction_that_fills_it(tmp_path, data_cache, empty, fix):
     """One file, placed by its path's hash in the split that is not empty: the line says which way to move."""
     kept = "val" if empty == "train" else "train"
-    path = next(p for i in range(100) if split_of(str(p := tmp_path / f"doc{i}.txt"), 0.4, 0.0) == kept)
+    path = next(p for i in range(100) if split_of((p := tmp_path / f"doc{i}.txt").name, 0.4, 0.0) == kept)
     path.write_text("the only document\n" * 20)
     overrides = ["dataset=text_files", f"dataset.files=[{path}]", f"dataset.cache_dir={data_cache}"]
     cfg = load_config([*overrides, "dataset.val_fraction=0.4", "dataset.test_fraction=0"])
