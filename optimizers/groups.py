@@ -156,7 +156,10 @@ class _GroupView:
 def directed(
     optimizer_cfg: OptimizerSection, model: OptimizedModel, run_steps: int | None = None
 ) -> optax.GradientTransformation:
-    """One optimizer's direction with its weight decay as `optimizer.weight_decay_mode` says (optimizers/decay.py)."""
+    """One optimizer's direction with its weight decay as `optimizer.weight_decay_mode` says (optimizers/decay.py); its
+    own `*_warmup` below 1 a fraction of the run's `run_steps` (the section's and each group's alike)."""
+    if run_steps is not None:
+        optimizer_cfg = own_warmups_in_steps(optimizer_cfg, run_steps)
     return with_decay_mode(
         optimizer_cfg.weight_decay_mode,
         optimizer_cfg.weight_decay,
@@ -199,10 +202,6 @@ def build_grouped_direction(
     transforms = {}
     for name, group in {**groups, REST: {}}.items():
         cfg = group_config(optimizer_cfg, group) if group else optimizer_cfg
-        if (
-            group and run_steps is not None
-        ):  # a group's own `*_warmup` below 1 is a fraction of the run, as the section's
-            cfg = own_warmups_in_steps(cfg, run_steps)
         decay_mask = model.weight_decay_mask()
         if "weight_decay" in group:  # set for the group: it decays every parameter of the group
             decay_mask = jax.tree.map(lambda _: True, decay_mask)

@@ -32,7 +32,6 @@ from optimizers import (
     geometry_groups,
     lr_multipliers,
     lr_schedule_of,
-    own_warmups_in_steps,
 )
 from training import config as config_lib
 from training.checkpoints.resume import Source
@@ -128,9 +127,10 @@ def init_scheduler(cfg: Config) -> optax.Schedule:
 
 
 def init_optimizer(cfg: Config, schedule: optax.Schedule, model: GPT) -> optax.GradientTransformation:
-    steps = config_lib.schedule_steps(cfg)
-    optimizer_cfg = own_warmups_in_steps(cfg.optimizer, steps)
-    return build_optimizer(optimizer_cfg, schedule, model, cfg.train.grad_accum_steps, run_steps=steps)
+    steps = config_lib.schedule_steps(
+        cfg
+    )  # the method's own warmups below 1 are fractions of it (optimizers/groups.py)
+    return build_optimizer(cfg.optimizer, schedule, model, cfg.train.grad_accum_steps, run_steps=steps)
 
 
 EvalStep = Callable[[GPT, dict[str, jax.Array]], tuple[jax.Array, jax.Array, jax.Array]]
