@@ -89,7 +89,8 @@ def test_a_due_syncing_action_may_transfer_and_the_guard_is_off_without_guard():
 
 def test_the_time_limit_stops_the_run_with_an_evaluation_and_a_checkpoint(data_cache, tmp_path, capsys):
     """train.max_training_hours, counted from the start (set-up and compiling included): here already spent when the
-    first step ends, which is not an evaluation step."""
+    first step ends, which is not an evaluation step but is a checkpoint.save_steps one: the checkpoint is written
+    after the stop's evaluation, and keeps its val loss."""
     run_dir = tmp_path / "run"
     code = train_jax.command_line(
         tiny_overrides(
@@ -97,6 +98,7 @@ def test_the_time_limit_stops_the_run_with_an_evaluation_and_a_checkpoint(data_c
             f"logging.run_dir={run_dir}",
             "train.max_steps=40",
             "train.eval_interval=10",
+            "checkpoint.save_steps=1",
             "train.max_training_hours=1e-9",
         )
     )
@@ -106,6 +108,8 @@ def test_the_time_limit_stops_the_run_with_an_evaluation_and_a_checkpoint(data_c
     assert stopped % 10 and f"final evaluation at step {stopped}:" in out
     assert [r["step"] for r in read_metrics(run_dir, "val")] == [stopped]
     assert (run_dir / "checkpoints" / str(stopped)).is_dir()
+    meta = json.loads((run_dir / "checkpoints" / str(stopped) / "meta" / "metadata").read_text())
+    assert meta["val_loss"] == read_metrics(run_dir, "val")[0]["loss"]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["stopped"] == "time limit" and summary["checkpoints"]["latest"] == stopped
     assert not (run_dir / "plots.png").exists()  # logging.plot=false (tiny_overrides)

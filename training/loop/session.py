@@ -9,12 +9,12 @@ handlers and the batch prefetcher, and gives them all back on the way out, whate
   log             every train.log_interval: fetch the interval's metrics (the one transfer per interval), stop on a
                   non-finite loss, write a line and the metrics
   evaluate        every train.eval_interval and at the end: every validation split, then a checkpoint
-  save            at checkpoint.save_steps
+  agree to stop   signals and the time limit: every step in a single process (a host-only check), every log
+                  interval across processes (a collective, so that all stop at the same step)
+  save            at checkpoint.save_steps, unless the run stops at that step (its end evaluates, then saves)
   sharpness       every logging.hessian_every steps (when > 0): the largest and smallest Hessian eigenvalues of the eval
                   loss on a fixed validation batch (training/analysis/curvature.py), compiled at its first measurement;
                   nothing when off
-  agree to stop   signals and the time limit: every step in a single process (a host-only check), every log
-                  interval across processes (a collective, so that all stop at the same step)
   profile         around system.profile_steps: start and stop JAX's profiler trace (training/loop/profile.py)
 """
 
@@ -161,8 +161,9 @@ class TrainingSession:
             Action(self.first_step_done, steps=frozenset({first_step + 1})),
             Action(self.log_interval, every=t.log_interval, at_end=True),
             Action(self.evaluate_and_save, every=t.eval_interval, at_end=True),
+            Action(self.agree_to_stop, every=1 if single else t.log_interval, syncs=not single),
             Action(
-                self.save,
+                self.scheduled_save,
                 every=save_steps if isinstance(save_steps, int) else None,
                 steps=frozenset(config_lib.listed_save_steps(self.cfg)),
             ),
@@ -171,7 +172,6 @@ class TrainingSession:
                 if self.cfg.logging.hessian_every
                 else []
             ),
-            Action(self.agree_to_stop, every=1 if single else t.log_interval, syncs=not single),
             Action(
                 lambda loop: self.profiler.after_step(loop.step, loop.state), steps=self.profiler.boundaries(first_step)
             ),
@@ -245,6 +245,12 @@ class TrainingSession:
             if not self.checkpointer.save(loop.state, meta, val_loss):
                 self.log.info(f"step {loop.step}: parameters are not finite; no checkpoint written")
         self.clock.mark(loop.step)  # evaluating and saving are not training throughput
+
+    def scheduled_save(self, loop: LoopState) -> None:
+        """checkpoint.save_steps' save, unless the run stops at this step: `finish` saves then, after the evaluation
+        that a time limit gets (a checkpoint saved first would keep no val loss)."""
+        if loop.stop is None:
+            self.save(loop)
 
     def measure_sharpness(self, loop: LoopState) -> None:
         """The extreme Hessian eigenvalues of the eval loss (training/analysis/curvature.py, Lanczos) at the training
