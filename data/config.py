@@ -271,6 +271,19 @@ class TokenShardsConfig(TextConfig):
         for key in ("val_tokens", "max_train_shards"):
             if getattr(self, key) is not None and getattr(self, key) < 1:
                 fail(f"{at}.{key}", f"must be >= 1 or null; got {getattr(self, key)}")
+        for key, instead in SHARDS_INSTEAD.items():
+            if getattr(self, key) != DEFAULTS[key]:
+                fail(f"{at}.{key}", f"token shards are not read by document: {instead}")
+
+
+# What token shards read in place of the keys that cut documents into splits (their splits are files, whole shards).
+SHARDS_INSTEAD = {
+    "val_fraction": "validation is dataset.val_files (dataset.val_tokens of it); set val_fraction back",
+    "test_fraction": "they have no test split (dataset.val_files validates); set test_fraction back",
+    "max_documents": "cap the training tokens with dataset.max_train_shards (in a mixture, set max_documents on "
+    "the other sources' entries)",
+}
+DEFAULTS = {f.name: f.default for f in dataclasses.fields(DatasetConfig)}
 
 
 @dataclass(frozen=True)

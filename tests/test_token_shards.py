@@ -3,6 +3,8 @@ checked, the splits read in place across shard boundaries, val cut to its tokens
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -73,12 +75,16 @@ def test_slices_across_shards_equal_the_concatenation(tmp_path):
     np.testing.assert_array_equal(ShardedTokens([a, a[:0], b])[90:110], np.concatenate([a, b])[90:110])
 
 
+def shard_overrides(data_cache, *more: str) -> list[str]:
+    """The tiny run on dataset=fineweb10b: without tiny_overrides' max_documents, which token shards refuse."""
+    return tiny_overrides(data_cache, "dataset=fineweb10b", "dataset.max_documents=null", *more)
+
+
 def test_a_run_trains_on_the_shards_and_evaluates_val_from_its_start(tmp_path, data_cache):
     written = write_fineweb_like(tmp_path / "fineweb")
     parts = build(
-        tiny_overrides(
+        shard_overrides(
             data_cache,
-            "dataset=fineweb10b",
             f"dataset.folder={tmp_path / 'fineweb'}",
             "dataset.tokenizer=byte",
             "dataset.val_tokens=1000",
@@ -107,15 +113,35 @@ def test_missing_shards_a_foreign_tokenizer_and_bpe_are_one_line(tmp_path, data_
     with pytest.raises(
         DataError, match=r"does not exist; get the shards with `python -m scripts.tools.download_fineweb"
     ):
-        build(tiny_overrides(data_cache, "dataset=fineweb10b", f"dataset.folder={tmp_path / 'none'}"))
+        build(shard_overrides(data_cache, f"dataset.folder={tmp_path / 'none'}"))
     folder = tmp_path / "gpt2"
     folder.mkdir()
     write_shard(folder / "fineweb_train_000001.bin", np.full(2000, 50256))  # GPT-2's ids, read with the byte tokenizer
     write_shard(folder / "fineweb_val_000000.bin", np.full(2000, 50256))
     with pytest.raises(DataError, match=r"holds id 50256, past the tokenizer's 259 ids"):
-        build(tiny_overrides(data_cache, "dataset=fineweb10b", f"dataset.folder={folder}", "dataset.tokenizer=byte"))
+        build(shard_overrides(data_cache, f"dataset.folder={folder}", "dataset.tokenizer=byte"))
     with pytest.raises(ConfigError, match=r"dataset.tokenizer: token shards are tokenised already"):
-        build(tiny_overrides(data_cache, "dataset=fineweb10b", "dataset.tokenizer=bpe"))
+        build(shard_overrides(data_cache, "dataset.tokenizer=bpe"))
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [  # keys that cut documents into splits, which shard files do not have: they were ignored without a word
+        (
+            "dataset.max_documents=100",
+            "dataset.max_documents: token shards are not read by document: cap the training "
+            "tokens with dataset.max_train_shards",
+        ),
+        (
+            "dataset.val_fraction=0.2",
+            "dataset.val_fraction: token shards are not read by document: validation is dataset.val_files",
+        ),
+        ("dataset.test_fraction=0", "dataset.test_fraction: token shards are not read by document: they have no test"),
+    ],
+)
+def test_document_keys_that_token_shards_do_not_read_are_refused(data_cache, override, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        build(shard_overrides(data_cache, override))
 
 
 def test_the_download_says_in_one_line_that_the_hub_cannot_be_reached(tmp_path, monkeypatch, capsys):
