@@ -4,7 +4,9 @@ diagonal, clipped elementwise to [-1, 1]; the diagonal is Hutchinson's estimate 
 every `update_interval` steps (Sophia-H). Decoupled weight decay on the matrices.
 
 The Hessian-vector product needs the loss: the train step hands every optimizer `obj_fn`, the micro-batch's mean
-loss as a function of the parameters (training/step/train_step.py); the others ignore it. The pipeline's lr is
+loss as a function of the parameters (training/step/train_step.py); the others ignore it. Under gradient
+accumulation the update, and with it the estimate, is made at the step's last micro-batch: the Hessian's diagonal is
+estimated on that micro-batch, the momentum on the whole step's gradient. The pipeline's lr is
 Sophia's step size (the paper's peak lr, with the run's schedule).
 
 Logged as optimizer/sophia_clipped: the share of coordinates whose ratio m / (gamma h) was clipped, 1 minus what the
