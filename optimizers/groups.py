@@ -126,6 +126,17 @@ def check_labels_present(optimizer_cfg: OptimizerSection, present: set[str]) -> 
             )
 
 
+def matrix_optimizers(optimizer_cfg: OptimizerSection) -> set[str]:
+    """The optimizers that step the blocks' matrices (BLOCK_MATRICES): a group's for the labels it covers, the
+    section's for the rest."""
+    names, covered = set(), set()
+    for name, group in (optimizer_cfg.groups or {}).items():
+        if mine := set(group_labels(name, group)) & set(BLOCK_MATRICES):
+            names.add(group.get("name", optimizer_cfg.name))
+            covered |= mine
+    return names | ({optimizer_cfg.name} if covered != set(BLOCK_MATRICES) else set())
+
+
 def group_config(optimizer_cfg: Section, group: Group) -> Section:
     """The `optimizer` section as the group's builder reads it: the section with the group's overrides."""
     overrides = {k: v for k, v in group.items() if k not in ("labels", "lr_multiplier")}

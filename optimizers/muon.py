@@ -64,7 +64,7 @@ def polar_express_coefficients() -> jax.Array:
     return jnp.asarray(((a / s, b / s**3, c / s**5), *rest), jnp.float32)
 
 
-@register("muon")
+@register("muon", width_rule="orthogonalised, at a size its shape factor sets (consistent_rms)")
 def muon(
     model,
     *,

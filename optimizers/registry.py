@@ -37,6 +37,8 @@ LR_USES = ("schedule", "estimate", "own")
 LR_USE: dict[str, str] = {}  # name -> how the optimizer takes the run's lr schedule (default "schedule")
 STEP_SIZE: dict[str, str] = {}  # lr="own": the key that sets the method's step size (what a sweep over it sets)
 AVERAGED: set[str] = set()  # the optimizers whose evaluation weights are an average their state keeps (schedule-free)
+# the optimizers whose step on a matrix scales with width by a rule of their own, not Adam's (μP's 1/m does not fit)
+OWN_WIDTH_RULE: dict[str, str] = {}
 # The ranges a builder's own hyper-parameters may take, checked with the config (register's `bounds`): rule -> (test,
 # what the error says)
 RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
@@ -54,6 +56,7 @@ def register(
     averaged: bool = False,
     bounds: dict[str, str] | None = None,
     step_size: str = "",
+    width_rule: str = "",
 ) -> Callable[[Builder], Builder]:
     """`@register("name")` on a builder `(model, *, hyper-parameters) -> optax.GradientTransformation`. `lr`: how its
     direction takes the run's learning-rate schedule: `schedule` (times it), `estimate` (times it, and the method
@@ -64,7 +67,8 @@ def register(
     (optimizers/__init__.py's eval_params). `bounds`: {hyper-parameter: rule} (a rule of RULES) for the values that
     would train without an error and wrongly, checked with the config (check_bounds); a check that spans keys stays
     in the builder. `step_size`: with lr="own", the key that sets the method's step size (named where a run sets the
-    lr)."""
+    lr). `width_rule`: how its step on a hidden matrix should scale with the model's width where that is not Adam's
+    1/m, which μP applies (models/mup.py): said where μP is refused."""
     if lr not in LR_USES:
         raise TypeError(f"register({name!r}, lr={lr!r}): lr must be one of {', '.join(LR_USES)}")
     if unknown := [rule for rule in (bounds or {}).values() if rule not in RULES]:
@@ -75,6 +79,8 @@ def register(
         STEP_SIZE[name] = step_size
     if averaged:
         AVERAGED.add(name)
+    if width_rule:
+        OWN_WIDTH_RULE[name] = width_rule
 
     def add(builder: Builder) -> Builder:
         where = f"{builder.__module__}.{builder.__qualname__}"

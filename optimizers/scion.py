@@ -114,7 +114,7 @@ def scale_by_scion_lmo(
     return optax.GradientTransformation(optax.init_empty_state, update)
 
 
-@register("scion")
+@register("scion", width_rule="by a spectral-norm LMO scaled by sqrt(d_out / d_in)")
 def scion(
     model,
     *,

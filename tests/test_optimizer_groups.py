@@ -15,6 +15,8 @@ from models.config import GPTConfig
 from models.gpt import GPT
 from optimizers import build_optimizer, build_schedule
 from optimizers.decay import fixed
+from optimizers.groups import matrix_optimizers
+from optimizers.registry import OWN_WIDTH_RULE
 from training.config import load_config
 
 MODEL = GPT.init(GPTConfig(vocab_size=259, n_layer=2, n_head=2, n_embd=32, context_size=32), jax.random.PRNGKey(0))
@@ -530,3 +532,25 @@ def test_sophia_reports_the_share_of_clipped_coordinates_and_prodigy_its_estimat
 def test_sophia_with_the_chunked_head_is_one_config_line():
     with pytest.raises(ConfigError, match="^config: model.head_loss: sophia differentiates the loss twice"):
         load_config(["optimizer=sophia", "model.head_loss=chunked"])
+
+
+@pytest.mark.parametrize(
+    "overrides, refused",
+    [  # μP's 1/m on the hidden matrices is Adam's rule: these stepped them by the wrong one, without a word
+        (["optimizer=muon"], "muon"),
+        (["optimizer=sgdm"], "sgdm"),
+        (["optimizer=scion"], "scion"),
+        (["optimizer=adamw", "+optimizer.groups={matrix: {name: sgdm}}"], "sgdm"),
+        (["optimizer=muon", "optimizer.groups.adam.labels=[embedding, vector, matrix]"], None),  # Adam on the matrices
+        (["optimizer=sgdm", "+optimizer.groups={matrix: {name: adamw}}"], None),
+        (["optimizer=adamw"], None),
+    ],
+)
+def test_mup_refuses_an_optimizer_whose_matrix_steps_follow_another_width_rule(overrides, refused):
+    mup = ["model=gpt2-tiny", "model.parametrization=mup", "model.mup_base_width=32", *overrides]
+    if refused is None:
+        assert matrix_optimizers(load_config(mup).optimizer).isdisjoint(OWN_WIDTH_RULE)
+        return
+    with pytest.raises(ConfigError, match=f"^config: model.parametrization: μP divides .*; {refused} steps them"):
+        load_config(mup)
+    load_config([*mup, "model.parametrization=standard"])

@@ -17,9 +17,9 @@ from data.task_names import TASK_NAMES
 from models import parameter_labels, resolve_attention
 from models.fp8 import native_fp8_problem
 from models.hf import HF_PREFIX
-from optimizers.groups import check_labels_present
+from optimizers.groups import check_labels_present, matrix_optimizers
 from optimizers.muon import cooldown_steps
-from optimizers.registry import AVERAGED
+from optimizers.registry import AVERAGED, OWN_WIDTH_RULE
 from training.config.loop import CheckpointConfig, LoadMode, LoggingConfig, TrainConfig
 from training.config.mixture import check_mixture
 from training.config.model import ModelConfig, Position
@@ -109,6 +109,13 @@ def check_across(cfg: Config) -> None:
             "model.parametrization",
             f"μP scales the hidden matrices' steps after {cfg.optimizer.name}, whose evaluation weights are then not "
             "the average of where it went; use model.parametrization=standard or another optimizer",
+        )
+    if m.parametrization == "mup" and (own := sorted(matrix_optimizers(cfg.optimizer) & set(OWN_WIDTH_RULE))):
+        fail(
+            "model.parametrization",
+            f"μP divides the hidden matrices' steps by the width multiplier, Adam's rule; {own[0]} steps them "
+            f"{OWN_WIDTH_RULE[own[0]]}: use model.parametrization=standard, or give the matrices an Adam-style "
+            "optimizer (optimizer.groups)",
         )
     if cfg.optimizer.groups:  # groups name labels this model has (from its shapes alone: nothing is allocated)
         check_labels_present(cfg.optimizer, parameter_labels(cfg.model))
