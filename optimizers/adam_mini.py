@@ -8,7 +8,8 @@ The rule, for each block B of a tensor (m per entry, v per block):
     x <- x - lr * (m / (1 - beta1^t)) / (sqrt(v_B / (1 - beta2^t)) + eps) - lr * wd * x
 
 The blocks, as the reference code partitions a GPT (its v1.1 rules; axes are ours, weights stored [in, out]):
-- wte (the embedding, tied to the LM head): one block per token row.
+- wte (the embedding, tied to the LM head): one block per token row; the value embeddings' tables alike, each
+  table its own rows (the reference takes every tensor whose name holds "embed" for an embedding).
 - qkv.weight [L, D, 3, D]: per layer, the queries and the keys one block per head (the head's D/n_head output
   columns x all inputs), the values one block per output neuron.
 - attn_proj, fc, mlp_proj weights: per layer, one block per output neuron (a column: all its inputs).
@@ -81,6 +82,8 @@ def block_rule(role: Role, shape: tuple[int, ...], head_dim: int, vocab: int) ->
         return Entries()
     if role.label in ("token_embedding", "head"):  # one block per token: all axes but the vocabulary's
         return Reduce(tuple(a for a in range(len(shape)) if a != shape.index(vocab)))
+    if role.label == "value_embedding":  # [k, V, D]: each table one block per token row (the reference's "embed")
+        return Reduce((len(shape) - 1,))
     if role.label == "attn_qkv":
         return QkvHeads(head_dim)
     if role.label in ("attn_out", "mlp_in", "mlp_out"):  # one block per output neuron: its inputs

@@ -4,7 +4,8 @@ Li (2015, 2018), "Preconditioned Stochastic Gradient Descent", arXiv:1512.04202,
 Lie Group", arXiv:2402.11858; the form the 2025 optimizer benchmarks ran (Wen et al., levanter/Marin) is
 psgd-jax's `kron` (github.com/evanatyourservice/psgd_jax), which does not install beside this project's optax.
 
-The rule, for each weight matrix [m, n] (each layer's matrix of a stacked block weight; vectors as [1, n]):
+The rule, for each weight matrix [m, n] (each layer's matrix of a stacked block weight, each value-embedding table;
+vectors as [1, n]):
     M <- b1 M + (1 - b1) G;  M^ = M / (1 - b1^t)                                  momentum, debiased
     preconditioner P = (Q_l^T Q_l) (x) (Q_r^T Q_r), Q_l [m, m] and Q_r [n, n] upper triangular, or diagonal for a
     side longer than max_size_triangular (the vocabulary) or any side of a vector; a side of size 1 has none

@@ -11,7 +11,8 @@ The rule (the paper's "approximate" MARS, which keeps last step's gradient inste
 Choices where the paper leaves room (each as in the reference code):
 - g_0 = 0: the first step's correction is gamma * beta1 / (1 - beta1) * g_1.
 - ||c_t|| is each tensor's own norm, and a stacked block tensor [L, ...] is L tensors (the reference's PyTorch GPT
-  has one per layer): it is clipped layer by layer; qkv is one matrix per layer (nanoGPT's c_attn).
+  has one per layer): it is clipped layer by layer (the value embeddings' [k, V, D] table by table); qkv is one
+  matrix per layer (nanoGPT's c_attn).
 - The correction runs on every tensor the builder gets. The reference runs it on the 2-D ones only and AdamW on the
   rest (optimize_1d=False, betas (0.9, 0.95), lr_1d = lr / 2): the preset does that with a parameter group
   (optimizer.groups.adam: the vectors to AdamW at 0.5 x the lr), as Muon's preset does; ~optimizer.groups.adam

@@ -22,7 +22,8 @@ from optimizers.protocols import OptimizedModel
 
 class Role(NamedTuple):
     label: str  # the model's label
-    stacked: bool  # a leaf of the stacked blocks: axis 0 is the layer
+    # axis 0 indexes separate tensors: the layer of a leaf of the stacked blocks, the table of the value embeddings
+    stacked: bool
     decayed: bool  # in the model's weight-decay mask (optimizers/decay.py)
 
     @property
@@ -43,7 +44,7 @@ def roles_of(model: OptimizedModel) -> dict[str, Role]:
 
     decayed = by_path(model.weight_decay_mask())
     return {
-        name: Role(label, name.startswith("blocks."), bool(decayed[name]))
+        name: Role(label, name.startswith("blocks.") or label == "value_embedding", bool(decayed[name]))
         for name, label in by_path(model.parameter_labels()).items()
     }
 

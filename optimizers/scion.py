@@ -17,8 +17,9 @@ The LMOs, as the paper's code picks them for a GPT:
   (its nanoGPT "with weight sharing" puts the tied lm_head in the Sign group): lmo = sign(d) / d_in, d_in = n_embd.
   Radius scale_embed.
 - wpe (an input layer fed one-hot positions; the reference's nanoGPTs have none): the paper's one-hot input norm,
-  lmo = each position's row divided by its RMS (ColNorm). Radius scale_input. (A model with an untied head would
-  give the head the sign LMO and its token embedding this one.)
+  lmo = each position's row divided by its RMS (ColNorm). Radius scale_input. The value embeddings' tables (the
+  speedrun's; the reference has none) are input layers too: each table's rows likewise. (A model with an untied
+  head would give the head the sign LMO and its token embedding this one.)
 - LayerNorm weights and all biases (vectors): the RMS-norm ball, lmo = d / RMS(d), per layer and per q/k/v slice
   (the reference's `Auto` -> BiasRMS, as in its DeiT example, which gives them the hidden radius). Radius
   scale_vector.
@@ -85,7 +86,7 @@ def lmo_of(
     if role.label == "head" or (role.label == "token_embedding" and tied):
         # The output layer's norm (RMS -> l_inf): sign / d_in, the head's input being the model's width.
         return lambda d: scale_embed * jnp.sign(d) / d_model
-    if role.label in ("token_embedding", "position"):  # an input layer fed one-hot vectors: each row by its RMS
+    if role.label in ("token_embedding", "position", "value_embedding"):  # input layers fed one-hot: rows by RMS
         return lambda d: scale_input * rms_normalise(d)
     return lambda d: scale_vector * rms_normalise(d)  # norm, bias
 

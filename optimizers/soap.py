@@ -18,8 +18,9 @@ Choices, each as the reference code makes them:
 - M lives in the parameters' space and is rotated each step (as the paper writes it; the reference rotates it back
   and forth around each refresh, the same up to rounding).
 - Matrices: each layer of a stacked [L, in, *out] block weight as one [in, out] matrix (qkv [D, 3D], nanoGPT's
-  c_attn), wte and wpe whole. A side longer than max_precond_dim gets no preconditioner (identity; wte's vocabulary
-  side with the paper's 10000), vectors (LayerNorm, biases) get Adam with the same conventions.
+  c_attn), wte and wpe whole, each value-embedding table [V, D] as one. A side longer than max_precond_dim gets no
+  preconditioner (identity; wte's vocabulary side with the paper's 10000), vectors (LayerNorm, biases) get Adam with
+  the same conventions.
 - Weight decay is decoupled, on the decayed matrices only (optimizers/decay.py), from the step's starting weights
   (the reference decays the weights after the step: a difference of lr^2 * wd * the update).
 - The rotations run at the highest matmul precision (no TF32), as the reference's float32 does.

@@ -9,6 +9,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from helpers import build, tiny_overrides
@@ -487,3 +488,62 @@ def test_the_optimization_tracks_model_composes_and_trains(data_cache):
     assert model.blocks.qkv.bias is not None and model.wpe is None
     losses = [float(parts.step(i)["loss"]) for i in range(8)]
     assert losses[-1] < losses[0] - 0.3, losses
+
+
+def value_table_steps(name: str, table1_seed: int | None, steps: int = 4) -> jax.Array:
+    """The value embeddings' tables after `steps` steps of `name` on random gradients; with `table1_seed`, table 1's
+    drawn from that seed instead, 30 times larger (no clipping, no decay: nothing else couples the tables)."""
+    from optimizers import build_optimizer, build_schedule
+    from training.config import load_config
+
+    model = GPT.init(dataclasses.replace(BASE, n_layer=4, value_embeddings=2), jax.random.PRNGKey(0))
+    cfg = load_config(
+        [f"optimizer={name}", "optimizer/lr_config=constant", "optimizer.grad_clip=0", "optimizer.weight_decay=0"]
+    )
+    opt = build_optimizer(cfg.optimizer, build_schedule(cfg.optimizer.lr_config, 100), model, 1)
+
+    def run(params):
+        state = opt.init(params)
+        for t in range(steps):
+            leaves, tree = jax.tree.flatten(params)
+            keys = jax.random.split(jax.random.PRNGKey(t), len(leaves))
+            grads = jax.tree.unflatten(tree, [jax.random.normal(k, x.shape) for k, x in zip(keys, leaves)])
+            if table1_seed is not None:
+                other = 30 * jax.random.normal(
+                    jax.random.PRNGKey(1000 * table1_seed + t), params.value_embeds.shape[1:]
+                )
+                grads = eqx.tree_at(lambda g: g.value_embeds, grads, grads.value_embeds.at[1].set(other))
+            updates, state = opt.update(grads, state, params)
+            params = optax.apply_updates(params, updates)
+        return params.value_embeds
+
+    return jax.jit(run)(eqx.filter(model, eqx.is_array))
+
+
+@pytest.mark.parametrize("name", ["soap", "kron", "mars", "adam_mini"])
+def test_each_value_embedding_table_is_a_tensor_of_its_own_to_optimizers_that_treat_tensors_whole(name):
+    """The tables [k, V, D] are k embeddings (the speedrun's are k nn.Embedding modules): SOAP's and Kron's
+    preconditioners, MARS's clipping norm and Adam-mini's blocks are per table, so one table's gradient does not
+    change another's steps (they took the k tables as one [k, V x D] matrix, one norm, one block)."""
+    before = GPT.init(dataclasses.replace(BASE, n_layer=4, value_embeddings=2), jax.random.PRNGKey(0)).value_embeds
+    same, other = value_table_steps(name, None), value_table_steps(name, 1)
+    assert float(jnp.max(jnp.abs(same[0] - before[0]))) > 1e-4  # table 0 moved
+    assert not np.allclose(other[1], same[1], rtol=1e-5, atol=1e-6)  # table 1 took other steps
+    np.testing.assert_allclose(other[0], same[0], rtol=1e-5, atol=1e-6)
+
+
+def test_scion_steps_the_value_embedding_tables_as_input_layers():
+    """Each table's rows by their RMS at the input layers' radius (scale_input), as wpe's: not the vectors'."""
+    from optimizers import build_optimizer, build_schedule
+    from training.config import load_config
+
+    model = GPT.init(dataclasses.replace(BASE, n_layer=4, value_embeddings=2), jax.random.PRNGKey(0))
+    cfg = load_config(["optimizer=scion", "optimizer/lr_config=constant", "optimizer.lr_config.warmup=0"])
+    opt = build_optimizer(cfg.optimizer, build_schedule(cfg.optimizer.lr_config, 100), model, 1)
+    params = eqx.tree_at(lambda p: p.value_embeds, eqx.filter(model, eqx.is_array), jnp.zeros((2, 64, 32)))
+    grads = jax.tree.map(lambda x: jax.random.normal(jax.random.PRNGKey(x.size), x.shape), params)
+    updates, _ = opt.update(grads, opt.init(params), params)
+    row_rms = jnp.sqrt(jnp.mean(jnp.square(updates.value_embeds), axis=-1))
+    lr, o = cfg.optimizer.lr_config.lr, cfg.optimizer
+    assert o.scale_input != o.scale_vector
+    np.testing.assert_allclose(row_rms, lr * o.scale_input, rtol=1e-4)
