@@ -31,8 +31,9 @@ def token_batch(
 ) -> dict[str, np.ndarray]:
     """[..., T+1] token rows -> inputs/targets/loss_mask of shape [..., T]. `loss_mask` is 1 where the target is not
     `<PAD>` and, with `genai_id` (fine-tuning), comes after a `<GENAI>`. With `eos_id` (document masking) also
-    `segment_ids`: the number of <EOS> before each input in its row, so a document's tokens, its <EOS> included,
-    share one id."""
+    `segment_ids`: the number of <EOS> at or before each input in its row, so a document's segment begins at the
+    <EOS> before it, its BOS (as the speedrun's do, and as sampling's prompts begin: the model reads a document's
+    first token after an <EOS> in training too); the row's tokens before its first <EOS> are segment 0."""
     inputs = rows[..., :-1].astype(np.int32)
     targets = rows[..., 1:].astype(np.int32)
     mask = targets != pad_id
@@ -40,8 +41,7 @@ def token_batch(
         mask &= np.cumsum(inputs == genai_id, axis=-1) > 0
     batch = {"inputs": inputs, "targets": targets, "loss_mask": mask.astype(np.float32)}
     if eos_id is not None:
-        ends = inputs == eos_id
-        batch["segment_ids"] = (np.cumsum(ends, axis=-1) - ends).astype(np.int32)
+        batch["segment_ids"] = np.cumsum(inputs == eos_id, axis=-1).astype(np.int32)
     return batch
 
 
@@ -145,14 +145,6 @@ class DocumentRows(Examples):
 
     def fixed_ids(self, places: np.ndarray) -> np.ndarray:
         return places
-
-    def batch(self, rows: np.ndarray) -> dict[str, np.ndarray]:
-        """With document masking, a document's segment begins at its BOS (the <EOS> before it), as the speedrun's
-        does: the BOS and its document attend together, and nothing of the document before."""
-        batch = super().batch(rows)
-        if "segment_ids" in batch:
-            batch["segment_ids"] = np.cumsum(batch["inputs"] == self.eos_id, axis=-1).astype(np.int32)
-        return batch
 
     def rows(self, ids: np.ndarray, seed: Seed = 0, samples: np.ndarray | None = None) -> np.ndarray:
         rows = np.empty(ids.shape + (self.context + 1,), self.tokens.dtype)

@@ -139,7 +139,8 @@ def test_with_document_masking_a_documents_logits_ignore_what_precedes_it(attent
         ]
     )
     batch = token_batch(windows, pad_id=257, eos_id=eos)
-    assert batch["segment_ids"][0, 106] == 0 and batch["segment_ids"][0, 107] == 1  # <EOS> ends its document
+    # the <EOS> before a document begins its segment (its BOS), as a sampling prompt begins
+    assert batch["segment_ids"][0, 105] == 0 and (batch["segment_ids"][0, 106:256] == 1).all()
     masked = model(jnp.asarray(batch["inputs"]), segment_ids_BT=jnp.asarray(batch["segment_ids"]))
     plain = model(jnp.asarray(batch["inputs"]))
     first, second = slice(107, 256), slice(51, 200)  # `doc` in each window
@@ -148,3 +149,6 @@ def test_with_document_masking_a_documents_logits_ignore_what_precedes_it(attent
         np.asarray(masked[0, first], np.float32), np.asarray(masked[1, second], np.float32), atol=atol
     )
     assert float(jnp.abs(plain[0, first] - plain[1, second]).max()) > max(1e-2, 3 * atol)
+    # and as the model reads the document alone after an <EOS>: a sampling prompt's start
+    alone = model(jnp.asarray(np.concatenate([[eos], doc])[None]))
+    np.testing.assert_allclose(np.asarray(masked[0, 106:256], np.float32), np.asarray(alone[0], np.float32), atol=atol)
