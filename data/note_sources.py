@@ -67,12 +67,18 @@ def _note_splits(corpus: dict[str, datasets.Dataset], d: NotesConfig) -> dict[st
     composer of dataset.eval_composers."""
     if d.max_documents is not None:
         corpus = {k: v.select(range(min(len(v), d.max_documents))) for k, v in corpus.items()}
+    more = {
+        "music21": "add composers or raise dataset.max_pieces_per_composer",
+        "midi_files": "add files (a file's composer is its folder)",
+    }.get(d.source, "add pieces")
     for name in ("train", "val"):
         if len(corpus.get(name, [])) == 0:
-            raise DataError(
-                f"dataset {d.name}: the {name} split has no pieces; add pieces (e.g. raise "
-                "dataset.max_pieces_per_composer) or raise dataset.val_fraction"
+            why = (
+                "a composer holds pieces out for val and test only from 3 pieces on: "
+                if name == "val" and d.source in ("music21", "midi_files")
+                else ""
             )
+            raise DataError(f"dataset {d.name}: the {name} split has no pieces; {why}{more}")
     return _with_composer_splits(corpus, d.eval_composers)
 
 

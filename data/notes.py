@@ -77,11 +77,10 @@ def split_at_pauses(notes: Notes, threshold_s: float) -> list[Notes]:
 
 
 def record_starts(num_notes: int, notes_per_record: int) -> np.ndarray:
-    """First-note indices of the records of one segment: non-overlapping windows of `notes_per_record` notes; a
-    segment shorter than that is one (shorter) record."""
-    if num_notes <= notes_per_record:
-        return np.zeros(1, np.int64)
-    return np.arange(0, num_notes - notes_per_record + 1, notes_per_record)
+    """First-note indices of the records of one segment: non-overlapping windows of `notes_per_record` notes, the
+    last one shorter where they do not divide the segment (it holds the segment's end); a segment shorter than one
+    window is one record."""
+    return np.arange(0, max(num_notes, 1), notes_per_record)
 
 
 def augment(notes: Notes, rng: np.random.Generator, max_pitch_shift: int, speed_change_factors: list[float]) -> Notes:

@@ -57,9 +57,12 @@ class NotesTokenizer(Tokenizer):
         return np.asarray(velocity, np.int64) * self.velocity_bins // VELOCITY_RANGE
 
     def bin_velocity(self, bins) -> np.ndarray:
-        """The velocity a bin decodes to: its centre."""
-        centre = np.rint((np.asarray(bins, np.float64) + 0.5) * VELOCITY_RANGE / self.velocity_bins)
-        return np.clip(centre, 1, VELOCITY_RANGE - 1).astype(np.int64)
+        """The velocity a bin decodes to: the middle of the velocities it holds (the upper one of two), so that
+        every velocity comes back within half a bin (itself, with 128 bins)."""
+        b = np.asarray(bins, np.int64)
+        first = -(-b * VELOCITY_RANGE // self.velocity_bins)  # the smallest velocity v with v * bins // 128 == b
+        last = -(-(b + 1) * VELOCITY_RANGE // self.velocity_bins) - 1
+        return np.clip((first + last + 1) // 2, 1, VELOCITY_RANGE - 1)
 
     def quantise(self, notes: Notes, start_from: float = 0.0) -> Notes:
         """What `decode_notes(encode_notes(notes))` gives back."""

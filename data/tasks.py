@@ -34,15 +34,20 @@ def continuation(notes: Notes, tok: NotesTokenizer) -> tuple[list[int], list[int
     return tok.encode_notes(head), tok.encode_notes(tail, start_from=float(head.start[-1]))
 
 
-def top_voice_mask(notes: Notes) -> np.ndarray:
-    """True for the highest note of each onset (notes are sorted by start, then pitch)."""
-    top = np.ones(len(notes), bool)
-    top[:-1] = notes.start[1:] != notes.start[:-1]
+def top_voice_mask(notes: Notes, tok: NotesTokenizer) -> np.ndarray:
+    """True for the highest note of each onset: the notes that start in one of the tokenizer's time steps (a chord
+    played a few milliseconds apart is one onset, as its tokens say). Notes are sorted by start."""
+    steps = tok.steps(notes.start)
+    order = np.lexsort((notes.pitch, steps))  # by onset, then pitch: each onset's last is its highest
+    last = np.ones(len(order), bool)
+    last[:-1] = steps[order][1:] != steps[order][:-1]
+    top = np.zeros(len(notes), bool)
+    top[order[last]] = True
     return top
 
 
 def lower_voices(notes: Notes, tok: NotesTokenizer) -> tuple[list[int], list[int]]:
-    top = top_voice_mask(notes)
+    top = top_voice_mask(notes, tok)
     return tok.encode_notes(notes.take(top)), tok.encode_notes(notes.take(~top))
 
 
@@ -133,7 +138,7 @@ def notes_from_generation(task: str | None, notes: Notes, generated: list[int], 
         velocity = np.asarray((velocities + given.velocity.tolist()[len(velocities) :])[: len(given)])
         return Notes(given.pitch, velocity, given.start, given.end)
     if task == LOWER_VOICES:
-        given = given.take(top_voice_mask(given))
+        given = given.take(top_voice_mask(given, tok))
         added = tok.decode_notes(generated)
     elif task == CONTINUATION or task is None:
         added = tok.decode_notes(generated, start_from=float(given.start[-1]) if len(given) else 0.0)

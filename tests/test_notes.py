@@ -107,9 +107,32 @@ def test_pauses_longer_than_the_threshold_split_a_piece():
     assert len(split_at_pauses(notes, threshold_s=6.0)) == 1
 
 
-def test_records_are_non_overlapping_runs_of_notes():
-    np.testing.assert_array_equal(record_starts(300, 128), [0, 128])
+def test_records_are_non_overlapping_runs_of_notes_that_cover_the_segment():
+    # the last record holds the segment's end (shorter): its notes and its <EOS> were dropped with it
+    np.testing.assert_array_equal(record_starts(300, 128), [0, 128, 256])
+    np.testing.assert_array_equal(record_starts(256, 128), [0, 128])
     np.testing.assert_array_equal(record_starts(50, 128), [0])
+
+
+def test_every_note_of_a_split_is_in_a_record_and_every_segment_ends_in_eos(bach_chorale):
+    from data.tasks import NoteRecords
+
+    tok = NotesTokenizer()
+    piece = tok.quantise(bach_chorale)
+    records = NoteRecords([piece.as_columns()], tok, 32, 4.0, 10_000, [], [], 0, [])
+    assert sum(len(records.notes(i)) for i in range(len(records.index))) == len(piece) > 32
+    ends = [records.sequence(i, None)[-1] == tok.eos_id for i in range(len(records.index))]
+    assert ends[-1] and sum(ends) == len(records.segments)
+
+
+def test_velocities_come_back_within_half_a_bin():
+    velocities = np.arange(1, 128)
+    for bins in (128, 32, 100, 7):
+        tok = NotesTokenizer(velocity_bins=bins)
+        back = tok.bin_velocity(tok.velocity_bin(velocities))
+        assert np.abs(back - velocities).max() <= np.ceil(64 / bins), bins  # half a bin, in whole velocities
+        assert (tok.velocity_bin(back) == tok.velocity_bin(velocities)).all()  # each decodes inside its bin
+    assert (NotesTokenizer(velocity_bins=128).bin_velocity(velocities) == velocities).all()  # odd ones were off by 1
 
 
 def test_pitch_shift_and_speed_change_keep_notes_valid():
@@ -173,4 +196,35 @@ def test_tasks_pose_what_they_promise(bach_chorale):
     prompt, target = TASKS["lower_voices"](notes, tok)
     top = tok.decode_notes(prompt)
     assert len(top) == len(np.unique(notes.start)) and len(top) + len(tok.decode_notes(target)) == len(notes)
-    assert top_voice_mask(notes).sum() == len(top)
+    assert top_voice_mask(notes, tok).sum() == len(top)
+
+
+def test_a_chord_played_a_few_milliseconds_apart_is_one_onset_to_lower_voices():
+    """Performed MIDI: the notes of a chord start within a time step, not at one time; each chord's top note is its
+    highest, whichever was struck first (every note had been its own onset: the target was empty)."""
+    tok = NotesTokenizer()
+    pitch = [60, 67, 64, 62, 71, 65]
+    start = [0.0, 0.002, 0.004, 0.5, 0.501, 0.503]  # two chords, the highest not struck last in the first
+    notes = Notes.from_lists(pitch, [80] * 6, start, [s + 0.4 for s in start])
+    top = top_voice_mask(notes, tok)
+    assert sorted(notes.pitch[top].tolist()) == [67, 71]
+    prompt, target = TASKS["lower_voices"](notes, tok)
+    assert len(tok.decode_notes(prompt)) == 2 and len(tok.decode_notes(target)) == 4
+
+
+def test_a_val_split_without_pieces_says_why_and_what_fixes_it(tmp_path, bach_chorale):
+    """Two pieces in a folder: a composer holds pieces out only from 3 on (the message said to raise val_fraction,
+    which changes nothing, or a key midi_files does not have)."""
+    from core.errors import DataError
+    from data.config import MidiFilesConfig
+    from data.note_sources import midi_files_corpus
+
+    for i in range(2):
+        write_midi(bach_chorale, tmp_path / "songs" / "bach" / f"piece{i}.mid")
+    d = MidiFilesConfig(name="midi_files", files=[str(tmp_path / "songs")], num_proc=1, cache_dir=str(tmp_path / "c"))
+    with pytest.raises(DataError) as e:
+        midi_files_corpus(d)
+    assert str(e.value) == (
+        "dataset midi_files: the val split has no pieces; a composer holds pieces out for val and test only from 3 "
+        "pieces on: add files (a file's composer is its folder)"
+    )
