@@ -37,7 +37,21 @@ def test_fractions_are_of_the_baselines_whole_run_averaged_over_seeds():
     assert recipe["tokens_fraction"] == pytest.approx(250 / 400) and recipe["seconds_fraction"] == pytest.approx(5 / 8)
     assert recipe["final_val_nats_per_byte"] == pytest.approx((0.5 + 0.95) / 2)
     assert summary["variants"]["slow"]["tokens_fraction"] is None  # one seed never reaches it
-    assert "| slow | 2 | not reached | not reached |" in ttt.table(summary)
+    assert "| slow | 2 | reached by 1 of 2 seeds | reached by 1 of 2 seeds |" in ttt.table(summary)
+    summary = ttt.summarize({"baseline": runs["baseline"], "never": [points([5.0, 4.0]), points([5.0, 4.5])]})
+    assert "| never | 2 | not reached | not reached |" in ttt.table(summary)
+
+
+def test_an_evaluation_before_the_first_step_has_no_time_and_the_summary_says_so():
+    """train.eval_at_start logs val at step 0, with no train row and so no seconds: a crossing after it has tokens
+    and no seconds (a KeyError ended the script)."""
+    start = {"step": 0, "tokens": 0, "seconds": None, "loss": 6.0, "nats_per_byte": 3.0}
+    assert ttt.crossing([start, *points([2.0])], 4.0) == {"tokens": 50.0, "seconds": None}
+    runs = {"baseline": [[start, *points([5.0, 4.0, 3.0])]], "fast": [[start, *points([2.0, 1.0, 0.5])]]}
+    summary = ttt.summarize(runs)
+    fast = summary["variants"]["fast"]
+    assert fast["tokens_fraction"] == pytest.approx(75 / 300) and fast["seconds_fraction"] is None  # 6 -> 2: 3 at 3/4
+    assert "| fast | 1 | 25.0% | no time logged |" in ttt.table(summary)
 
 
 def test_the_script_runs_each_variant_once_and_writes_its_record_table_and_picture(tmp_path, data_cache):

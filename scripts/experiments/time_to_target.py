@@ -113,10 +113,11 @@ def crossing(points: list[dict], target: float) -> dict | None:
             if before is None:
                 return {"tokens": point["tokens"], "seconds": point["seconds"]}
             share = (before["loss"] - target) / (before["loss"] - point["loss"])
-            return {
-                key: before[key] + share * (point[key] - before[key])
+            return {  # None where an end has no time (an evaluation before the first step: train.eval_at_start)
+                key: None
+                if point[key] is None or before[key] is None
+                else before[key] + share * (point[key] - before[key])
                 for key in ("tokens", "seconds")
-                if point[key] is not None and before[key] is not None
             }
         before = point
     return None
@@ -128,36 +129,46 @@ def summarize(runs: dict[str, list[list[dict]]]) -> dict:
     baseline = runs["baseline"]
     target = statistics.mean(points[-1]["loss"] for points in baseline)
     full_tokens = statistics.mean(points[-1]["tokens"] for points in baseline)
-    full_seconds = statistics.mean(points[-1]["seconds"] for points in baseline)
+    ends = [points[-1]["seconds"] for points in baseline]
+    full_seconds = None if None in ends else statistics.mean(ends)
     out = {"target_val_loss": target, "baseline_tokens": full_tokens, "baseline_seconds": full_seconds, "variants": {}}
     for name, seeds in runs.items():
         crossings = [crossing(points, target) for points in seeds]
         reached = [c for c in crossings if c is not None]
         out["variants"][name] = {
             "seeds": len(seeds),
+            "reached": len(reached),
             "crossings": crossings,
-            "tokens_fraction": (
-                statistics.mean(c["tokens"] for c in reached) / full_tokens if len(reached) == len(seeds) else None
-            ),
-            "seconds_fraction": (
-                statistics.mean(c["seconds"] for c in reached) / full_seconds if len(reached) == len(seeds) else None
-            ),
+            "tokens_fraction": _mean_fraction([c["tokens"] for c in reached], len(seeds), full_tokens),
+            "seconds_fraction": _mean_fraction([c["seconds"] for c in reached], len(seeds), full_seconds),
             "final_val_loss": statistics.mean(points[-1]["loss"] for points in seeds),
             "final_val_nats_per_byte": statistics.mean(points[-1]["nats_per_byte"] for points in seeds),
         }
     return out
 
 
+def _mean_fraction(values: list[float | None], seeds: int, full: float | None) -> float | None:
+    """The seeds' mean crossing as a fraction of the baseline's full run: None unless every seed reached the target
+    and every crossing (and the baseline) has a value."""
+    if len(values) < seeds or full is None or any(v is None for v in values):
+        return None
+    return statistics.mean(values) / full
+
+
 def table(summary: dict) -> str:
     lines = [
         f"target: the baseline's final val loss {summary['target_val_loss']:.4f} per token, reached by it in "
-        f"{summary['baseline_tokens']:,.0f} tokens and {summary['baseline_seconds']:.0f} s",
+        f"{summary['baseline_tokens']:,.0f} tokens and "
+        + ("an unlogged time" if summary["baseline_seconds"] is None else f"{summary['baseline_seconds']:.0f} s"),
         "| variant | seeds | tokens to target | seconds to target | final val (nats/byte) |",
         "|---|--:|--:|--:|--:|",
     ]
     for name, v in summary["variants"].items():
-        tokens = "not reached" if v["tokens_fraction"] is None else f"{v['tokens_fraction']:.1%}"
-        seconds = "not reached" if v["seconds_fraction"] is None else f"{v['seconds_fraction']:.1%}"
+        missing = "not reached" if v["reached"] == 0 else f"reached by {v['reached']} of {v['seeds']} seeds"
+        if v["reached"] == v["seeds"]:
+            missing = "no time logged"  # a crossing from an evaluation before the first step
+        tokens = missing if v["tokens_fraction"] is None else f"{v['tokens_fraction']:.1%}"
+        seconds = missing if v["seconds_fraction"] is None else f"{v['seconds_fraction']:.1%}"
         if name == "baseline":  # the target is its own mean final loss: its whole run, by definition
             tokens = seconds = "100% (the target)"
         lines.append(f"| {name} | {v['seeds']} | {tokens} | {seconds} | {v['final_val_nats_per_byte']:.4f} |")
