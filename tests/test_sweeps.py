@@ -305,12 +305,22 @@ def test_the_experiments_runner_runs_a_multirun_in_its_own_process_once_and_fail
     from training.cli.sweep import run_sweep
 
     sweep = tmp_path / "sweep"
+    overrides = [*sweep_command(data_cache, sweep)[1:-1], "optimizer.lr_config.lr=1e-3,3e-3"]
     with open(tmp_path / "sweep.log", "w") as log:
-        summary = run_sweep(sweep, [*sweep_command(data_cache, sweep)[1:-1], "optimizer.lr_config.lr=1e-3,3e-3"], log)
+        summary = run_sweep(sweep, overrides, log)
     assert (summary["completed"], summary["failed"]) == (2, 0)
     assert "sweep: 2 of 2 jobs completed" in (tmp_path / "sweep.log").read_text()
     written = (sweep / "sweep.json").stat().st_mtime_ns
-    assert run_sweep(sweep, ["optimizer=no_such_optimizer"]) == summary  # read, not run: the override is not seen
+    assert run_sweep(sweep, overrides, log=None) == summary  # read, not run
+    assert (sweep / "sweep.json").stat().st_mtime_ns == written
+    # another sweep into its folder (a schedule search rerun with other lrs) was read as this one's results
+    other = [*overrides[:-1], "optimizer.lr_config.lr=3e-2,1e-4"]
+    with pytest.raises(
+        PipelineError,
+        match=rf"^sweep: {sweep} holds another sweep's jobs \(.* optimizer.lr_config.lr="
+        r"1e-3,3e-3\); give this one another output folder",
+    ):
+        run_sweep(sweep, other)
     assert (sweep / "sweep.json").stat().st_mtime_ns == written
     with open(tmp_path / "bad.log", "w") as log, pytest.raises(PipelineError) as failure:
         run_sweep(tmp_path / "bad", [*tiny_overrides(data_cache, *SHORT), "optimizer=no_such_optimizer"], log)

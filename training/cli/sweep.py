@@ -33,6 +33,7 @@ from training.reporting.compare import markdown, write_comparison
 from training.reporting.summary import finite_number
 
 JOB_RECORD = "job.json"
+REQUEST = "sweep_request.json"  # the overrides run_sweep ran the folder's sweep with
 DIRNAME_MAX = 160  # characters of a job directory's name (file systems allow 255 bytes per name)
 COMPLETED, FAILED, RUNNING, STOPPED = "completed", "failed", "running", "stopped"
 
@@ -143,8 +144,19 @@ def run_sweep(sweep_dir: Path, overrides: list[str], log: IO[str] | None = None)
     there, sharing the data and compiled steps); what its sweep.json holds. A sweep already summarised there is read,
     not run again, so an experiment that stopped picks up where it was. `log`: where the sweep's output goes (by
     default this process's). How the experiments run their grids (scripts/experiments/optimizer_leaderboard.py,
-    schedule_search.py, mup_transfer.py)."""
-    summary = Path(sweep_dir) / "sweep.json"
+    schedule_search.py, mup_transfer.py). A folder that holds another sweep (other overrides) is refused: its
+    jobs would be read as this sweep's."""
+    summary, request = Path(sweep_dir) / "sweep.json", Path(sweep_dir) / REQUEST
+    asked = json.loads(request.read_text()) if request.exists() else None
+    if asked is not None and asked != list(overrides) or asked is None and summary.exists():
+        held = "another sweep's" if asked is not None else "a sweep whose overrides are not recorded"
+        raise PipelineError(
+            f"sweep: {sweep_dir} holds {held} jobs ({' '.join(asked) if asked else 'see its sweep.md'}); give this one "
+            "another output folder, or remove that one to run it again"
+        )
+    if asked is None:
+        Path(sweep_dir).mkdir(parents=True, exist_ok=True)
+        write_atomic(request, json.dumps(list(overrides)))
     if not summary.exists():
         command = [sys.executable, "-m", "train_jax", "-m", *overrides, f"hydra.sweep.dir={sweep_dir}"]
         print("$ python train_jax.py", " ".join(command[3:]), flush=True)
