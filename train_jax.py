@@ -26,7 +26,7 @@ import jax
 from omegaconf import DictConfig
 
 from training import config as config_lib
-from training.checkpoints.resume import RunPlan, plan_run, restore_state, shared_timestamp
+from training.checkpoints.resume import RunPlan, check_data_position, plan_run, restore_state, shared_timestamp
 from training.cli import app as cli
 from training.config import Config, layout
 from training.config.stages import model_after
@@ -81,6 +81,7 @@ def train(
     """The loop: step; at their intervals log, evaluate, checkpoint and agree to stop (training/loop/session.py). Ends
     at train.max_steps (or after checkpoint.num_steps), at the time limit or on SIGTERM/SIGINT, with an evaluation and
     a checkpoint as due; returns the last `val` loss (None when no evaluation ran)."""
+    check_data_position(plan, p.data.train.samples_before, config_lib.context_size(cfg))
     with TrainingSession(cfg, plan, p, state, started, compile_clock) as session:
         loop = session.loop_state(state)
         batches = session.batches(loop.step)

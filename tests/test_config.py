@@ -38,6 +38,8 @@ BAD_CONFIGS = [
     ),
     (["train.grad_accum_steps=0"], "train.grad_accum_steps: must be >= 1"),
     (["train.seed=-1"], "train.seed: must be >= 0; got -1"),  # numpy's data order took it, then failed mid-run
+    # every process was lost at once: a peer that has not yet beaten is stale after 0 s
+    (["system.distributed_timeout_s=0"], "system.distributed_timeout_s: must be >= 10 s"),
     (  # a stream reads its train split only: the Hub's validation split was ignored without a word
         ["dataset=hf", "dataset.hf_path=x", "dataset.streaming=true", "dataset.tokenizer=byte", "dataset.max_tokens=9"],
         "dataset.val_split: a stream reads only dataset.train_split",

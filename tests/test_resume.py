@@ -509,6 +509,20 @@ BAD_INPUTS = [  # (name, run dir -> (arguments, what the line says), in a proces
         ),
         False,
     ),
+    (  # its batches would have started where the checkpoint's run had not (half its samples again)
+        "other batch",
+        lambda d: (
+            [
+                "checkpoint.load=True",
+                f"checkpoint.load_path={d}/good",
+                "checkpoint.overwrite_config=True",
+                "train.batch_size=4",
+            ],
+            "train.batch_size: the checkpoint's 40 steps trained on 20,480 tokens, where this run's batches (1 "
+            "process(es) x train.batch_size x train.grad_accum_steps) take 10,240",
+        ),
+        False,
+    ),
     (
         "save path in the way",
         lambda d: ([f"checkpoint.save_path={d}/good/checkpoints"], "already holds another run"),

@@ -258,7 +258,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(n: int, args: list[str], timeout: float = 240) -> list[subprocess.CompletedProcess]:
+def launch(
+    n: int, args: list[str], timeout: float = 240, num_devices: str = "null"
+) -> list[subprocess.CompletedProcess]:
     """`n` real processes joined through jax.distributed on 127.0.0.1, given their layout as a launcher gives it:
     JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID, the system.* keys left null. Each is killed if it
     outlives `timeout` (the others when the test ends)."""
@@ -269,7 +271,7 @@ def launch(n: int, args: list[str], timeout: float = 240) -> list[subprocess.Com
                 sys.executable,
                 str(ROOT / "train_jax.py"),
                 *args,
-                "system.num_devices=null",
+                f"system.num_devices={num_devices}",
                 "system.distributed_timeout_s=60",
             ],
             stdout=subprocess.PIPE,
@@ -383,3 +385,17 @@ def test_a_2_process_checkpoint_continues_in_1_process(reference, data_cache, tm
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     got = {r["step"]: r["loss"] for r in read_metrics(run_dir, "train")}  # steps 1-3 in 2 processes, 4-5 in 1
     np.testing.assert_allclose([got[s] for s in range(1, STEPS + 1)], reference, atol=1e-4)
+
+
+def test_num_devices_under_a_launcher_is_one_line_in_every_process(data_cache, tmp_path):
+    """system.num_devices picks a single process's devices: with the process count from the launcher's environment
+    (num_processes null) each process built a mesh of its own devices and trained a model of its own, until its
+    first checkpoint failed to save."""
+    args = tiny_overrides(data_cache, f"logging.run_dir={tmp_path / 'run'}", "system.cpu_devices_per_process=2")
+    for result in launch(2, args, timeout=120, num_devices="1"):
+        assert result.returncode == 2, result.stderr[-2000:]
+        assert result.stderr.strip().splitlines() == [
+            "error: config: system.num_devices: selects local devices of a single process; this run has 2 "
+            "processes: leave it null"
+        ]
+    assert not (tmp_path / "run").exists()

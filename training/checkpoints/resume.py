@@ -293,6 +293,24 @@ def restore_state(state: TrainState, plan: RunPlan) -> TrainState:
     return state
 
 
+def check_data_position(plan: RunPlan, samples_before: Callable[[int], int], context: int) -> None:
+    """A resumed run reads each step's batch where the run's batches put it (data/batches.py: a pure function of
+    the step and this run's batch, processes and accumulation), so it continues the checkpoint's data order only if
+    its steps before the checkpoint's take the tokens that run's took: else it trains again on data it saw, or skips
+    some. `samples_before(step)`: this run's training sequences in its first `step` steps, of `context` tokens."""
+    if plan.resume is None or (saved := plan.resume.meta.get("tokens_seen")) is None:
+        return
+    step = plan.resume.step
+    if step == 0 or (here := samples_before(step) * context) == saved:
+        return
+    raise ConfigError(
+        f"config: train.batch_size: the checkpoint's {step} steps trained on {saved:,} tokens, where this run's "
+        f"batches ({jax.process_count()} process(es) x train.batch_size x train.grad_accum_steps) take {here:,}: a "
+        "resumed run continues the data order only at the checkpoint's sequences per step; set train.batch_size "
+        "(per process) to give them, with checkpoint.overwrite_config=True, or grow the batch with train.stages"
+    )
+
+
 def _resume(state: TrainState, source: Source, cfg: Config) -> TrainState:
     if cfg.checkpoint.overwrite_optimizer:
         restored = source.reader.restore(source.step, state, ("model", "progress"))

@@ -144,6 +144,11 @@ def check_across(cfg: Config) -> None:
 def check_devices(cfg: Config, num_local_devices: int) -> None:
     """What depends on this process's devices (known only once JAX has started, after jax.distributed)."""
     sy, m = cfg.system, cfg.model
+    if sy.num_devices is not None and jax.process_count() > 1:  # started by a launcher: num_processes was null
+        fail(
+            "system.num_devices",
+            f"selects local devices of a single process; this run has {jax.process_count()} processes: leave it null",
+        )
     if sy.num_devices is not None and not 0 < sy.num_devices <= num_local_devices:
         fail("system.num_devices", f"{sy.num_devices} must be in [1, {num_local_devices}] on this machine")
     n_dev = sy.num_devices or num_local_devices

@@ -73,6 +73,11 @@ class SystemConfig:
             fail(
                 "system.num_devices", "selects local devices of a single process; leave it null with num_processes > 1"
             )
+        if self.distributed_timeout_s < 10:  # a peer is lost after this long without its 1 s heartbeat
+            fail(
+                "system.distributed_timeout_s",
+                f"must be >= 10 s (each process shows a sign of life every second); got {self.distributed_timeout_s}",
+            )
         steps = self.profile_steps
         if steps and not (len(steps) == 2 and 1 <= steps[0] <= steps[1]):
             fail("system.profile_steps", f"must be [first, last] with 1 <= first <= last, or []; got {list(steps)}")
