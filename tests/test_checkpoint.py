@@ -115,3 +115,20 @@ def test_a_half_written_checkpoint_is_never_picked(state, tmp_path):
 def test_empty_directory_is_a_clear_error(tmp_path):
     with pytest.raises(CheckpointError, match="holds no complete checkpoint"):
         Checkpointer(tmp_path, read_only=True).resolve("latest")
+
+
+def test_a_failed_save_says_free_space_only_when_the_disk_is_full(tmp_path):
+    """A save that fails for another reason (a bug, a permission) said 'Free some space' too."""
+    for error, ending in (
+        (RuntimeError("Cannot serialize host local jax.Array"), "Rerun once the cause is removed, with"),
+        (
+            OSError("write failed: os_error_code='28'"),
+            "No space left on device (disk full?); no complete one yet. Free some space and rerun with",
+        ),
+    ):
+        ck = Checkpointer(tmp_path / str(len(ending)))
+        ck._saving = 4
+        with pytest.raises(CheckpointError) as e, ck._writing():
+            raise error
+        assert str(e.value).startswith(f"checkpoint.save_path: saving step 4 to {tmp_path / str(len(ending))} failed: ")
+        assert str(e.value).endswith(f"{ending} checkpoint.load=auto to resume"), str(e.value)

@@ -137,16 +137,16 @@ class Checkpointer:
         except Exception as e:
             text = str(e)
             code = re.search(r"os_error_code='(\d+)'", text)
+            full = code is not None and int(code.group(1)) in DISK_FULL_ERRNOS
             reason = (
-                (os.strerror(int(code.group(1))) + (" (disk full?)" if int(code.group(1)) in DISK_FULL_ERRNOS else ""))
-                if code
-                else first_line(e, 160)
+                (os.strerror(int(code.group(1))) + (" (disk full?)" if full else "")) if code else first_line(e, 160)
             )
             complete = [s for s in self._manager.all_steps() if s != self._saving]
             last = f"the last complete one, step {max(complete)}, is intact" if complete else "no complete one yet"
             self._failed = CheckpointError(
                 f"checkpoint.save_path: saving step {self._saving} to {self.directory} failed: {reason}; {last}. "
-                "Free some space and rerun with checkpoint.load=auto to resume"
+                + ("Free some space and rerun" if full else "Rerun once the cause is removed,")
+                + " with checkpoint.load=auto to resume"
             )
             raise self._failed from None
 
