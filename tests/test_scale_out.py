@@ -3,6 +3,7 @@ Megatron tensor parallelism on `model`) and in 2 real processes (jax.distributed
 without accumulation; checkpoints continue under another layout or process count; between the steps that log,
 evaluate or save, nothing moves from the devices to the host."""
 
+import dataclasses
 import os
 import socket
 import subprocess
@@ -26,6 +27,7 @@ from helpers import (
     xla_flags_without_device_count,
 )
 from training.checkpoints.checkpointer import Checkpointer
+from training.checkpoints.trained import load_trained, run_data
 from training.config import load_config
 from training.distributed.sharding import FSDP_MIN_SIZE, init_distributed, init_mesh, per_device_bytes, state_shardings
 
@@ -369,6 +371,11 @@ def test_a_2_process_checkpoint_continues_in_1_process(reference, data_cache, tm
     )
     assert launched.returncode == 0, launched.stderr[-3000:]
     assert "4 x cpu in 2 process(es)" in launched.stdout and (run_dir / "checkpoints" / "3").is_dir()
+    # the tools rebuild the run's evaluation sets from the count it saved (a launcher's is in no config key)
+    trained = load_trained(str(run_dir), "3")
+    assert trained.meta["process_count"] == 2
+    trained.cfg = dataclasses.replace(trained.cfg, system=dataclasses.replace(trained.cfg.system, num_processes=None))
+    assert run_data(trained).evals["val"].batch_size == GLOBAL_BATCH
 
     resumed = run_cli(
         tiny_overrides(

@@ -8,6 +8,8 @@ import math
 import time
 from pathlib import Path
 
+import jax
+
 from data.tokenizers import Tokenizer
 from training.config import Config
 
@@ -37,6 +39,7 @@ def checkpoint_meta(
         "tokenizer": tokenizer.to_json(),
         "wandb_id": wandb_id,
         "run_dir": str(run_dir),
+        "process_count": jax.process_count(),  # a launcher's count is in no config key
         "time_trained_s": time_trained_s,
         "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "versions": package_versions(),

@@ -61,7 +61,7 @@ def run_data(trained: Trained) -> Data:
     """The run's own data, rebuilt from its config and tokenizer in this one process: each validation split's fixed
     batches are the global ones the run evaluated (`train.batch_size` rows from each of its processes)."""
     cfg = trained.cfg
-    processes = cfg.system.num_processes or 1
+    processes = trained.meta.get("process_count") or cfg.system.num_processes or 1
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, batch_size=cfg.train.batch_size * processes))
     corpus = load_corpus(cfg.dataset, config_lib.mixture_sources(cfg.dataset))
     return make_data(cfg, corpus, trained.tokenizer, config_lib.context_size(cfg), 0, 1)
