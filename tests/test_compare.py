@@ -83,3 +83,8 @@ def test_the_command_writes_markdown_csv_and_a_figure_or_says_what_is_missing(tm
     assert (tmp_path / "sweep" / "comparison.png").exists()
     r = run_cli([str(tmp_path / "empty-dir-that-is-missing")], module="scripts.tools.compare_runs", timeout=120)
     assert r.returncode == 1 and r.stderr.strip().count("\n") == 0 and "not a directory" in r.stderr
+    # a misspelt split drew an empty figure and exited 0
+    written = (tmp_path / "sweep" / "comparison.png").stat().st_mtime_ns
+    r = run_cli([str(tmp_path / "sweep"), "--split", "vall"], module="scripts.tools.compare_runs", timeout=120)
+    assert (r.returncode, r.stderr) == (1, "error: --split vall: no run has it; their splits: json, val\n")
+    assert (tmp_path / "sweep" / "comparison.png").stat().st_mtime_ns == written

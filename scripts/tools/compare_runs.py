@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from training.reporting.compare import find_runs, write_comparison
+from training.reporting.compare import find_runs, run_record, write_comparison
 
 
 def main(argv: list[str]) -> int:
@@ -32,6 +32,10 @@ def main(argv: list[str]) -> int:
     runs = find_runs(paths)
     if not runs:
         print(f"error: no run (a directory with metrics.jsonl) in or below {', '.join(args.paths)}", file=sys.stderr)
+        return 1
+    splits = sorted({s for run in runs for s in run_record(run)["summary"].get("splits", {})})
+    if splits and args.split not in splits:
+        print(f"error: --split {args.split}: no run has it; their splits: {', '.join(splits)}", file=sys.stderr)
         return 1
     out = Path(args.out) if args.out else paths[0]
     text = write_comparison(runs, out, args.split)
