@@ -311,3 +311,21 @@ def test_script_without_lm_eval_says_how_to_install_it_and_exits_2(trained, tmp_
         "error: lm-eval is not installed (No module named 'lm_eval'): pip install -r requirements-eval.txt"
     ]
     assert done.stdout == "" and not (trained / "harness" / "step8-hellaswag.json").exists()
+
+
+def test_the_results_file_is_named_by_what_sets_the_numbers():
+    """A bfloat16 or another seed's evaluation replaced the float32 one of the same step and tasks."""
+    import argparse
+    from types import SimpleNamespace
+
+    from scripts.tools.eval_harness import results_name
+
+    def name(**given):
+        args = {"num_fewshot": None, "limit": None, "dtype": "float32", "seed": 0, **given}
+        return results_name(SimpleNamespace(step=8), ["hellaswag", "lambada_openai"], argparse.Namespace(**args))
+
+    assert name() == "step8-hellaswag+lambada_openai.json"
+    assert name(num_fewshot=5, limit=0.5, dtype="bfloat16", seed=3) == (
+        "step8-hellaswag+lambada_openai-5shot-limit0.5-bfloat16-seed3.json"
+    )
+    assert len({name(), name(dtype="bfloat16"), name(seed=1)}) == 3

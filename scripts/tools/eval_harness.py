@@ -79,9 +79,13 @@ def main(argv: list[str]) -> int:
 
 
 def results_name(trained: Trained, tasks: list[str], args: argparse.Namespace) -> str:
+    """step<N>-<tasks>[-<k>shot][-limit<n>][-<dtype>][-seed<s>].json: what sets the numbers, so that another
+    evaluation (bfloat16, other few-shot examples) does not replace one that differs from it."""
     shots = "" if args.num_fewshot is None else f"-{args.num_fewshot}shot"
     limit = "" if args.limit is None else f"-limit{args.limit:g}"
-    return f"step{trained.step}-{'+'.join(tasks)}{shots}{limit}.json"
+    dtype = "" if args.dtype == "float32" else f"-{args.dtype}"
+    seed = "" if args.seed == 0 else f"-seed{args.seed}"
+    return f"step{trained.step}-{'+'.join(tasks)}{shots}{limit}{dtype}{seed}.json"
 
 
 def scalar_metrics(results: dict) -> dict[str, float]:
