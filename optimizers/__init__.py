@@ -6,7 +6,8 @@ imports every module it holds, so adding an optimizer is a file here and a YAML 
 
 The full update for one optimizer step is
     MultiSteps(k = train.grad_accum_steps)(            # only when k > 1: sums the k micro-batch gradients
-        chain(record_grad_norm, clip_by_global_norm, <optimizer with a unit lr>, scale_by_lr(schedule)))
+        only_at_last_micro_batch(                      # ... and runs the optimizer once a step, not k times
+            chain(record_grad_norm, clip_by_global_norm, <optimizer with a unit lr>, scale_by_lr(schedule))))
 where <optimizer> is `optimizer.name`'s, or one per parameter group (optimizers/groups.py, optax.partition);
 `optimizer.cautious` masks each optimizer's direction (optimizers/wrappers.py; the decoupled decay of
 weight_decay_mode=decoupled stays outside the mask), `optimizer.mechanic` wraps the direction and the
@@ -166,7 +167,32 @@ def build_optimizer(
     # (training/step/train_step.py), so the sum is the step's gradient whatever the micro-batches' token counts.
     if grad_accum_steps == 1:
         return inner
-    return optax.MultiSteps(inner, every_k_schedule=grad_accum_steps, use_grad_mean=False).gradient_transformation()
+    return optax.MultiSteps(
+        only_at_last_micro_batch(inner), every_k_schedule=grad_accum_steps, use_grad_mean=False
+    ).gradient_transformation()
+
+
+def only_at_last_micro_batch(inner: optax.GradientTransformation) -> optax.GradientTransformationExtraArgs:
+    """`inner`, run only where its result is kept: optax.MultiSteps runs its inner optimizer at every micro-batch and
+    keeps the last one's update and state, so a step did the optimizer's work k times (SOAP's rotations, Muon's
+    orthogonalisation, Sophia's Hessian-vector products, every optimizer's reads and writes of its state). The caller
+    says which micro-batch is the step's last (`last_micro_batch`, training/step/train_step.py); at the others the
+    update is zeros and the state as it was, which MultiSteps discards. Without the argument, it runs at every one."""
+
+    def update(updates, state, params=None, *, last_micro_batch=None, **extra):
+        def run(updates, state, params):
+            return inner.update(updates, state, params, **extra)
+
+        if last_micro_batch is None:
+            return run(updates, state, params)
+
+        def skip(updates, state, params):
+            shapes, _ = jax.eval_shape(run, updates, state, params)
+            return jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes), state
+
+        return jax.lax.cond(last_micro_batch, run, skip, updates, state, params)
+
+    return optax.GradientTransformationExtraArgs(inner.init, update)
 
 
 # Registration by file: every module of the package (adamw.py, sgdm.py, ..., and any added one) registers its builder

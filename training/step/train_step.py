@@ -136,10 +136,11 @@ def micro_step(
     scale: jax.Array,
     lr: jax.Array,
     carry: Carry,
-    xs: tuple[Batch, jax.Array],
+    xs: tuple[Batch, jax.Array, jax.Array],
 ) -> tuple[Carry, LossSums]:
-    """One micro-batch: its gradient (on the step's compute-dtype copy of the parameters), then the optimizer."""
-    micro_batch, i = xs
+    """One micro-batch (`xs`: its rows, its index, whether it is the step's last): its gradient (on the step's
+    compute-dtype copy of the parameters), then the optimizer, which runs at the last only."""
+    micro_batch, i, last = xs
     model = carry.model
 
     def scaled_share(model_and_scales):
@@ -166,7 +167,12 @@ def micro_step(
 
     with jax.named_scope("optimizer"):  # for scripts/tools/profile_summary.py
         updates, opt_state = spec.optimizer.update(
-            grads, carry.opt_state, eqx.filter(model, eqx.is_array), obj_fn=micro_objective, lr=lr
+            grads,
+            carry.opt_state,
+            eqx.filter(model, eqx.is_array),
+            obj_fn=micro_objective,
+            lr=lr,
+            last_micro_batch=last,
         )
         model = eqx.apply_updates(model, updates)
     return Carry(model, opt_state, finite, grad_sum, fp8_amax), sums
@@ -191,8 +197,9 @@ def accumulate(
     )
     num_micro = batch["inputs"].shape[0]
     if num_micro == 1:  # no loop: a length-1 scan makes the whole state a loop carry (measured ~2% slower)
-        return body(carry, (jax.tree.map(lambda x: x[0], batch), 0))
-    return jax.lax.scan(body, carry, (batch, jnp.arange(num_micro)))
+        return body(carry, (jax.tree.map(lambda x: x[0], batch), 0, True))
+    index = jnp.arange(num_micro)
+    return jax.lax.scan(body, carry, (batch, index, index == num_micro - 1))
 
 
 def loss_on_last_params(
