@@ -361,3 +361,20 @@ def test_test_gpu_sh_without_a_gpu_says_so_in_one_line_and_runs_no_test(tmp_path
     assert sorted(str(f.relative_to(tmp_path)) for f in tmp_path.rglob("*") if f.is_file()) == sorted(
         [*ENV_FILES, "check_env.py", "scripts/test_gpu.sh"]
     )
+
+
+@pytest.mark.parametrize(
+    "module, args, line",
+    [  # each gave a traceback (an empty prompt list, a division by zero, Hydra's own) or ran with the value ignored
+        ("scripts.tools.sample", ["/no/run", "--num-samples", "0"], "argument --num-samples: must be >= 1; got 0"),
+        ("scripts.tools.hessian", ["/no/run", "--iters", "0"], "argument --iters: must be >= 1; got 0"),
+        ("scripts.benchmarks.bench_decode", ["--new-tokens", "0"], "argument --new-tokens: must be >= 1; got 0"),
+        ("scripts.benchmarks.bench_decode", ["model=gpt2-nope"], "error: config: model=gpt2-nope does not exist"),
+        ("scripts.tools.state_memory", ["--devices", "0"], "argument --devices: must be >= 1; got 0"),
+        ("scripts.tools.state_memory", ["--bogus"], "error: unrecognized arguments: --bogus"),
+    ],
+)
+def test_a_tools_bad_argument_is_a_usage_error_naming_it(module, args, line, monkeypatch, capsys):
+    result = script_in_process(module, args, monkeypatch, capsys)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert line in result.stderr.strip().splitlines()[-1]

@@ -13,20 +13,27 @@ import time
 
 import jax
 
+from core.arguments import at_least
+from core.errors import PipelineError, say
 from models import MODEL_BUILDERS
 from models.decode import generate
 from models.sampling import generate_no_cache
 from training import config as config_lib
 
 
-def main(argv: list[str]) -> None:
+def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--new-tokens", type=int, default=256)
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--prompt-len", type=int, default=1)
-    parser.add_argument("--vocab", type=int, default=4096)
+    parser.add_argument("--new-tokens", type=at_least(1), default=256)
+    parser.add_argument("--batch", type=at_least(1), default=1)
+    parser.add_argument("--prompt-len", type=at_least(1), default=1)
+    parser.add_argument("--vocab", type=at_least(1), default=4096)
     args, overrides = parser.parse_known_args(argv)
-    cfg = config_lib.load_config(overrides)
+    if flags := [o for o in overrides if o.startswith("-")]:
+        parser.error(f"unrecognized arguments: {' '.join(flags)}")
+    try:
+        cfg = config_lib.load_config(overrides)
+    except PipelineError as e:
+        return say(e)
     model = MODEL_BUILDERS[cfg.model.arch](cfg, args.vocab, jax.random.PRNGKey(0))
     prompts = [[(7 * r + i) % args.vocab for i in range(args.prompt_len)] for r in range(args.batch)]
     result = {
@@ -52,7 +59,8 @@ def main(argv: list[str]) -> None:
         }
     result["speedup"] = round(result["kv_cache"]["tokens_per_s"] / result["no_cache"]["tokens_per_s"], 1)
     print(json.dumps(result))
+    return 0
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(main(sys.argv[1:]))

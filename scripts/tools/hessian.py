@@ -25,6 +25,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from core.arguments import at_least
 from core.errors import CheckpointError, PipelineError, say
 from training.config import layout
 
@@ -39,7 +40,7 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument(
         "--iters",
-        type=int,
+        type=at_least(1),
         default=None,
         help="Lanczos steps, one Hessian-vector product each (default: the run's logging.hessian_iters)",
     )
@@ -68,7 +69,7 @@ def measure(args: argparse.Namespace) -> tuple[int, float]:
     trained = load_trained(args.run, args.step or "latest", ("run", "--step"))
     data = run_data(trained)
     batch = jax.tree.map(jnp.asarray, curvature.fixed_batch(data))
-    iters = args.iters or trained.cfg.logging.hessian_iters
+    iters = args.iters if args.iters is not None else trained.cfg.logging.hessian_iters
     seed = curvature.SEED if args.seed is None else args.seed
     extremes = curvature.sharpness_fn(iters)(trained.model, batch, jax.random.PRNGKey(seed))
     value, bottom, products = (x.item() for x in jax.device_get(extremes))

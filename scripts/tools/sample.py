@@ -19,6 +19,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from core.arguments import at_least
 from core.errors import DataError, PipelineError, say
 from models.decode import generate
 from training.checkpoints.trained import Trained, add_checkpoint_arguments, load_trained
@@ -29,8 +30,8 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_checkpoint_arguments(parser)
     parser.add_argument("--prompt", action="append", help="prompt text (repeatable); default: the start of a document")
-    parser.add_argument("--num-samples", type=int, default=1, help="samples per prompt")
-    parser.add_argument("--max-new-tokens", type=int, default=200)
+    parser.add_argument("--num-samples", type=at_least(1), default=1, help="samples per prompt")
+    parser.add_argument("--max-new-tokens", type=at_least(0), default=200)
     parser.add_argument("--temperature", type=float, default=0.8)
     parser.add_argument("--top-k", type=int, default=None)
     parser.add_argument("--top-p", type=float, default=None)
@@ -38,7 +39,7 @@ def main(argv: list[str]) -> int:
     notes = parser.add_argument_group("note models")
     notes.add_argument("--prompt-midi", help="a .mid file whose first notes are the prompt")
     notes.add_argument("--prompt-split", default=None, help="a validation split of the model's dataset (default: full)")
-    notes.add_argument("--prompt-notes", type=int, default=32, help="notes of the prompt")
+    notes.add_argument("--prompt-notes", type=at_least(1), default=32, help="notes of the prompt")
     notes.add_argument("--task", default=None, help="pose this piano task (default: the run's first task, if any)")
     notes.add_argument("--out", default=None, help="folder for the .mid files (default: <run>/samples)")
     args = parser.parse_args(argv)

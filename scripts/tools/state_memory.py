@@ -16,10 +16,15 @@ import json
 import os
 import sys
 
+from core.arguments import at_least
+from core.errors import PipelineError, say
+
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-parser.add_argument("--devices", type=int, default=8)
-parser.add_argument("--vocab", type=int, default=50257)
+parser.add_argument("--devices", type=at_least(1), default=8)
+parser.add_argument("--vocab", type=at_least(1), default=50257)
 args, overrides = parser.parse_known_args()
+if flags := [o for o in overrides if o.startswith("-")]:
+    parser.error(f"unrecognized arguments: {' '.join(flags)}")
 os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={args.devices}"
 
 import equinox as eqx  # noqa: E402
@@ -33,7 +38,10 @@ from training.step.state import TrainState  # noqa: E402
 
 
 def main() -> int:
-    cfg = config_lib.load_config(overrides)
+    try:
+        cfg = config_lib.load_config(overrides)
+    except PipelineError as e:
+        return say(e)
     model = eqx.filter_eval_shape(init_model, cfg, args.vocab, jax.random.PRNGKey(0))
     optimizer = init_optimizer(cfg, init_scheduler(cfg), model)
     state = eqx.filter_eval_shape(TrainState.create, model, optimizer, jax.random.PRNGKey(0))
