@@ -109,6 +109,30 @@ def test_the_rows_split_the_traced_steps_time(profiled_run, summary):
     assert 0.95 * op_ms <= categorised <= 1.005 * op_ms + 0.01  # the categories cover the ops' time, and only that
 
 
+def test_other_programs_in_the_window_are_named(profiled_run, monkeypatch):
+    """An evaluation between traced train steps (system.profile_steps across train.eval_interval): its ops fall in
+    the window and are counted in the rows, which a note now says (they were counted as the train step's without a
+    word). Here the trace's own ops, with one program's op of 40% of the window added between two steps."""
+    read = profile_summary.read_ops
+
+    def with_an_evaluation(xplane):
+        ops, calls = read(xplane)
+        step = [op for op in ops if op.module == profile_summary.MODULE]
+        start, end = min(op.start for op in step), max(op.end for op in step)
+        middle = (start + end) / 2
+        half = 0.2 * (end - start)
+        eval_op = step[0]._replace(start=middle - half, end=middle + half, module="jit_eval_step", program=None)
+        return [*ops, eval_op], calls
+
+    monkeypatch.setattr(profile_summary, "read_ops", with_an_evaluation)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert profile_summary.main([str(profiled_run), "--json"]) == 0
+    notes = json.loads(out.getvalue())["notes"]
+    (note,) = [n for n in notes if n.startswith("the traced steps' window also holds other programs' ops")]
+    assert "jit_eval_step" in note and "system.profile_steps" in note
+
+
 def test_the_named_scopes_get_their_own_rows(summary):
     by_category = rows(summary)
     for category in ("attention", "lm_head_loss", "optimizer", "matmul", "elementwise", "casts_copies"):

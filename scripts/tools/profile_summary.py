@@ -265,6 +265,16 @@ def summarize(xplane: Path, top: int = 0, optimized: dict | None = None) -> dict
     )
     if looked_up < len(ops):
         notes.append(f"{len(ops) - looked_up} of {len(ops)} ops are not in the trace's HLO: classified by their names")
+    others: dict[str, float] = {}
+    for op in ops:
+        if op.module != MODULE:
+            others[op.module] = others.get(op.module, 0.0) + (op.end - op.start) / 1e6 / len(devices)
+    if big := {m: ms for m, ms in others.items() if ms >= 0.01 * window_ms}:
+        notes.append(
+            "the traced steps' window also holds other programs' ops, counted in the rows: "
+            + ", ".join(f"{m} {ms:.1f} ms" for m, ms in sorted(big.items(), key=lambda x: -x[1]))
+            + " (trace steps away from evaluations and saves: system.profile_steps)"
+        )
     top_ops = [
         dict(e, runs=round(e["runs"]), **_times(e["ms"], steps, window_ms))
         for e in sorted(per_op.values(), key=lambda e: -e["ms"])
