@@ -190,3 +190,10 @@ def test_plot_runs_overlays_several_runs(tiny_run, tmp_path, monkeypatch, capsys
     assert (tmp_path / "cmp.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     bad = script_in_process("scripts.tools.plot_runs", [str(tmp_path)], monkeypatch, capsys)
     assert bad.returncode == 1 and bad.stderr.startswith("error: no metrics.jsonl in")
+    (tmp_path / "new").mkdir()
+    (tmp_path / "new" / "metrics.jsonl").write_text("")  # a run that has not logged a step: a blank figure, exit 0
+    bad = script_in_process("scripts.tools.plot_runs", [str(tmp_path / "new")], monkeypatch, capsys)
+    assert (bad.returncode, bad.stderr) == (
+        1,
+        f"error: no training step logged yet in {tmp_path / 'new'}: nothing to plot\n",
+    )

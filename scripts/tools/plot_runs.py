@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from training.config import layout
-from training.reporting.summary import plot_runs
+from training.reporting.summary import plot_runs, read_metrics
 
 
 def main(argv: list[str]) -> int:
@@ -22,6 +22,10 @@ def main(argv: list[str]) -> int:
     missing = [r for r in args.runs if not layout.is_run_dir(r)]
     if missing:
         print(f"error: no metrics.jsonl in {', '.join(missing)}; pass run directories (runs/<name>)", file=sys.stderr)
+        return 1
+    empty = [r for r in args.runs if not any(row["split"] == "train" for row in read_metrics(Path(r)))]
+    if empty:
+        print(f"error: no training step logged yet in {', '.join(empty)}: nothing to plot", file=sys.stderr)
         return 1
     labels = args.labels.split(",") if args.labels else None
     if labels is not None and len(labels) != len(args.runs):
