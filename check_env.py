@@ -29,6 +29,8 @@ REQUIRED = {  # distribution name -> module it provides
     "tiktoken": "tiktoken",
     "wandb": "wandb",
     "tensorboardX": "tensorboardX",
+    "tensorboard": "tensorboard",
+    "numpy": "numpy",
     "tqdm": "tqdm",
     "python-dotenv": "dotenv",
     "music21": "music21",
@@ -53,6 +55,9 @@ TEST_EXTRAS = {
 
 
 def main(argv: list[str]) -> int:
+    if unknown := [a for a in argv if a != "--test"]:
+        print(f"error: check_env.py takes --test or nothing; got {' '.join(unknown)}", file=sys.stderr)
+        return 2
     test = "--test" in argv
     missing = []
     print(f"python        {platform.python_version()} ({sys.executable})")

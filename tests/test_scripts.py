@@ -260,6 +260,8 @@ def test_check_env_names_what_is_missing_in_one_line_and_exits_1(monkeypatch, ca
         "error: missing packages: jax (ImportError: No module named 'jax_is_gone'); no-such-extra "
         "(ModuleNotFoundError: No module named 'no_such_extra'). Run `source activate_env.sh test`"
     ]
+    assert check_env.main(["--tests"]) == 2  # a misspelt flag ran the plain check
+    assert capsys.readouterr().err == "error: check_env.py takes --test or nothing; got --tests\n"
 
 
 def test_check_env_warns_in_one_line_when_a_gpu_is_here_but_jax_runs_on_the_cpu(tmp_path, monkeypatch, capsys):
