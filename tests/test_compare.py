@@ -9,12 +9,17 @@ from helpers import run_cli
 from training.reporting.compare import find_runs, plot_sweep, run_record, table
 
 
-def fake_run(root, name, optimizer, lr, val_losses, finished=True):
+def fake_run(root, name, optimizer, lr, val_losses, finished=True, weight_decay=None):
     """A run directory as train_jax.py leaves it: config.yaml, metrics.jsonl, and summary.json when it finished."""
     run = root / name
     run.mkdir(parents=True)
     config = {
-        "optimizer": {"name": optimizer, "lr_config": {"lr": lr}, "beta1": 0.9},
+        "optimizer": {
+            "name": optimizer,
+            "lr_config": {"lr": lr},
+            "beta1": 0.9,
+            **({} if weight_decay is None else {"weight_decay": weight_decay}),
+        },
         "logging": {"run_dir": str(run)},
         "train": {"max_steps": 2 * len(val_losses)},
     }
@@ -69,6 +74,16 @@ def test_the_figure_has_a_line_per_optimizer_over_learning_rates(tmp_path):
     ]
     points = plot_sweep([run_record(r) for r in runs], tmp_path / "f.png")
     assert points == {"adamw": [(1e-3, 4.3), (3e-3, 4.1)], "lion": [(1e-3, 4.0)]}
+    # a key that varies beside the lr draws its own lines (they joined points of other weight decays as one curve)
+    decays = [
+        fake_run(tmp_path / "wd", f"{wd}-{lr}", "adamw", lr, [5.0, loss], weight_decay=wd)
+        for wd, lr, loss in [(0.0, 1e-3, 4.3), (0.0, 3e-3, 4.1), (0.1, 1e-3, 4.2)]
+    ]
+    points = plot_sweep([run_record(r) for r in decays], tmp_path / "g.png")
+    assert points == {
+        "adamw, optimizer.weight_decay=0.0": [(1e-3, 4.3), (3e-3, 4.1)],
+        "adamw, optimizer.weight_decay=0.1": [(1e-3, 4.2)],
+    }
     assert (tmp_path / "f.png").stat().st_size > 10_000
 
 

@@ -1,5 +1,6 @@
 """Compare runs or whole sweeps: a table of what differs between them and how each ended, as Markdown and CSV, and a
-figure of final validation loss against learning rate (a line per optimizer) beside the overlaid loss curves.
+figure of final validation loss against learning rate (a line per optimizer and value of any other key that varies)
+beside the overlaid loss curves.
 
     python -m scripts.tools.compare_runs runs/sweeps/train_jax-20261123-100000   # every run below a sweep directory
     python -m scripts.tools.compare_runs runs/a runs/b --out comparison/          # or named runs

@@ -58,11 +58,16 @@ def run_record(run_dir: Path) -> dict[str, Any]:
     return {"run": str(run_dir), "config": config, "summary": summary}
 
 
+def varying_keys(records: list[dict[str, Any]]) -> list[str]:
+    """The config keys whose values differ between the runs (not where each run lives)."""
+    keys = sorted({k for r in records for k in r["config"]} - set(RUN_IDENTITY_KEYS))
+    return [k for k in keys if len({json.dumps(r["config"].get(k), sort_keys=True) for r in records}) > 1]
+
+
 def table(records: list[dict[str, Any]], main: str = "val") -> tuple[list[str], list[dict[str, Any]]]:
     """Columns and rows: the varying config keys, then per validation split (`main` first) its final and best loss,
     then tokens seen, median tokens/s, wall time and how the run ended."""
-    keys = sorted({k for r in records for k in r["config"]} - set(RUN_IDENTITY_KEYS))
-    varying = [k for k in keys if len({json.dumps(r["config"].get(k), sort_keys=True) for r in records}) > 1]
+    varying = varying_keys(records)
     splits = list(dict.fromkeys(s for r in records for s in r["summary"].get("splits", {})))
     splits.sort(key=lambda s: s != main)  # stable: the others keep their order
     columns = ["run", *varying]
@@ -112,7 +117,8 @@ def write_csv(columns: list[str], rows: list[dict[str, Any]], out: Path) -> None
 
 
 def plot_sweep(records: list[dict[str, Any]], out: Path, split: str = "val") -> dict[str, list]:
-    """Left: the final `split` loss against the learning rate, one line per optimizer (log-scaled lr). Right: every
+    """Left: the final `split` loss against the learning rate, one line per optimizer and value of any other key
+    that varies (log-scaled lr). Right: every
     run's training loss and `split` loss against step, overlaid. Returns the left panel's points per optimizer."""
     import matplotlib
 
@@ -121,11 +127,12 @@ def plot_sweep(records: list[dict[str, Any]], out: Path, split: str = "val") -> 
 
     fig, (lr_ax, curve_ax) = plt.subplots(1, 2, figsize=(14, 5))
     by_optimizer: dict[str, list] = {}
+    others = [k for k in varying_keys(records) if k != LR_KEY]
     for r in records:
         final = r["summary"].get("splits", {}).get(split, {}).get("final_loss")
         lr = r["config"].get(LR_KEY)
         if final is not None and lr is not None:
-            by_optimizer.setdefault(str(r["config"].get(OPTIMIZER_KEY)), []).append((float(lr), float(final)))
+            by_optimizer.setdefault(line_label(r, others), []).append((float(lr), float(final)))
     for name, points in sorted(by_optimizer.items()):
         points.sort()
         lr_ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
@@ -153,6 +160,15 @@ def plot_sweep(records: list[dict[str, Any]], out: Path, split: str = "val") -> 
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return by_optimizer
+
+
+def line_label(record: dict[str, Any], varying: list[str]) -> str:
+    """The sweep figure's line of a run: its optimizer and every other varying key but the lr (runs that differ in
+    weight decay are not one curve)."""
+    config = record["config"]
+    parts = [str(config.get(OPTIMIZER_KEY))]
+    parts += [f"{k}={config.get(k)}" for k in varying if k != OPTIMIZER_KEY]
+    return ", ".join(parts)
 
 
 def write_comparison(runs: list[Path], out: Path, split: str = "val") -> str:
