@@ -148,7 +148,7 @@ def run_sweep(sweep_dir: Path, overrides: list[str], log: IO[str] | None = None)
     jobs would be read as this sweep's."""
     summary, request = Path(sweep_dir) / "sweep.json", Path(sweep_dir) / REQUEST
     asked = json.loads(request.read_text()) if request.exists() else None
-    if asked is not None and asked != list(overrides) or asked is None and summary.exists():
+    if (asked is not None and asked != list(overrides)) or (asked is None and summary.exists()):
         held = "another sweep's" if asked is not None else "a sweep whose overrides are not recorded"
         raise PipelineError(
             f"sweep: {sweep_dir} holds {held} jobs ({' '.join(asked) if asked else 'see its sweep.md'}); give this one "

@@ -127,9 +127,8 @@ def init_scheduler(cfg: Config) -> optax.Schedule:
 
 
 def init_optimizer(cfg: Config, schedule: optax.Schedule, model: GPT) -> optax.GradientTransformation:
-    steps = config_lib.schedule_steps(
-        cfg
-    )  # the method's own warmups below 1 are fractions of it (optimizers/groups.py)
+    # the run's optimizer steps: a method's own warmups below 1 are fractions of them (optimizers/groups.py)
+    steps = config_lib.schedule_steps(cfg)
     return build_optimizer(cfg.optimizer, schedule, model, cfg.train.grad_accum_steps, run_steps=steps)
 
 

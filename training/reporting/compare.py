@@ -118,22 +118,22 @@ def write_csv(columns: list[str], rows: list[dict[str, Any]], out: Path) -> None
 
 def plot_sweep(records: list[dict[str, Any]], out: Path, split: str = "val") -> dict[str, list]:
     """Left: the final `split` loss against the learning rate, one line per optimizer and value of any other key
-    that varies (log-scaled lr). Right: every
-    run's training loss and `split` loss against step, overlaid. Returns the left panel's points per optimizer."""
+    that varies (log-scaled lr). Right: every run's training loss and `split` loss against step, overlaid. Returns
+    the left panel's points per line (line_label)."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only; no display needed
     import matplotlib.pyplot as plt
 
     fig, (lr_ax, curve_ax) = plt.subplots(1, 2, figsize=(14, 5))
-    by_optimizer: dict[str, list] = {}
+    by_line: dict[str, list] = {}
     others = [k for k in varying_keys(records) if k != LR_KEY]
     for r in records:
         final = r["summary"].get("splits", {}).get(split, {}).get("final_loss")
         lr = r["config"].get(LR_KEY)
         if final is not None and lr is not None:
-            by_optimizer.setdefault(line_label(r, others), []).append((float(lr), float(final)))
-    for name, points in sorted(by_optimizer.items()):
+            by_line.setdefault(line_label(r, others), []).append((float(lr), float(final)))
+    for name, points in sorted(by_line.items()):
         points.sort()
         lr_ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
     lr_ax.set(
@@ -159,7 +159,7 @@ def plot_sweep(records: list[dict[str, Any]], out: Path, split: str = "val") -> 
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)
-    return by_optimizer
+    return by_line
 
 
 def line_label(record: dict[str, Any], varying: list[str]) -> str:
