@@ -79,6 +79,18 @@ def test_filter_normalised_directions_have_each_filters_norm_and_projections_rec
     np.testing.assert_allclose(norms(d.blocks.mlp_proj.weight, 1), norms(model.blocks.mlp_proj.weight, 1), rtol=1e-5)
     np.testing.assert_allclose(norms(d.wte, 1), norms(model.wte, 1), rtol=1e-5)  # an embedding's filter is a row
     assert not np.any(np.asarray(d.blocks.fc.bias)) and not np.any(np.asarray(d.ln_f.weight))  # vectors stay put
+    # a vector is what the model labels one, whatever its rank: QKV's bias is [layer, 3, D], the gates [2k, K, G];
+    # each value-embedding table [V, D] has a filter per row, as the token embedding
+    ve = init_gpt(GPTConfig(**{**vars(cfg), "value_embeddings": 1}), jax.random.PRNGKey(3))
+    ve = eqx.tree_at(lambda m: (m.blocks.qkv.bias, m.ve_gates), ve, replace_fn=lambda x: x + 0.5)
+    dv = L.filter_normalised(ve, jax.random.PRNGKey(1))
+    assert dv.blocks.qkv.bias.ndim == 3 and not np.any(np.asarray(dv.blocks.qkv.bias))
+    assert not np.any(np.asarray(dv.ve_gates))
+    np.testing.assert_allclose(norms(dv.value_embeds, 2), norms(ve.value_embeds, 2), rtol=1e-5)
+    with_vectors = L.filter_normalised(ve, jax.random.PRNGKey(1), include_vectors=True)
+    np.testing.assert_allclose(
+        norms(with_vectors.blocks.qkv.bias, (1, 2)), norms(ve.blocks.qkv.bias, (1, 2)), rtol=1e-5
+    )  # its own norm, per layer
 
     e = L.filter_normalised(model, jax.random.PRNGKey(2))
     offset = L.combine([0.3, -2.0], [d, e])
@@ -139,12 +151,21 @@ def test_hessian_script_prints_the_eigenvalue_the_loop_and_the_function_measure(
     assert printed == pytest.approx(logged, rel=1e-4)  # the loop's measurement at step 4, repeated
     assert png.stat().st_size > 10_000
 
-    for args, why in (  # the tool's own names for the path and the step
+    (tmp_path / "a-file").write_text("mine")
+    for args, why in (  # the tool's own names for the path and the step; a picture's path before the measuring
         ([str(tmp_path / "nothing")], f"error: run: {tmp_path / 'nothing'} does not exist"),
         ([str(run_dir), "--step", "3"], "error: --step: step 3 is not in"),
+        ([str(run_dir), "--step", "4", "--plot", str(tmp_path / "s.txt")], "error: --plot: "),
+        ([str(run_dir), "--step", "4", "--plot", str(tmp_path / "a-file" / "s.png")], "a-file is a file, not a"),
     ):
         result = script_in_process("scripts.tools.hessian", args, monkeypatch, capsys)
         assert result.returncode == 2 and why in result.stderr and len(result.stderr.strip().splitlines()) == 1
+        assert not result.stdout, result.stdout  # nothing measured
+    # --iters or --seed with --plot measure the latest checkpoint, as they would without --plot
+    result = script_in_process(
+        "scripts.tools.hessian", [str(run_dir), "--iters", "4", "--plot", str(png)], monkeypatch, capsys
+    )
+    assert result.returncode == 0 and f"step 4: sharpness {printed:.6g}, " in result.stdout, result
 
 
 def test_landscape_script_draws_a_contour_with_the_trajectory_and_a_line(run_dir, tmp_path, monkeypatch, capsys):

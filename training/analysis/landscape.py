@@ -7,8 +7,9 @@ Directions are parameter pytrees shaped like the model's arrays:
                         "Visualizing the loss landscape of neural nets"), so a step of 1 moves every filter by its own
                         size whatever the layer's scale. A filter is what one output unit owns: for a linear layer
                         ([in, *out], stacked per layer in `blocks`) the weights into one output, for an embedding
-                        ([rows, D]: tokens, which are also the tied LM head's outputs, or positions) one row. Vectors
-                        (biases, LayerNorm) get 0, Li et al.'s default, or (`include_vectors`) the vector's own norm.
+                        ([rows, D]: tokens, which are also the tied LM head's outputs, positions, each value-embedding
+                        table) one row. Vectors (what the model labels a bias, a norm or a scalar gate, whatever their
+                        rank) get 0, Li et al.'s default, or (`include_vectors`) their own norm, per layer.
   difference            one parameter pytree minus another: toward a checkpoint, or the last update.
   principal             the top singular directions of the checkpoints' offsets from the centre (Li et al. §7: random
                         directions in millions of dimensions are nearly orthogonal to any trajectory).
@@ -60,20 +61,32 @@ def difference(a: Params, b: Params) -> Params:
 
 
 def filter_norm_axes(model: GPT) -> Params:
-    """For every array of `model`, the axes a filter's norm runs over (a tuple), or None for a vector (1-D per
-    layer). The blocks' arrays carry a leading layer axis, which is never reduced."""
+    """For every array of `model`, the axes a filter's norm runs over (a tuple), or None for a vector: what the model
+    labels a bias, a norm or a scalar (`GPT.parameter_labels`; QKV's bias is [layer, 3, D], the gates [2k, K, G],
+    whatever their rank). A leading stack axis is never reduced: the blocks' layer axis, the value embeddings' table
+    axis (each of the k tables is [V, D], its filters rows)."""
+    labels = labels_by_path(model)
 
     def axes(path: tuple, x: jax.Array) -> tuple[int, ...] | None:
         names = [key.name for key in path if isinstance(key, jax.tree_util.GetAttrKey)]
-        stacked = 1 if names[:1] == ["blocks"] else 0
-        if x.ndim - stacked < 2:
+        if labels[tuple(names)] in ("bias", "norm", "scalar"):
             return None
+        stacked = 1 if names[:1] == ["blocks"] or names == ["value_embeds"] else 0
         owner = functools.reduce(getattr, names[:-1], model)
         if isinstance(owner, Linear) and names[-1] == "weight":
             return (stacked,)  # [in, *out]: one filter per output unit
         return tuple(range(stacked + 1, x.ndim))  # [rows, ...]: one filter per row
 
     return jax.tree_util.tree_map_with_path(axes, params_of(model))
+
+
+def labels_by_path(model: GPT) -> dict[tuple[str, ...], str]:
+    """Each array's attribute path -> its label for the optimizer's groups (models/gpt.py `parameter_labels`)."""
+    labels = eqx.filter(model.parameter_labels(), jax.tree.map(eqx.is_array, model))
+    return {
+        tuple(key.name for key in path if isinstance(key, jax.tree_util.GetAttrKey)): label
+        for path, label in jax.tree_util.tree_leaves_with_path(labels)
+    }
 
 
 def filter_normalised(model: GPT, key: jax.Array, include_vectors: bool = False) -> Params:
