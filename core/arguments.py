@@ -1,9 +1,11 @@
-"""Argument types for the scripts' command lines: a bad value is argparse's usage error (exit 2), naming the flag."""
+"""The scripts' command lines: argument types (a bad value is argparse's usage error, exit 2, naming the flag) and
+checks of what a flag names."""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from pathlib import Path
 
 
 def at_least(low: int) -> Callable[[str], int]:
@@ -19,3 +21,26 @@ def at_least(low: int) -> Callable[[str], int]:
         return value
 
     return parse
+
+
+def check_picture(flag: str, path: str | Path) -> Path:
+    """`path` as a figure to write, checked before the work it would end: matplotlib must know its extension's format,
+    and its folder must be one that can be created (no file on the way). Else a ConfigError naming `flag` (one line,
+    exit 2)."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    from core.errors import ConfigError
+
+    path = Path(path).expanduser()
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if path.suffix.lower().lstrip(".") not in formats:
+        raise ConfigError(f"{flag}: {path}: a picture's name ends in one of .{', .'.join(sorted(formats))}")
+    existing = path.absolute().parent
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        where = "" if existing == path.absolute().parent else f": {existing}"
+        raise ConfigError(f"{flag}: {path.absolute().parent}{where} is a file, not a directory; choose a directory")
+    if path.is_dir():
+        raise ConfigError(f"{flag}: {path} is a directory; name a file in it")
+    return path

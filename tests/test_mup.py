@@ -74,3 +74,41 @@ def test_mup_settings_checked_at_the_door():
         vocab_size=64, n_layer=1, n_head=2, n_embd=64, context_size=8, parametrization="mup", mup_base_width=32
     )
     assert "parametrization=mup" in gpt2_problem(wide)
+
+
+def test_the_coordinate_check_script_refuses_bad_arguments_in_one_line_before_it_computes(
+    tmp_path, monkeypatch, capsys
+):
+    from helpers import script_in_process
+
+    (tmp_path / "a-file").write_text("mine")
+    for args, code, why in (
+        (["--heads", "0"], 2, "argument --heads: must be >= 1; got 0"),  # argparse's usage error (was a division)
+        (["--out", str(tmp_path / "coord.json")], 2, f"error: --out: {tmp_path / 'coord.json'}: a picture's name"),
+        (["--out", str(tmp_path / "a-file" / "c.png")], 2, f"error: --out: {tmp_path / 'a-file'} is a file"),
+        (["--widths", "8,16", "--heads", "2", "--optimizer", "bogus", "--out", str(tmp_path / "c.png")], 2, "bogus"),
+    ):
+        result = script_in_process("scripts.experiments.coord_check", args, monkeypatch, capsys)
+        assert result.returncode == code and why in result.stderr, (args, result.stderr)
+        assert "Traceback" not in result.stderr and result.stderr.strip().splitlines()[-1].startswith(
+            ("error:", "coord_check.py: error:", "__main__.py: error:")
+        ), result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # nothing written
+
+
+def test_the_transfer_table_marks_a_width_where_every_lr_failed(tmp_path):
+    """A width whose every run diverged (failed, or ended non-finite) is a row of "diverged" with no best lr, beside a
+    width that has one: the table and picture are still written."""
+    from scripts.experiments.mup_transfer import write_results
+
+    rows = lambda width, losses: [  # noqa: E731
+        {"width": width, "lr": lr, "val_loss": loss} for lr, loss in zip((1e-3, 1e-2), losses)
+    ]
+    results = {
+        "standard": rows(16, (3.2, 3.1)) + rows(64, (None, None)),
+        "mup": rows(16, (3.2, 3.1)) + rows(64, (3.3, 3.0)),
+    }
+    lines = write_results(tmp_path, results, [16, 64], [1e-3, 1e-2], 10)
+    assert "| standard | 64 | diverged | diverged | none |" in lines
+    assert "| standard | 16 | 3.2000 | 3.1000 | 0.01 |" in lines and "| mup | 64 | 3.3000 | 3.0000 | 0.01 |" in lines
+    assert (tmp_path / "transfer.md").read_text().splitlines() == lines and (tmp_path / "transfer.png").stat().st_size

@@ -14,6 +14,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from core.arguments import at_least, check_picture
+from core.errors import PipelineError, say
 from training.analysis.coord_check import coord_check, growth, write_json
 
 
@@ -49,10 +51,10 @@ def plot(results: list[dict], out: Path) -> None:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--widths", default="64,128,256,512", help="n_embd of each model; the first is μP's base")
-    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--steps", type=at_least(1), default=4)
     parser.add_argument("--lr", type=float, default=1e-2)
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--layers", type=at_least(1), default=2)
+    parser.add_argument("--heads", type=at_least(1), default=4)
     parser.add_argument("--optimizer", default="adamw")
     parser.add_argument("--out", default="coord_check.png")
     args = parser.parse_args(argv)
@@ -61,14 +63,17 @@ def main(argv: list[str]) -> int:
     except ValueError:
         print(f"error: --widths: comma-separated integers; got {args.widths!r}", file=sys.stderr)
         return 2
-    if len(widths) < 2 or any(w % args.heads for w in widths) or args.steps < 1:
-        print(f"error: --widths: two or more, each a multiple of --heads={args.heads}; --steps >= 1", file=sys.stderr)
+    if len(widths) < 2 or any(w % args.heads for w in widths):
+        print(f"error: --widths: two or more, each a multiple of --heads={args.heads}", file=sys.stderr)
         return 2
-    results = [
-        coord_check(widths, p, args.steps, args.lr, args.layers, args.heads, optimizer=args.optimizer)
-        for p in ("standard", "mup")
-    ]
-    out = Path(args.out)
+    try:
+        out = check_picture("--out", args.out)
+        results = [
+            coord_check(widths, p, args.steps, args.lr, args.layers, args.heads, optimizer=args.optimizer)
+            for p in ("standard", "mup")
+        ]
+    except PipelineError as e:  # a config the widths, heads or optimizer make invalid
+        return say(e)
     plot(results, out)
     write_json(results, out.with_suffix(".json"))
     for r in results:

@@ -12,10 +12,12 @@ copies in docs/ (mup_transfer.md, .png).
 from __future__ import annotations
 
 import argparse
+import math
 import shutil
 import sys
 from pathlib import Path
 
+from core.errors import PipelineError, say
 from training.cli.sweep import run_sweep
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,11 +54,12 @@ def sweep(out: Path, parametrization: str, widths: list[int], lrs: list[float], 
     table = []
     for job in jobs:
         values = dict(o.split("=", 1) for o in job["overrides"])
+        loss = job.get("val_loss") if job["status"] == "completed" else None
         table.append(
             {
                 "width": int(values["model.n_embd"]),
                 "lr": float(values["optimizer.lr_config.lr"]),
-                "val_loss": job.get("val_loss") if job["status"] == "completed" else None,
+                "val_loss": loss if loss is not None and math.isfinite(loss) else None,  # None: diverged or failed
             }
         )
     return table
@@ -71,12 +74,34 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", default="runs/mup-transfer")
     parser.add_argument("--docs", action="store_true", help="copy the table and plot into docs/")
     args = parser.parse_args(argv)
-    widths = [int(w) for w in args.widths.split(",")]
-    lrs = [float(v) for v in args.lrs.split(",")]
+    try:
+        widths = [int(w) for w in args.widths.split(",")]
+        lrs = [float(v) for v in args.lrs.split(",")]
+    except ValueError:
+        print(f"error: --widths takes integers and --lrs numbers, comma-separated; got {argv}", file=sys.stderr)
+        return 2
+    if len(widths) < 2 or min(widths) < 1 or not lrs or min(lrs) <= 0 or args.steps < 1:
+        print("error: --widths: two or more, each >= 1; --lrs: each > 0; --steps >= 1", file=sys.stderr)
+        return 2
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    results = {p: sweep(out, p, widths, lrs, args.steps, extra) for p in ("standard", "mup")}
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        results = {p: sweep(out, p, widths, lrs, args.steps, extra) for p in ("standard", "mup")}
+    except PipelineError as e:  # e.g. --out holds a sweep of other values: run_sweep refuses to mix them
+        return say(e)
+    except OSError as e:
+        return say(PipelineError(f"--out: {out}: {e.strerror}"))
+    lines = write_results(out, results, widths, lrs, args.steps)
+    print("\n".join(lines))
+    if args.docs:
+        shutil.copy(out / "transfer.png", ROOT / "docs" / "mup_transfer.png")
+        shutil.copy(out / "transfer.md", ROOT / "docs" / "mup_transfer.md")
+    return 0
 
+
+def write_results(out: Path, results: dict[str, list], widths: list[int], lrs: list[float], steps: int) -> list[str]:
+    """<out>/transfer.md (a row per parametrization and width: the val loss at each lr, "diverged" where a run failed
+    or ended non-finite, and the best lr) and transfer.png; returns the table's lines."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -96,21 +121,22 @@ def main(argv: list[str]) -> int:
             if best[0] is not None:
                 ax.plot([best[0]], [best[1]], marker="*", markersize=14, color=ax.lines[-1].get_color())
             cells = [f"{row[lr]:.4f}" if row.get(lr) is not None else "diverged" for lr in lrs]
-            lines.append(f"| {parametrization} | {width} | " + " | ".join(cells) + f" | {best[0]:g} |")
+            lines.append(
+                f"| {parametrization} | {width} | "
+                + " | ".join(cells)
+                + f" | {'none' if best[0] is None else f'{best[0]:g}'} |"
+            )
         ax.set_xscale("log")
         ax.set_title(f"{parametrization} (star: each width's best)")
         ax.set_xlabel("learning rate")
         ax.grid(alpha=0.3)
         ax.legend()
-    axes[0].set_ylabel(f"val loss after {args.steps} steps")
+    axes[0].set_ylabel(f"val loss after {steps} steps")
     fig.tight_layout()
     fig.savefig(out / "transfer.png", dpi=100)
+    plt.close(fig)
     (out / "transfer.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    if args.docs:
-        shutil.copy(out / "transfer.png", ROOT / "docs" / "mup_transfer.png")
-        shutil.copy(out / "transfer.md", ROOT / "docs" / "mup_transfer.md")
-    return 0
+    return lines
 
 
 if __name__ == "__main__":

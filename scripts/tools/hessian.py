@@ -9,8 +9,8 @@ RUN is a run directory (runs/<name>) or its checkpoint directory. The eigenvalue
 Hessian-vector products (training/analysis/curvature.py) of the masked mean token loss in float32 on the run's fixed
 curvature batch: the first evaluation batch of its main validation split, the batch the loop action measures, from
 the same starting vector and with as many products (logging.hessian_iters), so `--step N` repeats the `sharpness`
-and `hessian_min` the run logged at step N.
-For schedule-free runs the checkpoint's weights are its averaged ones (what sampling reads), not the iterate.
+and `hessian_min` the run logged at step N; not for schedule-free runs, whose checkpoints' weights are their averaged
+ones (what sampling reads) while the loop measures the iterate.
 
 The plot shows `sharpness` from the run's metrics.jsonl (split `curvature`) and 2/lr from its `lr` (split `train`):
 gradient descent is stable on a quadratic only while the sharpness stays below 2/lr (the edge of stability, Cohen et
@@ -25,7 +25,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from core.arguments import at_least
+from core.arguments import at_least, check_picture
 from core.errors import CheckpointError, PipelineError, say
 from training.config import layout
 
@@ -36,7 +36,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--step",
         default=None,
-        help="latest, best or a step number (default: latest; with --plot alone, none is measured)",
+        help="latest, best or a step number (default: latest; --plot alone, without --iters or --seed: none)",
     )
     parser.add_argument(
         "--iters",
@@ -48,11 +48,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--plot", default=None, metavar="FILE.png", help="draw the run's sharpness and 2/lr")
     args = parser.parse_args(argv)
     try:
+        plot = args.plot and check_picture("--plot", args.plot)  # before the measuring
         measured = None
-        if args.step is not None or args.plot is None:
+        if args.plot is None or any(a is not None for a in (args.step, args.iters, args.seed)):
             measured = measure(args)
         if args.plot:
-            plot_sharpness(args.run, Path(args.plot), measured)
+            plot_sharpness(args.run, plot, measured)
     except PipelineError as e:  # a checkpoint error is about the run or step named on the command line: usage
         return say(e, exit_code=2 if isinstance(e, CheckpointError) else None)
     return 0

@@ -27,6 +27,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from core.arguments import check_picture
 from core.errors import CheckpointError, PipelineError, say
 
 
@@ -77,8 +78,9 @@ def landscape(args: argparse.Namespace) -> dict:
     from training.checkpoints.storage import check_writable
     from training.checkpoints.trained import load_trained, run_data
 
-    if args.out:  # before the computing: a file or unwritable place where the picture goes
-        check_writable("--out", Path(args.out).expanduser().absolute().parent)
+    if args.out:  # before the computing: a picture's name, and a place where it can be written
+        args.out = check_picture("--out", args.out)
+        check_writable("--out", args.out.absolute().parent)
     centre = load_trained(args.run, args.step, ("run", "--step"))
     checkpoints = find_checkpoint_dir(args.run, ("run", "--step"))
     steps = Checkpointer(checkpoints, read_only=True).steps()
@@ -101,7 +103,7 @@ def landscape(args: argparse.Namespace) -> dict:
     losses, at_centre = values[:-1].reshape([args.grid] * args.dims), values[-1]
 
     run_dir = centre.run_dir  # beside the run, also one whose checkpoints were saved elsewhere (locate.run_dir_of)
-    out = Path(args.out) if args.out else run_dir / f"landscape-step{centre.step}.png"
+    out = args.out or run_dir / f"landscape-step{centre.step}.png"
     title = f"{data.main_split} loss around step {centre.step} of {run_dir.name} ({tokens} target tokens)"
     draw(out, grids, losses, names, placed, centre.step, title)
     print(

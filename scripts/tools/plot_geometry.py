@@ -13,6 +13,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from core.arguments import check_picture
+from core.errors import PipelineError, say
 from training.config import layout
 from training.reporting.summary import latest_per_step, read_metrics
 
@@ -75,7 +77,9 @@ def main(argv: list[str]) -> int:
         print(f"error: no metrics.jsonl in {run_dir}; pass a run directory (runs/<name>)", file=sys.stderr)
         return 2
     try:
-        groups = plot_geometry(run_dir, Path(args.out))
+        groups = plot_geometry(run_dir, check_picture("--out", args.out))
+    except PipelineError as e:
+        return say(e)
     except SystemExit as e:
         print(e, file=sys.stderr)
         return 2

@@ -9,6 +9,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from core.arguments import check_picture
+from core.errors import PipelineError, say
 from training.config import layout
 from training.reporting.summary import plot_runs, read_metrics
 
@@ -19,6 +21,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", default="comparison.png")
     parser.add_argument("--labels", default=None, help="comma-separated names, one per run (default: folder names)")
     args = parser.parse_args(argv)
+    try:
+        out = check_picture("--out", args.out)
+    except PipelineError as e:
+        return say(e)
     missing = [r for r in args.runs if not layout.is_run_dir(r)]
     if missing:
         print(f"error: no metrics.jsonl in {', '.join(missing)}; pass run directories (runs/<name>)", file=sys.stderr)
@@ -31,7 +37,7 @@ def main(argv: list[str]) -> int:
     if labels is not None and len(labels) != len(args.runs):
         print(f"error: --labels has {len(labels)} names for {len(args.runs)} runs", file=sys.stderr)
         return 1
-    curves = plot_runs([Path(r) for r in args.runs], Path(args.out), labels)
+    curves = plot_runs([Path(r) for r in args.runs], out, labels)
     print(f"{args.out}: {len(curves)} curves from {len(args.runs)} run(s)")
     return 0
 
