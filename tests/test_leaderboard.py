@@ -5,10 +5,12 @@ so, and a grid with no completed point has no winner."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 
+from core.errors import PipelineError
 from scripts.experiments import optimizer_leaderboard as board
 
 KEY = "optimizer.lr_config.lr"
@@ -26,7 +28,12 @@ def runs(monkeypatch):
             values = [float(v) for v in values.split(",")]
             asked.append((name, values))
             jobs = [
-                {"overrides": [*overrides[:-1], f"{key}={v}"], "status": "completed", "val_loss": loss(v)}
+                {
+                    "overrides": [*overrides[:-1], f"{key}={v}"],
+                    "status": "completed",
+                    "val_loss": loss(v),
+                    "run_dir": name,
+                }
                 for v in values
             ]
             return {"jobs": jobs}
@@ -83,3 +90,76 @@ def test_the_optimization_track_is_a_mode_that_trains_its_fixed_model(capsys):
     # the presets come from the GPT-2 board only
     assert board.main(["--track", "optimization", "--presets", "--only", "adamw"]) == 2
     assert capsys.readouterr().err.strip().startswith("error: --presets:")
+
+
+def test_a_choice_runs_the_values_other_than_the_presets_and_the_preset_can_win(runs, tmp_path):
+    """SOAP's preset keeps the vocabulary side to Adam (2048): the choice runs 10000 only (the step grid's best point
+    is the preset's run), and when the preset's value wins, the table names it, not the other value."""
+    asked = runs(lambda v: 5.0 if v == 10000 else math.log2(v / 0.002) ** 2 if v < 1 else 0.0)
+    board_ = board.board_settings(["model=gpt2-micro"], 80, 1024)
+    record = board.tune(tmp_path, "soap", (0.002, 2048), board_, points=3, knob_points=3, grow=1)
+    assert ("soap-knob", [10000.0]) in asked and not any(2048.0 in values for _, values in asked)
+    points = board.knob_points(record, {})
+    assert points == [[2048, 0.0], [10000.0, 5.0]]  # the preset's, from the step grid's best, first
+    assert board.grid_text(record["knob_grid"], "optimizer.max_precond_dim", points).startswith("max_precond_dim=2048 ")
+    assert record["tuned"] == ["optimizer.lr_config.lr=0.002", "optimizer.max_precond_dim=2048"]
+
+
+def fake_record(out, name: str, board_: dict, loss: float) -> None:
+    """A tuned optimizer's record and its seed run's files, as tune and the runs write them."""
+    run_dir = out / f"{name}-run"
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text(
+        json.dumps({"step": board_["steps"], "split": "val", "loss": loss, "nats_per_byte": loss / 2}) + "\n"
+    )
+    (run_dir / "summary.json").write_text(json.dumps({"tokens_per_s_median": 1000.0}))
+    grid = {"best": {"overrides": [f"{KEY}=0.001"], "status": "completed", "val_loss": loss}, "points": [[0.001, loss]]}
+    record = {
+        "optimizer": name,
+        "board": board_,
+        "overrides": [f"{KEY}=0.001"],
+        "tuned": [f"{KEY}=0.001"],
+        "step_grid": {**grid, "edge": None},
+        "knob_grid": None,
+        "seeds": [{"seed": 0, "run_dir": str(run_dir), "val_loss": loss}],
+    }
+    (out / f"{name}.winner.json").write_text(json.dumps(record))
+
+
+def test_a_folder_holds_one_board_and_a_command_of_another_is_refused_before_it_runs(tmp_path, monkeypatch, capsys):
+    def no_sweep(*args):
+        raise AssertionError("a sweep ran")
+
+    monkeypatch.setattr(board, "sweep", no_sweep)
+    run80 = [*board.CPU_RUN, "train.max_steps=80", "train.eval_interval=20"]
+    fake_record(tmp_path, "adamw", board.board_settings(run80, 80, 1024), 4.0)
+    fake_record(tmp_path, "lion", board.board_settings(run80, 80, 1024), 3.0)
+    table = board.summarize(tmp_path)  # the steps and tokens a step come from the records
+    assert [r["optimizer"] for r in table["rows"]] == ["lion", "adamw"]
+    assert "80 steps of 1,024 tokens (81,920 tokens a run)" in (tmp_path / "leaderboard.md").read_text()
+    assert table["rows"][0]["tokens_to_adamw_final"] == 80 * 1024
+
+    for argv, why in (  # another budget, another model into this board's folder
+        (
+            ["--out", str(tmp_path), "--only", "sgdm", "--steps", "240"],
+            "this command and adamw are of different boards",
+        ),
+        (["--out", str(tmp_path), "--only", "adamw", "--gpu"], "tokens_per_step 8,192 against 1,024; overrides model="),
+    ):
+        assert board.main(argv) in (1, 2)
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and why in err and len(err.strip().splitlines()) == 1, err
+    board.main(["--out", str(tmp_path), "--only", "sgdm", "--steps", "240"])
+    assert (
+        "(steps 240 against 80; overrides train.max_steps=240 train.eval_interval=60 against train.max_steps=80 "
+        in (capsys.readouterr().err)
+    )
+
+    fake_record(tmp_path, "sgdm", board.board_settings(run80[:-2], 240, 1024), 3.5)  # a record of another board
+    with pytest.raises(PipelineError, match="sgdm and adamw are of different boards"):
+        board.summarize(tmp_path)
+    record = json.loads((tmp_path / "sgdm.winner.json").read_text())
+    del record["board"]  # written before records held their board
+    (tmp_path / "sgdm.winner.json").write_text(json.dumps(record))
+    with pytest.raises(PipelineError, match="sgdm tuned before boards recorded their settings"):
+        board.summarize(tmp_path)

@@ -15,6 +15,9 @@ the board ranks the mean of the two, with their spread, marking a gap to the nex
 of the two (or than the board's median spread) as within noise. The presets' values (the board's commit) come from
 this table.
 
+A folder holds one board: its records say the overrides, steps and tokens a step they were tuned at, and a command
+whose board differs from theirs is refused before it runs anything (another budget goes in another --out).
+
 Written: `<out>/leaderboard.md` and `.json` (per optimizer: the mean and spread over seeds, each grid's points and
 losses, whether its best is interior, the tokens it took to reach AdamW's final loss, tokens/s) and
 `leaderboard.png` (each winner's val curve); with `--docs`, copies of the .md and .png in docs/.
@@ -33,6 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.errors import ConfigError, PipelineError, say
 from training.config import layout
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,8 +77,8 @@ LR = "optimizer.lr_config.lr"
 @dataclass(frozen=True)
 class Plan:
     """How an optimizer is tuned: the key of its step size, then its most sensitive other knob, stepped as `scale`
-    says: "log" (x2), "beta" (1 - value x2: a momentum or averaging constant), or "choice" (the preset's value and
-    `choices`)."""
+    says: "log" (x2), "beta" (1 - value x2: a momentum or averaging constant), or "choice" (`choices`: the preset's
+    value, which the step grid's best already ran, against the others)."""
 
     step: str
     knob: str | None = None
@@ -98,11 +102,11 @@ PLANS = {
     "adam_mini": Plan(LR, "optimizer.beta2", "beta"),
     "scion": Plan(LR, "optimizer.momentum", "beta"),  # its authors advise 0.5 for short runs
     # the vocabulary's side of the embedding preconditioned (10000 >= 4,096) or not (2048), as at GPT-2's 50k
-    "soap": Plan(LR, "optimizer.max_precond_dim", "choice", (2048,)),
+    "soap": Plan(LR, "optimizer.max_precond_dim", "choice", (10000, 2048)),
     "schedule_free_adamw": Plan("optimizer.sf_lr", "optimizer.beta1", "beta"),
     "schedule_free_sgd": Plan("optimizer.sf_lr", "optimizer.momentum", "beta"),
     "sophia": Plan(LR, "optimizer.gamma"),
-    "kron": Plan(LR, "optimizer.max_size_triangular", "choice", (2048,)),  # triangular or diagonal vocabulary side
+    "kron": Plan(LR, "optimizer.max_size_triangular", "choice", (8192, 2048)),  # triangular or diagonal vocabulary
     "prodigy": Plan(LR, "optimizer.d0"),  # lr multiplies Prodigy's estimate d (d_coef does the same); d0 starts d
     "dadapt_adamw": Plan(LR, "optimizer.d0"),
     "cocob": Plan("optimizer.alpha"),  # no step size: alpha caps the early bets
@@ -216,15 +220,16 @@ def seed_run(out: Path, name: str, overrides: list[str], seed: int) -> dict | No
     return None
 
 
-def tune(out: Path, name: str, centres: tuple, run: list[str], points: int, knob_points: int, grow: int) -> dict | None:
+def tune(out: Path, name: str, centres: tuple, board: dict, points: int, knob_points: int, grow: int) -> dict | None:
     """The optimizer's step-size grid, then its knob's at the best step size, then the winner's other seeds: its
-    record, written to `<out>/<name>.winner.json`."""
+    record, written to `<out>/<name>.winner.json` with the `board` it was tuned on (`board_settings`; a record there
+    already is read, not tuned again: `check_boards` has made sure it is of this board)."""
     record_path = out / f"{name}.winner.json"
     if record_path.exists():
         return json.loads(record_path.read_text())
     plan = PLANS[name]
     centre, knob_centre = centres
-    base = [f"optimizer={name}", *run, f"train.seed={SEEDS[0]}"]
+    base = [f"optimizer={name}", *board["run"], f"train.seed={SEEDS[0]}"]
     started = time.time()
     step_grid = grid(out, f"{name}-step", base, plan.step, centre, "log", points, grow)
     if step_grid["best"] is None:
@@ -235,7 +240,7 @@ def tune(out: Path, name: str, centres: tuple, run: list[str], points: int, knob
     if plan.knob is not None:
         at = [*base, best_step]
         knob_grid = (
-            choose(out, f"{name}-knob", at, plan.knob, plan.choices)
+            choose(out, f"{name}-knob", at, plan.knob, tuple(v for v in plan.choices if v != knob_centre))
             if plan.scale == "choice"
             else grid(out, f"{name}-knob", at, plan.knob, knob_centre, plan.scale, knob_points, grow)
         )
@@ -247,6 +252,8 @@ def tune(out: Path, name: str, centres: tuple, run: list[str], points: int, knob
     seeds = [winner] + [seed_run(out, name, overrides, s) for s in SEEDS[1:]]
     record = {
         "optimizer": name,
+        "board": board,
+        "knob_centre": knob_centre,
         "overrides": overrides,
         "tuned": tuned,
         "step_grid": step_grid,
@@ -276,12 +283,13 @@ def edge_of(g: dict) -> str | None:
     return "flat" if neighbour - losses[at] < FLAT else "grid"
 
 
-def grid_text(g: dict | None, key: str) -> str:
-    """`key` best (of n points, e.g. 1e-4..4e-3)[, at its edge]."""
-    if g is None or g["best"] is None:
+def grid_text(g: dict | None, key: str, points: list | None = None) -> str:
+    """`key` best (of n points, e.g. 1e-4..4e-3)[, at its edge]; `points`: the grid's, or with the preset's added."""
+    points = points or (g and g["points"])
+    if not points or not any(math.isfinite(loss) for _, loss in points):
         return ""
-    values = [v for v, _ in g["points"]]
-    best = value_of(g["best"], key)
+    values = [v for v, _ in points]
+    best = min(points, key=lambda p: p[1])[0]
     note = {None: "", "range": ", its range's end", "flat": ", flat at the edge", "grid": ", AT THE GRID'S EDGE"}[
         edge_of(g)
     ]
@@ -289,17 +297,69 @@ def grid_text(g: dict | None, key: str) -> str:
     return f"{key.removeprefix('optimizer.')}={text(best)} ({len(values)}: {span}{note})"
 
 
-def summarize(out: Path, tokens_per_step: int, steps: int) -> dict:
-    """The board from the tuned optimizers' records (`<out>/<name>.winner.json`): table, JSON and plot."""
-    records = [json.loads(p.read_text()) for p in sorted(out.glob("*.winner.json"))]
+def board_settings(run: list[str], steps: int, tokens_per_step: int) -> dict:
+    """What makes two records of one board: the overrides every run shares, the steps and the tokens a step."""
+    return {"run": run, "steps": steps, "tokens_per_step": tokens_per_step}
+
+
+def read_records(out: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(out.glob("*.winner.json"))]
+
+
+def check_boards(records: list[dict], out: Path, board: dict | None = None) -> dict:
+    """The one board every record in `out` was tuned on (and `board`, when given: this invocation's); else a
+    PipelineError naming what differs, so that no table ranks runs of other budgets or models together."""
+    boards = [(r["optimizer"], r.get("board")) for r in records]
+    if board is not None:
+        boards.append(("this command", board))
+    unknown = [name for name, b in boards if b is None]
+    if unknown:
+        raise PipelineError(
+            f"{out}: {', '.join(unknown)} tuned before boards recorded their settings: tune it again in a new --out"
+        )
+    first_name, first = boards[0]
+    for name, b in boards[1:]:
+        if b != first:
+            differs = [f"{k} {b[k]:,} against {first[k]:,}" for k in ("steps", "tokens_per_step") if b[k] != first[k]]
+            if b["run"] != first["run"]:
+                ours, theirs = ([o for o in x["run"] if o not in y["run"]] for x, y in ((b, first), (first, b)))
+                differs.append(f"overrides {' '.join(ours) or '(none)'} against {' '.join(theirs) or '(none)'}")
+            raise PipelineError(
+                f"{out}: {name} and {first_name} are of different boards ({'; '.join(differs)}); choose another "
+                "--out for another board"
+            )
+    return first
+
+
+def knob_points(r: dict, centres: dict) -> list[list]:
+    """The record's knob grid as [value, loss] points; a choice's with the preset's value first: its run is the step
+    grid's best point (the choice runs the other values only)."""
+    if r["knob_grid"] is None:  # no knob grid ran
+        return []
+    points = [list(p) for p in r["knob_grid"]["points"]]
+    if PLANS[r["optimizer"]].scale == "choice":
+        preset = r.get("knob_centre", centres.get(r["optimizer"], (None, None))[1])
+        if preset is not None and all(v != preset for v, _ in points):
+            points.insert(0, [preset, loss_of(r["step_grid"]["best"])])
+    return points
+
+
+def choice_centres(records: list[dict]) -> dict[str, tuple]:
+    """The presets' values of records that do not hold their own (tuned before they did)."""
+    names = [r["optimizer"] for r in records if PLANS[r["optimizer"]].scale == "choice" and "knob_centre" not in r]
+    return preset_centres(names) if names else {}
+
+
+def summarize(out: Path) -> dict:
+    """The board from the tuned optimizers' records (`<out>/<name>.winner.json`): table, JSON and plot, at the
+    steps and tokens a step of the board the records share."""
+    records = read_records(out)
+    board = check_boards(records, out)
+    steps, tokens_per_step = board["steps"], board["tokens_per_step"]
     rows = []
-    choices = [r["optimizer"] for r in records if PLANS[r["optimizer"]].scale == "choice"]
-    centres = preset_centres(choices) if choices else {}
+    centres = choice_centres(records)
     for r in records:
         plan = PLANS[r["optimizer"]]
-        if r["optimizer"] in centres and len(r["knob_grid"]["points"]) == len(plan.choices):
-            # a choice's grid runs the other values only: the preset's is the step grid's best point
-            r["knob_grid"]["points"].insert(0, [centres[r["optimizer"]][1], loss_of(r["step_grid"]["best"])])
         finals = [curve(Path(s["run_dir"]))[-1][2] for s in r["seeds"] if s["run_dir"]]
         points = curve(Path(r["seeds"][0]["run_dir"]))
         summary = json.loads((Path(r["seeds"][0]["run_dir"]) / layout.SUMMARY).read_text())
@@ -311,7 +371,7 @@ def summarize(out: Path, tokens_per_step: int, steps: int) -> dict:
                 "seeds": finals,
                 "tuned": r["tuned"],
                 "step": grid_text(r["step_grid"], plan.step),
-                "knob": grid_text(r["knob_grid"], plan.knob) if plan.knob else "",
+                "knob": grid_text(r["knob_grid"], plan.knob, knob_points(r, centres)) if plan.knob else "",
                 "edge": edge_of(r["step_grid"]) == "grid" or bool(r["knob_grid"] and edge_of(r["knob_grid"]) == "grid"),
                 "tokens_per_s": summary.get("tokens_per_s_median"),
                 "curve": points,
@@ -407,11 +467,14 @@ def set_value(lines: list[str], dotted: str, value: str, note: str = "") -> bool
     return True
 
 
-def write_presets(out: Path, steps: int, tokens_per_step: int) -> list[str]:
+def write_presets(out: Path) -> list[str]:
     """conf/optimizer/<name>.yaml of every tuned optimizer takes the board's step size, and its knob's value where
     that beat the preset's by more than the board's median seed spread (less is noise: the field's value stays); the
     comment above the schedule says where the values come from. Returns what changed, one line per preset."""
-    records = [json.loads(p.read_text()) for p in sorted(out.glob("*.winner.json"))]
+    records = read_records(out)
+    board = check_boards(records, out)
+    steps, tokens_per_step = board["steps"], board["tokens_per_step"]
+    centres = choice_centres(records)
     spreads = sorted(max(s["val_loss"] for s in r["seeds"]) - min(s["val_loss"] for s in r["seeds"]) for r in records)
     noise = spreads[len(spreads) // 2]
     changed = []
@@ -429,9 +492,10 @@ def write_presets(out: Path, steps: int, tokens_per_step: int) -> list[str]:
         )
         set_value(lines, plan.step.removeprefix("optimizer."), yaml_number(step), "")
         knob_note = ""
-        if plan.knob and r["knob_grid"] and r["knob_grid"]["best"] is not None:
-            gain = loss_of(r["step_grid"]["best"]) - loss_of(r["knob_grid"]["best"])
-            value = value_of(r["knob_grid"]["best"], plan.knob)
+        finite = plan.knob and r["knob_grid"] and [p for p in knob_points(r, centres) if math.isfinite(p[1])]
+        if finite:
+            value, loss = min(finite, key=lambda p: p[1])  # the preset's value among them: the step grid's best
+            gain = loss_of(r["step_grid"]["best"]) - loss
             key = plan.knob.removeprefix("optimizer.")
             if gain > noise:
                 set_value(lines, key, yaml_number(value) if plan.scale != "choice" else str(int(value)))
@@ -496,24 +560,28 @@ def main(argv: list[str]) -> int:
         *extra,
     ]
     context, batch = ((1024 if args.track == "optimization" else 256), 32) if args.gpu else (128, 8)
-    tokens_per_step = context * batch
+    board = board_settings(run, args.steps, context * batch)
     out = Path(args.summarize or args.out)
-    if not args.summarize:
-        names = [n for n in (args.only.split(",") if args.only else PLANS) if n]
+    try:
+        names = [] if args.summarize else [n for n in (args.only.split(",") if args.only else PLANS) if n]
         unknown = [n for n in names if n not in PLANS or n not in OPTIMIZERS]
         if unknown:
-            print(
-                f"error: --only: no tuning plan for {', '.join(unknown)}; plans exist for {', '.join(PLANS)}",
-                file=sys.stderr,
-            )
-            return 2
-        out.mkdir(parents=True, exist_ok=True)
-        centres = preset_centres(names)
-        with ThreadPoolExecutor(max(args.parallel, 1)) as pool:
-            list(pool.map(lambda n: tune(out, n, centres[n], run, args.points, args.knob_points, args.grow), names))
-    summarize(out, tokens_per_step, args.steps)
-    if args.presets:
-        print("\n".join(write_presets(out, args.steps, tokens_per_step)))
+            raise ConfigError(f"--only: no tuning plan for {', '.join(unknown)}; plans exist for {', '.join(PLANS)}")
+        records = read_records(out)
+        if not args.summarize:  # before a run: a board is tuned on one budget and model
+            check_boards(records, out, board)
+        if not args.summarize:
+            out.mkdir(parents=True, exist_ok=True)
+            centres = preset_centres(names)
+            with ThreadPoolExecutor(max(args.parallel, 1)) as pool:
+                list(
+                    pool.map(lambda n: tune(out, n, centres[n], board, args.points, args.knob_points, args.grow), names)
+                )
+        summarize(out)
+        if args.presets:
+            print("\n".join(write_presets(out)))
+    except PipelineError as e:
+        return say(e)
     if args.docs:
         name = "optimizer_leaderboard" + ("" if args.track == "gpt2" else f"_{args.track}_track")
         for suffix in ("md", "png"):
