@@ -7,7 +7,8 @@ have. The cache lives in the model (`GPT.hidden(tokens, cache=...)`, models/gpt.
 training runs, so there is no second copy of the model's arithmetic here.
 
 The cache holds the model's context. A generation that would run past it continues without the cache, exactly as
-`generate_no_cache` does (the window slides, so every position changes and nothing cached can be reused).
+`generate_no_cache` does (the window slides, so every position changes and nothing cached can be reused), drawing from
+a key of its own, folded from the seed's.
 """
 
 from __future__ import annotations
@@ -118,8 +119,10 @@ def generate(
     finished = [eos_id is not None and len(s) > len(p) and s[-1] == eos_id for s, p in zip(sequences, prompts)]
     rest = max_new_tokens - cached
     if rest > 0 and not all(finished):  # past the context: the window slides, nothing cached applies
+        # a stream of its own: PRNGKey(seed + 1) would be the cached part's stream of seed + 1, its draws shared
+        key = jax.random.fold_in(jax.random.PRNGKey(seed), 1)
         more = generate_no_cache(
-            model, sequences, rest, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed + 1, eos_id=eos_id
+            model, sequences, rest, temperature=temperature, top_k=top_k, top_p=top_p, seed=key, eos_id=eos_id
         )
         sequences = [s if f else s + m for s, m, f in zip(sequences, more, finished)]
     return [s[len(p) :] for s, p in zip(sequences, prompts)]

@@ -30,7 +30,13 @@ class LayerCache(eqx.Module):
         self, q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array, implementation: str, window: int | None = None
     ) -> tuple[jax.Array, LayerCache]:
         """Write the new keys and values at their rows' positions, then attend from each new token to every
-        position up to its own."""
+        position up to its own. More new tokens than the cache has positions is refused while tracing (shapes are
+        static); a row whose cache is already full is not (its length is only known at run time): `generate` never
+        feeds one, as it stops using the cache at the context."""
+        if k_BTKH.shape[1] > self.k.shape[1]:
+            raise ValueError(
+                f"KV cache: {k_BTKH.shape[1]} new tokens do not fit a cache of {self.k.shape[1]} positions"
+            )
         write = jax.vmap(
             lambda cache, new, s: jax.lax.dynamic_update_slice_in_dim(cache, new.astype(cache.dtype), s, 0)
         )

@@ -74,14 +74,15 @@ def generate_no_cache(
     temperature: float = 1.0,
     top_k: int | None = None,
     top_p: float | None = None,
-    seed: int = 0,
+    seed: int | jax.Array = 0,
     eos_id: int | None = None,
 ) -> list[list[int]]:
     """Continue each prompt by up to `max_new_tokens` ids (fewer once a row emits `eos_id`). Prompts may differ in
-    length; when a sequence outgrows the context, the model sees its last `context_size` tokens."""
+    length; when a sequence outgrows the context, the model sees its last `context_size` tokens. `seed`: an int, or
+    a PRNG key (models/decode.py's stream past the context)."""
     check_sampling(temperature, top_k, top_p)
     context = model.cfg.context_size
-    key = jax.random.PRNGKey(seed)
+    key = seed if isinstance(seed, jax.Array) else jax.random.PRNGKey(seed)
     sequences = [list(p) for p in prompts]
     done = [False] * len(prompts)
     for _ in range(max_new_tokens):

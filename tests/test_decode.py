@@ -65,6 +65,27 @@ def test_rows_stop_at_eos_and_sampling_is_seeded(model):
     assert all(0 <= t < 50 for row in a for t in row)  # padded vocab ids are never sampled
 
 
+def test_past_the_context_sampling_draws_from_a_stream_no_other_seed_uses(model):
+    """The part of `generate(seed=s)` past the context has random draws of its own: not those of the cached part of
+    `generate(seed=s + 1)` (it used PRNGKey(s + 1), the very key sequence of that part). At a temperature so high that
+    every id is as likely in every context, the tokens drawn are the draws themselves."""
+    hot = dict(temperature=1e6, top_k=None)
+    long_prompt, short_prompt = [[5, 6, 7] * 10 + [8]], [[1]]  # 31 tokens: one new token fits the 32-token context
+    for seed in (1, 2, 3):
+        past = generate(model, long_prompt, 11, seed=seed, **hot)[0][1:]  # 10 tokens past the context
+        assert past == generate(model, long_prompt, 11, seed=seed, **hot)[0][1:]  # seeded
+        cached_next_seed = generate(model, short_prompt, 10, seed=seed + 1, **hot)[0]  # 10 tokens from the cache
+        assert past != cached_next_seed
+        assert len(set(past)) > 3  # drawn, not one token repeated
+
+
+def test_more_new_tokens_than_the_cache_holds_are_refused_while_tracing(model):
+    """A clear error at trace time, not lax's words about window bounds. (A row whose cache is full already is only
+    known at run time: `generate` never feeds one, and nothing checks it.)"""
+    with pytest.raises(ValueError, match=r"^KV cache: 33 new tokens do not fit a cache of 32 positions"):
+        eqx.filter_eval_shape(lambda m, t: m.hidden(t, cache=m.init_cache(1)), model, jnp.zeros((1, 33), jnp.int32))
+
+
 def test_decoding_runs_the_models_own_blocks(model, monkeypatch):
     """A change to the model's block reaches the cached decoder too: it has no arithmetic of its own."""
     import models.block as block
