@@ -154,3 +154,134 @@ def test_the_download_says_in_one_line_that_the_hub_cannot_be_reached(tmp_path, 
         f"error: download_fineweb: the Hugging Face Hub cannot be reached (offline, or HF_HUB_OFFLINE=1); 2 shards "
         f"of kjj0/fineweb10B-gpt2 are missing from {tmp_path}: run this where there is a network and copy the folder"
     ]
+
+
+class FakeHub:
+    """A Hub on this machine (loopback): kjj0/fineweb10B-gpt2's resolve endpoint, answering HEAD and GET as the Hub
+    does (X-Repo-Commit, ETag, Content-Length), so the real huggingface_hub.hf_hub_download runs against it, etags
+    and local-folder metadata included. `files`: name -> (bytes, etag); `failing`: every request answers 500."""
+
+    def __init__(self, files: dict[str, tuple[bytes, str]]) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        hub = self
+        self.files, self.failing, self.gets = files, False, []
+
+        class Handler(BaseHTTPRequestHandler):
+            def answer(self, body: bool) -> None:
+                name = self.path.rsplit("/", 1)[-1]
+                if hub.failing or name not in hub.files or "/datasets/kjj0/fineweb10B-gpt2/resolve/" not in self.path:
+                    self.send_response(500 if hub.failing else 404)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                data, etag = hub.files[name]
+                self.send_response(200)
+                self.send_header("X-Repo-Commit", "0123456789abcdef0123456789abcdef01234567")
+                self.send_header("ETag", f'"{etag}"')
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if body:
+                    hub.gets.append(name)
+                    self.wfile.write(data)
+
+            def do_HEAD(self) -> None:
+                self.answer(body=False)
+
+            def do_GET(self) -> None:
+                self.answer(body=True)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def fake_hub(monkeypatch):
+    """huggingface_hub pointed at a FakeHub and out of offline mode (for this test only); the downloader's probe of
+    huggingface.co answers yes."""
+    import huggingface_hub.constants as constants
+
+    hub = FakeHub({})
+    monkeypatch.setattr("core.hub.hub_reachable", lambda *args, **kwargs: True)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", hub.url)
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", hub.url + "/{repo_id}/resolve/{revision}/{filename}")
+    yield hub
+    hub.close()
+
+
+def shard_bytes(path, tokens) -> bytes:
+    write_shard(path, tokens)
+    data = path.read_bytes()
+    path.unlink()
+    return data
+
+
+def test_a_download_cut_short_is_one_line_and_a_rerun_fetches_it_again(tmp_path, monkeypatch, capsys, fake_hub):
+    folder = tmp_path / "shards"
+    val, train = "fineweb_val_000000.bin", "fineweb_train_000001.bin"
+    whole = {
+        name: shard_bytes(tmp_path / name, np.arange(i * 100, i * 100 + 300)) for i, name in enumerate([val, train])
+    }
+    fake_hub.files = {val: (whole[val], "v1"), train: (whole[train][:-10], "t1")}  # the training shard arrives cut
+
+    def download():
+        return script_in_process(
+            "scripts.tools.download_fineweb", ["--shards", "1", "--folder", str(folder)], monkeypatch, capsys
+        )
+
+    result = download()  # the check after the download: one line, not a traceback
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        f"error: download_fineweb: token shard {folder / train}: its header says 300 tokens, the file holds 295: "
+        "cut short by a download? fetch it again"
+    ]
+    # Fetched again, as it says: the file there is not whole, and huggingface_hub's saved etag for it matches the
+    # Hub's (the Hub's file was whole; the transfer was cut), which without force_download returns it unchanged.
+    fake_hub.files[train] = (whole[train], "t1")
+    fake_hub.gets.clear()
+    result = download()
+    assert result.returncode == 0, result.stderr
+    assert fake_hub.gets == [train]  # the whole validation shard is not fetched again
+    np.testing.assert_array_equal(read_shard(folder / train), np.arange(100, 400))
+    # Cut again, with a Hub that does not answer: huggingface_hub would hand back the local file; one line instead.
+    (folder / train).write_bytes(whole[train][:-10])
+    fake_hub.failing = True
+    result = download()
+    assert result.returncode == 1
+    [line] = result.stderr.strip().splitlines()
+    assert (
+        line.startswith(f"error: download_fineweb: {train} of kjj0/fineweb10B-gpt2: ")
+        and "'500 Internal Server Error'" in line
+    ), line
+
+
+@pytest.mark.parametrize("message", ["", "\n", "Connection reset\nby peer"])
+def test_a_download_error_is_one_line_whatever_its_message(tmp_path, monkeypatch, capsys, message):
+    """Some connection errors have no message at all; the line then names the error's type. (A stand-in for
+    hf_hub_download: no server on this machine makes httpx raise an error without a message.)"""
+    import huggingface_hub
+
+    def hf_hub_download(*args, **kwargs):
+        raise ConnectionError(message)
+
+    monkeypatch.setattr("core.hub.hub_reachable", lambda *args, **kwargs: True)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", hf_hub_download)
+    result = script_in_process(
+        "scripts.tools.download_fineweb", ["--shards", "1", "--folder", str(tmp_path)], monkeypatch, capsys
+    )
+    assert result.returncode == 1
+    first = message.strip().splitlines()[0] if message.strip() else ""
+    assert result.stderr.strip().splitlines() == [
+        "error: download_fineweb: fineweb_val_000000.bin of kjj0/fineweb10B-gpt2: ConnectionError"
+        + (f": {first}" if first else "")
+    ]

@@ -5,8 +5,8 @@ kjj0/fineweb10B-gpt2) into a folder that `dataset=fineweb10b` reads (data/token_
     python -m scripts.tools.download_fineweb --shards 103                           # all ~10B tokens, ~20 GB
 
 Fetches the validation shard fineweb_val_000000.bin and the training shards fineweb_train_000001.bin onwards (each
-~100M tokens, 200 MB), skipping files already there whose header and size check out. Needs the network; without it
-(or with HF_HUB_OFFLINE=1) it stops in one line, exit 1.
+~100M tokens, 200 MB), skipping files already there whose header and size check out (one that does not is fetched
+again). Needs the network; without it (or with HF_HUB_OFFLINE=1) it stops in one line, exit 1.
 """
 
 from __future__ import annotations
@@ -36,6 +36,12 @@ def present(path: Path) -> bool:
         return False
 
 
+def one_line(error: BaseException) -> str:
+    """The error's type and the first line of its message (some connection errors have none)."""
+    first = next(iter(str(error).strip().splitlines()), "").strip()
+    return f"{type(error).__name__}: {first}" if first else type(error).__name__
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shards", type=int, default=8, help="training shards of ~100M tokens (1..103; default 8)")
@@ -62,10 +68,17 @@ def main(argv: list[str]) -> int:
     for i, name in enumerate(wanted, start=1):
         print(f"[{i}/{len(wanted)}] {name}", flush=True)
         try:
-            hf_hub_download(REPO, name, repo_type="dataset", local_dir=str(folder))
+            # A file there is not whole (`wanted` says so): forced, as without force_download huggingface_hub hands it
+            # back unchanged when its saved etag matches the Hub's, or when the Hub does not answer.
+            hf_hub_download(
+                REPO, name, repo_type="dataset", local_dir=str(folder), force_download=(folder / name).exists()
+            )
+            read_shard(folder / name)  # the header and the size: a cut download fails here, not in a run
+        except DataError as e:
+            return say(DataError(f"download_fineweb: {e}"))
         except Exception as e:  # the Hub's errors (HTTP, connection) name neither the file nor what to do
-            return say(DataError(f"download_fineweb: {name} of {REPO}: {type(e).__name__}: {str(e).splitlines()[0]}"))
-        read_shard(folder / name)  # the header and the size: a cut download fails here, not in a run
+            cause = f" ({one_line(e.__cause__)})" if e.__cause__ is not None else ""  # e.g. "due to the above error"
+            return say(DataError(f"download_fineweb: {name} of {REPO}: {one_line(e)}{cause}"))
     print(f"{folder}: {len(wanted)} shards downloaded")
     return 0
 
