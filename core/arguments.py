@@ -6,6 +6,18 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage error is one line (`error: ...`, exit 2), as the project's other errors are,
+    instead of argparse's usage text and error."""
+
+    def error(self, message: str) -> NoReturn:
+        import sys
+
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
 
 
 def at_least(low: int) -> Callable[[str], int]:

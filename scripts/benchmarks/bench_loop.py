@@ -4,10 +4,14 @@
     python -m scripts.benchmarks.bench_loop --processes 2 --log-intervals 1,100 --steps 300 model=gpt2-tiny ...
 
 Each run is a real `train_jax.py` (in a subprocess; with --processes N, N processes joined through jax.distributed
-on 127.0.0.1, each with --devices-per-process CPU devices) with no evaluation before the end and no checkpoints.
-Reported per run: the median ms/step and tokens/s over the run's log intervals (from its summary.json; an interval's
-time includes the metrics fetch that ends it), and the wall time of the whole command. Runs alternate between the
-intervals `--repeats` times, so a drift of the shared machine touches every setting alike.
+on 127.0.0.1) with no evaluation before the end and no checkpoints. Each process simulates --devices-per-process CPU
+devices (system.cpu_devices_per_process with several processes; XLA_FLAGS' host device count with one; the
+environment's other XLA_FLAGS pass on). Reported per run: the devices it ran on (its header's count), the median
+ms/step and tokens/s over the run's log intervals (from its metrics and summary.json; an interval's time includes the
+metrics fetch that ends it), and the wall time of the whole command. One untimed warm-up run at the first interval
+comes first (a note on stderr), so that one-time costs (the token store's build, compiling into the persistent cache)
+fall on no timed run. Runs then alternate between the intervals `--repeats` times, so a drift of the shared machine
+touches every setting alike.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import socket
 import statistics
 import subprocess
@@ -23,6 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from core.arguments import OneLineParser, at_least
 from training.config import layout
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,6 +38,19 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+class LoopError(Exception):
+    """A run that failed or measured nothing: one line, exit 1."""
+
+
+def intervals(text: str) -> list[int]:
+    """`--log-intervals`: comma-separated steps, each at least 1, at least one of them."""
+    parse = at_least(1)
+    values = [parse(x.strip()) for x in text.split(",") if x.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError(f"no interval in {text!r}; write steps separated by commas, e.g. 1,100")
+    return values
 
 
 def one_run(overrides: list[str], log_interval: int, steps: int, processes: int, devices: int) -> dict:
@@ -49,7 +68,11 @@ def one_run(overrides: list[str], log_interval: int, steps: int, processes: int,
             "logging.progress=lines",
             f"logging.run_dir={run_dir}",
         ]
-        env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+        count = "--xla_force_host_platform_device_count"
+        flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith(count)]
+        if processes == 1:  # system.cpu_devices_per_process acts only where jax.distributed starts
+            flags.append(f"{count}={devices}")
+        env = {**os.environ, "XLA_FLAGS": " ".join(flags)}
         if processes > 1:
             port = free_port()
             args += [
@@ -78,7 +101,9 @@ def one_run(overrides: list[str], log_interval: int, steps: int, processes: int,
         wall = time.perf_counter() - started
         for p, (_, err) in zip(procs, outputs):
             if p.returncode != 0:
-                raise SystemExit(f"a run failed (exit {p.returncode}): {err.strip().splitlines()[-1:]}")
+                last = (err.strip().splitlines() or ["no output"])[-1]
+                raise LoopError(f"a run failed (exit {p.returncode}): {last}")
+        header = re.search(r"^devices\s+(\d+) x", outputs[0][0], re.MULTILINE)
         summary = json.loads((run_dir / layout.SUMMARY).read_text())
         rows = [json.loads(line) for line in (run_dir / layout.METRICS).read_text().splitlines()]
         ms = [
@@ -88,9 +113,15 @@ def one_run(overrides: list[str], log_interval: int, steps: int, processes: int,
             and isinstance(r.get("ms_per_step"), float)
             and r["ms_per_step"] == r["ms_per_step"]
         ]
+        if not ms or summary.get("tokens_per_s_median") is None:
+            raise LoopError(
+                f"no log interval of the run at log interval {log_interval} had a rate ({steps} steps); "
+                "raise --steps above the log interval"
+            )
         return {
             "log_interval": log_interval,
             "processes": processes,
+            "devices": int(header.group(1)) if header else None,
             "steps": steps,
             "ms_per_step_median": round(statistics.median(ms), 2),
             "tokens_per_s_median": round(summary["tokens_per_s_median"], 1),
@@ -99,19 +130,26 @@ def one_run(overrides: list[str], log_interval: int, steps: int, processes: int,
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--log-intervals", default="1,100")
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--processes", type=int, default=1)
-    parser.add_argument("--devices-per-process", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=1)
+    parser = OneLineParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--log-intervals", type=intervals, default=[1, 100], metavar="N,N,...")
+    parser.add_argument("--steps", type=at_least(2), default=300, help="per run, at least 2 (the first one compiles)")
+    parser.add_argument("--processes", type=at_least(1), default=1)
+    parser.add_argument("--devices-per-process", type=at_least(1), default=1, help="simulated CPU devices")
+    parser.add_argument("--repeats", type=at_least(1), default=1)
     args, overrides = parser.parse_known_args(argv)
-    for _ in range(args.repeats):
-        for interval in (int(x) for x in args.log_intervals.split(",")):
-            print(
-                json.dumps(one_run(overrides, interval, args.steps, args.processes, args.devices_per_process)),
-                flush=True,
-            )
+    try:
+        warm = args.log_intervals[0]
+        print(f"bench_loop: an untimed warm-up run (log interval {warm}) first", file=sys.stderr, flush=True)
+        one_run(overrides, warm, args.steps, args.processes, args.devices_per_process)
+        for _ in range(args.repeats):
+            for interval in args.log_intervals:
+                print(
+                    json.dumps(one_run(overrides, interval, args.steps, args.processes, args.devices_per_process)),
+                    flush=True,
+                )
+    except LoopError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 

@@ -42,8 +42,9 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn, TextIO
+from typing import Any, TextIO
 
+from core.arguments import OneLineParser
 from scripts.benchmarks import records
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,13 +59,6 @@ class BenchError(Exception):
     def __init__(self, message: str, exit_code: int = 1):
         super().__init__(message)
         self.exit_code = exit_code
-
-
-class OneLineParser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        """A usage error is one line, as the project's other errors are."""
-        print(f"error: {message}", file=sys.stderr)
-        sys.exit(2)
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

@@ -82,9 +82,27 @@ def write(directory: str | Path, kind: str, device: str, result: dict, argv: lis
     return path
 
 
+class RecordsError(Exception):
+    """A file that is not what it should be (a record, a Markdown file with a records block): one line naming it."""
+
+
+FIELDS = ("kind", "date", "commit", "device", "result")  # what the tables read of every record
+
+
 def read(directory: str | Path) -> list[dict]:
-    """Every record in `directory`, oldest first (file names start with the date)."""
-    return [json.loads(p.read_text()) for p in sorted(Path(directory).glob("*.json"))]
+    """Every record in `directory`, oldest first (file names start with the date). A `*.json` there that is not a
+    record is a RecordsError naming it."""
+    records = []
+    for path in sorted(Path(directory).glob("*.json")):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise RecordsError(f"{path}: not a benchmark record ({e})") from None
+        missing = [k for k in FIELDS if k not in record] if isinstance(record, dict) else list(FIELDS)
+        if missing:
+            raise RecordsError(f"{path}: not a benchmark record (no {', '.join(missing)}); move it out of {directory}")
+        records.append(record)
+    return records
 
 
 def _gib(n: Any) -> str:
@@ -159,10 +177,15 @@ def tables(records: list[dict]) -> str:
 
 def update(markdown: Path, directory: str | Path) -> None:
     """Rewrite the block between the records markers of `markdown` with the tables of `directory`'s records."""
-    text = markdown.read_text()
+    try:
+        text = markdown.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise RecordsError(f"{markdown}: cannot read it ({e})") from None
     if START not in text or END not in text:
-        raise SystemExit(f"error: {markdown} has no {START} ... {END} block to rewrite")
+        raise RecordsError(f"{markdown} has no {START} ... {END} block to rewrite")
     head, rest = text.split(START, 1)
+    if END not in rest:
+        raise RecordsError(f"{markdown}: its {END} comes before its {START}; put the end marker after the start")
     _, tail = rest.split(END, 1)
     markdown.write_text(f"{head}{START}\n{tables(read(directory))}{END}{tail}")
 
@@ -175,10 +198,17 @@ def main(argv: list[str]) -> int:
     if not Path(args.directory).is_dir():
         print(f"error: {args.directory}: no such folder of records", file=sys.stderr)
         return 2
-    if args.update:
-        update(Path(args.update), args.directory)
-    else:
-        print(tables(read(args.directory)), end="")
+    if args.update and not Path(args.update).is_file():
+        print(f"error: --update {args.update}: no such file (a Markdown file with a records block)", file=sys.stderr)
+        return 2
+    try:
+        if args.update:
+            update(Path(args.update), args.directory)
+        else:
+            print(tables(read(args.directory)), end="")
+    except RecordsError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     return 0
 
 
