@@ -4,6 +4,7 @@ config, wherever their package defines them (data/config.py, models/config.py, t
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import fields
 from typing import NoReturn
 
 from core.errors import ConfigError
@@ -40,3 +41,17 @@ def require_non_negative(section: object, at: str, *names: str) -> None:
         value = getattr(section, name)
         if value < 0:
             fail(f"{at}.{name}", f"must be >= 0; got {value}")
+
+
+def refuse_unread(section: object, at: str, unread: dict[str, tuple[bool, str, str]]) -> None:
+    """A key of `section` (a dataclass at `at`) set away from its default where the other keys leave it unread is
+    refused, not ignored. `unread`: key -> (whether it is read, what reads it, how to have it read)."""
+    for f in fields(section):  # type: ignore[arg-type]
+        if f.name in unread and not unread[f.name][0] and getattr(section, f.name) != _default(f):
+            _, reader, fix = unread[f.name]
+            default = "null" if _default(f) is None else _default(f)
+            fail(f"{at}.{f.name}", f"read only by {reader}: set {fix}, or leave it at {default}")
+
+
+def _default(f) -> object:
+    return f.default_factory() if callable(f.default_factory) else f.default

@@ -184,6 +184,15 @@ def check_optimizer(optimizer_cfg: OptimizerSection) -> None:
     check_shared_keys_read(optimizer_cfg)
     check_bounds(optimizer_cfg)
     check_own_step_size(optimizer_cfg)
+    if (
+        optimizer_cfg.weight_decay > 0
+        and optimizer_cfg.weight_decay_mode == "native"
+        and "weight_decay" not in hyper_parameters(OPTIMIZERS[optimizer_cfg.name])
+    ):
+        raise ConfigError(
+            f"config: optimizer.weight_decay: {optimizer_cfg.name} has no decay of its own "
+            "(optimizer.weight_decay_mode=native); set weight_decay_mode=decoupled or l2, or weight_decay=0"
+        )
 
 
 def check_shared_keys_read(optimizer_cfg: OptimizerSection) -> None:
@@ -221,11 +230,11 @@ def check_own_step_size(optimizer_cfg: OptimizerSection) -> None:
         return
     own = "estimates its own step size" if LR_USE[name] == "estimate" else "sets its own step size"
     lr = optimizer_cfg.lr_config
-    if LR_USE[name] == "own" and (lr.name != "constant" or lr.lr != 1.0):
-        key = f"optimizer.lr_config{'' if lr.name != 'constant' else '.lr'}"
+    if LR_USE[name] == "own" and (lr.name != "constant" or lr.lr != 1.0 or lr.warmup != 0):
+        key = f"optimizer.lr_config{'' if lr.name != 'constant' else '.lr' if lr.lr != 1.0 else '.warmup'}"
         raise ConfigError(
             f"config: {key}: {name} {own} (optimizer.{STEP_SIZE.get(name, '<its own key>')}); the run's "
-            "schedule does not reach it, so it stays constant at lr 1"
+            "schedule, its warm-up too, does not reach it: leave optimizer/lr_config=constant at lr 1, warmup 0"
         )
     if optimizer_cfg.weight_decay_mode == "decoupled" and optimizer_cfg.weight_decay > 0:
         raise ConfigError(

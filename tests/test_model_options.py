@@ -103,7 +103,12 @@ def test_every_option_has_a_changed_value_and_the_schema_adds_only_the_runs_labe
 
 @pytest.mark.parametrize("option", OPTIONS)
 def test_an_option_reaches_the_model_help_cfg_checkpoints_and_the_export(option):
-    configs = {base: changed(base, option) for base in BASES}
+    configs = {}
+    for base in BASES:
+        try:
+            configs[base] = changed(base, option)
+        except ConfigError as e:  # unread on this base (rotary keys without rotary positions): refused at the door
+            assert (base, option) in IRRELEVANT and str(e).startswith(f"config: model.{option}: read only by"), e
     # the model's static config, and through it the model (GPT.init reads nothing else)
     moved = []
     for base, cfg in configs.items():
@@ -115,7 +120,7 @@ def test_an_option_reaches_the_model_help_cfg_checkpoints_and_the_export(option)
     # --help names it with a meaning; --cfg job prints it
     line = next(line for line in help_text(Config).splitlines() if line.startswith(f"  model.{option}:"))
     assert len(line.split(" -- ", 1)[1]) > 10, line  # a meaning, from the field's comment in models/config.py
-    cfg = configs["gpt2-tiny"]
+    cfg = configs.get("gpt2-tiny") or configs["llama-tiny"]
     printed = OmegaConf.to_container(OmegaConf.create(config_lib.to_yaml(cfg)))
     assert printed["model"][option] == getattr(cfg.model, option)
     # the config a checkpoint saves (config.yaml, and its metadata) reads back with the same value

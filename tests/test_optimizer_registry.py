@@ -36,6 +36,7 @@ defaults:
 name: sign_momentum
 momentum: 0.9
 step_scale: 0.5
+weight_decay: 0.0
 grad_clip: 1.0
 """
 

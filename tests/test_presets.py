@@ -82,7 +82,13 @@ def test_the_schedule_free_warmup_is_a_fraction_of_the_run_like_every_presets(da
     the pipeline's optimizer with sf_warmup 0.5 of 20 steps steps exactly as one built with sf_warmup 10, and not as
     one built with the fraction read as steps (full lr from the first step)."""
     parts = build(
-        tiny_overrides(data_cache, "optimizer=schedule_free_adamw", "train.max_steps=20", "optimizer.sf_warmup=0.5")
+        tiny_overrides(
+            data_cache,
+            "optimizer=schedule_free_adamw",
+            "optimizer.lr_config.warmup=0",  # its own (sf_warmup), not the run schedule's, which does not reach it
+            "train.max_steps=20",
+            "optimizer.sf_warmup=0.5",
+        )
     )
     assert parts.cfg.optimizer.sf_warmup == 0.5
     assert own_warmups_in_steps(parts.cfg.optimizer, 20).sf_warmup == 10

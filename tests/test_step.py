@@ -229,7 +229,15 @@ def test_the_logged_lr_is_the_one_applied_after_overwrite_optimizer_and_a_skippe
     saver = Checkpointer(tmp_path / "ckpt")
     saver.save(first.state, {"step": 3})
     saver.close()
-    second = build(sgd_overrides(data_cache, "checkpoint.overwrite_optimizer=True", "train.skip_nonfinite=true"))
+    second = build(
+        sgd_overrides(
+            data_cache,
+            "checkpoint.load=True",  # a resume's keys (the plan below restores): refused without one
+            f"checkpoint.load_path={tmp_path / 'ckpt'}",
+            "checkpoint.overwrite_optimizer=True",
+            "train.skip_nonfinite=true",
+        )
+    )
     plan = RunPlan(
         second.cfg,
         tmp_path,

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Optional
 
-from core.checks import either, fail, require_non_negative, require_positive
+from core.checks import either, fail, refuse_unread, require_non_negative, require_positive
 
 
 @dataclass(frozen=True)
@@ -201,6 +201,16 @@ class CheckpointConfig:
                 "checkpoint.load_file",
                 f"must be latest, best, a step number or iter_<step>.ckpt; got {self.load_file!r}",
             )
+        resuming = (self.load != LoadMode.false, "a resume (checkpoint.load=false)", "checkpoint.load=True (or auto)")
+        refuse_unread(
+            self,
+            "checkpoint",
+            {
+                "load_path": resuming,
+                "overwrite_config": resuming,
+                "overwrite_optimizer": resuming,
+            },
+        )
 
 
 def load_file_step(load_file: str) -> int | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from core.checks import fail, require_positive
+from core.checks import fail, refuse_unread, require_positive
 from models import MODEL_BUILDERS
 from models.config import (  # noqa: F401 (the options' enums, imported from here by the rest of training/)
     Attention,
@@ -23,6 +23,29 @@ from models.config import (  # noqa: F401 (the options' enums, imported from her
 class ModelConfig(ModelOptions):
     name: str = "gpt2-mini"  # label used in run names (model=<preset> sets it)
     arch: str = "gpt"  # a builder of the models registry (models/__init__.py MODEL_BUILDERS): gpt, models/gpt.py
+
+    def check_read(self) -> None:
+        rope = self.position == Position.rope
+        rotary = f"rotary positions (model.position={self.position})"
+        refuse_unread(
+            self,
+            "model",
+            {
+                "rope_theta": (rope, rotary, "model.position=rope"),
+                "rope_frequencies": (rope, rotary, "model.position=rope"),
+                "qk_norm_weight": (self.qk_norm, "QK-norm (model.qk_norm=false)", "model.qk_norm=true"),
+                "logit_softcap_form": (
+                    self.logit_softcap > 0,
+                    "the soft-cap (logit_softcap=0: off)",
+                    "logit_softcap > 0",
+                ),
+                "head_loss_chunk": (
+                    self.head_loss != HeadLoss.dense,
+                    "the chunked head (model.head_loss=dense)",
+                    "model.head_loss=chunked",
+                ),
+            },
+        )
 
     def check(self) -> None:
         if self.arch not in MODEL_BUILDERS:
@@ -66,6 +89,7 @@ class ModelConfig(ModelOptions):
             )
         if self.rope_theta <= 0:
             fail("model.rope_theta", f"must be > 0; got {self.rope_theta}")
+        self.check_read()
         if self.mlp_hidden is not None and self.mlp_hidden < 1:
             fail("model.mlp_hidden", f"must be >= 1 or null (the MLP's default width); got {self.mlp_hidden}")
         require_positive(self, "model", "mup_base_width")

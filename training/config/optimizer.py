@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Optional
 
-from core.checks import fail, require_fraction, require_non_negative
+from core.checks import fail, refuse_unread, require_fraction, require_non_negative
 from optimizers.groups import FRACTIONS, NON_NEGATIVE, check_groups
 from optimizers.registry import check_optimizer, with_hyper_parameters
 
@@ -72,6 +72,28 @@ class LrConfig:
                 )
             if any(v < 0 for v in self.boundary_lrs):
                 fail(f"{at}.boundary_lrs", f"must all be >= 0; got {list(self.boundary_lrs)}")
+        piecewise, schedule = self.name == Schedule.piecewise_linear, f"the {self.name} schedule"
+        refuse_unread(
+            self,
+            at,
+            {
+                "boundaries": (
+                    piecewise,
+                    f"piecewise_linear ({schedule} here)",
+                    "optimizer/lr_config=piecewise_linear",
+                ),
+                "boundary_lrs": (
+                    piecewise,
+                    f"piecewise_linear ({schedule} here)",
+                    "optimizer/lr_config=piecewise_linear",
+                ),
+                "decay_fraction": (
+                    self.name == Schedule.trapezoid,
+                    f"trapezoid ({schedule} here)",
+                    "optimizer/lr_config=trapezoid",
+                ),
+            },
+        )
 
 
 @dataclass(frozen=True)

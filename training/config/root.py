@@ -19,7 +19,7 @@ from models.fp8 import native_fp8_problem
 from models.hf import HF_PREFIX
 from optimizers.groups import check_labels_present, matrix_optimizers
 from optimizers.muon import cooldown_steps
-from optimizers.registry import AVERAGED, OWN_WIDTH_RULE
+from optimizers.registry import AVERAGED, LR_USE, OWN_WIDTH_RULE
 from training.config.loop import CheckpointConfig, LoadMode, LoggingConfig, TrainConfig
 from training.config.mixture import check_mixture
 from training.config.model import ModelConfig, Position
@@ -95,6 +95,12 @@ def check_across(cfg: Config) -> None:
     if cooldown is not None or end is not None:  # muon's momentum cool-down, as set, against the run's length
         cooldown_steps(cooldown or 0.0, 0.0 if end is None else end, schedule_steps(cfg))
     check_mixture(d, cfg.loss_masking == LossMasking.finetuning)
+    for i, stage in enumerate(cfg.train.stages):
+        if stage.lr_multiplier != 1.0 and LR_USE.get(cfg.optimizer.name) == "own":
+            fail(
+                f"train.stages[{i}].lr_multiplier",
+                f"{cfg.optimizer.name} sets its own step size, which the run's schedule does not reach; leave it 1.0",
+            )
     if cfg.train.yarn and cfg.model.position != Position.rope:
         fail("train.yarn", f"YaRN rescales rotary positions: it needs model.position=rope, not {cfg.model.position}")
     if cfg.optimizer.name == "sophia" and cfg.model.head_loss == "chunked":
