@@ -215,7 +215,7 @@ class HfConfig(RecordsConfig):
     files: list[str] = field(default_factory=list)  # local data files for the builder hf_path names
     train_split: str = "train"  # the split that trains
     val_split: Optional[str] = "validation"  # null = hold out val_fraction of the train split
-    test_split: Optional[str] = "test"  # null = no test split (or val_fraction's hold-out gives one)
+    test_split: Optional[str] = "test"  # null = none of the source's (with val_split=null, test_fraction of train)
     streaming: bool = False  # tokenise while streaming into the token store (needs max_documents or max_tokens)
     max_tokens: Optional[int] = None  # streaming: stop reading after the chunk that reaches this many tokens
 

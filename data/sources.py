@@ -15,7 +15,7 @@ import json
 import os
 import sysconfig
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -301,8 +301,9 @@ def _hub_splits(d: HfConfig, kwargs: dict) -> dict[str, datasets.Dataset]:
         for name, hf_split in splits.items()
         if hf_split is not None
     }
-    if d.val_split is None:
-        held_out = _hash_split(corpus.pop("train"), d)
+    if d.val_split is None:  # validation held out of train; the test split too, unless the source has its own
+        own_test = d.test_split is not None
+        held_out = _hash_split(corpus.pop("train"), replace(d, test_fraction=0.0) if own_test else d)
         corpus = {**held_out, **{k: v for k, v in corpus.items() if k not in held_out}}
     return corpus
 

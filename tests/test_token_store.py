@@ -319,3 +319,29 @@ def test_a_run_forks_no_process(tmp_path):
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "step" in out.stdout and "os.fork()" not in out.stdout + out.stderr
+
+
+def test_a_sources_own_test_split_is_kept_when_validation_is_held_out_of_train(tmp_path):
+    """dataset.val_split=null holds validation out of train; a test split the source has (here a local dataset
+    folder's test.jsonl, through the Hub loader's path) stays the test split, not replaced by rows of train."""
+    folder = tmp_path / "ds"
+    folder.mkdir()
+    for split, n in (("train", 40), ("test", 7)):
+        (folder / f"{split}.jsonl").write_text(
+            "".join(json.dumps({"text": f"{split} row {i}"}) + "\n" for i in range(n))
+        )
+    d = load_config(
+        [
+            "dataset=hf",
+            f"dataset.hf_path={folder}",
+            "dataset.tokenizer=byte",
+            "dataset.val_split=null",
+            "dataset.val_fraction=0.2",
+            "dataset.test_fraction=0.2",
+            f"dataset.cache_dir={tmp_path / 'cache'}",
+        ]
+    ).dataset
+    splits = {name: list(ds["text"]) for name, ds in load_corpus(d).datasets.items()}
+    assert splits["test"] == [f"test row {i}" for i in range(7)]
+    assert sorted(splits["train"] + splits["val"]) == sorted(f"train row {i}" for i in range(40))
+    assert splits["val"] and all(t.startswith("train row") for t in splits["val"])
