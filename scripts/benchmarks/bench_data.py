@@ -155,7 +155,7 @@ from data.corpus import load_corpus
 from data.packing import tokenized_corpus
 from data.tokenizers import tokenizer_from_json
 from training.config import load_config
-overrides, tokenizer = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+overrides, tokenizer = json.loads(sys.argv[1]), json.loads(Path(sys.argv[2]).read_text())
 d = load_config(overrides).dataset
 corpus = load_corpus(d)
 corpus.datasets
@@ -170,7 +170,10 @@ def time_build(checkout: Path, corpus: Path, cache: Path, tokenizer: dict) -> fl
     """Seconds the checkout's `tokenized_corpus` takes to build the corpus's token store again, the documents read
     first; None (and a note on stderr) where the checkout cannot do that (one from before the token store)."""
     overrides = dataset_overrides(corpus, cache, tokenizer["kind"])
-    cmd = [sys.executable, "-c", BUILD_TIMER, json.dumps(overrides), json.dumps(tokenizer)]
+    path = cache / "bench-tokenizer.json"  # a file: a trained BPE is longer than a command line may be
+    cache.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(tokenizer))
+    cmd = [sys.executable, "-c", BUILD_TIMER, json.dumps(overrides), str(path)]
     proc = subprocess.run(cmd, cwd=checkout, capture_output=True, text=True)
     found = re.search(r"^build_s=([0-9.]+)$", proc.stdout, re.MULTILINE)
     if proc.returncode != 0 or found is None:
