@@ -107,15 +107,16 @@ def test_bench_data_refuses_a_size_it_cannot_read(size, tmp_path, capsys):
 
 
 class LoopRunStandIn:
-    """train_jax.py as bench_loop sees it: its header names the devices it found (XLA_FLAGS' host device count), its
-    run folder gets metrics and a summary (no interval with a rate when `rates` is false)."""
+    """train_jax.py as bench_loop sees it: its header names the devices it found (system.cpu_devices_per_process, as
+    training/distributed/sharding.py sets them; tests/test_scale_out.py runs the real one), its run folder gets
+    metrics and a summary (no interval with a rate when `rates` is false)."""
 
     runs: list[dict] = []
     rates = True
 
     def __init__(self, cmd: list[str], env: dict, **_) -> None:
-        self.runs.append(env)
-        found = re.search(r"--xla_force_host_platform_device_count=(\d+)", env.get("XLA_FLAGS", ""))
+        self.runs.append({**env, "cmd": cmd})
+        found = next((re.match(r"system.cpu_devices_per_process=(\d+)$", a) for a in cmd if "cpu_devices" in a), None)
         run_dir = Path(next(a.split("=", 1)[1] for a in cmd if a.startswith("logging.run_dir=")))
         run_dir.mkdir(parents=True)
         ms = 12.5 if self.rates else float("nan")
@@ -139,7 +140,7 @@ def test_bench_loop_warms_up_untimed_and_runs_on_the_devices_asked_for(monkeypat
     assert len(LoopRunStandIn.runs) == 3 and "warm-up" in err  # one untimed run, then one per interval
     assert [x["log_interval"] for x in lines] == [1, 2] and all(x["devices"] == 2 for x in lines)
     flags = LoopRunStandIn.runs[0]["XLA_FLAGS"].split()
-    assert flags.count("--xla_force_host_platform_device_count=2") == 1
+    assert "system.cpu_devices_per_process=2" in LoopRunStandIn.runs[0]["cmd"] and "device_count" not in " ".join(flags)
     assert all(f in flags for f in os.environ["XLA_FLAGS"].split() if "device_count" not in f)  # the others pass on
 
 

@@ -16,6 +16,7 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
+from core.errors import ConfigError
 from helpers import (
     ROOT,
     build,
@@ -406,3 +407,26 @@ def test_num_devices_under_a_launcher_is_one_line_in_every_process(data_cache, t
             "processes: leave it null"
         ]
     assert not (tmp_path / "run").exists()
+
+
+def test_cpu_devices_per_process_sets_a_single_process_devices_too(data_cache, tmp_path):
+    """system.cpu_devices_per_process acted only where jax.distributed starts: one process kept XLA_FLAGS' count
+    without a word. Now a single process gets that many CPU devices (in place of the flag's 8 here); a process whose
+    backend runs already with another count (this test's) is one line, not JAX's traceback."""
+    result = run_cli(
+        tiny_overrides(
+            data_cache,
+            f"logging.run_dir={tmp_path / 'run'}",
+            "system.num_devices=null",
+            "system.cpu_devices_per_process=2",
+            "train.max_steps=2",
+            "checkpoint.save=false",
+        )
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "devices    2 x cpu in 1 process(es) | mesh data=2 x model=1" in result.stdout + result.stderr
+    system = load_config(["system.cpu_devices_per_process=3"]).system
+    assert jax.local_device_count() == 8  # this process's backend, started with XLA_FLAGS' count
+    with pytest.raises(ConfigError, match=r"^config: system.cpu_devices_per_process: the XLA backend of this process"):
+        init_distributed(system)
+    init_distributed(dataclasses.replace(system, cpu_devices_per_process=jax.local_device_count()))  # as it runs

@@ -5,13 +5,12 @@
 
 Each run is a real `train_jax.py` (in a subprocess; with --processes N, N processes joined through jax.distributed
 on 127.0.0.1) with no evaluation before the end and no checkpoints. Each process simulates --devices-per-process CPU
-devices (system.cpu_devices_per_process with several processes; XLA_FLAGS' host device count with one; the
-environment's other XLA_FLAGS pass on). Reported per run: the devices it ran on (its header's count), the median
-ms/step and tokens/s over the run's log intervals (from its metrics and summary.json; an interval's time includes the
-metrics fetch that ends it), and the wall time of the whole command. One untimed warm-up run at the first interval
-comes first (a note on stderr), so that one-time costs (the token store's build, compiling into the persistent cache)
-fall on no timed run. Runs then alternate between the intervals `--repeats` times, so a drift of the shared machine
-touches every setting alike.
+devices (system.cpu_devices_per_process; the environment's XLA_FLAGS pass on, but for their host device count).
+Reported per run: the devices it ran on (its header's count), the median ms/step and tokens/s over the run's log
+intervals (from its metrics and summary.json; an interval's time includes the metrics fetch that ends it), and the
+wall time of the whole command. One untimed warm-up run at the first interval comes first (a note on stderr), so
+that one-time costs (the token store's build, compiling into the persistent cache) fall on no timed run. Runs then
+alternate between the intervals `--repeats` times, so a drift of the shared machine touches every setting alike.
 """
 
 from __future__ import annotations
@@ -67,19 +66,14 @@ def one_run(overrides: list[str], log_interval: int, steps: int, processes: int,
             "logging.tensorboard=false",
             "logging.progress=lines",
             f"logging.run_dir={run_dir}",
+            f"system.cpu_devices_per_process={devices}",
         ]
-        count = "--xla_force_host_platform_device_count"
+        count = "--xla_force_host_platform_device_count"  # the key sets the devices, in one process too
         flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith(count)]
-        if processes == 1:  # system.cpu_devices_per_process acts only where jax.distributed starts
-            flags.append(f"{count}={devices}")
         env = {**os.environ, "XLA_FLAGS": " ".join(flags)}
         if processes > 1:
             port = free_port()
-            args += [
-                f"system.num_processes={processes}",
-                f"system.coordinator_address=127.0.0.1:{port}",
-                f"system.cpu_devices_per_process={devices}",
-            ]
+            args += [f"system.num_processes={processes}", f"system.coordinator_address=127.0.0.1:{port}"]
         started = time.perf_counter()
         procs = [
             subprocess.Popen(

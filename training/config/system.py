@@ -40,7 +40,7 @@ class SystemConfig:
     num_processes: Optional[int] = None
     process_id: Optional[int] = None  # this process's rank, 0 .. num_processes - 1
     coordinator_address: Optional[str] = None  # host:port of process 0
-    cpu_devices_per_process: Optional[int] = None  # CPU only: devices each process simulates
+    cpu_devices_per_process: Optional[int] = None  # CPU only: devices each process simulates (one process, or each)
     distributed_timeout_s: int = 300  # how long to wait for every process to join, or for one that falls silent
     compilation_cache_dir: Optional[str] = ".cache/jax"  # persistent XLA compilation cache; null = off
     # flags added to XLA_FLAGS before the backend starts, each quoted on the command line:

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import chex
 import jax
 import numpy as np
+from jax._src import xla_bridge  # backends_are_initialized: public JAX has no way to ask
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -50,12 +51,20 @@ def init_distributed(system: Processes) -> None:
     """Join the other processes when `system.num_processes` > 1 or a launcher's environment says so.
 
     Must run before JAX touches a device. Values left null in the config come from the environment (JAX detects
-    SLURM and Open MPI itself). On CPU, `system.cpu_devices_per_process` sets how many devices each process has.
+    SLURM and Open MPI itself). On CPU, `system.cpu_devices_per_process` sets how many devices each process has, in
+    a single process too (it then replaces XLA_FLAGS' host device count).
     """
+    n = system.cpu_devices_per_process
+    if n and not xla_bridge.backends_are_initialized():
+        jax.config.update("jax_num_cpu_devices", n)
+    elif n and len(jax.devices("cpu")) != n:  # the devices were made when the backend started
+        raise ConfigError(
+            f"config: system.cpu_devices_per_process: the XLA backend of this process has started already with "
+            f"{len(jax.devices('cpu'))} CPU devices; run in a fresh process, or set "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={n} before it starts"
+        )
     if not ((system.num_processes or 1) > 1 or cluster_env_present()):
         return
-    if system.cpu_devices_per_process:
-        jax.config.update("jax_num_cpu_devices", system.cpu_devices_per_process)
     try:
         # JAX reads JAX_COORDINATOR_ADDRESS itself, but not the process count and id that go with it.
         num_processes = system.num_processes or _env_int("JAX_NUM_PROCESSES")
