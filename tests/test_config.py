@@ -105,6 +105,10 @@ BAD_CONFIGS = [
         "train.stages[0].lr_multiplier: cocob sets its own step size",
     ),
     (["optimizer=scion", "optimizer.weight_decay=0.1"], "optimizer.weight_decay: scion has no decay of its own"),
+    (  # the last stage's window replaced it without a word
+        ["model.attention_window=16", "train.stages=[{until:0.5,attention_window:8},{until:1.0,attention_window:32}]"],
+        "model.attention_window: train.stages name the windows, and the last stage's (32) is the model's",
+    ),
 ]
 
 

@@ -95,6 +95,13 @@ def check_across(cfg: Config) -> None:
     if cooldown is not None or end is not None:  # muon's momentum cool-down, as set, against the run's length
         cooldown_steps(cooldown or 0.0, 0.0 if end is None else end, schedule_steps(cfg))
     check_mixture(d, cfg.loss_masking == LossMasking.finetuning)
+    windows = [s.attention_window for s in cfg.train.stages if s.attention_window is not None]
+    if windows and cfg.model.attention_window not in (None, windows[-1]):
+        fail(
+            "model.attention_window",
+            f"train.stages name the windows, and the last stage's ({windows[-1]}) is the model's: set it null or "
+            f"{windows[-1]}; got {cfg.model.attention_window}",
+        )
     for i, stage in enumerate(cfg.train.stages):
         if stage.lr_multiplier != 1.0 and LR_USE.get(cfg.optimizer.name) == "own":
             fail(
