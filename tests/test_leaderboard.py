@@ -163,3 +163,27 @@ def test_a_folder_holds_one_board_and_a_command_of_another_is_refused_before_it_
     (tmp_path / "sgdm.winner.json").write_text(json.dumps(record))
     with pytest.raises(PipelineError, match="sgdm tuned before boards recorded their settings"):
         board.summarize(tmp_path)
+
+
+def test_a_winner_whose_second_seed_failed_has_no_spread_and_the_boards_median_stands_in(tmp_path):
+    """A failed seed left one final loss, whose 'spread' of 0 read as an optimizer without noise: its gap to the next
+    row was then judged against the others' spreads only."""
+    run = [*board.CPU_RUN, "train.max_steps=80", "train.eval_interval=20"]
+    settings = board.board_settings(run, 80, 1024)
+    for name, loss in (("adamw", 4.0), ("lion", 3.99), ("sgdm", 3.0)):
+        fake_record(tmp_path, name, settings, loss)
+    for name, second in (("adamw", 4.1), ("sgdm", 3.1)):  # two seeds each: spread 0.05 in nats/byte
+        record = json.loads((tmp_path / f"{name}.winner.json").read_text())
+        other = tmp_path / f"{name}-seed1"
+        other.mkdir()
+        (other / "metrics.jsonl").write_text(
+            json.dumps({"step": 80, "split": "val", "loss": second, "nats_per_byte": second / 2}) + "\n"
+        )
+        record["seeds"].append({"seed": 1, "run_dir": str(other), "val_loss": second})
+        (tmp_path / f"{name}.winner.json").write_text(json.dumps(record))
+    record = json.loads((tmp_path / "lion.winner.json").read_text())
+    record["seeds"].append({"seed": 1, "run_dir": None, "val_loss": math.inf})  # the second seed failed
+    (tmp_path / "lion.winner.json").write_text(json.dumps(record))
+    rows = {r["optimizer"]: r for r in board.summarize(tmp_path)["rows"]}
+    assert rows["lion"]["spread"] is None and "| 1 of 2 seeds |" in (tmp_path / "leaderboard.md").read_text()
+    assert rows["lion"]["noise_with_next"]  # lion 1.995 against adamw 2.025: within the board's median spread 0.05

@@ -367,7 +367,8 @@ def summarize(out: Path) -> dict:
             {
                 "optimizer": r["optimizer"],
                 "val_nats_per_byte": sum(finals) / len(finals),
-                "spread": max(finals) - min(finals),
+                # a seed that failed leaves no spread to measure: None, and the board's median stands in for it
+                "spread": max(finals) - min(finals) if len(finals) == len(SEEDS) else None,
                 "seeds": finals,
                 "tuned": r["tuned"],
                 "step": grid_text(r["step_grid"], plan.step),
@@ -385,11 +386,11 @@ def summarize(out: Path) -> dict:
         r["tokens_to_adamw_final"] = None if reached is None else reached * tokens_per_step
     # within noise: the gap is below either row's spread over seeds or the board's median spread (two seeds make a
     # poor estimate of one optimizer's noise: AdamW's two runs may land 0.0001 apart by chance)
-    spreads = sorted(r["spread"] for r in rows)
+    spreads = sorted(r["spread"] for r in rows if r["spread"] is not None) or [0.0]
     typical = spreads[len(spreads) // 2]
     for above, below in zip(rows, rows[1:]):
         gap = below["val_nats_per_byte"] - above["val_nats_per_byte"]
-        above["noise_with_next"] = gap < max(above["spread"], below["spread"], typical)
+        above["noise_with_next"] = gap < max(above["spread"] or 0.0, below["spread"] or 0.0, typical)
     (out / "leaderboard.json").write_text(json.dumps(rows, indent=1))
     seeds = ", ".join(map(str, SEEDS))
     models = sorted({o.split("=", 1)[1] for r in records for o in r.get("overrides", []) if o.startswith("model=")})
@@ -409,13 +410,18 @@ def summarize(out: Path) -> dict:
         tokens = "not reached" if r["tokens_to_adamw_final"] is None else f"{r['tokens_to_adamw_final']:,}"
         rate = "" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:,.0f}"
         lines.append(
-            f"| {i} | {r['optimizer']} | {r['val_nats_per_byte']:.4f} | {r['spread']:.4f} | "
+            f"| {i} | {r['optimizer']} | {r['val_nats_per_byte']:.4f} | {spread_text(r)} | "
             f"{'~' if r.get('noise_with_next') else ''} | {r['step']} | {r['knob']} | {tokens} | {rate} |"
         )
     (out / "leaderboard.md").write_text("\n".join(lines) + "\n")
     _plot(rows, tokens_per_step, out / "leaderboard.png")
     print("\n".join(lines))
     return {"rows": rows}
+
+
+def spread_text(row: dict) -> str:
+    """The spread over seeds, or how many seeds finished where one failed."""
+    return f"{row['spread']:.4f}" if row["spread"] is not None else f"{len(row['seeds'])} of {len(SEEDS)} seeds"
 
 
 def _plot(rows: list[dict], tokens_per_step: int, path: Path) -> None:
@@ -475,7 +481,8 @@ def write_presets(out: Path) -> list[str]:
     board = check_boards(records, out)
     steps, tokens_per_step = board["steps"], board["tokens_per_step"]
     centres = choice_centres(records)
-    spreads = sorted(max(s["val_loss"] for s in r["seeds"]) - min(s["val_loss"] for s in r["seeds"]) for r in records)
+    losses = [[s["val_loss"] for s in r["seeds"]] for r in records]
+    spreads = sorted(max(x) - min(x) for x in losses if all(map(math.isfinite, x))) or [0.0]  # a failed seed: none
     noise = spreads[len(spreads) // 2]
     changed = []
     for r in records:
