@@ -41,18 +41,14 @@ def check_picture(flag: str, path: str | Path) -> Path:
     exit 2)."""
     from matplotlib.backend_bases import FigureCanvasBase
 
+    from core.checks import existing_ancestor
     from core.errors import ConfigError
 
     path = Path(path).expanduser()
     formats = FigureCanvasBase.get_supported_filetypes()
     if path.suffix.lower().lstrip(".") not in formats:
         raise ConfigError(f"{flag}: {path}: a picture's name ends in one of .{', .'.join(sorted(formats))}")
-    existing = path.absolute().parent
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir():
-        where = "" if existing == path.absolute().parent else f": {existing}"
-        raise ConfigError(f"{flag}: {path.absolute().parent}{where} is a file, not a directory; choose a directory")
+    existing_ancestor(flag, path.absolute().parent)
     if path.is_dir():
         raise ConfigError(f"{flag}: {path} is a directory; name a file in it")
     return path

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import fields
+from pathlib import Path
 from typing import NoReturn
 
 from core.errors import ConfigError
@@ -51,6 +52,18 @@ def refuse_unread(section: object, at: str, unread: dict[str, tuple[bool, str, s
             _, reader, fix = unread[f.name]
             default = "null" if _default(f) is None else _default(f)
             fail(f"{at}.{f.name}", f"read only by {reader}: set {fix}, or leave it at {default}")
+
+
+def existing_ancestor(key: str, directory: Path) -> Path:
+    """The nearest of `directory` and its ancestors that exists: where creating `directory` starts. A file (or a
+    dangling link) there is a ConfigError naming `key`, before anything is written."""
+    existing = directory
+    while not (existing.exists() or existing.is_symlink()):
+        existing = existing.parent
+    if not existing.is_dir():
+        where = "" if existing == directory else f": {existing}"
+        raise ConfigError(f"{key}: {directory}{where} is a file, not a directory; choose a directory")
+    return existing
 
 
 def _default(f) -> object:

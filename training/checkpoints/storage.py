@@ -13,6 +13,7 @@ import re
 import tempfile
 from pathlib import Path
 
+from core.checks import existing_ancestor
 from core.errors import ConfigError, PipelineError
 
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # no space, over quota, over the file-size limit
@@ -27,12 +28,7 @@ def check_writable(key: str, path: str | Path, probe: bool = True) -> None:
             f"{key}: {path} holds a bracketed name ([...]), which TensorStore reads as a pattern: its "
             "checkpoints would not restore; choose a path without brackets"
         )
-    existing = path
-    while not (existing.exists() or existing.is_symlink()):
-        existing = existing.parent
-    if not existing.is_dir():
-        where = "" if existing == path else f": {existing}"
-        raise ConfigError(f"{key}: {path}{where} is a file, not a directory; choose a directory")
+    existing = existing_ancestor(key, path)
     if not probe:
         return
     try:
