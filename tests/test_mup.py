@@ -87,6 +87,13 @@ def test_the_coordinate_check_script_refuses_bad_arguments_in_one_line_before_it
         (["--out", str(tmp_path / "coord.json")], 2, f"error: --out: {tmp_path / 'coord.json'}: a picture's name"),
         (["--out", str(tmp_path / "a-file" / "c.png")], 2, f"error: --out: {tmp_path / 'a-file'} is a file"),
         (["--widths", "8,16", "--heads", "2", "--optimizer", "bogus", "--out", str(tmp_path / "c.png")], 2, "bogus"),
+        # the first width is μP's base and the verdict compares the last with it: an order it would misread
+        (
+            ["--widths", "16,8", "--heads", "2", "--out", str(tmp_path / "c.png")],
+            2,
+            "--widths: two or more, increasing",
+        ),
+        (["--widths", "8,8", "--heads", "2", "--out", str(tmp_path / "c.png")], 2, "--widths: two or more, increasing"),
     ):
         result = script_in_process("scripts.experiments.coord_check", args, monkeypatch, capsys)
         assert result.returncode == code and why in result.stderr, (args, result.stderr)
@@ -94,6 +101,21 @@ def test_the_coordinate_check_script_refuses_bad_arguments_in_one_line_before_it
             ("error:", "coord_check.py: error:", "__main__.py: error:")
         ), result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # nothing written
+
+
+def test_the_transfer_script_refuses_widths_out_of_order_in_one_line_before_it_runs(tmp_path, monkeypatch, capsys):
+    from helpers import script_in_process
+
+    for widths in ("256,64", "64,64", "0,64"):
+        out = tmp_path / "transfer"
+        args = ["--widths", widths, "--lrs", "1e-2", "--steps", "2", "--out", str(out)]
+        result = script_in_process("scripts.experiments.mup_transfer", args, monkeypatch, capsys)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.strip().splitlines() == [
+            "error: --widths: two or more, increasing (the first is μP's base), each >= 1; --lrs: each > 0; "
+            "--steps >= 1"
+        ], result.stderr
+        assert not out.exists()  # nothing run, nothing written
 
 
 def test_the_transfer_table_marks_a_width_where_every_lr_failed(tmp_path):

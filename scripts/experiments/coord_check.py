@@ -63,8 +63,12 @@ def main(argv: list[str]) -> int:
     except ValueError:
         print(f"error: --widths: comma-separated integers; got {args.widths!r}", file=sys.stderr)
         return 2
-    if len(widths) < 2 or any(w % args.heads for w in widths):
-        print(f"error: --widths: two or more, each a multiple of --heads={args.heads}", file=sys.stderr)
+    if len(widths) < 2 or widths != sorted(set(widths)) or widths[0] < 1 or any(w % args.heads for w in widths):
+        print(
+            f"error: --widths: two or more, increasing (the first is μP's base), each a positive multiple of "
+            f"--heads={args.heads}; got {args.widths}",
+            file=sys.stderr,
+        )
         return 2
     try:
         out = check_picture("--out", args.out)

@@ -80,8 +80,12 @@ def main(argv: list[str]) -> int:
     except ValueError:
         print(f"error: --widths takes integers and --lrs numbers, comma-separated; got {argv}", file=sys.stderr)
         return 2
-    if len(widths) < 2 or min(widths) < 1 or not lrs or min(lrs) <= 0 or args.steps < 1:
-        print("error: --widths: two or more, each >= 1; --lrs: each > 0; --steps >= 1", file=sys.stderr)
+    if len(widths) < 2 or widths != sorted(set(widths)) or widths[0] < 1 or not lrs or min(lrs) <= 0 or args.steps < 1:
+        print(
+            "error: --widths: two or more, increasing (the first is μP's base), each >= 1; --lrs: each > 0; "
+            "--steps >= 1",
+            file=sys.stderr,
+        )
         return 2
     out = Path(args.out)
     try:
