@@ -177,16 +177,16 @@ def test_landscape_script_draws_a_contour_with_the_trajectory_and_a_line(run_dir
     assert "25 points around step 4" in result.stdout and "step 2: at (" in result.stdout
     assert contour.stat().st_size > 10_000
 
-    line = tmp_path / "line.png"
+    line = run_dir / "landscape-step4-last-update-1d.png"  # no --out: beside the run, named by its directions
     result = script_in_process(
         "scripts.tools.landscape",
-        [str(run_dir), "--out", str(line), "--dims", "1", "--last-update", "--grid", "5"],
+        [str(run_dir), "--dims", "1", "--last-update", "--grid", "5"],
         monkeypatch,
         capsys,
     )
     assert result.returncode == 0, result.stderr
     assert "step 2: at (-1), 0% of its offset off the line" in result.stdout  # the previous checkpoint, exactly
-    assert line.stat().st_size > 10_000
+    assert result.stdout.startswith(f"{line}: ") and line.stat().st_size > 10_000
     result = script_in_process("scripts.tools.landscape", [str(run_dir), "--to-step", "3"], monkeypatch, capsys)
     assert result.returncode == 2 and "step 3" in result.stderr
     (tmp_path / "a-file").write_text("mine")  # where the picture's folder goes: one line before the computing
@@ -194,3 +194,20 @@ def test_landscape_script_draws_a_contour_with_the_trajectory_and_a_line(run_dir
     result = script_in_process("scripts.tools.landscape", [str(run_dir), "--out", str(out)], monkeypatch, capsys)
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert result.stderr.startswith(f"error: --out: {out.parent}") and "is a file, not a directory" in result.stderr
+
+
+def test_landscapes_of_one_step_along_other_directions_have_other_default_names():
+    """The default picture beside the run names its directions: a line and a plane, another seed, random directions
+    that move vectors, toward a step, the last update or the trajectory's principal directions do not overwrite
+    each other."""
+    import argparse
+
+    from scripts.tools.landscape import default_name
+
+    def args(**given):
+        base = {"to_step": None, "last_update": False, "pca": False, "include_vectors": False, "seed": 0, "dims": 2}
+        return argparse.Namespace(**(base | given))
+
+    kinds = [{}, {"dims": 1}, {"seed": 1}, {"include_vectors": True}, {"to_step": 3}, {"last_update": True}]
+    names = [default_name(args(**kind), 7) for kind in kinds + [{"pca": True}]]
+    assert len(set(names)) == len(names) and all(n.startswith("landscape-step7-") for n in names), names

@@ -35,7 +35,9 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run", help="run directory or checkpoint directory")
     parser.add_argument("--step", default="latest", help="the centre: latest, best or a step number")
-    parser.add_argument("--out", default=None, metavar="FILE.png", help="default: <run>/landscape-step<N>.png")
+    parser.add_argument(
+        "--out", default=None, metavar="FILE.png", help="default: <run>/landscape-step<N>-<directions>.png"
+    )
     parser.add_argument("--dims", type=int, choices=(1, 2), default=2, help="a line (1) or a plane (2)")
     how = parser.add_mutually_exclusive_group()
     how.add_argument("--to-step", type=int, default=None, help="first direction: toward this step's checkpoint")
@@ -103,7 +105,7 @@ def landscape(args: argparse.Namespace) -> dict:
     losses, at_centre = values[:-1].reshape([args.grid] * args.dims), values[-1]
 
     run_dir = centre.run_dir  # beside the run, also one whose checkpoints were saved elsewhere (locate.run_dir_of)
-    out = args.out or run_dir / f"landscape-step{centre.step}.png"
+    out = args.out or run_dir / default_name(args, centre.step)
     title = f"{data.main_split} loss around step {centre.step} of {run_dir.name} ({tokens} target tokens)"
     draw(out, grids, losses, names, placed, centre.step, title)
     print(
@@ -117,6 +119,20 @@ def landscape(args: argparse.Namespace) -> dict:
             f"{'line' if args.dims == 1 else 'plane'}"
         )
     return {"out": out, "losses": losses, "placed": placed}
+
+
+def default_name(args: argparse.Namespace, step: int) -> str:
+    """The picture's name beside the run: its centre and its directions, so that landscapes of one run around one step
+    along other directions (a line, a plane, another seed) do not overwrite each other."""
+    if args.to_step is not None:
+        kind = f"to{args.to_step}"
+    elif args.last_update:
+        kind = "last-update"
+    elif args.pca:
+        kind = "pca"
+    else:
+        kind = f"random{'-vectors' if args.include_vectors else ''}-seed{args.seed}"
+    return f"landscape-step{step}-{kind}-{args.dims}d.png"
 
 
 def choose_directions(
