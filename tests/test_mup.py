@@ -82,10 +82,12 @@ def test_the_coordinate_check_script_refuses_bad_arguments_in_one_line_before_it
     from helpers import script_in_process
 
     (tmp_path / "a-file").write_text("mine")
+    (tmp_path / "a-link").symlink_to(tmp_path / "gone")  # a link to nothing: no folder can be made through it
     for args, code, why in (
         (["--heads", "0"], 2, "argument --heads: must be >= 1; got 0"),  # argparse's usage error (was a division)
         (["--out", str(tmp_path / "coord.json")], 2, f"error: --out: {tmp_path / 'coord.json'}: a picture's name"),
         (["--out", str(tmp_path / "a-file" / "c.png")], 2, f"error: --out: {tmp_path / 'a-file'} is a file"),
+        (["--out", str(tmp_path / "a-link" / "c.png")], 2, f"error: --out: {tmp_path / 'a-link'} is a file"),
         (["--widths", "8,16", "--heads", "2", "--optimizer", "bogus", "--out", str(tmp_path / "c.png")], 2, "bogus"),
         # the first width is μP's base and the verdict compares the last with it: an order it would misread
         (
@@ -100,7 +102,7 @@ def test_the_coordinate_check_script_refuses_bad_arguments_in_one_line_before_it
         assert "Traceback" not in result.stderr and result.stderr.strip().splitlines()[-1].startswith(
             ("error:", "coord_check.py: error:", "__main__.py: error:")
         ), result.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # nothing written
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "a-link"]  # nothing written
 
 
 def test_the_transfer_script_refuses_widths_out_of_order_in_one_line_before_it_runs(tmp_path, monkeypatch, capsys):
