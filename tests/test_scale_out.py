@@ -186,6 +186,17 @@ def test_a_launchers_environment_gives_the_process_layout(launcher, monkeypatch)
     assert joined == [layout]
 
 
+def test_a_process_id_without_several_processes_is_refused_in_one_line(monkeypatch):
+    """system.process_id alone, with no process count and no launcher's environment, would train one process as if
+    it were rank 3 of nothing: refused, naming what reads it. Rank 0 of one process is what a single run is."""
+    for name in ("SLURM_NTASKS", "SLURM_JOB_ID", "OMPI_COMM_WORLD_SIZE", "JAX_COORDINATOR_ADDRESS"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ConfigError, match=r"^config: system.process_id: 3 is read only with system.num_processes > 1"):
+        init_distributed(load_config(["system.process_id=3"]).system)
+    init_distributed(load_config(["system.process_id=0"]).system)
+    init_distributed(load_config([]).system)
+
+
 def test_fsdp_shards_big_arrays_on_their_largest_divisible_dimension():
     cfg = load_config(["model=gpt2-xl"])
     import equinox as eqx

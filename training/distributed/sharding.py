@@ -64,6 +64,12 @@ def init_distributed(system: Processes) -> None:
             f"XLA_FLAGS=--xla_force_host_platform_device_count={n} before it starts"
         )
     if not ((system.num_processes or 1) > 1 or cluster_env_present()):
+        if system.process_id not in (None, 0):  # a rank of one process: the command meant to start several
+            raise ConfigError(
+                f"config: system.process_id: {system.process_id} is read only with system.num_processes > 1 or a "
+                "launcher's environment (SLURM, Open MPI, JAX_COORDINATOR_ADDRESS); set system.num_processes, or "
+                "leave process_id null"
+            )
         return
     try:
         # JAX reads JAX_COORDINATOR_ADDRESS itself, but not the process count and id that go with it.
