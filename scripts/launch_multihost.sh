@@ -24,7 +24,7 @@ trap 'kill "${pids[@]}" 2>/dev/null' INT TERM
 
 status=0
 for _ in "${pids[@]}"; do
-    wait -n "${pids[@]}"
+    wait -n  # the next of them to end (a list of pids would name the ones already reaped: "no such job")
     rc=$?
     if [ "$rc" -ne 0 ] && [ "$status" -eq 0 ]; then
         status=$rc

@@ -406,6 +406,17 @@ def test_a_2_process_checkpoint_continues_in_1_process(reference, data_cache, tm
     np.testing.assert_allclose([got[s] for s in range(1, STEPS + 1)], reference, atol=1e-4)
 
 
+def test_the_launch_script_exits_with_a_failed_process_status_and_only_its_line(data_cache, tmp_path):
+    """Both processes refuse the config: the script exits with their status, and stderr holds their one-line errors
+    and nothing of the script's own (waiting on processes it had reaped printed "wait: <pid>: no such job")."""
+    args = tiny_overrides(data_cache, f"logging.run_dir={tmp_path / 'run'}", "train.max_steps=0")
+    launched = launch_script(2, args, timeout=120)
+    assert launched.returncode == 2, launched.stderr[-2000:]
+    lines = [line for line in launched.stderr.splitlines() if line.strip()]
+    assert lines and all(line.startswith("error: config: train.max_steps") for line in lines), launched.stderr[-2000:]
+    assert not (tmp_path / "run").exists()
+
+
 def test_num_devices_under_a_launcher_is_one_line_in_every_process(data_cache, tmp_path):
     """system.num_devices picks a single process's devices: with the process count from the launcher's environment
     (num_processes null) each process built a mesh of its own devices and trained a model of its own, until its
