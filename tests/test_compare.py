@@ -103,3 +103,9 @@ def test_the_command_writes_markdown_csv_and_a_figure_or_says_what_is_missing(tm
     r = run_cli([str(tmp_path / "sweep"), "--split", "vall"], module="scripts.tools.compare_runs", timeout=120)
     assert (r.returncode, r.stderr) == (1, "error: --split vall: no run has it; their splits: json, val\n")
     assert (tmp_path / "sweep" / "comparison.png").stat().st_mtime_ns == written
+    # an --out that is a file, or below one: one line naming it, the file as it was (a traceback from mkdir)
+    (tmp_path / "a-file").write_text("mine")
+    for out in (tmp_path / "a-file", tmp_path / "a-file" / "below"):
+        r = run_cli([str(tmp_path / "sweep"), "--out", str(out)], module="scripts.tools.compare_runs", timeout=120)
+        assert r.returncode == 2 and r.stderr.startswith(f"error: --out: {out}") and r.stderr.count("\n") == 1, r
+        assert "is a file, not a directory" in r.stderr and (tmp_path / "a-file").read_text() == "mine"

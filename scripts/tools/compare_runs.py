@@ -16,6 +16,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from core.errors import PipelineError, say
+from training.checkpoints.storage import check_writable
 from training.reporting.compare import find_runs, run_record, write_comparison
 
 
@@ -34,12 +36,17 @@ def main(argv: list[str]) -> int:
     if not runs:
         print(f"error: no run (a directory with metrics.jsonl) in or below {', '.join(args.paths)}", file=sys.stderr)
         return 1
-    splits = sorted({s for run in runs for s in run_record(run)["summary"].get("splits", {})})
+    records = [run_record(run) for run in runs]
+    splits = sorted({s for record in records for s in record["summary"].get("splits", {})})
     if splits and args.split not in splits:
         print(f"error: --split {args.split}: no run has it; their splits: {', '.join(splits)}", file=sys.stderr)
         return 1
     out = Path(args.out) if args.out else paths[0]
-    text = write_comparison(runs, out, args.split)
+    try:
+        check_writable("--out", out)  # a file in the way: one line, before anything is written
+    except PipelineError as e:
+        return say(e)
+    text = write_comparison(runs, out, args.split, records)
     print(
         text + f"\n{len(runs)} run(s); written: {out / 'comparison.md'}, {out / 'comparison.csv'}, "
         f"{out / 'comparison.png'}"

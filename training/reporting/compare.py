@@ -171,11 +171,12 @@ def line_label(record: dict[str, Any], varying: list[str]) -> str:
     return ", ".join(parts)
 
 
-def write_comparison(runs: list[Path], out: Path, split: str = "val") -> str:
+def write_comparison(runs: list[Path], out: Path, split: str = "val", records: list[dict] | None = None) -> str:
     """The table of `runs` as `out`/comparison.md and comparison.csv, and the figure as comparison.png; returns the
-    Markdown table (what scripts/tools/compare_runs.py prints, and what a sweep's sweep.md includes)."""
+    Markdown table (what scripts/tools/compare_runs.py prints, and what a sweep's sweep.md includes). `records`: the
+    runs' `run_record`s where the caller has read them already."""
     out.mkdir(parents=True, exist_ok=True)
-    records = [run_record(r) for r in runs]
+    records = [run_record(r) for r in runs] if records is None else records
     columns, rows = table(records, split)
     text = markdown(columns, rows)
     (out / "comparison.md").write_text(text)
