@@ -313,6 +313,17 @@ def test_script_without_lm_eval_says_how_to_install_it_and_exits_2(trained, tmp_
     assert done.stdout == "" and not (trained / "harness" / "step8-hellaswag.json").exists()
 
 
+def test_an_out_that_is_a_directory_is_one_line_before_the_model_is_evaluated(trained, tmp_path, monkeypatch, capsys):
+    from helpers import script_in_process
+
+    args = [str(trained), "--tasks", "hellaswag", "--out", str(tmp_path)]
+    done = script_in_process("scripts.tools.eval_harness", args, monkeypatch, capsys)
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+        f"error: --out: {tmp_path} is a directory; name a file in it"
+    ], done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_the_results_file_is_named_by_what_sets_the_numbers():
     """A bfloat16 or another seed's evaluation replaced the float32 one of the same step and tasks."""
     import argparse

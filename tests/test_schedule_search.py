@@ -62,3 +62,14 @@ def test_a_candidate_that_diverged_or_stopped_short_has_no_smoothed_loss():
     assert search.smoothed_loss({4: 2.0, 5: "nan", 6: 4.0}, end=6, smooth=2) is None
     assert search.smoothed_loss({4: 2.0, 5: 3.0, 6: None}, end=6, smooth=2) is None
     assert search.smoothed_loss({4: 2.0, 6: 4.0}, end=6, smooth=2) is None
+
+
+def test_an_out_that_is_a_file_is_one_line_before_any_run(tmp_path):
+    (tmp_path / "a-file").write_text("mine")
+    for out in (tmp_path / "a-file", tmp_path / "a-file" / "search"):
+        result = run_cli(["--out", str(out)], module="scripts.experiments.schedule_search", timeout=120)
+        assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+            f"error: --out: {out}{'' if out.name == 'a-file' else f': {out.parent}'} is a file, not a directory; "
+            "choose a directory"
+        ], result.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["a-file"] and (tmp_path / "a-file").read_text() == "mine"

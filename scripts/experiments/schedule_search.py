@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 
 from core.errors import PipelineError
+from training.checkpoints.storage import check_writable
 from training.cli.sweep import run_sweep
 from training.reporting.summary import finite_number, latest_per_step, read_metrics
 
@@ -168,6 +169,10 @@ def main(argv: list[str]) -> int:
     if smooth > args.segment_steps:
         return fail(f"--smooth: at most --segment-steps={args.segment_steps}; got {smooth}")
     out = Path(args.out).absolute()
+    try:
+        check_writable("--out", out)  # a file in the way: one line, before any run
+    except PipelineError as e:
+        return fail(str(e))
     out.mkdir(parents=True, exist_ok=True)
     S = args.segment_steps
     common = [

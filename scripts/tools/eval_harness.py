@@ -51,6 +51,8 @@ def main(argv: list[str]) -> int:
             raise ConfigError(f"{args.path}: a note model (notes tokenizer); lm-eval's tasks are text")
         out = Path(args.out or trained.run_dir / "harness" / results_name(trained, tasks, args))
         check_writable("--out", out.parent)
+        if out.is_dir():
+            raise ConfigError(f"--out: {out} is a directory; name a file in it")
         lm = harness_lm(cast_floating(trained.model, COMPUTE_DTYPES[args.dtype]), trained.tokenizer, args.batch_tokens)
         results = evaluate_tasks(
             lm, tasks, include_path=args.include_path, limit=args.limit, num_fewshot=args.num_fewshot, seed=args.seed
