@@ -380,3 +380,34 @@ def test_a_tools_bad_argument_is_a_usage_error_naming_it(module, args, line, mon
     result = script_in_process(module, args, monkeypatch, capsys)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert line in result.stderr.strip().splitlines()[-1]
+
+
+FOLDER_FLAGS = [  # (tool, its arguments before the folder flag, the flag): each writes under a folder it names
+    ("scripts.benchmarks.bench", ["--steps", "1"], "--record"),
+    ("scripts.benchmarks.bench_peer", ["--nanogpt", "{nanogpt}", "--device", "cpu"], "--record"),
+    ("scripts.benchmarks.gpu_suite", [], "--out"),
+    ("scripts.benchmarks.soak_kill_resume", [], "--workdir"),
+    ("scripts.experiments.time_to_target", ["--out", "{tmp}/ttt"], "--record"),
+    ("scripts.experiments.time_to_target", [], "--out"),
+    ("scripts.experiments.optimizer_leaderboard", ["--only", "adamw"], "--out"),
+    ("scripts.experiments.optimizer_leaderboard", [], "--summarize"),
+    ("scripts.experiments.schedule_search", [], "--out"),
+]
+
+
+@pytest.mark.parametrize("tool,args,flag", FOLDER_FLAGS, ids=[f"{t.split('.')[-1]}{f}" for t, _, f in FOLDER_FLAGS])
+def test_a_folder_flag_with_a_file_in_the_way_is_one_line_before_anything_runs(
+    tool, args, flag, tmp_path, monkeypatch, capsys
+):
+    """A file where a tool's output folder would go was mkdir's traceback, some after the measuring or the runs."""
+    (tmp_path / "nanogpt").mkdir()
+    (tmp_path / "nanogpt" / "model.py").write_text("")  # bench_peer asks only that the checkout looks like one
+    (tmp_path / "a-file").write_text("mine")
+    given = [a.format(tmp=tmp_path, nanogpt=tmp_path / "nanogpt") for a in args]
+    result = script_in_process(tool, [*given, flag, str(tmp_path / "a-file" / "below")], monkeypatch, capsys)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines() == [
+        f"error: {flag}: {tmp_path / 'a-file' / 'below'}: {tmp_path / 'a-file'} is a file, not a directory; "
+        "choose a directory"
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "nanogpt"] and not result.stdout

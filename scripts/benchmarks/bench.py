@@ -42,6 +42,7 @@ from core.errors import ConfigError, PipelineError, say
 from models.gpt import count_params
 from scripts.benchmarks import records
 from training import config as config_lib
+from training.checkpoints.storage import check_writable
 from training.distributed.sharding import put_batch
 from training.loop.compilation import CompileClock, init_xla_flags, xla_flags
 from training.loop.host_memory import init_host_memory
@@ -267,6 +268,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--no-record", action="store_true", help="keep no record, even on a GPU")
     args, overrides = parser.parse_known_args(argv)
     try:
+        if args.record:  # before the measuring: a folder the record can go to
+            check_writable("--record", args.record)
         system = config_lib.load_config(overrides).system
         init_host_memory(system.reuse_host_memory)  # as train_jax.py does
         init_xla_flags(system)  # before the backend starts

@@ -45,7 +45,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from core.arguments import OneLineParser
+from core.errors import ConfigError
 from scripts.benchmarks import records
+from training.checkpoints.storage import check_writable
 
 ROOT = Path(__file__).resolve().parents[2]
 VOCAB = 50257  # GPT-2's tokens; both models pad their embedding to 50,304 rows
@@ -94,6 +96,11 @@ def argument_problem(args: argparse.Namespace) -> str | None:
             return f"--{name} must be at least 1; got {getattr(args, name)}"
     if not 0 < args.jax_mem_fraction < 1:
         return f"--jax-mem-fraction must be in (0, 1); got {args.jax_mem_fraction}"
+    if args.record:  # before the measuring: a folder the record can go to
+        try:
+            check_writable("--record", args.record)
+        except ConfigError as e:
+            return str(e)
     return None
 
 

@@ -309,6 +309,13 @@ def main(argv: list[str]) -> int:
     p.add_argument("--data", help=f'their dataset overrides, one string (default "{" ".join(GPT2_DATA)}")')
     args = p.parse_args(argv)
     chosen_levers(args.levers)  # a --levers that picks nothing is said before anything runs or is written
+    from core.errors import PipelineError, say
+    from training.checkpoints.storage import check_writable
+
+    try:
+        check_writable("--out", args.out)
+    except PipelineError as e:
+        return say(e)
     suite = Suite(args)
     suite.side_by_side()
     stages = (

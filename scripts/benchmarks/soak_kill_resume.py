@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+from core.errors import PipelineError, say
+from training.checkpoints.storage import check_writable
 from training.config import layout
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -104,6 +106,10 @@ def main() -> int:
     args, extra = parser.parse_known_args()
     rng = random.Random(args.seed)
     workdir = args.workdir.absolute()
+    try:
+        check_writable("--workdir", workdir)  # a file in the way: one line, before any run
+    except PipelineError as e:
+        return say(e)
     workdir.mkdir(parents=True, exist_ok=True)
     command = tiny(workdir, args.steps, args.save_every) + extra
 

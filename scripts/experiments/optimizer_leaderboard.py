@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from core.errors import ConfigError, PipelineError, say
+from training.checkpoints.storage import check_writable
 from training.config import layout
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -574,6 +575,7 @@ def main(argv: list[str]) -> int:
         unknown = [n for n in names if n not in PLANS or n not in OPTIMIZERS]
         if unknown:
             raise ConfigError(f"--only: no tuning plan for {', '.join(unknown)}; plans exist for {', '.join(PLANS)}")
+        check_writable("--summarize" if args.summarize else "--out", out)  # a file in the way: before any run
         records = read_records(out)
         if not args.summarize:  # before a run: a board is tuned on one budget and model
             check_boards(records, out, board)

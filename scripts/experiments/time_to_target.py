@@ -28,6 +28,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from core.errors import PipelineError, say
+from training.checkpoints.storage import check_writable
 from training.reporting.summary import latest_per_step, read_metrics
 
 # gpt2-micro with AdamW at train_lm.sh's settings (its 20 warmup steps of 320 as a fraction), and the recipe at the
@@ -218,6 +220,12 @@ def main(argv: list[str]) -> int:
     if args.seeds < 1 or args.steps < 1 or args.eval_every < 1:
         p.error("--seeds, --steps and --eval-every must be at least 1")
     out = Path(args.out)
+    try:  # before any run: folders the runs, the table and the record can go to
+        check_writable("--out", out)
+        if args.record:
+            check_writable("--record", args.record)
+    except PipelineError as e:
+        return say(e)
     chosen = variants(args.ablation or bool(args.only))
     if args.only:
         wanted = {"baseline", *args.only.split(",")}
