@@ -128,6 +128,12 @@ def test_a_fine_tuned_model_writes_a_playable_midi(finetuned, tmp_path, monkeypa
     assert len(ons) == 12 and midi.length > 0  # the prompt's 12 notes, with the velocities the model chose
     blue, orange = roll_colours(tmp_path / "sample-0.png")  # the model's velocities, and the prompt's diagonal
     assert blue > 0 and orange > 0
+    below_a_file = tmp_path / "sample-0.mid" / "more"  # one line before the sampling (mkdir's traceback after it)
+    args = [str(run_dir), "--max-new-tokens", "30", "--out", str(below_a_file)]
+    result = script_in_process("scripts.tools.sample", args, monkeypatch, capsys)
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+        f"error: --out: {below_a_file}: {tmp_path / 'sample-0.mid'} is a file, not a directory; choose a directory"
+    ], result.stderr
 
 
 def test_a_pretrained_model_continues_a_midi_prompt(pretrained, tmp_path, bach_chorale, monkeypatch, capsys):

@@ -154,6 +154,11 @@ def test_the_download_says_in_one_line_that_the_hub_cannot_be_reached(tmp_path, 
         f"error: download_fineweb: the Hugging Face Hub cannot be reached (offline, or HF_HUB_OFFLINE=1); 2 shards "
         f"of kjj0/fineweb10B-gpt2 are missing from {tmp_path}: run this where there is a network and copy the folder"
     ]
+    shard = tmp_path / "fineweb_val_000000.bin"  # a folder below a file: said before the Hub is asked
+    result = script_in_process("scripts.tools.download_fineweb", ["--folder", str(shard / "more")], monkeypatch, capsys)
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+        f"error: --folder: {shard / 'more'}: {shard} is a file, not a directory; choose a directory"
+    ], result.stderr
 
 
 class FakeHub:

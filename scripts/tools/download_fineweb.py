@@ -15,9 +15,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from core.errors import DataError, say
+from core.errors import DataError, PipelineError, say
 from core.hub import hub_reachable
 from data.token_shards import read_shard
+from training.checkpoints.storage import check_writable
 
 REPO = "kjj0/fineweb10B-gpt2"
 
@@ -50,6 +51,10 @@ def main(argv: list[str]) -> int:
     if not 1 <= args.shards <= 103:
         parser.error(f"--shards must be in 1..103 (the dataset has 103 training shards); got {args.shards}")
     folder = Path(args.folder)
+    try:
+        check_writable("--folder", folder)  # a file in the way: one line, before the Hub is asked
+    except PipelineError as e:
+        return say(e)
     wanted = [name for name in shard_names(args.shards) if not present(folder / name)]
     if not wanted:
         print(f"{folder}: all {args.shards + 1} shards are there")

@@ -22,6 +22,7 @@ from pathlib import Path
 from core.arguments import at_least
 from core.errors import DataError, PipelineError, say
 from models.decode import generate
+from training.checkpoints.storage import check_writable
 from training.checkpoints.trained import Trained, add_checkpoint_arguments, load_trained
 from training.config import layout
 
@@ -97,8 +98,9 @@ def sample_notes(trained: Trained, args: argparse.Namespace) -> int:
     if len(given) == 0:
         raise DataError(f"the prompt ({source}) has no notes")
     prompt = note_prompt(task, given, tok)
-    generated = _generate(trained, [prompt] * args.num_samples, args)
     out = Path(args.out or trained.run_dir / layout.SAMPLES)
+    check_writable("--out", out)  # before the sampling: a file in the way is one line
+    generated = _generate(trained, [prompt] * args.num_samples, args)
     quantised = tok.quantise(given)
     draw_piano_roll(
         quantised,
