@@ -411,3 +411,15 @@ def test_a_folder_flag_with_a_file_in_the_way_is_one_line_before_anything_runs(
         "choose a directory"
     ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "nanogpt"] and not result.stdout
+
+
+def test_bench_refuses_a_run_of_several_stages_in_one_line(data_cache, monkeypatch, capsys):
+    """Its steps would mix the stages' batch sizes and windows, and its tokens per second one stage's batch."""
+    stages = "train.stages=[{until: 0.5, batch_size: 4}, {until: 1.0}]"
+    args = ["--steps", "2", *tiny_overrides(data_cache, stages)]
+    result = script_in_process("scripts.benchmarks.bench", args, monkeypatch, capsys)
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+        "error: config: train.stages: bench.py times one step's configuration; set train.batch_size and "
+        "model.attention_window to the stage to time, and train.stages=[]"
+    ], result.stderr
+    assert not result.stdout

@@ -43,6 +43,7 @@ from models.gpt import count_params
 from scripts.benchmarks import records
 from training import config as config_lib
 from training.checkpoints.storage import check_writable
+from training.config.stages import plan_stages
 from training.distributed.sharding import put_batch
 from training.loop.compilation import CompileClock, init_xla_flags, xla_flags
 from training.loop.host_memory import init_host_memory
@@ -52,6 +53,11 @@ from training.reporting.flops import MFU_FORMULA, flops_per_token, mfu, peak_flo
 
 def bench(overrides: list[str], steps: int, warmup: int, first: bool = True) -> dict:
     cfg = config_lib.load_config(overrides, jax.local_device_count())
+    if len(plan_stages(cfg)) > 1:  # a median over steps of several batch sizes or windows is no one step's time
+        raise ConfigError(
+            "config: train.stages: bench.py times one step's configuration; set train.batch_size and "
+            "model.attention_window to the stage to time, and train.stages=[]"
+        )
     p = build(cfg)
     mesh, data, state, train_step = p.mesh, p.data, p.state, p.train_step
     batches = [put_batch(data.train.batch(s), mesh) for s in range(warmup + steps)]
