@@ -109,3 +109,24 @@ def test_the_command_writes_markdown_csv_and_a_figure_or_says_what_is_missing(tm
         r = run_cli([str(tmp_path / "sweep"), "--out", str(out)], module="scripts.tools.compare_runs", timeout=120)
         assert r.returncode == 2 and r.stderr.startswith(f"error: --out: {out}") and r.stderr.count("\n") == 1, r
         assert "is a file, not a directory" in r.stderr and (tmp_path / "a-file").read_text() == "mine"
+
+
+def test_the_command_reads_each_runs_records_once(tmp_path, monkeypatch, capsys):
+    """The splits check and the table share one reading of each run (it read metrics.jsonl and the rest twice)."""
+    from collections import Counter
+
+    import training.reporting.compare as compare
+    from scripts.tools import compare_runs
+
+    runs = [fake_run(tmp_path / "sweep", name, "adamw", lr, [5.0, 4.0]) for name, lr in (("a", 1e-3), ("b", 3e-3))]
+    reads = Counter()
+
+    def counted(run):
+        reads[run] += 1
+        return run_record(run)
+
+    monkeypatch.setattr(compare, "run_record", counted)
+    monkeypatch.setattr(compare_runs, "run_record", counted)
+    assert compare_runs.main([str(tmp_path / "sweep")]) == 0
+    assert "2 run(s)" in capsys.readouterr().out
+    assert reads == Counter(runs)

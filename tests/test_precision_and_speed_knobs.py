@@ -511,6 +511,20 @@ def test_xla_flags_reach_xla_before_its_backend_starts(data_cache, tmp_path):
     assert any("train_step" in p.name for p in dump.iterdir())
 
 
+def test_an_xla_flag_xla_refuses_is_one_line_before_anything_is_written(data_cache, tmp_path):
+    """XLA aborts the process on a flag it does not know, or a value it cannot read, when its backend starts: the
+    flags are tried first, and the run says which one in one line (it was XLA's fatal log line and an abort)."""
+    for flag, why in (
+        ("--xla_no_such_flag=1", "Unknown flag in XLA_FLAGS: --xla_no_such_flag=1"),
+        ("--xla_gpu_autotune_level=high", "Couldn't interpret value high for flag xla_gpu_autotune_level."),
+    ):
+        r = run_cli(tiny_overrides(data_cache, f"logging.run_dir={tmp_path}/run", f"system.xla_flags=['{flag}']"))
+        assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+            f"error: config: system.xla_flags: XLA refuses them ({why}); correct or drop the flag"
+        ], r.stderr[-2000:]
+        assert not (tmp_path / "run").exists()
+
+
 def test_xla_flags_in_a_process_whose_backend_runs_are_one_line(data_cache, tmp_path, capsys):
     jax.devices()  # this test process's backend is running
     code = train_jax.command_line(

@@ -4,6 +4,9 @@ compiling took."""
 from __future__ import annotations
 
 import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import jax
@@ -43,7 +46,30 @@ def init_xla_flags(system: SystemConfig) -> None:
             f"would ignore {'them' if key == 'system.xla_flags' else 'it'}; "
             f"set XLA_FLAGS='{' '.join(flags)}' in the environment instead"
         )
+    if set(flags) & set(system.xla_flags):
+        refused = refused_by_xla(list(system.xla_flags))
+        if refused:
+            raise ConfigError(f"config: system.xla_flags: XLA refuses them ({refused}); correct or drop the flag")
     os.environ["XLA_FLAGS"] = " ".join([*held, *flags])
+
+
+def refused_by_xla(flags: list[str]) -> str | None:
+    """XLA's own complaint about `flags`, or None when it takes them. XLA checks its flags when a backend starts and
+    aborts the process on one it does not know (or a value it cannot parse), so they are tried first in a process of
+    their own: JAX's CPU backend, which knows every XLA flag, the GPU's included (~0.75 s)."""
+    env = {**os.environ, "XLA_FLAGS": " ".join(flags), "JAX_PLATFORMS": "cpu"}
+    try:
+        tried = subprocess.run(
+            [sys.executable, "-c", "import jax; jax.devices()"], env=env, capture_output=True, text=True, timeout=300
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None  # no verdict: the run itself will start the backend with them
+    if tried.returncode == 0:
+        return None
+    # XLA's first error or fatal log line (E/F<date> <time> <thread> <file>:<line>] ...), less its prefix: the unknown
+    # flag, or the value it could not read (before the usage text it prints after it)
+    logged = re.findall(r"^[EF]\d{4} [^\]]*\] (.*)$", tried.stderr, re.MULTILINE)
+    return logged[0].strip() if logged else f"a process with them exited {tried.returncode}"
 
 
 def init_compilation_cache(directory: str | None) -> None:
