@@ -198,6 +198,19 @@ def test_bench_checkpoint_refuses_bad_arguments(argv, words, capsys):
 # --- records ---------------------------------------------------------------------------------------------------------
 
 
+def test_records_default_folder_is_the_checkouts_wherever_the_command_runs(tmp_path, monkeypatch, capsys):
+    """A GPU benchmark run from another directory kept its record in ./benchmarks/results there, where no table read
+    it; and records.py there found no folder. Both mean the checkout's benchmarks/results/, whose block BENCHMARKS.md
+    holds."""
+    checkout = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+    monkeypatch.chdir(tmp_path)
+    assert Path(records.destination(None, no_record=False, on_gpu=True)) == checkout
+    assert records.destination(str(tmp_path / "mine"), no_record=False, on_gpu=True) == str(tmp_path / "mine")
+    assert records.main([]) == 0
+    assert capsys.readouterr().out == records.tables(records.read(checkout))
+    assert not any(tmp_path.iterdir())  # nothing written where the command ran
+
+
 def test_records_update_of_a_missing_file_is_one_line(tmp_path, capsys):
     assert records.main([str(tmp_path), "--update", str(tmp_path / "NOPE.md")]) == 2
     one_line_error(capsys.readouterr().err, "NOPE.md")

@@ -106,17 +106,24 @@ def test_the_coordinate_check_script_refuses_bad_arguments_in_one_line_before_it
 
 
 def test_the_transfer_script_refuses_widths_out_of_order_in_one_line_before_it_runs(tmp_path, monkeypatch, capsys):
+    """The first width is μP's base and the table reads the others against it: 256,64 or a repeated width was
+    misread. Each refusal names its flag and what was given."""
     from helpers import script_in_process
 
-    for widths in ("256,64", "64,64", "0,64"):
+    widths_rule = "--widths: two or more, increasing (the first is μP's base), each >= 1"
+    for given, why in (
+        (["--widths", "256,64"], f"{widths_rule}; got 256,64"),
+        (["--widths", "64,64"], f"{widths_rule}; got 64,64"),
+        (["--widths", "0,64"], f"{widths_rule}; got 0,64"),
+        (["--widths", "64"], f"{widths_rule}; got 64"),
+        (["--lrs", "1e-2,0"], "--lrs: each > 0; got 1e-2,0"),
+        (["--steps", "0"], "--steps: >= 1; got 0"),
+    ):
         out = tmp_path / "transfer"
-        args = ["--widths", widths, "--lrs", "1e-2", "--steps", "2", "--out", str(out)]
+        args = ["--widths", "64,256", "--lrs", "1e-2", "--steps", "2", "--out", str(out), *given]
         result = script_in_process("scripts.experiments.mup_transfer", args, monkeypatch, capsys)
         assert result.returncode == 2, result.stderr
-        assert result.stderr.strip().splitlines() == [
-            "error: --widths: two or more, increasing (the first is μP's base), each >= 1; --lrs: each > 0; "
-            "--steps >= 1"
-        ], result.stderr
+        assert result.stderr.strip().splitlines() == [f"error: {why}"], result.stderr
         assert not out.exists()  # nothing run, nothing written
 
 

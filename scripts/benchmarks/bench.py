@@ -20,8 +20,9 @@ operands (`float8_dots`: FP8 matmuls XLA runs with its own kernels), device kind
 `--variant "OVERRIDES"` (repeatable) times several configurations in one process, each the common overrides plus its
 own, one JSON line each: the corpus and tokenizer are loaded once. `system.xla_flags` belongs with the common
 overrides (XLA reads its flags once per process, before the backend starts; bench.py sets them then).
-On a GPU every configuration's line is also kept as a record under benchmarks/results/ (scripts/benchmarks/records.py;
-`--record DIR` elsewhere or on any backend, `--no-record` never).
+On a GPU every configuration's line is also kept as a record under the checkout's benchmarks/results/, from whatever
+directory bench.py runs (scripts/benchmarks/records.py; `--record DIR` elsewhere or on any backend, `--no-record`
+never).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Benchmark records: a JSON file per measurement under benchmarks/results/, and the Markdown tables made of them.
+"""Benchmark records: a JSON file per measurement under the checkout's benchmarks/results/, and the Markdown tables
+made of them.
 
     python -m scripts.benchmarks.records                          # the tables of benchmarks/results/, printed
     python -m scripts.benchmarks.records --update BENCHMARKS.md   # rewrite the block between its records markers
@@ -8,7 +9,8 @@ measurement, the UTC date, the commit (`+dirty` when the checkout had uncommitte
 git checkout is at hand), the device, the JAX version, the command line and the result, as the script printed it. Its
 file name holds its date, device, kind and a hash of its content as written (a record corrected later says so in a
 field of its own, `commit_note`). The tables are written from the records alone, so a figure in BENCHMARKS.md's
-records block can always be traced to its file.
+records block can always be traced to its file. benchmarks/results/ is the checkout's (the one this file is in),
+from whatever directory a command runs: BENCHMARKS.md's block is made of it.
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path("benchmarks") / "results"  # relative to where the script runs: the checkout's root
+ROOT = Path(__file__).resolve().parents[2]  # the checkout (the project installs it editable)
+# The checkout's, not the working directory's: a benchmark run from elsewhere kept its record where no table read it.
+RESULTS = ROOT / "benchmarks" / "results"
 START, END = "<!-- records:start -->", "<!-- records:end -->"
 GIB = 2**30
 
@@ -36,13 +40,12 @@ def commit() -> str:
     files without their git history, as on a machine the checkout was copied to)."""
     if os.environ.get("GPT_JAX_COMMIT"):
         return os.environ["GPT_JAX_COMMIT"]
-    root = Path(__file__).resolve().parents[2]
     try:
         sha = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=30, check=True
+            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=30, check=True
         ).stdout.strip()
         status = ["git", "status", "--porcelain", "--untracked-files=no"]
-        dirty = subprocess.run(status, cwd=root, capture_output=True, text=True, timeout=30).stdout.strip()
+        dirty = subprocess.run(status, cwd=ROOT, capture_output=True, text=True, timeout=30).stdout.strip()
         return sha + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -53,8 +56,8 @@ def slug(text: str) -> str:
 
 
 def destination(record: str | None, no_record: bool, on_gpu: bool) -> str | Path | None:
-    """Where a benchmark keeps its record: `--record DIR`, else benchmarks/results/ on a GPU; nowhere with
-    `--no-record` (or off a GPU without `--record`)."""
+    """Where a benchmark keeps its record: `--record DIR`, else the checkout's benchmarks/results/ on a GPU; nowhere
+    with `--no-record` (or off a GPU without `--record`)."""
     if no_record:
         return None
     return record or (RESULTS if on_gpu else None)

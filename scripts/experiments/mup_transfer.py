@@ -80,13 +80,19 @@ def main(argv: list[str]) -> int:
     except ValueError:
         print(f"error: --widths takes integers and --lrs numbers, comma-separated; got {argv}", file=sys.stderr)
         return 2
-    if len(widths) < 2 or widths != sorted(set(widths)) or widths[0] < 1 or not lrs or min(lrs) <= 0 or args.steps < 1:
-        print(
-            "error: --widths: two or more, increasing (the first is μP's base), each >= 1; --lrs: each > 0; "
-            "--steps >= 1",
-            file=sys.stderr,
-        )
-        return 2
+    for flag, given, bad, rule in (
+        (
+            "--widths",
+            args.widths,
+            len(widths) < 2 or widths != sorted(set(widths)) or widths[0] < 1,
+            "two or more, increasing (the first is μP's base), each >= 1",
+        ),
+        ("--lrs", args.lrs, not lrs or min(lrs) <= 0, "each > 0"),
+        ("--steps", args.steps, args.steps < 1, ">= 1"),
+    ):
+        if bad:
+            print(f"error: {flag}: {rule}; got {given}", file=sys.stderr)
+            return 2
     out = Path(args.out)
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -124,14 +124,12 @@ def landscape(args: argparse.Namespace) -> dict:
 def default_name(args: argparse.Namespace, step: int) -> str:
     """The picture's name beside the run: its centre and its directions, so that landscapes of one run around one step
     along other directions (a line, a plane, another seed) do not overwrite each other."""
-    if args.to_step is not None:
-        kind = f"to{args.to_step}"
-    elif args.last_update:
-        kind = "last-update"
-    elif args.pca:
-        kind = "pca"
+    random = f"random{'-vectors' if args.include_vectors else ''}-seed{args.seed}"
+    if args.to_step is not None or args.last_update:  # a plane's second direction is random (choose_directions)
+        kind = f"to{args.to_step}" if args.to_step is not None else "last-update"
+        kind += f"-{random}" if args.dims == 2 else ""
     else:
-        kind = f"random{'-vectors' if args.include_vectors else ''}-seed{args.seed}"
+        kind = "pca" if args.pca else random
     return f"landscape-step{step}-{kind}-{args.dims}d.png"
 
 
