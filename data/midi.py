@@ -22,6 +22,11 @@ def read_midi(path: str | Path) -> Notes:
     except Exception as e:  # mido raises whatever the damaged bytes lead it to (OSError, EOFError, ValueError, ...)
         reason = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
         raise DataError(f"{path}: not a readable MIDI file ({reason})") from None
+    if midi.type == 2:  # mido cannot merge its tracks (a TypeError while iterating, which read as a traceback)
+        raise DataError(
+            f"{path}: a type 2 MIDI file (independent sequences, one per track), which has no single timeline; "
+            "save it as type 0 or 1"
+        )
     now, sounding = 0.0, {}
     pitch, velocity, start, end = [], [], [], []
     for msg in midi:  # merged tracks; msg.time is seconds since the previous message

@@ -365,3 +365,20 @@ def test_a_stage_error_is_one_line_and_exit_2(capsys):
     assert result.stderr.strip().splitlines() == [
         "error: config: stage: piano_task needs a notes source (dataset=music21, maestro or midi_files), not pystdlib"
     ]
+
+
+def test_a_type_2_midi_file_is_one_line_naming_it(tmp_path):
+    """mido cannot merge a type 2 file's tracks (independent sequences): its TypeError read as a traceback."""
+    from core.errors import DataError
+    from data.midi import read_midi
+
+    midi = mido.MidiFile(type=2)
+    for pitch in (60, 64):
+        track = mido.MidiTrack([mido.Message("note_on", note=pitch), mido.Message("note_off", note=pitch, time=480)])
+        midi.tracks.append(track)
+    midi.save(tmp_path / "song.mid")
+    with pytest.raises(DataError, match=r"song\.mid: a type 2 MIDI file .*; save it as type 0 or 1$"):
+        read_midi(tmp_path / "song.mid")
+    midi.type = 1  # the same tracks on one timeline read
+    midi.save(tmp_path / "song.mid")
+    assert len(read_midi(tmp_path / "song.mid").pitch) == 2
