@@ -337,9 +337,15 @@ class HubStream:
                 raise DataError(
                     f"dataset.text_column: {d.text_column!r} is not a column of {self.label}; it has {', '.join(row)}"
                 )
+            text = row[d.text_column]
+            if text is not None and not isinstance(text, str):
+                raise DataError(
+                    f"dataset.text_column: {d.text_column!r} of {self.label} holds {type(text).__name__}, not text "
+                    f"(row {self.row}); name a column of strings"
+                )
             split = split_of(f"row-{self.row}", d.val_fraction, d.test_fraction)
             self.row += 1
-            yield split, row[d.text_column] or ""
+            yield split, text or ""
 
 
 def _text_column(ds: datasets.Dataset, d: RecordsConfig, label: str | None = None) -> datasets.Dataset:
@@ -354,5 +360,21 @@ def _text_column(ds: datasets.Dataset, d: RecordsConfig, label: str | None = Non
                 f"dataset.{key}: {column!r} is not a column of {label or d.hf_path}; it has "
                 f"{', '.join(ds.column_names)}"
             )
+    for key, column in columns.items():
+        if not _holds_text(ds.features[column]):
+            texts = [name for name, feature in ds.features.items() if _holds_text(feature)]
+            raise DataError(
+                f"dataset.{key}: {column!r} of {label or d.hf_path} holds {_kind(ds.features[column])}, not text; "
+                + (f"its text columns: {', '.join(texts)}" if texts else "it has no column of text")
+            )
     ds = ds.select_columns(list(columns.values()))
     return ds.rename_columns({columns[key]: new for key, new in wanted.items() if columns[key] != new})
+
+
+def _holds_text(feature: Any) -> bool:
+    """A column of strings (or of nulls only: the check for missing values names their rows)."""
+    return isinstance(feature, hf_datasets().Value) and feature.dtype in ("string", "large_string", "null")
+
+
+def _kind(feature: Any) -> str:
+    return feature.dtype if isinstance(feature, hf_datasets().Value) else type(feature).__name__.lower()

@@ -209,13 +209,19 @@ JSON_CASES = [  # (how the file is broken, the columns asked for, what the line 
         "{f} line 12: not UTF-8 (byte 17: invalid continuation byte)",
         False,
     ),
+    (  # numbers, not text: a traceback from the tokenizer
+        {n: json.dumps({"question": f"what is {n}?", "answer": n}) for n in range(1, 41)},
+        ("question", "answer"),
+        "dataset.completion_column: 'answer' of {f} holds int64, not text; its text columns: question",
+        False,
+    ),
 ]
 
 
 @pytest.mark.parametrize(
     "broken,columns,message,own_process",
     JSON_CASES,
-    ids=["malformed line", "record without completion", "no such column", "not UTF-8"],
+    ids=["malformed line", "record without completion", "no such column", "not UTF-8", "numbers"],
 )
 def test_a_bad_json_lines_file_is_one_line_naming_the_file_and_line(
     broken, columns, message, own_process, data_cache, tmp_path, capsys

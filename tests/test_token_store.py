@@ -117,6 +117,19 @@ def test_a_split_local_files_do_not_have_is_one_line_naming_its_key(tmp_path):
     assert str(refused.value).endswith("; dataset.val_split=null holds out dataset.val_fraction of train instead")
 
 
+def test_a_text_column_of_numbers_is_one_line_streamed_or_not(tmp_path):
+    """dataset.text_column naming a column of numbers: the tokenizer's AttributeError on an int read as a traceback."""
+    write_jsonl(tmp_path / "a.jsonl", 30)
+    for streaming, message in (
+        ("false", r"dataset.text_column: 'id' of json holds int64, not text; its text columns: text$"),
+        ("true", r"dataset.text_column: 'id' of .* holds int, not text \(row 0\); name a column of strings$"),
+    ):
+        overrides = streamed(tmp_path / "a.jsonl", tmp_path / "cache", "dataset.text_column=id")
+        d = load_config([*overrides, f"dataset.streaming={streaming}"]).dataset
+        with pytest.raises(DataError, match=message):
+            tokenized_corpus(load_corpus(d), ByteTokenizer(), d, 0, 1)
+
+
 def test_each_split_is_its_documents_each_followed_by_eos(tmp_path):
     write_files(tmp_path / "docs", DOCS)
     (tmp_path / "docs" / "empty.txt").write_text("")
@@ -260,9 +273,14 @@ def test_a_build_killed_midway_ends_with_the_same_bytes(tmp_path, source):
     child.wait()
     (root,) = [p for p in stores.iterdir() if p.is_dir()]  # beside it, its build's lock file
     assert not (root / "store.json").exists()  # nothing a later run would trust
+    # what a build killed in its join or mid-write leaves besides (the join's temporaries are as large as their split)
+    leftovers = [root / "train.tokens.tmp99999", root / "val.docs.tmp99999", root / "chunk-00001.json.tmp99999"]
+    for path in leftovers:
+        path.write_bytes(b"\0" * 64)
     counting = CountingByteTokenizer()
     _, resumed = build(make(tmp_path / "cache"), counting)
     assert store_bytes(resumed) == store_bytes(reference)
+    assert sorted(p.name for p in root.iterdir()) == sorted(p.name for p in reference.root.iterdir())
     total = sum(resumed.meta["splits"][s]["documents"] for s in resumed.splits)
     assert 0 < counting.documents <= total - 3  # the chunks finished before the kill were not tokenised again
 
