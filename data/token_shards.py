@@ -92,7 +92,9 @@ class ShardedTokens:
             if lo >= hi:
                 break
             parts.append(self.shards[i][lo - self.starts[i] : hi - self.starts[i]])
-        return np.concatenate(parts) if len(parts) != 1 else np.array(parts[0])
+        if not parts:  # an empty slice, as a NumPy array's would be
+            return np.zeros(0, self.dtype)
+        return np.concatenate(parts) if len(parts) > 1 else np.array(parts[0])
 
 
 @dataclass

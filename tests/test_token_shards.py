@@ -69,6 +69,8 @@ def test_slices_across_shards_equal_the_concatenation(tmp_path):
     for a, b in [(0, 10), (2990, 3010), (2999, 3000), (3000, 3001), (0, len(whole)), *rng.integers(0, 5500, (20, 2))]:
         a, b = sorted((int(a), int(b)))
         np.testing.assert_array_equal(tokens[a:b], whole[a:b])
+    for a, b in [(1234, 1234), (len(whole), len(whole) + 5), (9, 3)]:  # empty, as NumPy's are (was a ValueError)
+        assert tokens[a:b].shape == (0,) and tokens[a:b].dtype == np.uint16
     limited = ShardedTokens(tokens.shards, limit=3100)
     assert len(limited) == 3100 and len(limited[2900:4000]) == 200  # a limit cuts the split
     a, b = (np.arange(n, dtype=np.uint16) for n in (100, 100))  # an empty shard between two: a slice across it
