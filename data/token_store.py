@@ -217,7 +217,10 @@ def finish_store(ctx: BuildContext, num_chunks: int) -> TokenStore:
             key: sum(m["splits"][split][key] for m in markers) for key in ("tokens", "documents", "bytes")
         }
     write_atomic(ctx.root / "store.json", json.dumps(meta, indent=1).encode())
-    for path in [*ctx.root.glob("*.shard-*"), *ctx.root.glob("chunk-*.json")]:
+    # The chunks, and what builds killed midway left: a join's temporaries are as large as their split. Process 0
+    # of every run joins under the build's lock (data/packing.py), so none of them is being written now.
+    leftovers = ["*.shard-*", "chunk-*.json*", *(f"{s}.{ext}.tmp*" for s in ctx.splits for ext in ("tokens", "docs"))]
+    for path in [p for pattern in leftovers for p in ctx.root.glob(pattern)]:
         path.unlink(missing_ok=True)
     store = open_store(ctx.root, ctx.inputs)
     assert store is not None, f"the token store at {ctx.root} did not verify right after it was written"
