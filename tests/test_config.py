@@ -40,6 +40,11 @@ BAD_CONFIGS = [
     (["train.seed=-1"], "train.seed: must be >= 0; got -1"),  # numpy's data order took it, then failed mid-run
     # every process was lost at once: a peer that has not yet beaten is stale after 0 s
     (["system.distributed_timeout_s=0"], "system.distributed_timeout_s: must be >= 10 s"),
+    # a count below 1 trained one process without a word; a rank out of range was refused only at the join, as if
+    # system.num_processes were missing
+    (["system.num_processes=0"], "system.num_processes: must be >= 1, or null for a launcher's count; got 0"),
+    (["system.process_id=-1"], "system.process_id: must be >= 0; got -1"),
+    (["system.num_processes=1", "system.process_id=1"], "system.process_id: must be in [0, 1); got 1"),
     (  # a stream reads its train split only: the Hub's validation split was ignored without a word
         ["dataset=hf", "dataset.hf_path=x", "dataset.streaming=true", "dataset.tokenizer=byte", "dataset.max_tokens=9"],
         "dataset.val_split: a stream reads only dataset.train_split",

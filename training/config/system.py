@@ -81,6 +81,11 @@ class SystemConfig:
         steps = self.profile_steps
         if steps and not (len(steps) == 2 and 1 <= steps[0] <= steps[1]):
             fail("system.profile_steps", f"must be [first, last] with 1 <= first <= last, or []; got {list(steps)}")
-        if self.num_processes is not None and self.num_processes > 1:
-            if self.process_id is not None and not 0 <= self.process_id < self.num_processes:
-                fail("system.process_id", f"must be in [0, {self.num_processes}); got {self.process_id}")
+        if self.num_processes is not None and self.num_processes < 1:  # 0 or less trained one process, unsaid
+            fail("system.num_processes", f"must be >= 1, or null for a launcher's count; got {self.num_processes}")
+        # process_id without num_processes is not refused here: a launcher's environment may give the count
+        # (JAX_NUM_PROCESSES with JAX_COORDINATOR_ADDRESS), and without one init_distributed refuses a rank other than 0
+        if self.process_id is not None and self.process_id < 0:
+            fail("system.process_id", f"must be >= 0; got {self.process_id}")
+        if self.num_processes is not None and self.process_id is not None and self.process_id >= self.num_processes:
+            fail("system.process_id", f"must be in [0, {self.num_processes}); got {self.process_id}")
