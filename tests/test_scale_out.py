@@ -5,9 +5,12 @@ evaluate or save, nothing moves from the devices to the host."""
 
 import dataclasses
 import os
+import re
+import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import jax
@@ -406,15 +409,52 @@ def test_a_2_process_checkpoint_continues_in_1_process(reference, data_cache, tm
     np.testing.assert_allclose([got[s] for s in range(1, STEPS + 1)], reference, atol=1e-4)
 
 
-def test_the_launch_script_exits_with_a_failed_process_status_and_only_its_line(data_cache, tmp_path):
+def test_the_launch_script_exits_with_a_failed_process_status_and_one_line_of_its_own(data_cache, tmp_path):
     """Both processes refuse the config: the script exits with their status, and stderr holds their one-line errors
-    and nothing of the script's own (waiting on processes it had reaped printed "wait: <pid>: no such job")."""
+    and the script's one line on the first to fail (waiting on processes it had reaped printed "wait: <pid>: no such
+    job")."""
     args = tiny_overrides(data_cache, f"logging.run_dir={tmp_path / 'run'}", "train.max_steps=0")
     launched = launch_script(2, args, timeout=120)
     assert launched.returncode == 2, launched.stderr[-2000:]
     lines = [line for line in launched.stderr.splitlines() if line.strip()]
-    assert lines and all(line.startswith("error: config: train.max_steps") for line in lines), launched.stderr[-2000:]
+    script = [line for line in lines if line.startswith("launch_multihost.sh: ")]
+    assert len(script) == 1 and re.fullmatch(
+        r"launch_multihost.sh: process [01] \(pid \d+\) of 2 failed with status 2; stopping the others", script[0]
+    ), launched.stderr[-2000:]
+    errors = [line for line in lines if line not in script]
+    assert errors and all(line.startswith("error: config: train.max_steps") for line in errors), launched.stderr[-2000:]
     assert not (tmp_path / "run").exists()
+
+
+def test_the_launch_script_names_the_process_that_failed_and_stops_the_others(tmp_path):
+    """Process 1 of 3 is killed (SIGKILL, as by the OOM killer) while the others run: the script's one line names it,
+    its pid and its signal, the others are stopped, and the script exits with its status. Bash's own note named no
+    process ("line N: <pid> Killed python train_jax.py ... system.process_id="$i" ..."). The script runs in a copy of
+    the checkout's frame whose train_jax.py only plays its part (no training: seconds)."""
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "launch_multihost.sh", tmp_path / "scripts")
+    (tmp_path / "activate_env.sh").write_text("")
+    (tmp_path / "train_jax.py").write_text(
+        "import os, signal, sys, time\n"
+        "if 'system.process_id=1' in sys.argv:\n"
+        "    time.sleep(0.5)\n"
+        "    print(os.getpid(), flush=True)\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "time.sleep(120)\n"
+    )
+    started = time.time()
+    launched = subprocess.run(
+        ["bash", str(tmp_path / "scripts" / "launch_multihost.sh"), "3"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PORT": "1"},  # no coordinator: nothing joins
+    )
+    assert launched.returncode == 137 and time.time() - started < 30, launched.stderr
+    pid = launched.stdout.strip()
+    assert launched.stderr.splitlines() == [
+        f"launch_multihost.sh: process 1 (pid {pid}) of 3 failed with status 137 (SIGKILL); stopping the others"
+    ]
 
 
 def test_num_devices_under_a_launcher_is_one_line_in_every_process(data_cache, tmp_path):
