@@ -165,6 +165,18 @@ def test_a_folder_holds_one_board_and_a_command_of_another_is_refused_before_it_
         board.summarize(tmp_path)
 
 
+def test_a_folder_with_no_record_or_an_only_naming_nothing_is_one_line(tmp_path, capsys):
+    """--summarize (and --presets) on a folder no tuning wrote into was an IndexError; `--only ,` tuned nothing and then
+    failed the same way."""
+    for argv in (["--summarize", str(tmp_path)], ["--summarize", str(tmp_path / "none"), "--presets"]):
+        assert board.main(argv) == 1
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: ") and "holds no tuned optimizer's record" in err and "\n" not in err, err
+    assert board.main(["--out", str(tmp_path / "new"), "--only", ","]) == 2
+    assert capsys.readouterr().err.strip().startswith("error: --only: names no optimizer; plans exist for adamw")
+    assert not (tmp_path / "new").exists() and not list(tmp_path.iterdir())
+
+
 def test_a_winner_whose_second_seed_failed_has_no_spread_and_the_boards_median_stands_in(tmp_path):
     """A failed seed left one final loss, whose 'spread' of 0 read as an optimizer without noise: its gap to the next
     row was then judged against the others' spreads only."""

@@ -318,6 +318,8 @@ def check_boards(records: list[dict], out: Path, board: dict | None = None) -> d
         raise PipelineError(
             f"{out}: {', '.join(unknown)} tuned before boards recorded their settings: tune it again in a new --out"
         )
+    if not boards:  # --summarize or --presets on a folder no tuning wrote into
+        raise PipelineError(f"{out}: holds no tuned optimizer's record (<name>.winner.json); tune with --out {out}")
     first_name, first = boards[0]
     for name, b in boards[1:]:
         if b != first:
@@ -572,6 +574,8 @@ def main(argv: list[str]) -> int:
     out = Path(args.summarize or args.out)
     try:
         names = [] if args.summarize else [n for n in (args.only.split(",") if args.only else PLANS) if n]
+        if not args.summarize and not names:  # `--only ,`
+            raise ConfigError(f"--only: names no optimizer; plans exist for {', '.join(PLANS)}")
         unknown = [n for n in names if n not in PLANS or n not in OPTIMIZERS]
         if unknown:
             raise ConfigError(f"--only: no tuning plan for {', '.join(unknown)}; plans exist for {', '.join(PLANS)}")
