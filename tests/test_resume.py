@@ -38,6 +38,8 @@ from optimizers import continue_schedule_at
 from training.checkpoints.checkpointer import Checkpointer
 from training.checkpoints.resume import open_source, plan_run, restore_state
 from training.config import load_config
+from training.pipeline.build import Pipeline
+from training.reporting.logs import RunLogger
 
 pytestmark = pytest.mark.e2e
 STEPS = 40
@@ -235,6 +237,34 @@ def test_resume_on_8_devices_is_bitwise_and_restores_onto_1_device(data_cache, t
     # two programs (8 devices, 1) for 6 adamw steps: sums in other orders, a few ulp of losses ~5 (~1e-6), which
     # Adam's m/sqrt(v) grows in small gradients; 1e-4 as tests/test_scale_out.py
     assert sorted(got) == list(range(1, 13)) and max(abs(got[s] - want[s]) for s in range(7, 13)) < 1e-4
+
+
+def test_time_trained_counts_the_steps_not_evaluating_and_a_finished_run_adds_none(
+    data_cache, tmp_path, monkeypatch, capsys
+):
+    """time_trained_s (checkpoint metadata, summary.json) is what the steps took: an evaluation adds none of it (each
+    is made SLOW here), nor does a run resumed at its end, which trains nothing (its logs made SLOW to close)."""
+    slow = 2.0
+
+    def slowed(method):
+        def run(*args, **kwargs):
+            time.sleep(slow)
+            return method(*args, **kwargs)
+
+        return run
+
+    monkeypatch.setattr(Pipeline, "evaluate", slowed(Pipeline.evaluate))
+    run_dir = tmp_path / "run"
+    args = tiny_overrides(data_cache, f"logging.run_dir={run_dir}", "train.max_steps=4", "train.eval_interval=2")
+    ok(run_in_process(args, capsys))
+    checkpoints = Checkpointer(run_dir / "checkpoints", read_only=True)
+    trained = {step: checkpoints.read_meta(step)["time_trained_s"] for step in (2, 4)}
+    assert trained[4] - trained[2] < slow  # steps 3 and 4 (compiled already), not the evaluation at step 4
+
+    monkeypatch.setattr(RunLogger, "close", slowed(RunLogger.close))
+    result = ok(run_in_process(resume_args(data_cache, run_dir, "train.max_steps=4"), capsys))
+    assert "nothing left to train" in result.stdout
+    assert json.loads((run_dir / "summary.json").read_text())["time_trained_s"] == round(trained[4], 1)
 
 
 def test_saved_config_wins_unless_overwrite_config(straight, data_cache, tmp_path, capsys):

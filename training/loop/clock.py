@@ -1,9 +1,11 @@
-"""Wall time for the loop: throughput over each log interval, elapsed / remaining, and the time budget."""
+"""Wall time for the loop: throughput over each log interval, elapsed / remaining, the time budget, and the time
+spent training (`time_trained_s`)."""
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 
 class RunClock:
@@ -46,3 +48,34 @@ class RunClock:
 
     def out_of_time(self) -> bool:
         return self.deadline is not None and time.time() >= self.deadline
+
+
+class TrainingTime:
+    """Seconds spent training: running from the loop's start to its end, paused while the run evaluates, saves or
+    measures (what `time_trained_s` names); a run that trains no step adds nothing."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self._since: float | None = None
+
+    def start(self) -> None:
+        if self._since is None:
+            self._since = time.perf_counter()
+
+    def stop(self) -> None:
+        if self._since is not None:
+            self.total += time.perf_counter() - self._since
+            self._since = None
+
+    def seconds(self) -> float:
+        return self.total + (0.0 if self._since is None else time.perf_counter() - self._since)
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        running = self._since is not None
+        self.stop()
+        try:
+            yield
+        finally:
+            if running:
+                self.start()

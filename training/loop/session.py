@@ -20,8 +20,10 @@ handlers and the batch prefetcher, and gives them all back on the way out, whate
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
+from collections.abc import Iterator
 from types import TracebackType
 
 import jax
@@ -42,7 +44,7 @@ from training.config import Config, layout
 from training.config.stages import model_after
 from training.distributed.peers import abandon, lost_peer
 from training.distributed.sharding import max_over_processes, put_batch
-from training.loop.clock import RunClock
+from training.loop.clock import RunClock, TrainingTime
 from training.loop.compilation import CompileClock
 from training.loop.profile import StepProfiler
 from training.loop.signals import StopRequest
@@ -94,6 +96,7 @@ class TrainingSession:
         self.flops = flops_per_token(state.model, config_lib.context_size(cfg))
         self.peak = peak_flops(jax.devices()[0].device_kind, cfg.system.dtype, cfg.system.peak_flops)
         self.trained_before = carried_over(self.resumed, "time_trained_s", 0.0)
+        self.training = TrainingTime()  # this invocation's: from the loop's start to its end, less what is not training
         self.profiler = StepProfiler(plan.run_dir, list(cfg.system.profile_steps), self.is_main)
         self.sharpness = None  # the compiled measurement and its batch, made at the first one (logging.hessian_every)
         self.prefetcher: Prefetcher | None = None
@@ -221,29 +224,38 @@ class TrainingSession:
             },
         )
 
+    @contextlib.contextmanager
+    def not_training(self, loop: LoopState) -> Iterator[None]:
+        """Evaluating, saving and measuring are no training time (`time_trained_s`); the steps dispatched before are."""
+        jax.block_until_ready(loop.state)
+        with self.training.paused():
+            yield
+
     def evaluate_and_save(self, loop: LoopState) -> None:
-        loop.results = self.p.evaluate(self.eval_model(loop))
-        loop.val_loss = loop.results[self.p.data.main_split]["loss"]
-        loop.best_val = min(loop.best_val, loop.val_loss)
-        self.log.eval(loop.step, loop.results)
-        self.save(loop, loop.val_loss)
+        with self.not_training(loop):
+            loop.results = self.p.evaluate(self.eval_model(loop))
+            loop.val_loss = loop.results[self.p.data.main_split]["loss"]
+            loop.best_val = min(loop.best_val, loop.val_loss)
+            self.log.eval(loop.step, loop.results)
+            self.save(loop, loop.val_loss)
 
     def save(self, loop: LoopState, val_loss: float | None = None) -> None:
         if self.checkpointer is not None:
-            meta = checkpoint_meta(
-                self.cfg,
-                self.plan.run_dir,
-                self.p.tokenizer,
-                loop.step,
-                loop.tokens_seen,
-                loop.train_loss,
-                val_loss,
-                loop.best_val,
-                self.log.wandb_id,
-                self.trained_before + time.time() - self.loop_started,
-            )
-            if not self.checkpointer.save(loop.state, meta, val_loss):
-                self.log.info(f"step {loop.step}: parameters are not finite; no checkpoint written")
+            with self.not_training(loop):
+                meta = checkpoint_meta(
+                    self.cfg,
+                    self.plan.run_dir,
+                    self.p.tokenizer,
+                    loop.step,
+                    loop.tokens_seen,
+                    loop.train_loss,
+                    val_loss,
+                    loop.best_val,
+                    self.log.wandb_id,
+                    self.trained_before + self.training.seconds(),
+                )
+                if not self.checkpointer.save(loop.state, meta, val_loss):
+                    self.log.info(f"step {loop.step}: parameters are not finite; no checkpoint written")
         self.clock.mark(loop.step)  # evaluating and saving are not training throughput
 
     def scheduled_save(self, loop: LoopState) -> None:
@@ -262,8 +274,9 @@ class TrainingSession:
                 put_batch(fixed_batch(self.p.data), self.p.mesh),
             )
         measure, batch = self.sharpness
-        extremes = measure(loop.state.model, batch, jax.random.PRNGKey(SEED))
-        top, bottom, products = (x.item() for x in jax.device_get(extremes))
+        with self.not_training(loop):
+            extremes = measure(loop.state.model, batch, jax.random.PRNGKey(SEED))
+            top, bottom, products = (x.item() for x in jax.device_get(extremes))
         self.log.scalars(
             loop.step,
             "curvature",
@@ -293,9 +306,13 @@ class TrainingSession:
         self.profiler.at_start(loop.step, loop.state)
         if self.cfg.train.eval_at_start and loop.step == 0:  # the curves' starting point, e.g. init_from's weights
             self.log.eval(0, self.p.evaluate(self.eval_model(loop)))
+        if loop.step < self.end:  # a run resumed at its end trains nothing: no training time
+            self.training.start()
 
     def finish(self, loop: LoopState) -> None:
         """A stopped run logs what it trained, evaluates (a time limit, which is a chosen budget) and checkpoints."""
+        jax.block_until_ready(loop.state)  # the steps dispatched last are training time
+        self.training.stop()
         self.profiler.stop(loop.state)
         if loop.stop is not None:
             if loop.pending:
@@ -335,7 +352,7 @@ class TrainingSession:
                 self.checkpointer,
                 "checkpoint.num_steps" if segment_done else loop.stop,
                 time.time() - self.started,
-                self.trained_before + time.time() - self.loop_started,
+                self.trained_before + self.training.seconds(),
                 count_params(loop.state.model),
                 MFU_FORMULA[MFU_CONVENTION],
                 plot=self.cfg.logging.plot,

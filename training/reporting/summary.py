@@ -173,7 +173,8 @@ def finish_run(
             "run_dir": str(run_dir),
             "stopped": stopped or "max_steps",
             "wall_time_s": round(wall_s, 1),  # this invocation's, set-up included
-            "time_trained_s": round(trained_s, 1),  # the training loop's, every resumed segment's together
+            # the loop's steps (not evaluating, saving or measuring), every resumed segment's together
+            "time_trained_s": round(trained_s, 1),
             "parameters": parameters,
             "mfu_formula": mfu_formula,
             "checkpoints": checkpoints,
