@@ -1,4 +1,5 @@
-"""scripts/experiments/optimizer_leaderboard.py's grids, on made-up losses instead of training runs (the runs themselves
+"""The optimizer leaderboard's grids (scripts/experiments/optimizer_leaderboard.py) and its table
+(scripts/experiments/leaderboard_table.py), on made-up losses instead of training runs (the runs themselves
 are Hydra multiruns, tested in tests/test_sweeps.py): a grid of factor-2 steps grows past a winning edge until its best
 point is interior, a momentum's grid steps 1 - beta and stops at the end of its range, a grid whose growth runs out says
 so, and a grid with no completed point has no winner."""
@@ -12,6 +13,9 @@ import pytest
 
 from core.errors import PipelineError
 from scripts.experiments import optimizer_leaderboard as board
+from scripts.experiments.leaderboard_settings import CPU_RUN, GPU_RUN, board_run, board_settings
+from scripts.experiments.leaderboard_table import edge_of, grid_text, knob_points, summarize
+from scripts.experiments.optimizer_leaderboard import grid, main, tune, value_of
 
 KEY = "optimizer.lr_config.lr"
 
@@ -46,22 +50,22 @@ def runs(monkeypatch):
 
 def test_a_step_size_grid_grows_past_its_winning_edge_until_the_best_is_interior(runs, tmp_path):
     asked = runs(lambda lr: math.log2(lr / 0.016) ** 2)  # the optimum 8x the centre: 2 points past the first grid
-    g = board.grid(tmp_path, "x-step", [], KEY, 0.002, "log", points=5, grow=3)
+    g = grid(tmp_path, "x-step", [], KEY, 0.002, "log", points=5, grow=3)
     assert [name for name, _ in asked] == ["x-step", "x-step+3", "x-step+4"]
     assert asked[0][1] == [0.0005, 0.001, 0.002, 0.004, 0.008]
     assert [v for v, _ in g["points"]] == [0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032]
-    assert board.value_of(g["best"], KEY) == 0.016 and g["edge"] is None
+    assert value_of(g["best"], KEY) == 0.016 and g["edge"] is None
 
 
 def test_a_grid_whose_growth_runs_out_says_its_best_is_at_the_edge(runs, tmp_path):
     runs(lambda lr: -lr)  # ever better: never interior
-    g = board.grid(tmp_path, "x-step", [], KEY, 0.002, "log", points=5, grow=2)
-    assert board.value_of(g["best"], KEY) == 0.002 * 2**4 and g["edge"] == "grid" and len(g["points"]) == 7
+    g = grid(tmp_path, "x-step", [], KEY, 0.002, "log", points=5, grow=2)
+    assert value_of(g["best"], KEY) == 0.002 * 2**4 and g["edge"] == "grid" and len(g["points"]) == 7
 
 
 def test_a_momentum_grid_steps_one_minus_beta_and_stops_at_its_range(runs, tmp_path):
     asked = runs(lambda beta: beta)  # the smaller the better: down to the range's end
-    g = board.grid(tmp_path, "x-knob", [], "optimizer.beta2", 0.95, "beta", points=3, grow=5)
+    g = grid(tmp_path, "x-knob", [], "optimizer.beta2", 0.95, "beta", points=3, grow=5)
     assert sorted(asked[0][1]) == pytest.approx([0.9, 0.95, 0.975])
     assert sorted(v for v, _ in g["points"]) == pytest.approx([0.0, 0.2, 0.6, 0.8, 0.9, 0.95, 0.975])
     assert g["edge"] == "range"  # 1 - 0.8 x 2 = -0.6: the step past 0.2 lands on 0, no momentum, and stops there
@@ -69,26 +73,26 @@ def test_a_momentum_grid_steps_one_minus_beta_and_stops_at_its_range(runs, tmp_p
 
 def test_a_grid_with_no_completed_point_has_no_winner(runs, tmp_path):
     runs(lambda lr: math.nan)  # every run diverged
-    assert board.grid(tmp_path, "x-step", [], KEY, 0.002, "log", points=5, grow=2)["best"] is None
+    assert grid(tmp_path, "x-step", [], KEY, 0.002, "log", points=5, grow=2)["best"] is None
 
 
 def test_a_grid_flat_past_its_edge_stops_growing_and_says_flat_not_an_optimum_past_it(runs, tmp_path):
     """NAdam's beta2 at 80 steps: 0.998..0.999875 within 0.0006 of each other. One point past the edge shows the
     grid flat there (less than FLAT better): growth stops, and the verdict is "flat", not "an optimum past the edge"."""
     asked = runs(lambda beta: 1 - beta)  # 1 - beta smaller is better, by ever smaller amounts
-    g = board.grid(tmp_path, "x-knob", [], "optimizer.beta2", 0.999, "beta", points=3, grow=5)
+    g = grid(tmp_path, "x-knob", [], "optimizer.beta2", 0.999, "beta", points=3, grow=5)
     assert [name for name, _ in asked] == ["x-knob", "x-knob-2"]  # one growth: 0.00025 better by < FLAT
-    assert g["edge"] == "grid" and board.edge_of(g) == "flat"
-    assert "flat at the edge" in board.grid_text(g, "optimizer.beta2")
+    assert g["edge"] == "grid" and edge_of(g) == "flat"
+    assert "flat at the edge" in grid_text(g, "optimizer.beta2")
 
 
 def test_the_optimization_track_is_a_mode_that_trains_its_fixed_model(capsys):
-    cpu, gpu = board.board_run("optimization", False), board.board_run("optimization", True)
+    cpu, gpu = board_run("optimization", False), board_run("optimization", True)
     assert "model=opt-track-micro" in cpu and "model=opt-track" in gpu
-    assert [o for o in cpu if not o.startswith("model=")] == [o for o in board.CPU_RUN if not o.startswith("model=")]
-    assert board.board_run("gpt2", False) == board.CPU_RUN and board.board_run("gpt2", True) == board.GPU_RUN
+    assert [o for o in cpu if not o.startswith("model=")] == [o for o in CPU_RUN if not o.startswith("model=")]
+    assert board_run("gpt2", False) == CPU_RUN and board_run("gpt2", True) == GPU_RUN
     # the presets come from the GPT-2 board only
-    assert board.main(["--track", "optimization", "--presets", "--only", "adamw"]) == 2
+    assert main(["--track", "optimization", "--presets", "--only", "adamw"]) == 2
     assert capsys.readouterr().err.strip().startswith("error: --presets:")
 
 
@@ -96,12 +100,12 @@ def test_a_choice_runs_the_values_other_than_the_presets_and_the_preset_can_win(
     """SOAP's preset keeps the vocabulary side to Adam (2048): the choice runs 10000 only (the step grid's best point
     is the preset's run), and when the preset's value wins, the table names it, not the other value."""
     asked = runs(lambda v: 5.0 if v == 10000 else math.log2(v / 0.002) ** 2 if v < 1 else 0.0)
-    board_ = board.board_settings(["model=gpt2-micro"], 80, 1024)
-    record = board.tune(tmp_path, "soap", (0.002, 2048), board_, points=3, knob_points=3, grow=1)
+    board_ = board_settings(["model=gpt2-micro"], 80, 1024)
+    record = tune(tmp_path, "soap", (0.002, 2048), board_, points=3, knob_points=3, grow=1)
     assert ("soap-knob", [10000.0]) in asked and not any(2048.0 in values for _, values in asked)
-    points = board.knob_points(record, {})
+    points = knob_points(record, {})
     assert points == [[2048, 0.0], [10000.0, 5.0]]  # the preset's, from the step grid's best, first
-    assert board.grid_text(record["knob_grid"], "optimizer.max_precond_dim", points).startswith("max_precond_dim=2048 ")
+    assert grid_text(record["knob_grid"], "optimizer.max_precond_dim", points).startswith("max_precond_dim=2048 ")
     assert record["tuned"] == ["optimizer.lr_config.lr=0.002", "optimizer.max_precond_dim=2048"]
 
 
@@ -113,13 +117,16 @@ def fake_record(out, name: str, board_: dict, loss: float) -> None:
         json.dumps({"step": board_["steps"], "split": "val", "loss": loss, "nats_per_byte": loss / 2}) + "\n"
     )
     (run_dir / "summary.json").write_text(json.dumps({"tokens_per_s_median": 1000.0}))
-    grid = {"best": {"overrides": [f"{KEY}=0.001"], "status": "completed", "val_loss": loss}, "points": [[0.001, loss]]}
+    step_grid = {
+        "best": {"overrides": [f"{KEY}=0.001"], "status": "completed", "val_loss": loss},
+        "points": [[0.001, loss]],
+    }
     record = {
         "optimizer": name,
         "board": board_,
         "overrides": [f"{KEY}=0.001"],
         "tuned": [f"{KEY}=0.001"],
-        "step_grid": {**grid, "edge": None},
+        "step_grid": {**step_grid, "edge": None},
         "knob_grid": None,
         "seeds": [{"seed": 0, "run_dir": str(run_dir), "val_loss": loss}],
     }
@@ -131,10 +138,10 @@ def test_a_folder_holds_one_board_and_a_command_of_another_is_refused_before_it_
         raise AssertionError("a sweep ran")
 
     monkeypatch.setattr(board, "sweep", no_sweep)
-    run80 = [*board.CPU_RUN, "train.max_steps=80", "train.eval_interval=20"]
-    fake_record(tmp_path, "adamw", board.board_settings(run80, 80, 1024), 4.0)
-    fake_record(tmp_path, "lion", board.board_settings(run80, 80, 1024), 3.0)
-    table = board.summarize(tmp_path)  # the steps and tokens a step come from the records
+    run80 = [*CPU_RUN, "train.max_steps=80", "train.eval_interval=20"]
+    fake_record(tmp_path, "adamw", board_settings(run80, 80, 1024), 4.0)
+    fake_record(tmp_path, "lion", board_settings(run80, 80, 1024), 3.0)
+    table = summarize(tmp_path)  # the steps and tokens a step come from the records
     assert [r["optimizer"] for r in table["rows"]] == ["lion", "adamw"]
     assert "80 steps of 1,024 tokens (81,920 tokens a run)" in (tmp_path / "leaderboard.md").read_text()
     assert table["rows"][0]["tokens_to_adamw_final"] == 80 * 1024
@@ -146,33 +153,33 @@ def test_a_folder_holds_one_board_and_a_command_of_another_is_refused_before_it_
         ),
         (["--out", str(tmp_path), "--only", "adamw", "--gpu"], "tokens_per_step 8,192 against 1,024; overrides model="),
     ):
-        assert board.main(argv) in (1, 2)
+        assert main(argv) in (1, 2)
         err = capsys.readouterr().err
         assert err.startswith("error: ") and why in err and len(err.strip().splitlines()) == 1, err
-    board.main(["--out", str(tmp_path), "--only", "sgdm", "--steps", "240"])
+    main(["--out", str(tmp_path), "--only", "sgdm", "--steps", "240"])
     assert (
         "(steps 240 against 80; overrides train.max_steps=240 train.eval_interval=60 against train.max_steps=80 "
         in (capsys.readouterr().err)
     )
 
-    fake_record(tmp_path, "sgdm", board.board_settings(run80[:-2], 240, 1024), 3.5)  # a record of another board
+    fake_record(tmp_path, "sgdm", board_settings(run80[:-2], 240, 1024), 3.5)  # a record of another board
     with pytest.raises(PipelineError, match="sgdm and adamw are of different boards"):
-        board.summarize(tmp_path)
+        summarize(tmp_path)
     record = json.loads((tmp_path / "sgdm.winner.json").read_text())
     del record["board"]  # written before records held their board
     (tmp_path / "sgdm.winner.json").write_text(json.dumps(record))
     with pytest.raises(PipelineError, match="sgdm tuned before boards recorded their settings"):
-        board.summarize(tmp_path)
+        summarize(tmp_path)
 
 
 def test_a_folder_with_no_record_or_an_only_naming_nothing_is_one_line(tmp_path, capsys):
     """--summarize (and --presets) on a folder no tuning wrote into was an IndexError; `--only ,` tuned nothing and then
     failed the same way."""
     for argv in (["--summarize", str(tmp_path)], ["--summarize", str(tmp_path / "none"), "--presets"]):
-        assert board.main(argv) == 1
+        assert main(argv) == 1
         err = capsys.readouterr().err.strip()
         assert err.startswith("error: ") and "holds no tuned optimizer's record" in err and "\n" not in err, err
-    assert board.main(["--out", str(tmp_path / "new"), "--only", ","]) == 2
+    assert main(["--out", str(tmp_path / "new"), "--only", ","]) == 2
     assert capsys.readouterr().err.strip().startswith("error: --only: names no optimizer; plans exist for adamw")
     assert not (tmp_path / "new").exists() and not list(tmp_path.iterdir())
 
@@ -180,8 +187,8 @@ def test_a_folder_with_no_record_or_an_only_naming_nothing_is_one_line(tmp_path,
 def test_a_winner_whose_second_seed_failed_has_no_spread_and_the_boards_median_stands_in(tmp_path):
     """A failed seed left one final loss, whose 'spread' of 0 read as an optimizer without noise: its gap to the next
     row was then judged against the others' spreads only."""
-    run = [*board.CPU_RUN, "train.max_steps=80", "train.eval_interval=20"]
-    settings = board.board_settings(run, 80, 1024)
+    run = [*CPU_RUN, "train.max_steps=80", "train.eval_interval=20"]
+    settings = board_settings(run, 80, 1024)
     for name, loss in (("adamw", 4.0), ("lion", 3.99), ("sgdm", 3.0)):
         fake_record(tmp_path, name, settings, loss)
     for name, second in (("adamw", 4.1), ("sgdm", 3.1)):  # two seeds each: spread 0.05 in nats/byte
@@ -196,6 +203,6 @@ def test_a_winner_whose_second_seed_failed_has_no_spread_and_the_boards_median_s
     record = json.loads((tmp_path / "lion.winner.json").read_text())
     record["seeds"].append({"seed": 1, "run_dir": None, "val_loss": math.inf})  # the second seed failed
     (tmp_path / "lion.winner.json").write_text(json.dumps(record))
-    rows = {r["optimizer"]: r for r in board.summarize(tmp_path)["rows"]}
+    rows = {r["optimizer"]: r for r in summarize(tmp_path)["rows"]}
     assert rows["lion"]["spread"] is None and "| 1 of 2 seeds |" in (tmp_path / "leaderboard.md").read_text()
     assert rows["lion"]["noise_with_next"]  # lion 1.995 against adamw 2.025: within the board's median spread 0.05
