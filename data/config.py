@@ -150,6 +150,12 @@ class TextConfig(DatasetConfig):
             )
         if self.tokenizer == TokenizerKind.bpe and self.bpe_vocab_size < 260:
             fail(f"{at}.bpe_vocab_size", f"must be >= 260 (256 bytes + special tokens); got {self.bpe_vocab_size}")
+        if self.tokenizer != TokenizerKind.bpe and self.bpe_vocab_size != TextConfig.bpe_vocab_size:
+            fail(  # the vocabulary is the tokenizer's own: a size here was dropped without a word
+                f"{at}.bpe_vocab_size",
+                f"sizes the bpe tokenizer, and dataset.tokenizer is {self.tokenizer}; set dataset.tokenizer=bpe or "
+                "drop it",
+            )
 
 
 @dataclass(frozen=True)
@@ -225,6 +231,27 @@ class HfConfig(RecordsConfig):
             fail(f"{at}.hf_path", "hf needs a Hub dataset id, e.g. dataset.hf_path=Salesforce/wikitext")
         if self.max_tokens is not None and self.max_tokens < 1:
             fail(f"{at}.max_tokens", f"must be >= 1; got {self.max_tokens}")
+        if self.max_tokens is not None and not self.streaming:  # a loaded dataset is read whole: it was ignored
+            fail(
+                f"{at}.max_tokens",
+                "caps a streamed build; set dataset.streaming=true, or cap a loaded dataset with dataset.max_documents",
+            )
+        if not self.streaming:  # the source's own splits, where it has them, leave the fractions unread
+            if self.val_split is not None and self.val_fraction != HfConfig.val_fraction:
+                fail(
+                    f"{at}.val_fraction",
+                    f"the source's {self.val_split!r} split validates (dataset.val_split); set dataset.val_split=null "
+                    "to hold out val_fraction of train instead",
+                )
+            if (self.val_split is not None or self.test_split is not None) and (
+                self.test_fraction != HfConfig.test_fraction
+            ):
+                fail(
+                    f"{at}.test_fraction",
+                    "is held out of train only when dataset.val_split and dataset.test_split are both null (they are "
+                    f"{self.val_split or 'null'} and {self.test_split or 'null'}); set them to null, or test_fraction "
+                    "back",
+                )
         if self.streaming:
             if self.max_documents is None and self.max_tokens is None:
                 fail(

@@ -45,6 +45,16 @@ BAD_CONFIGS = [
     (["system.num_processes=0"], "system.num_processes: must be >= 1, or null for a launcher's count; got 0"),
     (["system.process_id=-1"], "system.process_id: must be >= 0; got -1"),
     (["system.num_processes=1", "system.process_id=1"], "system.process_id: must be in [0, 1); got 1"),
+    # keys a source leaves unread were dropped without a word: a cap on a loaded dataset, the held-out fractions of
+    # a source with splits of its own, a bpe size under another tokenizer
+    (["dataset=hf", "dataset.hf_path=x", "dataset.max_tokens=9"], "dataset.max_tokens: caps a streamed build; set"),
+    (["dataset=wikitext2", "dataset.val_fraction=0.1"], "dataset.val_fraction: the source's 'validation' split"),
+    (
+        ["dataset=hf", "dataset.hf_path=x", "dataset.val_split=null", "dataset.test_fraction=0.1"],
+        "dataset.test_fraction: is held out of train only when dataset.val_split and dataset.test_split are both null "
+        "(they are null and test)",
+    ),
+    (["dataset.tokenizer=byte", "dataset.bpe_vocab_size=300"], "dataset.bpe_vocab_size: sizes the bpe tokenizer, and"),
     (  # a stream reads its train split only: the Hub's validation split was ignored without a word
         ["dataset=hf", "dataset.hf_path=x", "dataset.streaming=true", "dataset.tokenizer=byte", "dataset.max_tokens=9"],
         "dataset.val_split: a stream reads only dataset.train_split",

@@ -91,6 +91,15 @@ def streamed(jsonl: Path, cache: Path, *extra: str) -> list[str]:
     ]
 
 
+def loaded(jsonl: Path, cache: Path, *extra: str) -> list[str]:
+    """The same file through the Hub loader's code path, loaded whole instead of streamed (no cap on its tokens)."""
+    return [
+        *(o for o in streamed(jsonl, cache) if not o.startswith("dataset.max_tokens=")),
+        "dataset.streaming=false",
+        *extra,
+    ]
+
+
 def write_jsonl(path: Path, n: int) -> None:
     path.write_text("".join(json.dumps({"text": f"row {i} " + "words " * (i % 5), "id": i}) + "\n" for i in range(n)))
 
@@ -109,8 +118,9 @@ def test_a_split_local_files_do_not_have_is_one_line_naming_its_key(tmp_path):
     """A datasets builder over local files (hf_path=json) has only a train split: the preset's validation split is
     one line naming dataset.val_split and what to set, not a failure blamed on the Hub."""
     write_jsonl(tmp_path / "a.jsonl", 30)
-    overrides = streamed(tmp_path / "a.jsonl", tmp_path / "cache", "dataset.streaming=false")
-    overrides = [o for o in overrides if o not in ("dataset.val_split=null", "dataset.test_split=null")]
+    overrides = [
+        o for o in loaded(tmp_path / "a.jsonl", tmp_path / "cache") if "_split=" not in o and "fraction" not in o
+    ]
     with pytest.raises(DataError) as refused:
         load_corpus(load_config(overrides).dataset)
     assert str(refused.value).startswith('dataset.val_split: Unknown split "validation"'), refused.value
@@ -120,12 +130,11 @@ def test_a_split_local_files_do_not_have_is_one_line_naming_its_key(tmp_path):
 def test_a_text_column_of_numbers_is_one_line_streamed_or_not(tmp_path):
     """dataset.text_column naming a column of numbers: the tokenizer's AttributeError on an int read as a traceback."""
     write_jsonl(tmp_path / "a.jsonl", 30)
-    for streaming, message in (
-        ("false", r"dataset.text_column: 'id' of json holds int64, not text; its text columns: text$"),
-        ("true", r"dataset.text_column: 'id' of .* holds int, not text \(row 0\); name a column of strings$"),
+    for overrides, message in (
+        (loaded, r"dataset.text_column: 'id' of json holds int64, not text; its text columns: text$"),
+        (streamed, r"dataset.text_column: 'id' of .* holds int, not text \(row 0\); name a column of strings$"),
     ):
-        overrides = streamed(tmp_path / "a.jsonl", tmp_path / "cache", "dataset.text_column=id")
-        d = load_config([*overrides, f"dataset.streaming={streaming}"]).dataset
+        d = load_config(overrides(tmp_path / "a.jsonl", tmp_path / "cache", "dataset.text_column=id")).dataset
         with pytest.raises(DataError, match=message):
             tokenized_corpus(load_corpus(d), ByteTokenizer(), d, 0, 1)
 
@@ -307,10 +316,7 @@ def test_num_proc_above_1_loads_the_same_store_without_forking(tmp_path, source)
         make = lambda cache, n: text_files(tmp_path / "docs", cache, f"dataset.num_proc={n}")  # noqa: E731
     else:
         write_jsonl(tmp_path / "rows.jsonl", 60)
-        make = lambda cache, n: [  # noqa: E731
-            *streamed(tmp_path / "rows.jsonl", cache, f"dataset.num_proc={n}"),
-            "dataset.streaming=false",
-        ]
+        make = lambda cache, n: loaded(tmp_path / "rows.jsonl", cache, f"dataset.num_proc={n}")  # noqa: E731
     _, one = build(make(tmp_path / "one", 1))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -354,8 +360,7 @@ def test_a_sources_own_test_split_is_kept_when_validation_is_held_out_of_train(t
             f"dataset.hf_path={folder}",
             "dataset.tokenizer=byte",
             "dataset.val_split=null",
-            "dataset.val_fraction=0.2",
-            "dataset.test_fraction=0.2",
+            "dataset.val_fraction=0.2",  # test_fraction is refused here: the source's own test split tests
             f"dataset.cache_dir={tmp_path / 'cache'}",
         ]
     ).dataset
