@@ -143,7 +143,12 @@ def check_python_script(script: str, args: list[str]) -> None:
     assert options <= helped, f"{script} does not take {sorted(options - helped)} (its --help names {sorted(helped)})"
 
 
+ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+
+
 def check(words: list[str]) -> None:
+    while ASSIGNMENT.match(words[0]):  # `NAME=value command ...`: the variables the command runs with
+        words = words[1:]
     program, args = words[0], words[1:]
     if program == "python":
         if args[0] == "train_jax.py":
@@ -167,6 +172,11 @@ def check(words: list[str]) -> None:
         assert result.returncode == 0, result.stderr
     elif program == "pip" and args[:2] == ["install", "-r"]:
         assert (ROOT / args[2]).is_file(), f"{args[2]}: no such file"
+    elif program == "pip" and args[0] == "download":  # requirement files of the checkout, into a folder (-d)
+        files = [args[i + 1] for i, a in enumerate(args) if a == "-r"]
+        assert files and "-d" in args, f"pip download {' '.join(args[1:])}: names no -r file or no -d folder"
+        for file in files:
+            assert (ROOT / file).is_file(), f"{file}: no such file"
     else:
         pytest.fail(f"{program}: a command this test cannot check; teach it, or name it in SKIPPED with a reason")
 
