@@ -192,6 +192,12 @@ def check_devices(cfg: Config, num_local_devices: int) -> None:
                 f"{stage.batch_size} is not divisible by the {data_devices} local devices it is split over",
             )
     resolve_attention(m.attention, sy.dtype, sy.deterministic)  # cudnn where it cannot run: said before data is read
+    if sy.dtype == "fp8" and not m.fused_qkv:  # an FP8 step kept the one product anyway, without a word
+        fail(
+            "model.fused_qkv",
+            "false splits the QKV product in three, and FP8 scales it as one (one amax, one scale); leave it true "
+            "under system.dtype=fp8",
+        )
     if sy.dtype == "fp8" and (problem := native_fp8_problem()) is not None:
         if jax.default_backend() == "gpu":
             fail("system.dtype", f"fp8: {problem}; use system.dtype=bfloat16")
