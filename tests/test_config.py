@@ -56,6 +56,7 @@ BAD_CONFIGS = [
     ),
     (["dataset.tokenizer=byte", "dataset.bpe_vocab_size=300"], "dataset.bpe_vocab_size: sizes the bpe tokenizer, and"),
     (["system.dtype=fp8", "model.fused_qkv=false"], "model.fused_qkv: false splits the QKV product in three, and FP8"),
+    (["data.notes_per_record=64"], "data.notes_per_record: cuts pieces of notes into records, and dataset=pystdlib is"),
     (  # a stream reads its train split only: the Hub's validation split was ignored without a word
         ["dataset=hf", "dataset.hf_path=x", "dataset.streaming=true", "dataset.tokenizer=byte", "dataset.max_tokens=9"],
         "dataset.val_split: a stream reads only dataset.train_split",

@@ -70,6 +70,12 @@ class Config:
         self.optimizer.check()
         self.dataset.check()
         self.data.check()
+        if not self.dataset.notes and self.data.notes_per_record != DataConfig.notes_per_record:  # unread by text
+            fail(
+                "data.notes_per_record",
+                f"cuts pieces of notes into records, and dataset={self.dataset.name} is text; drop it, or train on "
+                "notes (dataset=music21 or midi_files)",
+            )
         self.logging.check()
         self.checkpoint.check()
         for task in self.tasks:
