@@ -239,6 +239,24 @@ def test_resume_on_8_devices_is_bitwise_and_restores_onto_1_device(data_cache, t
     assert sorted(got) == list(range(1, 13)) and max(abs(got[s] - want[s]) for s in range(7, 13)) < 1e-4
 
 
+def test_load_auto_in_a_run_dir_that_trained_without_a_checkpoint_sets_its_logs_aside(data_cache, tmp_path, capsys):
+    """checkpoint.load=auto with no checkpoint starts afresh: in a run directory that holds a run that trained and
+    saved none (killed before its first save, or checkpoint.save=false), that run's logs move to abandoned-<time>/,
+    kept; they were appended to (metrics.jsonl) and overwritten (config.yaml), and summary.json spoke of the old run."""
+    run_dir = tmp_path / "run"
+    first = tiny_overrides(data_cache, f"logging.run_dir={run_dir}", "train.max_steps=4", "checkpoint.save=false")
+    ok(run_in_process(first, capsys))
+    before = {name: (run_dir / name).read_bytes() for name in ("metrics.jsonl", "summary.json", "config.yaml")}
+    args = tiny_overrides(data_cache, f"logging.run_dir={run_dir}", "train.max_steps=2", "checkpoint.load=auto")
+    result = ok(run_in_process(args, capsys))
+    (aside,) = run_dir.glob("abandoned-*")
+    assert f"checkpoint.load=auto: {run_dir} holds a run that trained and left no checkpoint" in result.stderr
+    assert {name: (aside / name).read_bytes() for name in before} == before
+    steps = [json.loads(row)["step"] for row in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert max(steps) == 2 and steps == sorted(steps)  # this run's rows only
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 2
+
+
 def test_time_trained_counts_the_steps_not_evaluating_and_a_finished_run_adds_none(
     data_cache, tmp_path, monkeypatch, capsys
 ):

@@ -99,6 +99,9 @@ class RunPlan:
     resume: Source | None  # full state (checkpoint.load=True)
     init_from: Source | None  # weights only (init_from=<dir>)
     ignored_overrides: list[str]
+    # checkpoint.load=auto found no checkpoint, and run_dir holds a run that trained (killed before its first save, or
+    # one that saved none): this run starts afresh there, that run's logs set aside first (training/loop/session.py)
+    restarts_trained_run: bool = False
 
 
 def open_source(path: str, load_file: str, keys: tuple[str, str] = KEYS) -> Source:
@@ -186,7 +189,8 @@ def plan_run(cfg: Config, overrides: list[str], stamp: int) -> RunPlan:
     check_writable(
         "dataset.cache_dir", cfg.dataset.cache_dir, probe=not Path(cfg.dataset.cache_dir).expanduser().exists()
     )
-    if resume is None and mode == LoadMode.false and not evaluating(cfg) and has_trained(run_dir):
+    restarts = resume is None and not evaluating(cfg) and has_trained(run_dir)
+    if restarts and mode == LoadMode.false:
         raise ConfigError(  # its metrics, config and summary would be mixed with this run's or overwritten
             f"logging.run_dir: {run_dir} already holds a run that trained ({layout.METRICS}); choose another "
             f"directory, or continue that run with checkpoint.load=True checkpoint.load_path={run_dir}"
@@ -197,7 +201,7 @@ def plan_run(cfg: Config, overrides: list[str], stamp: int) -> RunPlan:
             f"checkpoint.save_path: {save_path} already holds another run's checkpoints; choose another "
             f"path, or resume that run with checkpoint.load=True checkpoint.load_path={save_path}"
         )
-    return RunPlan(cfg, run_dir.absolute(), save_path.absolute(), resume, init_from, ignored)
+    return RunPlan(cfg, run_dir.absolute(), save_path.absolute(), resume, init_from, ignored, restarts)
 
 
 def has_trained(run_dir: Path) -> bool:

@@ -11,6 +11,7 @@ tools in scripts/ take every name from here.
       profile/                traces of the profiled steps (logging.profile_steps)
       eval-step<N>.json       what mode=eval measured on checkpoint N
       samples/                what scripts.tools.sample wrote
+      abandoned-<time>/       the logs of a run that left no checkpoint, set aside when checkpoint.load=auto restarts
 """
 
 from __future__ import annotations

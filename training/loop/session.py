@@ -24,6 +24,7 @@ import contextlib
 import math
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from types import TracebackType
 
 import jax
@@ -58,6 +59,21 @@ from training.step.state import TrainState, eval_model
 from training.step.stats import statistics_of
 
 
+def set_aside_logs(run_dir: Path) -> Path:
+    """A run that trained in `run_dir` and left no checkpoint, which checkpoint.load=auto starts again from step 0:
+    its logs move to `run_dir/abandoned-<time>/` (kept, never deleted), so that this run's are not mixed with them."""
+    aside = run_dir / f"abandoned-{time.strftime('%Y%m%d-%H%M%S')}"
+    aside.mkdir()
+    for name in (layout.METRICS, layout.SUMMARY, layout.CONFIG, layout.PLOTS, layout.TENSORBOARD):
+        if (run_dir / name).exists():
+            (run_dir / name).rename(aside / name)
+    warn(
+        f"checkpoint.load=auto: {run_dir} holds a run that trained and left no checkpoint; this run starts at step 0, "
+        f"that run's logs kept in {aside}"
+    )
+    return aside
+
+
 class TrainingSession:
     """The run's logger, checkpointer, clock, signal handler and prefetcher, and the actions that use them."""
 
@@ -76,6 +92,8 @@ class TrainingSession:
         self.lock = lock_save_path(plan.save_path) if cfg.checkpoint.save else None  # before anything is written
         if self.is_main:
             plan.run_dir.mkdir(parents=True, exist_ok=True)
+            if plan.restarts_trained_run:
+                set_aside_logs(plan.run_dir)
             (plan.run_dir / layout.CONFIG).write_text(config_lib.to_yaml(cfg))
         self.checkpointer = None
         if cfg.checkpoint.save:
