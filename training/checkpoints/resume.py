@@ -100,7 +100,7 @@ class RunPlan:
     init_from: Source | None  # weights only (init_from=<dir>)
     ignored_overrides: list[str]
     # checkpoint.load=auto found no checkpoint, and run_dir holds a run that trained (killed before its first save, or
-    # one that saved none): this run starts afresh there, that run's logs set aside first (training/loop/session.py)
+    # one that saved none): this run starts afresh there, that run's logs set aside first (set_aside_logs)
     restarts_trained_run: bool = False
 
 
@@ -210,6 +210,21 @@ def has_trained(run_dir: Path) -> bool:
         return False
     with open(run_dir / layout.METRICS) as rows:
         return any('"train"' in row and json.loads(row).get("split") == "train" for row in rows)
+
+
+def set_aside_logs(run_dir: Path) -> Path:
+    """A run that trained in `run_dir` and left no checkpoint, which checkpoint.load=auto starts again from step 0:
+    its logs move to `run_dir/abandoned-<time>/` (kept, never deleted), so that this run's are not mixed with them."""
+    aside = run_dir / f"abandoned-{time.strftime('%Y%m%d-%H%M%S')}"
+    aside.mkdir()
+    for name in (layout.METRICS, layout.SUMMARY, layout.CONFIG, layout.PLOTS, layout.TENSORBOARD):
+        if (run_dir / name).exists():
+            (run_dir / name).rename(aside / name)
+    warn(
+        f"checkpoint.load=auto: {run_dir} holds a run that trained and left no checkpoint; this run starts at step 0, "
+        f"that run's logs kept in {aside}"
+    )
+    return aside
 
 
 def _saved_config_wins(cfg: Config, source: Source, overrides: list[str]) -> tuple[Config, list[str]]:

@@ -24,7 +24,6 @@ import contextlib
 import math
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from types import TracebackType
 
 import jax
@@ -40,7 +39,7 @@ from training.analysis.curvature import SEED, fixed_batch, sharpness_fn
 from training.checkpoints.checkpointer import Checkpointer
 from training.checkpoints.lock import lock_save_path
 from training.checkpoints.metadata import checkpoint_meta
-from training.checkpoints.resume import RunPlan, Source, carried_over
+from training.checkpoints.resume import RunPlan, Source, carried_over, set_aside_logs
 from training.config import Config, layout
 from training.config.stages import model_after
 from training.distributed.peers import abandon, lost_peer
@@ -57,21 +56,6 @@ from training.reporting.logs import RunLogger
 from training.reporting.summary import finish_run
 from training.step.state import TrainState, eval_model
 from training.step.stats import statistics_of
-
-
-def set_aside_logs(run_dir: Path) -> Path:
-    """A run that trained in `run_dir` and left no checkpoint, which checkpoint.load=auto starts again from step 0:
-    its logs move to `run_dir/abandoned-<time>/` (kept, never deleted), so that this run's are not mixed with them."""
-    aside = run_dir / f"abandoned-{time.strftime('%Y%m%d-%H%M%S')}"
-    aside.mkdir()
-    for name in (layout.METRICS, layout.SUMMARY, layout.CONFIG, layout.PLOTS, layout.TENSORBOARD):
-        if (run_dir / name).exists():
-            (run_dir / name).rename(aside / name)
-    warn(
-        f"checkpoint.load=auto: {run_dir} holds a run that trained and left no checkpoint; this run starts at step 0, "
-        f"that run's logs kept in {aside}"
-    )
-    return aside
 
 
 class TrainingSession:
