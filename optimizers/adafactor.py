@@ -17,7 +17,15 @@ from optimizers.decay import fixed
 from optimizers.registry import register
 
 
-@register("adafactor")
+@register(
+    "adafactor",
+    bounds={
+        "min_dim_size_to_factor": "count",
+        "decay_rate": "positive",
+        "decay_offset": "non_negative",
+        "clipping_threshold": "non_negative",
+    },
+)
 def adafactor(
     model,
     *,

@@ -9,7 +9,9 @@ or lists its labels:
     optimizer.groups={matrix: {name: muon}, embedding: {name: adamw, lr_multiplier: 0.3}, vector: {weight_decay: 0}}
     optimizer.groups={attention: {labels: [attn_qkv, attn_out], lr_multiplier: 0.5}}
 
-and overrides any key of the `optimizer` section its optimizer reads (its `name` too), plus `lr_multiplier` (1). The
+and overrides any key of the `optimizer` section its optimizer reads (its `name` too), plus `lr_multiplier` (1) and
+`weight_decay` (an optimizer with no decay of its own under weight_decay_mode=native takes 0: nothing is dropped
+without a word). The
 parameters of no group follow the section itself. A group that sets weight_decay decays every parameter in it; one
 that does not keeps the usual rule (matrices and the token embedding, optimizers/decay.py). The schedule is the run's
 one schedule: a group's learning rate is the schedule's times its lr_multiplier, logged as `lr/<group>`.
@@ -18,7 +20,9 @@ one schedule: a group's learning rate is the schedule's times its lr_multiplier,
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import typing
+from collections.abc import Sequence
+from typing import Any, Union
 
 import chex
 import jax
@@ -57,6 +61,8 @@ def _fail(key: str, reason: str) -> None:
 def group_labels(name: str, group: Group) -> tuple[str, ...]:
     """The fine labels a group covers: its `labels` (or its own name), coarse ones expanded."""
     named = group.get("labels") or [name]
+    if not isinstance(named, (str, Sequence)):
+        _fail(f"{name}.labels", f"must be a label or a list of labels, e.g. [attn_qkv, attn_out]; got {named!r}")
     named = [named] if isinstance(named, str) else list(named)
     fine: list[str] = []
     for label in named:
@@ -89,21 +95,49 @@ def check_groups(optimizer_cfg: OptimizerSection) -> None:
                 f"{optimizer} sets its own step size (and schedule-free its own evaluation weights): "
                 "it runs as optimizer.name, for every parameter, without groups",
             )
-        allowed = set(GROUP_KEYS) | set(hyper_parameters(OPTIMIZERS[optimizer]))
+        # weight_decay for every optimizer: its decay_mode may add one, and a group of an optimizer without its own
+        # says 0 where the section's would be dropped (below)
+        allowed = set(GROUP_KEYS) | {"weight_decay"} | set(hyper_parameters(OPTIMIZERS[optimizer]))
         for key in group:
             if key not in allowed or key in RESERVED and key != "name":
                 _fail(f"{name}.{key}", f"{optimizer} has no such key; a group sets {', '.join(sorted(allowed))}")
         multiplier = group.get("lr_multiplier", 1.0)
         if not isinstance(multiplier, (int, float)) or multiplier < 0:
             _fail(f"{name}.lr_multiplier", f"must be a number >= 0; got {multiplier!r}")
+        hints = typing.get_type_hints(OPTIMIZERS[optimizer])
         for key, value in group.items():  # of the section's type: a string where a number goes fails here, not in optax
-            current = getattr(optimizer_cfg, key, None)
-            if key not in GROUP_KEYS and current is not None and not _same_kind(value, current):
-                _fail(f"{name}.{key}", f"must be a {type(current).__name__}, as optimizer.{key}; got {value!r}")
+            like = _like(getattr(optimizer_cfg, key, None), hints.get(key))
+            if key not in GROUP_KEYS and like is not None and not _same_kind(value, like):
+                _fail(f"{name}.{key}", f"must be {_a(type(like).__name__)}, as optimizer.{key}; got {value!r}")
         cfg = group_config(optimizer_cfg, group)
+        if (
+            cfg.weight_decay > 0
+            and cfg.weight_decay_mode == "native"
+            and "weight_decay" not in hyper_parameters(OPTIMIZERS[optimizer])
+        ):
+            _fail(
+                f"{name}.name",
+                f"{optimizer} has no decay of its own (optimizer.weight_decay_mode=native), so the weight_decay "
+                f"{cfg.weight_decay} would be dropped for this group; set weight_decay: 0 in the group, or "
+                "optimizer.weight_decay_mode=decoupled or l2",
+            )
         check_bounds(cfg, f"optimizer.groups.{name}")  # its optimizer's own keys, as the section's
         require_fraction(cfg, f"optimizer.groups.{name}", *(k for k in FRACTIONS if k in group))
         require_non_negative(cfg, f"optimizer.groups.{name}", *(k for k in NON_NEGATIVE if k in group))
+
+
+def _like(current: object, annotation: Any) -> object:
+    """A value of the kind a group's value for a key must have: the section's, or, where the section leaves the key
+    null (an optimizer's own key), one of the builder's annotation (Optional[...] unwrapped); None: anything."""
+    if current is not None:
+        return current
+    if typing.get_origin(annotation) is Union:
+        annotation = next((a for a in typing.get_args(annotation) if a is not type(None)), None)
+    return annotation() if annotation in (bool, int, float, str) else None
+
+
+def _a(noun: str) -> str:
+    return f"{'an' if noun[0] in 'aeiou' else 'a'} {noun}"
 
 
 def _same_kind(value: object, current: object) -> bool:

@@ -64,7 +64,11 @@ def polar_express_coefficients() -> jax.Array:
     return jnp.asarray(((a / s, b / s**3, c / s**5), *rest), jnp.float32)
 
 
-@register("muon", width_rule="orthogonalised, at a size its shape factor sets (consistent_rms)")
+@register(
+    "muon",
+    bounds={"consistent_rms": "positive"},
+    width_rule="orthogonalised, at a size its shape factor sets (consistent_rms)",
+)
 def muon(
     model,
     *,

@@ -48,10 +48,12 @@ def own_warmups_in_steps(optimizer_cfg: Section, total_steps: int) -> Section:
 def build_schedule(lr_cfg: LrSection, total_steps: int) -> optax.Schedule:
     """`total_steps`: the schedule's length (optimizer steps), `lr_config.max_steps` or else `train.max_steps`."""
     peak, floor, warmup = lr_cfg.lr, lr_cfg.min_lr_ratio * lr_cfg.lr, warmup_steps(lr_cfg, total_steps)
-    decay_steps = max(total_steps - warmup, 1)
+    decay_steps = total_steps - warmup
     name = lr_cfg.name
     if name == "constant":
         decay = optax.constant_schedule(peak)
+    elif decay_steps < 1 and name != "piecewise_linear":  # the warmup is the whole schedule: the floor after it
+        decay = optax.constant_schedule(floor)
     elif name == "linear":
         decay = optax.linear_schedule(peak, floor, decay_steps)
     elif name == "cosine":

@@ -42,6 +42,19 @@ def test_schedules_end_at_their_floor(name, end):
     assert float(s(10 * STEPS)) == pytest.approx(end, rel=1e-5)
 
 
+@pytest.mark.parametrize("name", ["linear", "cosine", "trapezoid"])
+def test_a_warmup_as_long_as_the_schedule_ends_it_at_the_floor(name):
+    """Past the schedule's steps it holds its end, the floor: one step at the peak too many had the decay's length
+    at least 1."""
+    cfg = load_config(
+        [f"optimizer/lr_config={name}", f"optimizer.lr_config.warmup={STEPS}", f"train.max_steps={STEPS}"]
+    )
+    s = build_schedule(cfg.optimizer.lr_config, STEPS)
+    floor = cfg.optimizer.lr_config.min_lr_ratio * cfg.optimizer.lr_config.lr
+    assert float(s(STEPS - 1)) == pytest.approx(cfg.optimizer.lr_config.lr) and floor > 0
+    assert float(s(STEPS)) == pytest.approx(floor) and float(s(STEPS + 5)) == pytest.approx(floor)
+
+
 def test_cosine_is_halfway_at_the_middle_of_the_decay():
     s = schedule("cosine", min_lr_ratio=FLOOR / PEAK)
     middle = WARMUP + (STEPS - WARMUP) // 2

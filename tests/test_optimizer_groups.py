@@ -174,6 +174,16 @@ def _loss(parts, ln_f_bias):
     return mean_loss(model, batch, None, jnp.float32)
 
 
+SCION = "scale_hidden: 50.0, scale_embed: 3000.0, scale_input: 16.7, scale_vector: 50.0, unconstrained: true"
+
+
+def test_a_group_of_an_optimizer_without_decay_takes_the_sections_decay_by_mode_or_says_none():
+    """Native mode and no decay of its own: the group says weight_decay 0; decoupled: the section's decay reaches it."""
+    none = load_config([f"optimizer.groups={{matrix: {{name: scion, weight_decay: 0, {SCION}}}}}"])
+    assert none.optimizer.groups["matrix"]["weight_decay"] == 0
+    load_config(["optimizer.weight_decay_mode=decoupled", f"optimizer.groups={{matrix: {{name: scion, {SCION}}}}}"])
+
+
 @pytest.mark.parametrize(
     "groups, message",
     [
@@ -190,6 +200,11 @@ def _loss(parts, ln_f_bias):
         ("{matrix: {beta1: abc}}", "optimizer.groups.matrix.beta1: must be a float, as optimizer.beta1; got 'abc'"),
         ("{matrix: {beta1: 1.5}}", "optimizer.groups.matrix.beta1: must be in [0, 1"),
         ("{vector: {weight_decay: -0.1}}", "optimizer.groups.vector.weight_decay: must be >= 0; got -0.1"),
+        # an optimizer's own key, null in the section: typed by its builder (a string reached Muon's comparison)
+        ("{matrix: {name: muon, ns_steps: abc}}", "optimizer.groups.matrix.ns_steps: must be an int, as optimizer"),
+        ("{matrix: {labels: 5}}", "optimizer.groups.matrix.labels: must be a label or a list of labels"),
+        # the section's decay (adamw's 0.1) on an optimizer with none of its own: dropped for the group without a word
+        (f"{{matrix: {{name: scion, {SCION}}}}}", "optimizer.groups.matrix.name: scion has no decay of its own"),
     ],
 )
 def test_a_bad_group_is_one_config_error(groups, message):
@@ -241,6 +256,11 @@ def test_what_would_move_a_step_outside_a_method_with_its_own_step_size_is_refus
         (["optimizer=dadapt_adamw", "optimizer.d0=0"], "optimizer.d0: dadapt_adamw needs it > 0; got 0"),
         (["optimizer=sophia", "optimizer.update_interval=0"], "optimizer.update_interval: sophia needs it >= 1; got 0"),
         (["optimizer=cocob", "optimizer.alpha=0"], "optimizer.alpha: cocob needs it > 0; got 0"),
+        # a negative size turned Muon's matrices up the loss; Adafactor's second moment went NaN at its second step
+        (["optimizer=muon", "optimizer.consistent_rms=-0.2"], "optimizer.consistent_rms: muon needs it > 0"),
+        (["optimizer=adafactor", "optimizer.decay_rate=-1"], "optimizer.decay_rate: adafactor needs it > 0"),
+        (["optimizer=adafactor", "optimizer.clipping_threshold=-1"], "optimizer.clipping_threshold: adafactor needs"),
+        (["optimizer=adafactor", "optimizer.min_dim_size_to_factor=0"], "optimizer.min_dim_size_to_factor: adafactor"),
         # a key the schema shares, set for an optimizer that does not read it: refused as another's own key is
         (
             ["optimizer=adamw", "optimizer.nesterov=true"],
