@@ -4,6 +4,7 @@ checks of what a flag names."""
 from __future__ import annotations
 
 import argparse
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
@@ -37,8 +38,8 @@ def at_least(low: int) -> Callable[[str], int]:
 
 def check_picture(flag: str, path: str | Path) -> Path:
     """`path` as a figure to write, checked before the work it would end: matplotlib must know its extension's format,
-    and its folder must be one that can be created (no file on the way). Else a ConfigError naming `flag` (one line,
-    exit 2)."""
+    and its folder must be one that can be created (no file on the way) and written in. Else a ConfigError naming
+    `flag` (one line, exit 2)."""
     from matplotlib.backend_bases import FigureCanvasBase
 
     from core.checks import existing_ancestor
@@ -48,7 +49,12 @@ def check_picture(flag: str, path: str | Path) -> Path:
     formats = FigureCanvasBase.get_supported_filetypes()
     if path.suffix.lower().lstrip(".") not in formats:
         raise ConfigError(f"{flag}: {path}: a picture's name ends in one of .{', .'.join(sorted(formats))}")
-    existing_ancestor(flag, path.absolute().parent)
+    existing = existing_ancestor(flag, path.absolute().parent)
     if path.is_dir():
         raise ConfigError(f"{flag}: {path} is a directory; name a file in it")
+    try:
+        with tempfile.TemporaryFile(dir=existing):  # the plot's work is not lost to a folder it cannot write
+            pass
+    except OSError as e:
+        raise ConfigError(f"{flag}: {path}: cannot write in {existing}: {e.strerror}") from None
     return path

@@ -130,3 +130,77 @@ def test_the_command_reads_each_runs_records_once(tmp_path, monkeypatch, capsys)
     assert compare_runs.main([str(tmp_path / "sweep")]) == 0
     assert "2 run(s)" in capsys.readouterr().out
     assert reads == Counter(runs)
+
+
+def test_runs_of_one_name_in_two_sweeps_are_told_apart_in_the_table_the_figure_and_plot_runs(tmp_path, capsys):
+    """Two sweeps' `lr1`: both rows and both legends read `lr1`, and plot_runs' curves of one name overwrote the
+    other's (5 curves for two runs)."""
+    from scripts.tools import compare_runs, plot_runs
+
+    runs = [fake_run(tmp_path / sweep, "lr1", "adamw", lr, [5.0, 4.0]) for sweep, lr in (("a", 1e-3), ("b", 3e-3))]
+    columns, rows = table([run_record(r) for r in runs])
+    assert [row["run"] for row in rows] == ["a/lr1", "b/lr1"]
+    assert compare_runs.main([*map(str, runs), "--out", str(tmp_path / "cmp")]) == 0
+    assert "| a/lr1 |" in capsys.readouterr().out
+    one = plot_runs.main([str(runs[0]), "--out", str(tmp_path / "one.png")])
+    assert one == 0 and capsys.readouterr().out.endswith("5 curves from 1 run(s)\n")
+    assert plot_runs.main([*map(str, runs), "--out", str(tmp_path / "two.png")]) == 0
+    assert capsys.readouterr().out.endswith("10 curves from 2 run(s)\n")
+    assert plot_runs.main([*map(str, runs), "--out", str(tmp_path / "x.png"), "--labels", "a,a"]) == 1
+    assert capsys.readouterr().err == "error: --labels: a,a: a name given twice; each run needs its own\n"
+    # a folder it cannot write in: one line before the plotting (a traceback from savefig after it)
+    assert plot_runs.main([str(runs[0]), "--out", "/proc/p.png"]) == 2
+    assert capsys.readouterr().err.startswith("error: --out: /proc/p.png: cannot write in /proc: ")
+
+
+def test_a_cut_off_last_line_is_read_without_it_and_damaged_files_are_one_line(tmp_path, capsys):
+    """A run killed while it wrote a row (or still writing) leaves a last line without its newline: read without it,
+    with a warning; a damaged line before it, or a damaged summary.json or config.yaml, is one line naming the file
+    (each was a JSONDecodeError or YAML traceback)."""
+    from scripts.tools import compare_runs, plot_runs
+    from training.reporting.summary import read_metrics
+
+    run = fake_run(tmp_path, "killed", "adamw", 1e-3, [5.0, 4.0], finished=False)
+    metrics = run / "metrics.jsonl"
+    whole = read_metrics(run)
+    metrics.write_text(metrics.read_text() + '{"step": 6, "split": "tr')
+    assert read_metrics(run) == whole and "its last line is cut off" in capsys.readouterr().err
+    assert plot_runs.main([str(run), "--out", str(tmp_path / "p.png")]) == 0
+    assert (
+        compare_runs.main([str(run), "--out", str(tmp_path / "cmp")]) == 0 and "| killed |" in capsys.readouterr().out
+    )
+    lines = metrics.read_text().splitlines()
+    metrics.write_text("\n".join([lines[0], "{oops", *lines[1:]]) + "\n")
+    for main, out in ((compare_runs.main, "cmp"), (plot_runs.main, "p.png")):
+        assert main([str(run), "--out", str(tmp_path / out)]) == 1
+        err = capsys.readouterr().err
+        assert err == f"error: {metrics}: line 2 is not a JSON row (Expecting property name enclosed in double " + (
+            "quotes); repair or remove that line\n"
+        )
+    for name, text, what in (("summary.json", '{"steps": ', "not JSON"), ("config.yaml", "a: [1", "not YAML")):
+        bad = fake_run(tmp_path / name, "run", "adamw", 1e-3, [5.0, 4.0])
+        (bad / name).write_text(text)
+        assert compare_runs.main([str(bad), "--out", str(tmp_path / "cmp")]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {bad / name}: {what} (") and err.count("\n") == 1
+
+
+def test_a_run_that_appends_after_a_cut_off_row_starts_on_a_line_of_its_own(tmp_path):
+    """The half-written row a killed process left is cut before a resumed run appends, so the two do not join into
+    one line that is neither (and a later reading fails)."""
+    from training.checkpoints.resume import has_trained
+    from training.reporting.metrics_file import MetricsFile
+    from training.reporting.summary import read_metrics
+
+    run = fake_run(tmp_path, "resumed", "adamw", 1e-3, [5.0, 4.0], finished=False)
+    before = read_metrics(run)
+    (run / "metrics.jsonl").write_text((run / "metrics.jsonl").read_text() + '{"step": 6, "split": "train", "lo')
+    # checkpoint.load=auto's question, where the cut-off row is the first train row: a JSONDecodeError there
+    (tmp_path / "early").mkdir()
+    (tmp_path / "early" / "metrics.jsonl").write_text('{"step": 0, "split": "val", "loss": 5.0}\n{"split": "train", "l')
+    assert has_trained(run) and not has_trained(tmp_path / "early")
+    log = MetricsFile(run)
+    log.log(6, "train", {"loss": 3.0})
+    log.close()
+    after = read_metrics(run)
+    assert after[:-1] == before and after[-1]["step"] == 6 and after[-1]["loss"] == 3.0

@@ -12,17 +12,17 @@ the Markdown table.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
+from core.arguments import OneLineParser
 from core.errors import PipelineError, say
 from training.checkpoints.storage import check_writable
 from training.reporting.compare import find_runs, run_record, write_comparison
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("paths", nargs="+", help="run directories, or sweep directories with runs below them")
     parser.add_argument("--out", default=None, help="where the table and figure go (default: the first path)")
     parser.add_argument("--split", default="val", help="the validation split the figure shows (default: val)")
@@ -36,7 +36,10 @@ def main(argv: list[str]) -> int:
     if not runs:
         print(f"error: no run (a directory with metrics.jsonl) in or below {', '.join(args.paths)}", file=sys.stderr)
         return 1
-    records = [run_record(run) for run in runs]
+    try:
+        records = [run_record(run) for run in runs]
+    except PipelineError as e:
+        return say(e)
     splits = sorted({s for record in records for s in record["summary"].get("splits", {})})
     if splits and args.split not in splits:
         print(f"error: --split {args.split}: no run has it; their splits: {', '.join(splits)}", file=sys.stderr)

@@ -209,7 +209,15 @@ def has_trained(run_dir: Path) -> bool:
     if not layout.is_run_dir(run_dir):
         return False
     with open(run_dir / layout.METRICS) as rows:
-        return any('"train"' in row and json.loads(row).get("split") == "train" for row in rows)
+        return any('"train"' in row and _split(row) == "train" for row in rows)
+
+
+def _split(row: str) -> str | None:
+    """A metrics.jsonl line's split; None for a line a killed process cut off."""
+    try:
+        return json.loads(row).get("split")
+    except (json.JSONDecodeError, AttributeError):
+        return None
 
 
 def set_aside_logs(run_dir: Path) -> Path:

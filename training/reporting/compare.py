@@ -14,8 +14,9 @@ import math
 from pathlib import Path
 from typing import Any
 
+from core.errors import PipelineError, first_line
 from training.config import layout
-from training.reporting.summary import TRAIN, latest_per_step, read_metrics, summarize_metrics
+from training.reporting.summary import TRAIN, latest_per_step, read_metrics, run_names, summarize_metrics
 
 # Keys that name where a run writes, not what it is: never a column of their own.
 RUN_IDENTITY_KEYS = ("logging.run_dir", "logging.name", "checkpoint.save_path", "checkpoint.load_path")
@@ -47,14 +48,17 @@ def run_record(run_dir: Path) -> dict[str, Any]:
     did not finish)."""
     import yaml
 
-    config_path = run_dir / layout.CONFIG
-    config = _flat(yaml.safe_load(config_path.read_text())) if config_path.exists() else {}
-    summary_path = run_dir / layout.SUMMARY
-    summary = (
-        json.loads(summary_path.read_text())
-        if summary_path.exists()
-        else summarize_metrics(read_metrics(run_dir), {"stopped": "unfinished"})
-    )
+    config_path, summary_path = run_dir / layout.CONFIG, run_dir / layout.SUMMARY
+    try:
+        config = _flat(yaml.safe_load(config_path.read_text())) if config_path.exists() else {}
+    except yaml.YAMLError as e:
+        raise PipelineError(f"{config_path}: not YAML ({first_line(e)}); repair it or pass the other runs") from None
+    try:
+        summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
+    except json.JSONDecodeError as e:
+        raise PipelineError(f"{summary_path}: not JSON ({e.msg}); remove it to summarise metrics.jsonl") from None
+    if not isinstance(summary, dict):
+        summary = summarize_metrics(read_metrics(run_dir), {"stopped": "unfinished"})
     return {"run": str(run_dir), "config": config, "summary": summary}
 
 
@@ -75,9 +79,9 @@ def table(records: list[dict[str, Any]], main: str = "val") -> tuple[list[str], 
         columns += [f"{split} final", f"{split} best"]
     columns += ["tokens seen", "tokens/s (median)", "wall s", "stopped"]
     rows = []
-    for r in records:
+    for r, name in zip(records, run_names([r["run"] for r in records])):
         s = r["summary"]
-        row: dict[str, Any] = {"run": Path(r["run"]).name, **{k: r["config"].get(k) for k in varying}}
+        row: dict[str, Any] = {"run": name, **{k: r["config"].get(k) for k in varying}}
         for split in splits:
             got = s.get("splits", {}).get(split, {})
             row[f"{split} final"], row[f"{split} best"] = got.get("final_loss"), got.get("best_loss")
@@ -142,9 +146,9 @@ def plot_sweep(records: list[dict[str, Any]], out: Path, split: str = "val") -> 
         ylabel=f"final {split} loss per token",
         title=f"final {split} loss against learning rate",
     )
-    for i, r in enumerate(records):
+    for i, (r, label) in enumerate(zip(records, run_names([r["run"] for r in records]))):
         rows = latest_per_step(read_metrics(Path(r["run"])))
-        label, colour = Path(r["run"]).name, f"C{i % 10}"
+        colour = f"C{i % 10}"
         train = [x for x in rows if x["split"] == TRAIN]
         curve_ax.plot([x["step"] for x in train], [x["loss"] for x in train], color=colour, alpha=0.4, lw=1)
         evals = [x for x in rows if x["split"] == split]

@@ -12,6 +12,7 @@ import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from core.errors import PipelineError, warn
 from training.config import layout
 
 if TYPE_CHECKING:
@@ -20,11 +21,48 @@ if TYPE_CHECKING:
 TRAIN = "train"
 
 
+_CUT_OFF: set[Path] = set()  # the metrics files whose cut-off last line a warning has named
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
+    """The rows of a run's metrics.jsonl ([] where it has none). A last line without its newline, cut off by a process
+    stopped while it wrote it (or a run still writing), is left out with a warning; any other line that is not a JSON
+    row is a PipelineError naming it."""
     path = Path(run_dir) / layout.METRICS
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    text = path.read_text()
+    lines = text.splitlines()
+    rows = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            if number == len(lines) and not text.endswith("\n"):
+                if path not in _CUT_OFF:  # once per file, however often a command reads it
+                    _CUT_OFF.add(path)
+                    warn(f"{path}: its last line is cut off (written by a process stopped mid-line); read without it")
+                break
+            raise PipelineError(
+                f"{path}: line {number} is not a JSON row ({e.msg}); repair or remove that line"
+            ) from None
+        if not isinstance(row, dict):
+            raise PipelineError(f"{path}: line {number} is not a JSON object; repair or remove that line")
+        rows.append(row)
+    return rows
+
+
+def run_names(run_dirs: list[Path | str]) -> list[str]:
+    """Each run's name in tables and legends: its folder's name, with as many parent folders as it takes for no two
+    runs to share one (sweep_a/lr1 and sweep_b/lr1, not lr1 twice)."""
+    parts = [Path(r).absolute().parts for r in run_dirs]
+    for depth in range(1, max(map(len, parts), default=1) + 1):
+        names = ["/".join(p[-depth:]) for p in parts]
+        if len(set(names)) == len(names):
+            return names
+    return ["/".join(p) for p in parts]
 
 
 def latest_per_step(rows: list[dict]) -> list[dict]:
@@ -96,9 +134,10 @@ def plot_runs(run_dirs: list[Path], out: Path, labels: list[str] | None = None) 
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
     loss_ax, lr_ax, speed_ax = axes
     styles = ["-", "--", ":", "-."]
+    names = labels or run_names(run_dirs)
     for i, run_dir in enumerate(run_dirs):
         rows = latest_per_step(read_metrics(run_dir))
-        label = labels[i] if labels else Path(run_dir).name
+        label = names[i]
         colour = f"C{i % 10}"
         train = [r for r in rows if r["split"] == TRAIN]
         loss_ax.plot(
