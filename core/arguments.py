@@ -36,6 +36,21 @@ def at_least(low: int) -> Callable[[str], int]:
     return parse
 
 
+def above(low: float) -> Callable[[str], float]:
+    """A number type for argparse that refuses values at or below `low`: `add_argument("--limit", type=above(0))`."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a number; got {text!r}") from None
+        if not value > low:
+            raise argparse.ArgumentTypeError(f"must be > {low:g}; got {text}")
+        return value
+
+    return parse
+
+
 def check_picture(flag: str, path: str | Path) -> Path:
     """`path` as a figure to write, checked before the work it would end: matplotlib must know its extension's format,
     and its folder must be one that can be created (no file on the way) and written in. Else a ConfigError naming

@@ -322,6 +322,14 @@ def test_an_out_that_is_a_directory_is_one_line_before_the_model_is_evaluated(tr
         f"error: --out: {tmp_path} is a directory; name a file in it"
     ], done.stderr
     assert list(tmp_path.iterdir()) == []
+    # a file of the run's own, which a rerun's "replace the results" overwrote with them
+    config = (trained / "config.yaml").read_text()
+    args = [str(trained), "--tasks", "hellaswag", "--out", str(trained / "config.yaml")]
+    done = script_in_process("scripts.tools.eval_harness", args, monkeypatch, capsys)
+    assert done.returncode == 2 and done.stderr == (
+        f"error: --out: {trained / 'config.yaml'} exists and is not an eval_harness result; name a new file\n"
+    )
+    assert (trained / "config.yaml").read_text() == config
 
 
 def test_the_results_file_is_named_by_what_sets_the_numbers():

@@ -134,6 +134,11 @@ def test_a_fine_tuned_model_writes_a_playable_midi(finetuned, tmp_path, monkeypa
     assert result.returncode == 2 and result.stderr.strip().splitlines() == [
         f"error: --out: {below_a_file}: {tmp_path / 'sample-0.mid'} is a file, not a directory; choose a directory"
     ], result.stderr
+    # a text prompt, which a note model cannot read, was ignored: a continuation of its own record instead
+    result = script_in_process("scripts.tools.sample", [str(run_dir), "--prompt", "def "], monkeypatch, capsys)
+    assert (result.returncode, result.stdout) == (2, "") and result.stderr == (
+        f"error: --prompt: {run_dir} is a note model (notes tokenizer): it takes note prompts; leave it out\n"
+    )
 
 
 def test_a_pretrained_model_continues_a_midi_prompt(pretrained, tmp_path, bach_chorale, monkeypatch, capsys):

@@ -221,6 +221,16 @@ def test_sample_and_export_take_the_checkpoint_named_by_which(finished, tmp_path
         assert np.array_equal(exported, wte) == (step == 4)
 
 
+def test_sample_refuses_a_note_models_flags_for_a_text_model(finished, monkeypatch, capsys):
+    """A missing --prompt-midi file, a --task or an --out were ignored without a word, and a text sample printed."""
+    args = [str(finished), "--prompt-midi", "missing.mid", "--task", "dynamics", "--max-new-tokens", "2"]
+    result = script_in_process("scripts.tools.sample", args, monkeypatch, capsys)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == (
+        f"error: --prompt-midi/--task: {finished} is a text model (byte tokenizer); leave them out\n"
+    )
+
+
 def test_the_tools_read_a_checkpoint_saved_under_earlier_keys_as_a_resume_does(finished, tmp_path):
     """A checkpoint whose metadata holds an earlier spelling (model.arch=gpt2; an absolute lr floor, min_lr) loads in
     sample, evaluate and export (`load_trained`) as it does for a resume: in today's keys, the same weights."""
@@ -375,12 +385,19 @@ def test_test_gpu_sh_without_a_gpu_says_so_in_one_line_and_runs_no_test(tmp_path
         ("scripts.benchmarks.bench_decode", ["model=gpt2-nope"], "error: config: model=gpt2-nope does not exist"),
         ("scripts.tools.state_memory", ["--devices", "0"], "argument --devices: must be >= 1; got 0"),
         ("scripts.tools.state_memory", ["--bogus"], "error: unrecognized arguments: --bogus"),
+        # lm-eval's islice traceback after the model loaded; "no docs"; a result labelled -1 shots
+        ("scripts.tools.eval_harness", ["/no/run", "--limit", "0"], "argument --limit: must be > 0; got 0"),
+        ("scripts.tools.eval_harness", ["/no/run", "--num-fewshot", "-1"], "argument --num-fewshot: must be >= 0"),
+        ("scripts.tools.eval_harness", ["/no/run", "--batch-tokens", "0"], "argument --batch-tokens: must be >= 1"),
+        ("scripts.tools.export_hf", ["/no/run", "out", "--architecture", "gpt3"], "argument --architecture: invalid"),
+        ("scripts.tools.compare_runs", [], "error: the following arguments are required: paths"),
     ],
 )
 def test_a_tools_bad_argument_is_a_usage_error_naming_it(module, args, line, monkeypatch, capsys):
+    """In one line, as every other error (argparse's own printed its usage first)."""
     result = script_in_process(module, args, monkeypatch, capsys)
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert line in result.stderr.strip().splitlines()[-1]
+    assert line in result.stderr and result.stderr.count("\n") == 1, result.stderr
 
 
 FOLDER_FLAGS = [  # (tool, its arguments before the folder flag, the flag): each writes under a folder it names

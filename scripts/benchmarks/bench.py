@@ -39,6 +39,7 @@ from typing import Any
 
 import jax
 
+from core.arguments import OneLineParser
 from core.errors import ConfigError, PipelineError, say
 from models.gpt import count_params
 from scripts.benchmarks import records
@@ -262,7 +263,7 @@ def bench_compile(overrides: list[str], vocab: int) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--loader", action="store_true", help="time the data path alone (no model)")

@@ -6,14 +6,13 @@ not depend on them), after one warm-up call of each (compilation is reported apa
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 
 import jax
 
-from core.arguments import at_least
+from core.arguments import OneLineParser, at_least
 from core.errors import PipelineError, say
 from models import MODEL_BUILDERS
 from models.decode import generate
@@ -22,7 +21,7 @@ from training import config as config_lib
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--new-tokens", type=at_least(1), default=256)
     parser.add_argument("--batch", type=at_least(1), default=1)
     parser.add_argument("--prompt-len", type=at_least(1), default=1)

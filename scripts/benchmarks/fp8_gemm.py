@@ -21,7 +21,6 @@ form as bfloat16 or float32 arithmetic (no FP8 GEMM): its times say nothing of F
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -31,6 +30,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
+from core.arguments import OneLineParser
 from models.fp8 import E4M3, as_quantised, fp8_dot, quantize, quantize_dequantize, scaled_dot
 from scripts.benchmarks.bench import custom_calls, float8_dots
 
@@ -94,7 +94,7 @@ def measure(f: Callable, args: tuple, iters: int) -> tuple[str, float, jax.Array
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = OneLineParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--m", type=int, default=8192, help="rows of x (tokens)")
     p.add_argument("--k", type=int, default=4096, help="the contracted width")
     p.add_argument("--n", type=int, default=4096, help="columns of W")

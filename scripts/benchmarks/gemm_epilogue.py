@@ -20,7 +20,6 @@ cuBLASLt calls: its times say nothing of epilogues.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Callable
@@ -28,6 +27,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
+from core.arguments import OneLineParser
 from models.block import Linear
 from models.mlp import mlp_activation
 from scripts.benchmarks.bench import custom_calls, epilogues
@@ -60,7 +60,7 @@ def with_backward(f: Callable, g: jax.Array) -> Callable:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = OneLineParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--m", type=int, default=32768, help="rows of x (tokens: gpt2's batch of 32 x 1,024)")
     p.add_argument("--k", type=int, default=768, help="the contracted width (gpt2's n_embd)")
     p.add_argument("--n", type=int, default=3072, help="columns of W (gpt2's MLP width)")

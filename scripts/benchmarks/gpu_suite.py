@@ -55,6 +55,8 @@ import threading
 import time
 from pathlib import Path
 
+from core.arguments import OneLineParser
+
 # gpt2's data, as BENCHMARKS.md's GPU section names it `$C`
 GPT2_DATA = ["dataset.tokenizer=bpe", "dataset.bpe_vocab_size=50259"]
 BENCH = [sys.executable, "-m", "scripts.benchmarks.bench"]
@@ -298,7 +300,7 @@ def _small(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = OneLineParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="the folder for logs, records and the summary (made if missing)")
     p.add_argument("--nanogpt", metavar="PATH", help="a nanoGPT checkout, for the peer stage")
     p.add_argument("--budget", type=float, default=570, help="seconds for the whole suite (default 570)")

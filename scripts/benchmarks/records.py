@@ -15,7 +15,6 @@ from whatever directory a command runs: BENCHMARKS.md's block is made of it.
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import hashlib
 import json
@@ -27,6 +26,8 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from core.arguments import OneLineParser
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout (the project installs it editable)
 # The checkout's, not the working directory's: a benchmark run from elsewhere kept its record where no table read it.
@@ -194,7 +195,7 @@ def update(markdown: Path, directory: str | Path) -> None:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = OneLineParser(description=__doc__.split("\n\n")[0])
     p.add_argument("directory", nargs="?", default=str(RESULTS), help=f"the records' folder (default {RESULTS})")
     p.add_argument("--update", metavar="MARKDOWN", help="rewrite this file's records block instead of printing")
     args = p.parse_args(argv)

@@ -11,7 +11,6 @@ exits 1 when a loss differs or the run did not finish.
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import subprocess
@@ -19,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from core.arguments import OneLineParser
 from core.errors import PipelineError, say
 from training.checkpoints.storage import check_writable
 from training.config import layout
@@ -96,7 +96,7 @@ def kill_at_random_moment(
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--steps", type=int, default=240)
     parser.add_argument("--save-every", type=int, default=5)

@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from core.arguments import OneLineParser
+
 CATEGORIES = {
     "matmul": "weight matmuls (qkv, attention output, MLP)",
     "attention": "attention (scores, softmax, values)",
@@ -54,7 +56,7 @@ def classify(name: str, shapes: str, vocab: int, in_optimizer: bool) -> str:
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = OneLineParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--nanogpt", metavar="PATH", required=True, help="a nanoGPT checkout (its model.py is imported)")
     p.add_argument("--n-layer", type=int, default=6)
     p.add_argument("--n-head", type=int, default=6)

@@ -12,13 +12,13 @@ run has reached it, and its val curve is read there, linearly between its evalua
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
+from core.arguments import OneLineParser
 from training.config import layout
 from training.reporting.summary import TRAIN, latest_per_step, read_metrics
 
@@ -175,7 +175,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "out", nargs="?", default="runs/decoders", help="the comparison's directory (default: %(default)s)"
     )

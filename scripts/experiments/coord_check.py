@@ -10,11 +10,10 @@ depend on width (μP); rising lines: a lr that suits the narrowest model is too 
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-from core.arguments import at_least, check_picture
+from core.arguments import OneLineParser, at_least, check_picture
 from core.errors import PipelineError, say
 from training.analysis.coord_check import coord_check, growth, write_json
 
@@ -49,7 +48,7 @@ def plot(results: list[dict], out: Path) -> None:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--widths", default="64,128,256,512", help="n_embd of each model; the first is μP's base")
     parser.add_argument("--steps", type=at_least(1), default=4)
     parser.add_argument("--lr", type=float, default=1e-2)

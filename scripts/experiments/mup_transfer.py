@@ -11,12 +11,12 @@ copies in docs/ (mup_transfer.md, .png).
 
 from __future__ import annotations
 
-import argparse
 import math
 import shutil
 import sys
 from pathlib import Path
 
+from core.arguments import OneLineParser
 from core.errors import PipelineError, say
 from training.cli.sweep import run_sweep
 
@@ -67,7 +67,7 @@ def sweep(out: Path, parametrization: str, widths: list[int], lrs: list[float], 
 
 def main(argv: list[str]) -> int:
     argv, extra = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--widths", default="64,256", help="n_embd values; the first is μP's base width")
     parser.add_argument("--lrs", default="1e-3,3e-3,1e-2,3e-2,1e-1")
     parser.add_argument("--steps", type=int, default=100)

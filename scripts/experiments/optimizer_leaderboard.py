@@ -29,7 +29,6 @@ leaderboard_presets.py.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import shutil
@@ -38,6 +37,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from core.arguments import OneLineParser
 from core.errors import ConfigError, PipelineError, say
 from scripts.experiments.leaderboard_presets import write_presets
 from scripts.experiments.leaderboard_settings import (
@@ -193,7 +193,7 @@ def tune(out: Path, name: str, centres: tuple, board: dict, points: int, knob_po
 def main(argv: list[str]) -> int:
     from optimizers import OPTIMIZERS
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="runs/leaderboard", help="where the sweeps and the board go")
     parser.add_argument("--only", default="", help="comma-separated optimizers (default: every one with a plan)")
     parser.add_argument("--steps", type=int, default=80, help="steps of every run (the token budget)")

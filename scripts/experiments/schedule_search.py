@@ -27,6 +27,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from core.arguments import OneLineParser
 from core.errors import PipelineError
 from training.checkpoints.storage import check_writable
 from training.cli.sweep import run_sweep
@@ -140,9 +141,7 @@ def plot_search(result: dict, out: Path, window: int = 1) -> None:
 
 def main(argv: list[str]) -> int:
     argv, extra = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = OneLineParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--segments", type=int, default=4, help="segments of the schedule")
     parser.add_argument("--segment-steps", type=int, default=50, help="optimizer steps per segment")
     parser.add_argument("--lrs", default="1e-3,3e-3,1e-2", help="the first segment's candidate lrs")

@@ -20,7 +20,6 @@ seed's curve) into --out. Extra arguments after `--` are Hydra overrides for eve
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -28,6 +27,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from core.arguments import OneLineParser
 from core.errors import PipelineError, say
 from training.checkpoints.storage import check_writable
 from training.reporting.summary import latest_per_step, read_metrics
@@ -203,7 +203,7 @@ def plot(runs: dict[str, list[list[dict]]], target: float, path: Path) -> None:
 def main(argv: list[str]) -> int:
     extra = argv[argv.index("--") + 1 :] if "--" in argv else []
     argv = argv[: argv.index("--")] if "--" in argv else argv
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = OneLineParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="a folder for the runs, the record, the table and the picture")
     p.add_argument("--seeds", type=int, default=2, help="seeds per variant (default 2)")
     p.add_argument("--steps", type=int, default=320, help="steps per run (default 320: train_lm.sh's)")

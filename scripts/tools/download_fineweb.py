@@ -11,10 +11,10 @@ again). Needs the network; without it (or with HF_HUB_OFFLINE=1) it stops in one
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
+from core.arguments import OneLineParser
 from core.errors import DataError, PipelineError, say
 from core.hub import hub_reachable
 from data.token_shards import read_shard
@@ -44,7 +44,7 @@ def one_line(error: BaseException) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shards", type=int, default=8, help="training shards of ~100M tokens (1..103; default 8)")
     parser.add_argument("--folder", default="data/fineweb10B", help="where to put them (default data/fineweb10B)")
     args = parser.parse_args(argv)

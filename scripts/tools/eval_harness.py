@@ -20,6 +20,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from core.arguments import OneLineParser, above, at_least
 from core.errors import ConfigError, PipelineError, say
 from core.files import write_atomic
 from training.checkpoints.locate import find_checkpoint_dir
@@ -30,13 +31,17 @@ from training.step.precision import COMPUTE_DTYPES, cast_floating
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(description=__doc__.split("\n\n")[0])
     add_checkpoint_arguments(parser)
     parser.add_argument("--tasks", default="hellaswag,lambada_openai", help="comma-separated lm-eval task names")
-    parser.add_argument("--num-fewshot", type=int, default=None, help="examples in the prompt (default: the task's)")
-    parser.add_argument("--limit", type=float, default=None, help="only the first N documents per task (or a fraction)")
+    parser.add_argument(
+        "--num-fewshot", type=at_least(0), default=None, help="examples in the prompt (default: the task's)"
+    )
+    parser.add_argument(
+        "--limit", type=above(0), default=None, help="only the first N documents per task (or a fraction)"
+    )
     parser.add_argument("--include-path", default=None, help="a folder of task YAMLs besides lm-eval's own")
-    parser.add_argument("--batch-tokens", type=int, default=8192, help="padded tokens per forward pass")
+    parser.add_argument("--batch-tokens", type=at_least(1), default=8192, help="padded tokens per forward pass")
     parser.add_argument("--dtype", default="float32", choices=sorted(COMPUTE_DTYPES), help="compute dtype")
     parser.add_argument("--seed", type=int, default=0, help="lm-eval's seeds (few-shot example choice)")
     parser.add_argument("--out", default=None, help="results file (default: <run>/harness/step<N>-<tasks>.json)")
@@ -53,6 +58,8 @@ def main(argv: list[str]) -> int:
         check_writable("--out", out.parent)
         if out.is_dir():
             raise ConfigError(f"--out: {out} is a directory; name a file in it")
+        if out.exists() and not is_results_file(out):  # a rerun replaces its own results, never another file
+            raise ConfigError(f"--out: {out} exists and is not an eval_harness result; name a new file")
         lm = harness_lm(cast_floating(trained.model, COMPUTE_DTYPES[args.dtype]), trained.tokenizer, args.batch_tokens)
         results = evaluate_tasks(
             lm, tasks, include_path=args.include_path, limit=args.limit, num_fewshot=args.num_fewshot, seed=args.seed
@@ -88,6 +95,15 @@ def results_name(trained: Trained, tasks: list[str], args: argparse.Namespace) -
     dtype = "" if args.dtype == "float32" else f"-{args.dtype}"
     seed = "" if args.seed == 0 else f"-seed{args.seed}"
     return f"step{trained.step}-{'+'.join(tasks)}{shots}{limit}{dtype}{seed}.json"
+
+
+def is_results_file(path: Path) -> bool:
+    """`path` holds what this command writes (a JSON record whose command is an eval_harness one)."""
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(record, dict) and "scripts.tools.eval_harness" in str(record.get("command", ""))
 
 
 def scalar_metrics(results: dict) -> dict[str, float]:

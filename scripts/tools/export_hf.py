@@ -12,9 +12,9 @@ tokenizer back.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
+from core.arguments import OneLineParser
 from core.errors import PipelineError, say
 from models.hf import ARCHITECTURES, export_hf
 from training.checkpoints.storage import check_writable
@@ -22,7 +22,7 @@ from training.checkpoints.trained import add_checkpoint_arguments, load_trained
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(description=__doc__.split("\n\n")[0])
     add_checkpoint_arguments(parser, "checkpoint")
     parser.add_argument("out_dir", help="the transformers folder to write")
     parser.add_argument(

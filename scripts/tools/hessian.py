@@ -25,13 +25,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from core.arguments import at_least, check_picture
+from core.arguments import OneLineParser, at_least, check_picture
 from core.errors import CheckpointError, PipelineError, say
 from training.config import layout
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run", help="run directory or checkpoint directory")
     parser.add_argument(
         "--step",

@@ -27,12 +27,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from core.arguments import check_picture
+from core.arguments import OneLineParser, check_picture
 from core.errors import CheckpointError, PipelineError, say
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run", help="run directory or checkpoint directory")
     parser.add_argument("--step", default="latest", help="the centre: latest, best or a step number")
     parser.add_argument(

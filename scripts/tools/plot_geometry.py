@@ -9,11 +9,10 @@ online-to-nonconvex quantities; a sum falling steadily means updates that keep d
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-from core.arguments import check_picture
+from core.arguments import OneLineParser, check_picture
 from core.errors import PipelineError, say
 from training.config import layout
 from training.reporting.summary import latest_per_step, read_metrics
@@ -68,7 +67,7 @@ def plot_geometry(run_dir: Path, out: Path) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run", help="run directory (with a metrics.jsonl)")
     parser.add_argument("--out", default="geometry.png")
     args = parser.parse_args(argv)

@@ -17,7 +17,6 @@ their mean.
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import sys
@@ -25,6 +24,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import NamedTuple
 
+from core.arguments import OneLineParser
 from scripts.tools.profile_hlo import hlo_instructions, kernel_key, optimized_hlo
 from training.config import layout
 
@@ -332,7 +332,7 @@ def to_markdown(summary: dict) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", help="a run directory trained with system.profile_steps=[a,b]")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of Markdown")
     parser.add_argument("--top", type=int, default=0, metavar="N", help="also list the N most expensive ops")

@@ -19,8 +19,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from core.arguments import at_least
-from core.errors import DataError, PipelineError, say
+from core.arguments import OneLineParser, at_least
+from core.errors import ConfigError, DataError, PipelineError, say
 from models.decode import generate
 from training.checkpoints.storage import check_writable
 from training.checkpoints.trained import Trained, add_checkpoint_arguments, load_trained
@@ -28,7 +28,7 @@ from training.config import layout
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(description=__doc__.split("\n\n")[0])
     add_checkpoint_arguments(parser)
     parser.add_argument("--prompt", action="append", help="prompt text (repeatable); default: the start of a document")
     parser.add_argument("--num-samples", type=at_least(1), default=1, help="samples per prompt")
@@ -40,17 +40,29 @@ def main(argv: list[str]) -> int:
     notes = parser.add_argument_group("note models")
     notes.add_argument("--prompt-midi", help="a .mid file whose first notes are the prompt")
     notes.add_argument("--prompt-split", default=None, help="a validation split of the model's dataset (default: full)")
-    notes.add_argument("--prompt-notes", type=at_least(1), default=32, help="notes of the prompt")
+    notes.add_argument("--prompt-notes", type=at_least(1), default=None, help="notes of the prompt (default: 32)")
     notes.add_argument("--task", default=None, help="pose this piano task (default: the run's first task, if any)")
     notes.add_argument("--out", default=None, help="folder for the .mid files (default: <run>/samples)")
     args = parser.parse_args(argv)
     try:
         trained = load_trained(args.path, args.which)
         if trained.tokenizer.kind == "notes":
+            refuse_other_kinds_flags(args, ["prompt"], "a note model (notes tokenizer): it takes note prompts")
             return sample_notes(trained, args)
+        refuse_other_kinds_flags(args, NOTE_FLAGS, f"a text model ({trained.tokenizer.kind} tokenizer)")
         return sample_text(trained, args)
     except PipelineError as e:
         return say(e)
+
+
+NOTE_FLAGS = ["prompt_midi", "prompt_split", "prompt_notes", "task", "out"]
+
+
+def refuse_other_kinds_flags(args: argparse.Namespace, flags: list[str], kind: str) -> None:
+    """The flags of the other kind of model, set: one line (a text model ignored a missing --prompt-midi file)."""
+    given = [f"--{flag.replace('_', '-')}" for flag in flags if getattr(args, flag) is not None]
+    if given:
+        raise ConfigError(f"{'/'.join(given)}: {args.path} is {kind}; leave {'them' if len(given) > 1 else 'it'} out")
 
 
 def sample_text(trained: Trained, args: argparse.Namespace) -> int:
@@ -94,7 +106,7 @@ def sample_notes(trained: Trained, args: argparse.Namespace) -> int:
         source = args.prompt_midi
     else:
         given, source = _first_record(cfg, tok, args.prompt_split)
-    given = given.take(slice(0, args.prompt_notes)).shifted_to_zero()
+    given = given.take(slice(0, args.prompt_notes or 32)).shifted_to_zero()
     if len(given) == 0:
         raise DataError(f"the prompt ({source}) has no notes")
     prompt = note_prompt(task, given, tok)

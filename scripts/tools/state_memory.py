@@ -11,15 +11,14 @@ accelerators it must not exceed the devices present.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 
-from core.arguments import at_least
+from core.arguments import OneLineParser, at_least
 from core.errors import PipelineError, say
 
-parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+parser = OneLineParser(description=__doc__.split("\n\n")[0])
 parser.add_argument("--devices", type=at_least(1), default=8)
 parser.add_argument("--vocab", type=at_least(1), default=50257)
 args, overrides = parser.parse_known_args()
