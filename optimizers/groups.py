@@ -20,6 +20,7 @@ one schedule: a group's learning rate is the schedule's times its lr_multiplier,
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import typing
 from collections.abc import Sequence
 from typing import Any, Union
@@ -38,6 +39,7 @@ from optimizers.registry import (
     LR_USE,
     OPTIMIZERS,
     RESERVED,
+    RUN_ARGUMENTS,
     build_direction,
     check_bounds,
     hyper_parameter_values,
@@ -109,6 +111,10 @@ def check_groups(optimizer_cfg: OptimizerSection) -> None:
             like = _like(getattr(optimizer_cfg, key, None), hints.get(key))
             if key not in GROUP_KEYS and like is not None and not _same_kind(value, like):
                 _fail(f"{name}.{key}", f"must be {_a(type(like).__name__)}, as optimizer.{key}; got {value!r}")
+        for key, parameter in hyper_parameters(OPTIMIZERS[optimizer]).items():  # (the section's words name it there)
+            needed = parameter.default is inspect.Parameter.empty and key not in RUN_ARGUMENTS
+            if needed and group.get(key, getattr(optimizer_cfg, key, None)) is None:
+                _fail(f"{name}.{key}", f"{optimizer} needs a value; set it in the group ({{{key}: ...}})")
         cfg = group_config(optimizer_cfg, group)
         if (
             cfg.weight_decay > 0
@@ -250,7 +256,12 @@ def build_grouped_direction(
         decay_mask = model.weight_decay_mask()
         if "weight_decay" in group:  # set for the group: it decays every parameter of the group
             decay_mask = jax.tree.map(lambda _: True, decay_mask)
-        direction = directed(cfg, _GroupView(model, decay_mask), run_steps)
+        try:
+            direction = directed(cfg, _GroupView(model, decay_mask), run_steps)
+        except ConfigError as e:  # a builder's check names the section's key; the value came from the group
+            if not group:
+                raise
+            raise ConfigError(str(e).replace("config: optimizer.", f"config: optimizer.groups.{name}.", 1)) from None
         multiplier = float(group.get("lr_multiplier", 1.0))
         transforms[name] = direction if multiplier == 1.0 else optax.chain(direction, optax.scale(multiplier))
     return optax.partition(transforms, fixed(assignment))

@@ -1,8 +1,9 @@
 """Muon (Jordan et al., 2024): momentum orthogonalised by Newton-Schulz iterations, for the blocks' weight matrices.
 
 `optimizer=muon` (conf/optimizer/muon.yaml) is one use of the parameter groups (optimizers/groups.py): Muon for the
-parameters of no group (the blocks' matrices), and a group `adam` of every embedding and vector with AdamW at a tenth
-of the learning rate. A parameter that reaches this builder and is not a block matrix gets optax's Adam fallback.
+parameters of no group (the blocks' matrices), and a group `adam` of every embedding and vector with AdamW at 0.2x
+the learning rate (the leaderboard's tuned multiplier). A parameter that reaches this builder and is not a block
+matrix gets optax's Adam fallback.
 
 `momentum_warmup` (steps, or a fraction of the run below 1; 0: off) and `momentum_start`: Muon's momentum rises
 linearly from momentum_start to `momentum` over the warm-up (the speedrun's 0.85 -> 0.95 over 300 steps);

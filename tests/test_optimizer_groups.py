@@ -575,3 +575,15 @@ def test_mup_refuses_an_optimizer_whose_matrix_steps_follow_another_width_rule(o
     with pytest.raises(ConfigError, match=f"^config: model.parametrization: μP divides .*; {refused} steps them"):
         load_config(mup)
     load_config([*mup, "model.parametrization=standard"])
+
+
+def test_a_groups_value_that_its_builder_refuses_is_named_where_it_was_set():
+    """A group's value outside its range (checked when the builder runs) and a value a group's optimizer needs that
+    nothing sets: each error named the section's key (optimizer.ns_steps), where setting it was then refused."""
+    cfg = load_config(["optimizer.groups={matrix: {name: muon, ns_steps: 0}}"])
+    with pytest.raises(ConfigError, match=r"^config: optimizer\.groups\.matrix\.ns_steps: must be >= 1"):
+        build_optimizer(cfg.optimizer, build_schedule(cfg.optimizer.lr_config, 10), MODEL, 1)
+    with pytest.raises(
+        ConfigError, match=r"^config: optimizer\.groups\.matrix\.scale_hidden: scion needs a value; set"
+    ):
+        load_config(["optimizer.groups={matrix: {name: scion, weight_decay: 0}}"])
