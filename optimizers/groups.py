@@ -11,10 +11,10 @@ or lists its labels:
 
 and overrides any key of the `optimizer` section its optimizer reads (its `name` too), plus `lr_multiplier` (1) and
 `weight_decay` (an optimizer with no decay of its own under weight_decay_mode=native takes 0: nothing is dropped
-without a word). The
-parameters of no group follow the section itself. A group that sets weight_decay decays every parameter in it; one
-that does not keeps the usual rule (matrices and the token embedding, optimizers/decay.py). The schedule is the run's
-one schedule: a group's learning rate is the schedule's times its lr_multiplier, logged as `lr/<group>`.
+without a word). The parameters of no group follow the section itself. A group that sets weight_decay decays every
+parameter in it; one that does not keeps the usual rule (matrices and the token embedding, optimizers/decay.py). The
+schedule is the run's one schedule: a group's learning rate is the schedule's times its lr_multiplier, logged as
+`lr/<group>`.
 """
 
 from __future__ import annotations
