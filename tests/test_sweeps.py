@@ -63,6 +63,16 @@ def test_a_2x2_sweep_runs_four_jobs_each_in_its_own_run_directory_and_writes_a_s
     assert "| run | optimizer.lr_config.lr | train.seed | val final |" in text
     assert {"comparison.md", "comparison.csv", "comparison.png"} <= {p.name for p in sweep.iterdir()}
     assert f"sweep: 4 of 4 jobs completed; summary in {sweep / 'sweep.md'}" in capsys.readouterr().out
+    # the same command again: each job refuses the run directory that holds its run, and the records of the jobs
+    # that ran stay theirs (they were overwritten as failed, and the summary said 0 of 4 completed)
+    records = {p: p.read_text() for p in sweep.rglob("job.json")}
+    assert (
+        train_jax.command_line(sweep_command(data_cache, sweep, "train.seed=0,1", "optimizer.lr_config.lr=1e-3,3e-3"))
+        == 1
+    )
+    assert "already holds a run that trained" in capsys.readouterr().err
+    assert {p: p.read_text() for p in sweep.rglob("job.json")} == records
+    assert json.loads((sweep / "sweep.json").read_text())["completed"] == 4
 
 
 def test_a_bad_value_fails_its_job_with_one_line_while_the_other_runs_and_the_sweep_exits_1(

@@ -27,7 +27,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from core.errors import PipelineError, first_line, say
+from core.errors import CheckpointError, ConfigError, PipelineError, first_line, say
 from training import config as config_lib
 from training.checkpoints.storage import storage_error
 from training.cli import sweep
@@ -193,6 +193,7 @@ def _sweep_job(
         "run_dir": str(Path(composed.logging.run_dir).expanduser().absolute()),
         "status": sweep.RUNNING,
     }
+    earlier = sweep.read_record(job_dir)  # a job this sweep ran before (its command run again)
     sweep.write_record(job_dir, record)
     try:
         value = main(config_lib.finish(composed), overrides, started)
@@ -203,9 +204,13 @@ def _sweep_job(
         reason = str(error) if error is not None else f"{first_line(e, 300)} ({type(e).__name__}: a bug)"
         line = f"sweep job {hydra.job.num} ({hydra.job.override_dirname or 'no overrides'}): {reason}"
         print(f"error: {line}", file=sys.stderr, flush=True)
-        sweep.write_record(
-            job_dir, {**record, "status": sweep.FAILED, "error": reason, "wall_s": round(time.time() - started, 1)}
-        )
+        if earlier is not None and isinstance(error, (ConfigError, CheckpointError)):
+            # refused at the door (its run directory holds that run): nothing ran, so the record of the job that
+            # did stays as it was
+            sweep.write_record(job_dir, earlier)
+        else:
+            failed = {**record, "status": sweep.FAILED, "error": reason, "wall_s": round(time.time() - started, 1)}
+            sweep.write_record(job_dir, failed)
         raise sweep.JobFailed(line) from None
     import jax
 

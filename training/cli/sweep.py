@@ -73,6 +73,14 @@ def write_record(job_dir: Path, record: dict[str, Any]) -> None:
     write_atomic(job_dir / JOB_RECORD, json.dumps(record, indent=2))
 
 
+def read_record(job_dir: Path) -> dict[str, Any] | None:
+    """The job's job.json, None where there is none (or none whole)."""
+    try:
+        return json.loads((job_dir / JOB_RECORD).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
 def stop_reason(run_dir: Path) -> str | None:
     """How the run in `run_dir` ended (summary.json's `stopped`: max_steps, time limit, SIGINT, SIGTERM, ...)."""
     path = run_dir / layout.SUMMARY
