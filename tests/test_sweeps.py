@@ -277,6 +277,26 @@ def test_hydras_own_help_and_shell_completion_work(capsys, monkeypatch):
     assert "@hydra.main(" in (ROOT / "train_jax.py").read_text()
 
 
+@pytest.mark.parametrize(
+    "args, line",
+    [  # each was a ValueError traceback from Hydra (under -m the same mistakes were one line already)
+        (["-sc", "bogus"], "error: Expecting one subcommand from ['install', 'uninstall', 'query'] to be set"),
+        (["--cfg", "job", "--info"], "error: Only one of --run, --multirun, --cfg, --info and --shell_completion"),
+    ],
+)
+def test_hydras_own_flags_misused_are_one_line_and_a_usage_exit(args, line, capsys):
+    assert train_jax.command_line(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(line) and err.count("\n") == 1, err
+
+
+def test_a_sweep_of_no_job_says_so_and_exits_2(tmp_path, capsys):
+    """An empty range printed nothing and exited 0."""
+    sweep = tmp_path / "sweep"
+    assert train_jax.command_line(["-m", "train.seed=range(0,0)", f"hydra.sweep.dir={sweep}"]) == 2
+    assert capsys.readouterr().err == f"error: sweep {sweep}: the sweep has no job (a value list or range is empty)\n"
+
+
 @pytest.mark.e2e
 def test_a_single_run_writes_only_its_run_directory_in_the_working_directory(data_cache, tmp_path):
     cwd = tmp_path / "cwd"

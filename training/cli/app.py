@@ -114,9 +114,15 @@ def execute(app: Callable[[], object], argv: list[str]) -> int:
     except Exception as e:
         # Only the sweep's machinery raises anything else here (a job's own failure is a JobFailed): a launcher
         # that finds no cluster, a submission refused, a search space Optuna rejects. HYDRA_FULL_ERROR=1: traceback.
-        if not multirun or saved_env["HYDRA_FULL_ERROR"] == "1":
+        if saved_env["HYDRA_FULL_ERROR"] == "1":
             raise
-        code = say(PipelineError(f"sweep: {type(e).__name__}: {first_line(e, 300)}{_raised_within(e)}"))
+        if not multirun:
+            if not (isinstance(e, ValueError) and _raised_by_hydra(e)):
+                raise
+            # Hydra's own flags misused (two of --cfg/--info/-sc, an unknown -sc command, a missing rerun file)
+            code = say(PipelineError(first_line(e, 300)), exit_code=2)
+        else:
+            code = say(PipelineError(f"sweep: {type(e).__name__}: {first_line(e, 300)}{_raised_within(e)}"))
     finally:
         sys.argv = saved_argv
         for key, value in saved_env.items():
@@ -125,14 +131,17 @@ def execute(app: Callable[[], object], argv: list[str]) -> int:
             else:
                 os.environ[key] = value
         for sweep_dir in sweep.started:
-            code = _report_sweep(sweep_dir) or code
+            code = _report_sweep(sweep_dir, code) or code
     return code
 
 
-def _report_sweep(sweep_dir: Path) -> int:
-    """Write the sweep's summary and say where it is; 1 when any job did not complete."""
+def _report_sweep(sweep_dir: Path, code: int) -> int:
+    """Write the sweep's summary and say where it is; 1 when any job did not complete, 2 for a sweep of no job
+    (`code`: the exit code so far)."""
     if not sweep.read_records(sweep_dir):
-        return 0  # no job ran (Hydra refused the sweep's config before starting any)
+        if code:  # no job ran: Hydra refused the sweep's config before starting any, and said why
+            return code
+        return say(PipelineError(f"sweep {sweep_dir}: the sweep has no job (a value list or range is empty)"), "", 2)
     summary = sweep.summarize_sweep(sweep_dir)
     print(
         f"sweep: {summary['completed']} of {len(summary['jobs'])} jobs completed; summary in "
@@ -234,6 +243,14 @@ def _sweep_job(
         print(f"error: {line}", file=sys.stderr, flush=True)
         raise sweep.JobFailed(line)
     return value
+
+
+def _raised_by_hydra(e: BaseException) -> bool:
+    """The exception comes from Hydra's own code (its innermost frame is in the hydra package)."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and f"{os.sep}hydra{os.sep}" in tb.tb_frame.f_code.co_filename
 
 
 def _raised_within(e: BaseException) -> str:
