@@ -290,6 +290,15 @@ def test_hydras_own_flags_misused_are_one_line_and_a_usage_exit(args, line, caps
     assert err.startswith(line) and err.count("\n") == 1, err
 
 
+def test_a_key_given_fixed_and_swept_names_the_job_directories():
+    """`train.max_steps=4 ... train.max_steps=2,3` (a fixed list of overrides, then a sweep over one of them): the
+    jobs were named 0 and 1, the swept key left out as one every job shares."""
+    from training.cli.app import EXCLUDE_KEYS, name_jobs_by_what_varies
+
+    argv = ["-m", "train.max_steps=4", "train.seed=0", "train.max_steps=2,3"]
+    assert name_jobs_by_what_varies(argv) == [*argv, f"{EXCLUDE_KEYS}=['train.seed']"]
+
+
 def test_a_sweep_of_no_job_says_so_and_exits_2(tmp_path, capsys):
     """An empty range printed nothing and exited 0."""
     sweep = tmp_path / "sweep"

@@ -78,7 +78,9 @@ def name_jobs_by_what_varies(argv: list[str]) -> list[str]:
         parsed = OverridesParser.create().parse_overrides(args.overrides)
     except HydraException:
         return argv  # Hydra names the argument it cannot parse
-    fixed = sorted({o.key_or_group for o in parsed if not o.is_sweep_override() and not o.is_hydra_override()})
+    swept = {o.key_or_group for o in parsed if o.is_sweep_override()}
+    # a key both fixed and swept (a preset's value, then a sweep over it) varies: it stays in the names
+    fixed = sorted({o.key_or_group for o in parsed if not o.is_sweep_override() and not o.is_hydra_override()} - swept)
     return [*argv, f"{EXCLUDE_KEYS}=[{','.join(repr(k) for k in fixed)}]"] if fixed else argv
 
 
