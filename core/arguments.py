@@ -4,7 +4,6 @@ checks of what a flag names."""
 from __future__ import annotations
 
 import argparse
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
@@ -57,19 +56,14 @@ def check_picture(flag: str, path: str | Path) -> Path:
     `flag` (one line, exit 2)."""
     from matplotlib.backend_bases import FigureCanvasBase
 
-    from core.checks import existing_ancestor
+    from core.checks import writable_ancestor
     from core.errors import ConfigError
 
     path = Path(path).expanduser()
     formats = FigureCanvasBase.get_supported_filetypes()
     if path.suffix.lower().lstrip(".") not in formats:
         raise ConfigError(f"{flag}: {path}: a picture's name ends in one of .{', .'.join(sorted(formats))}")
-    existing = existing_ancestor(flag, path.absolute().parent)
     if path.is_dir():
         raise ConfigError(f"{flag}: {path} is a directory; name a file in it")
-    try:
-        with tempfile.TemporaryFile(dir=existing):  # the plot's work is not lost to a folder it cannot write
-            pass
-    except OSError as e:
-        raise ConfigError(f"{flag}: {path}: cannot write in {existing}: {e.strerror}") from None
+    writable_ancestor(flag, path.absolute().parent, named=path)  # before the work that a failed save would lose
     return path

@@ -3,12 +3,17 @@ config, wherever their package defines them (data/config.py, models/config.py, t
 
 from __future__ import annotations
 
+import errno
+import tempfile
 from collections.abc import Iterable
 from dataclasses import fields
 from pathlib import Path
 from typing import NoReturn
 
 from core.errors import ConfigError
+
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # no space, over quota, over the file-size limit
+PROBE_BYTES = 1 << 16  # what a write check writes (to a nameless temporary file) to see that the disk takes data
 
 
 def fail(key: str, reason: str) -> NoReturn:
@@ -63,6 +68,20 @@ def existing_ancestor(key: str, directory: Path) -> Path:
     if not existing.is_dir():
         where = "" if existing == directory else f": {existing}"
         raise ConfigError(f"{key}: {directory}{where} is a file, not a directory; choose a directory")
+    return existing
+
+
+def writable_ancestor(key: str, directory: Path, named: Path | None = None) -> Path:
+    """`existing_ancestor`, and one that takes data: a nameless temporary file of PROBE_BYTES written there (a
+    read-only or full file system is a ConfigError naming `key` and `named`, `directory` by default)."""
+    existing = existing_ancestor(key, directory)
+    try:
+        with tempfile.TemporaryFile(dir=existing) as probe:  # O_TMPFILE: no name in the directory, gone on close
+            probe.write(b"\0" * PROBE_BYTES)
+            probe.flush()
+    except OSError as e:
+        full = " (disk full?)" if e.errno in DISK_FULL_ERRNOS else ""
+        raise ConfigError(f"{key}: {named or directory}: cannot write in {existing}: {e.strerror}{full}") from None
     return existing
 
 

@@ -10,14 +10,10 @@ from __future__ import annotations
 
 import errno
 import re
-import tempfile
 from pathlib import Path
 
-from core.checks import existing_ancestor
+from core.checks import DISK_FULL_ERRNOS, existing_ancestor, writable_ancestor
 from core.errors import ConfigError, PipelineError
-
-DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # no space, over quota, over the file-size limit
-PROBE_BYTES = 1 << 16  # what the check writes (to a nameless temporary file) to see that the disk takes data
 
 
 def check_writable(key: str, path: str | Path, probe: bool = True) -> None:
@@ -28,16 +24,7 @@ def check_writable(key: str, path: str | Path, probe: bool = True) -> None:
             f"{key}: {path} holds a bracketed name ([...]), which TensorStore reads as a pattern: its "
             "checkpoints would not restore; choose a path without brackets"
         )
-    existing = existing_ancestor(key, path)
-    if not probe:
-        return
-    try:
-        with tempfile.TemporaryFile(dir=existing) as probe:  # O_TMPFILE: no name in the directory, gone on close
-            probe.write(b"\0" * PROBE_BYTES)
-            probe.flush()
-    except OSError as e:
-        full = " (disk full?)" if e.errno in DISK_FULL_ERRNOS else ""
-        raise ConfigError(f"{key}: {path}: cannot write in {existing}: {e.strerror}{full}") from None
+    (writable_ancestor if probe else existing_ancestor)(key, path)
 
 
 def storage_error(e: OSError) -> PipelineError | None:
