@@ -126,6 +126,9 @@ BAD_CONFIGS = [
         ["model.attention_window=16", "train.stages=[{until:0.5,attention_window:8},{until:1.0,attention_window:32}]"],
         "model.attention_window: train.stages name the windows, and the last stage's (32) is the model's",
     ),
+    # values only the optimizer's builder checks: refused after the corpus had loaded and tokenised
+    (["optimizer=muon", "optimizer.groups.matrix.ns_steps=0"], "optimizer.groups.matrix.ns_steps: must be >= 1"),
+    (["optimizer=muon", "optimizer.ns_steps=0"], "optimizer.ns_steps: must be >= 1"),
 ]
 
 
@@ -140,6 +143,8 @@ def test_bad_config_exits_2_with_one_line_naming_the_key(overrides, message, tmp
     assert len(err.splitlines()) == 1, err
     assert err.startswith("error: config: ") and message in err, err
     assert not run_dir.exists(), "nothing is written for a bad config"
+    loaded = [p.name for p in (tmp_path / "data").glob("*") if p.name != "jax"]  # jax: a run's compile cache
+    assert not loaded, f"the corpus was read for a bad config: {loaded}"
 
 
 def test_a_saved_config_with_an_absolute_floor_resumes_with_the_same_floor_as_a_ratio():

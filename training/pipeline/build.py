@@ -1,6 +1,6 @@
 """The init_* functions in the order a run calls them, and `build`, which calls them all:
 
-    mesh -> corpus -> init_tokenizer -> load_data -> init_model -> init_scheduler -> init_optimizer
+    check_builders -> mesh -> corpus -> init_tokenizer -> load_data -> init_model -> init_scheduler -> init_optimizer
          -> init_state_and_steps (the train state on the mesh, its shardings, the compiled train and eval steps)
 
 A run that starts from a checkpoint (`source`) keeps the checkpoint's tokenizer. Scripts that need a part without a
@@ -185,8 +185,22 @@ class Pipeline:
         )
 
 
+def check_builders(cfg: Config) -> None:
+    """The model's, schedule's and optimizer's builders check options the config's schema cannot (a group's
+    `ns_steps: 0`, a value only its optimizer needs): run them on the model's shapes (no array is made, milliseconds
+    even for gpt2-xl), so that such a value is refused before the corpus loads and tokenises, not after. The
+    vocabulary is a stand-in: only the data gives the real one, and it is a shape to the builders, never checked."""
+    abstract = eqx.filter_eval_shape(model_maker(cfg, _STAND_IN_VOCAB), jax.random.PRNGKey(0))
+    init_optimizer(cfg, init_scheduler(cfg), abstract)
+
+
+_STAND_IN_VOCAB = 256
+
+
 def build(cfg: Config, source: Source | None = None) -> Pipeline:
-    """The init_* functions in order, on a mesh, with a fresh train state and the compiled-on-first-call steps."""
+    """The init_* functions in order, on a mesh, with a fresh train state and the compiled-on-first-call steps. The
+    builders' own checks first (`check_builders`): nothing loads for a run they would refuse."""
+    check_builders(cfg)
     mesh = init_mesh(cfg.system.num_devices, cfg.system.mesh_model)
     corpus = load_corpus(cfg.dataset, config_lib.mixture_sources(cfg.dataset))
     tokenizer = init_tokenizer(cfg, corpus, source)
