@@ -73,6 +73,30 @@ def test_a_2x2_sweep_runs_four_jobs_each_in_its_own_run_directory_and_writes_a_s
     assert "already holds a run that trained" in capsys.readouterr().err
     assert {p: p.read_text() for p in sweep.rglob("job.json")} == records
     assert json.loads((sweep / "sweep.json").read_text())["completed"] == 4
+    # another sweep into its folder: its jobs ran beside these (2-train.seed=2 ...), and the summary read all of
+    # them as one sweep's; now refused before anything runs
+    summary = (sweep / "sweep.json").read_text()
+    assert (
+        train_jax.command_line(sweep_command(data_cache, sweep, "train.seed=2,3", "optimizer.lr_config.lr=1e-3")) == 2
+    )
+    assert capsys.readouterr().err == (
+        f"error: hydra.sweep.dir: {sweep} holds another sweep's jobs ({' '.join(tiny_overrides(data_cache, *SHORT))} "
+        "train.seed=0,1 optimizer.lr_config.lr=1e-3,3e-3); give this one another output folder, or remove that one "
+        "to run it again\n"
+    )
+    assert (sweep / "sweep.json").read_text() == summary and len(job_dirs(sweep)) == 4
+
+
+def test_a_sweep_is_the_same_sweep_in_another_order_and_continued_from_its_checkpoints():
+    """What check_request compares: the overrides that choose the jobs, not their order, Hydra's settings or how the
+    jobs start (the same command with checkpoint.load=auto continues a stopped sweep)."""
+    from training.cli.sweep import same_sweep
+
+    asked = ["train.seed=0,1", "optimizer=adamw,lion", "hydra.sweep.dir=a"]
+    assert same_sweep(asked, ["optimizer=adamw,lion", "train.seed=0,1", "checkpoint.load=auto", "hydra.sweep.dir=b"])
+    assert same_sweep(asked, [*asked, "+checkpoint.load_path=x", "hydra/launcher=submitit_local"])
+    assert not same_sweep(asked, ["train.seed=0,1", "optimizer=adamw"])
+    assert not same_sweep(asked, [*asked, "train.max_steps=9"])
 
 
 def test_a_bad_value_fails_its_job_with_one_line_while_the_other_runs_and_the_sweep_exits_1(

@@ -88,6 +88,11 @@ def execute(app: Callable[[], object], argv: list[str]) -> int:
     """Run `app` (the hydra.main-decorated task) on `argv`; the exit code."""
     argv = name_jobs_by_what_varies(hydra_argv(as_overrides(argv)))  # as_overrides: trainit's README forms too
     multirun = (args := _parsed(argv)) is not None and args.multirun
+    if multirun and (sweep_dir := _given_sweep_dir(args.overrides)) is not None:
+        try:  # a folder of another sweep's jobs, named on the command line: before anything runs or is written
+            sweep.check_request(sweep_dir, args.overrides)
+        except PipelineError as e:
+            return say(e, exit_code=2)
     saved_argv, saved_env = sys.argv, {k: os.environ.get(k) for k in ("HYDRA_FULL_ERROR", "PYTHONPATH")}
     sys.argv = [saved_argv[0], *argv]
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra's errors reach this function as exceptions, not printed tracebacks
@@ -245,6 +250,13 @@ def _sweep_job(
         print(f"error: {line}", file=sys.stderr, flush=True)
         raise sweep.JobFailed(line)
     return value
+
+
+def _given_sweep_dir(overrides: list[str]) -> Path | None:
+    """The sweep folder the command names (its last `hydra.sweep.dir=`), None where Hydra's default names a new one
+    or the value is an interpolation that only Hydra resolves."""
+    given = [o.split("=", 1)[1] for o in overrides if o.startswith("hydra.sweep.dir=")]
+    return Path(given[-1]).absolute() if given and "${" not in given[-1] else None
 
 
 def _raised_by_hydra(e: BaseException) -> bool:

@@ -10,6 +10,7 @@ Layout (conf/hydra/output/runs.yaml):
                                 the best job, and the comparison of training/compare.py (what differs between the
                                 runs, every split's final and best loss), also as comparison.md/.csv/.png
     multirun.yaml               Hydra's basic sweeper: the sweep's config
+    sweep_request.json          the overrides the sweep started with: another sweep into this folder is refused
     optimization_results.yaml   the Optuna sweeper: its best parameters and value
     .submitit/                  the submitit launchers: each job's script, pickles and logs
 """
@@ -33,7 +34,7 @@ from training.reporting.compare import markdown, write_comparison
 from training.reporting.summary import finite_number
 
 JOB_RECORD = "job.json"
-REQUEST = "sweep_request.json"  # the overrides run_sweep ran the folder's sweep with
+REQUEST = "sweep_request.json"  # the overrides the folder's sweep was started with (job directories aside)
 DIRNAME_MAX = 160  # characters of a job directory's name (file systems allow 255 bytes per name)
 COMPLETED, FAILED, RUNNING, STOPPED = "completed", "failed", "running", "stopped"
 
@@ -51,7 +52,42 @@ class SweepSummary(Callback):
     `on_multirun_end` is called then."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        started.append(Path(str(config.hydra.sweep.dir)).absolute())
+        sweep_dir = Path(str(config.hydra.sweep.dir)).absolute()
+        started.append(sweep_dir)
+        if not (sweep_dir / REQUEST).exists():  # the sweep's overrides, which check_request compares a later one's to
+            write_atomic_in(sweep_dir, REQUEST, json.dumps(list(config.hydra.overrides.task)))
+
+
+# Overrides that do not change which jobs a sweep runs: Hydra's own settings (its sweep folder, launcher, sweeper's
+# settings) and how the jobs start from their checkpoints (checkpoint.load=auto continues a stopped sweep).
+_NOT_THE_JOBS = re.compile(r"^[+~]*(hydra[./]|checkpoint\.)")
+
+
+def same_sweep(asked: list[str], overrides: list[str]) -> bool:
+    """Whether two sweeps' overrides ask for the same jobs: in any order, the settings of _NOT_THE_JOBS aside."""
+
+    def jobs(given: list[str]) -> list[str]:
+        return sorted(o for o in given if not _NOT_THE_JOBS.match(o))
+
+    return jobs(asked) == jobs(overrides)
+
+
+def check_request(sweep_dir: Path, overrides: list[str], what: str = "hydra.sweep.dir") -> None:
+    """A folder that holds another sweep's jobs is refused: a summary would read them as this sweep's, and the jobs
+    of the same directory names would find that sweep's runs there. The same sweep again (its command, with
+    checkpoint.load=auto say) is taken: it continues."""
+    request = Path(sweep_dir) / REQUEST
+    asked = json.loads(request.read_text()) if request.exists() else None
+    if asked is not None and not same_sweep(asked, overrides):
+        raise PipelineError(
+            f"{what}: {sweep_dir} holds another sweep's jobs ({' '.join(asked) or 'no overrides'}); give this one "
+            "another output folder, or remove that one to run it again"
+        )
+
+
+def write_atomic_in(folder: Path, name: str, text: str) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    write_atomic(folder / name, text)
 
 
 def job_dirname(num: int, overrides: str | None) -> str:
@@ -69,8 +105,7 @@ OmegaConf.register_new_resolver("job_dirname", job_dirname, replace=True)
 
 def write_record(job_dir: Path, record: dict[str, Any]) -> None:
     """job.json, replaced whole (a reader never sees half of it)."""
-    job_dir.mkdir(parents=True, exist_ok=True)
-    write_atomic(job_dir / JOB_RECORD, json.dumps(record, indent=2))
+    write_atomic_in(job_dir, JOB_RECORD, json.dumps(record, indent=2))
 
 
 def read_record(job_dir: Path) -> dict[str, Any] | None:
@@ -155,16 +190,14 @@ def run_sweep(sweep_dir: Path, overrides: list[str], log: IO[str] | None = None)
     schedule_search.py, mup_transfer.py). A folder that holds another sweep (other overrides) is refused: its
     jobs would be read as this sweep's."""
     summary, request = Path(sweep_dir) / "sweep.json", Path(sweep_dir) / REQUEST
-    asked = json.loads(request.read_text()) if request.exists() else None
-    if (asked is not None and asked != list(overrides)) or (asked is None and summary.exists()):
-        held = "another sweep's" if asked is not None else "a sweep whose overrides are not recorded"
+    check_request(sweep_dir, overrides, what="sweep")
+    if not request.exists() and summary.exists():
         raise PipelineError(
-            f"sweep: {sweep_dir} holds {held} jobs ({' '.join(asked) if asked else 'see its sweep.md'}); give this one "
+            f"sweep: {sweep_dir} holds a sweep whose overrides are not recorded (see its sweep.md); give this one "
             "another output folder, or remove that one to run it again"
         )
-    if asked is None:
-        Path(sweep_dir).mkdir(parents=True, exist_ok=True)
-        write_atomic(request, json.dumps(list(overrides)))
+    if not request.exists():
+        write_atomic_in(Path(sweep_dir), REQUEST, json.dumps(list(overrides)))
     if not summary.exists():
         command = [sys.executable, "-m", "train_jax", "-m", *overrides, f"hydra.sweep.dir={sweep_dir}"]
         print("$ python train_jax.py", " ".join(command[3:]), flush=True)
