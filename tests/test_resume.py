@@ -426,6 +426,22 @@ def test_a_resume_from_an_older_step_sets_the_later_checkpoints_aside_and_saves_
     assert f"resuming {run_dir}/checkpoints at step 8 = train.max_steps: nothing left to train" in again.stdout
 
 
+def test_a_resume_into_another_run_directory_is_a_branch_that_saves_there_and_leaves_the_resumed_run_alone(
+    finished, data_cache, tmp_path, capsys
+):
+    """checkpoint.load_path=A logging.run_dir=B: B's run starts at A's step and saves in B. It saved beside A's
+    checkpoints, where its retention deleted A's steps 4 and 8 and its config.yaml replaced A's."""
+    source, branch = tmp_path / "source", tmp_path / "branch"
+    shutil.copytree(finished, source)
+    before = {p: p.read_bytes() for p in source.rglob("*") if p.is_file()}
+    args = resume_args(data_cache, source, f"logging.run_dir={branch}", "checkpoint.overwrite_config=True")
+    result = ok(run_in_process([*args, "train.max_steps=12", "checkpoint.max_to_keep=1"], capsys))
+    assert f"run        {branch} | resuming {source}/checkpoints at step 8" in result.stdout
+    assert {p: p.read_bytes() for p in source.rglob("*") if p.is_file()} == before
+    assert Checkpointer(branch / "checkpoints", read_only=True).steps() == [12]
+    assert {row["step"] for row in map(json.loads, open(branch / "metrics.jsonl"))} == set(range(9, 13))
+
+
 def test_load_auto_continues_its_own_checkpoints_before_load_path_and_a_missing_load_path_is_one_line(
     finished, data_cache, tmp_path, capsys
 ):
@@ -574,6 +590,19 @@ BAD_INPUTS = [  # (name, run dir -> (arguments, what the line says), in a proces
     (
         "save path in the way",
         lambda d: ([f"checkpoint.save_path={d}/good/checkpoints"], "already holds another run"),
+        False,
+    ),
+    (  # the checkpoints' config.yaml replaced that run's
+        "save path a run directory",
+        lambda d: ([f"checkpoint.save_path={d}/good"], "good is a run's directory (metrics.jsonl), whose config.yaml"),
+        False,
+    ),
+    (  # a branch of one run (a resume into another directory) appended to another run's metrics and summary
+        "branch into a run dir in use",
+        lambda d: (
+            ["checkpoint.load=True", f"checkpoint.load_path={d}/good", f"logging.run_dir={d}/corrupt"],
+            "corrupt already holds a run that trained (metrics.jsonl); choose another directory for this branch",
+        ),
         False,
     ),
     (  # a fresh run would append its metrics to that run's and overwrite its config and summary

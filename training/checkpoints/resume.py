@@ -102,6 +102,8 @@ class RunPlan:
     # checkpoint.load=auto found no checkpoint, and run_dir holds a run that trained (killed before its first save, or
     # one that saved none): this run starts afresh there, that run's logs set aside first (set_aside_logs)
     restarts_trained_run: bool = False
+    # a resumed run given another logging.run_dir than the resumed run's: it saves there, and logs as a run of its own
+    branch_of: Path | None = None
 
 
 def open_source(path: str, load_file: str, keys: tuple[str, str] = KEYS) -> Source:
@@ -174,9 +176,17 @@ def plan_run(cfg: Config, overrides: list[str], stamp: int) -> RunPlan:
         init_from = open_source(init_from_dir(cfg), cfg.checkpoint.load_file, ("init_from", KEYS[1]))
         check_same_model(cfg, init_from)
 
+    branch_of = None  # the run a resumed run leaves for another logging.run_dir
     if resume is not None:
-        run_dir = Path(cfg.logging.run_dir or run_dir_of(resume.reader.directory, resume.meta)).expanduser()
-        save_path = Path(cfg.checkpoint.save_path or resume.reader.directory).expanduser()
+        resumed_run = run_dir_of(resume.reader.directory, resume.meta).expanduser()
+        run_dir = Path(cfg.logging.run_dir or resumed_run).expanduser()
+        # in its own run directory a run continues beside the checkpoint it resumed; in another, it is a branch,
+        # which saves in its own directory: saving beside that checkpoint, its retention deleted the run's steps
+        if run_dir.absolute() != resumed_run.absolute():
+            branch_of = resumed_run
+        save_path = Path(
+            cfg.checkpoint.save_path or (run_dir / layout.CHECKPOINTS if branch_of else resume.reader.directory)
+        ).expanduser()
     else:
         name = cfg.logging.name or f"{cfg.model.name}-{cfg.dataset.name}"
         run_dir = Path(cfg.logging.run_dir or f"runs/{name}-{time.strftime('%Y%m%d-%H%M%S', time.localtime(stamp))}")
@@ -195,13 +205,25 @@ def plan_run(cfg: Config, overrides: list[str], stamp: int) -> RunPlan:
             f"logging.run_dir: {run_dir} already holds a run that trained ({layout.METRICS}); choose another "
             f"directory, or continue that run with checkpoint.load=True checkpoint.load_path={run_dir}"
         )
+    if branch_of is not None and not evaluating(cfg) and has_trained(run_dir):
+        raise ConfigError(  # its metrics, config and summary would be mixed with this run's or overwritten
+            f"logging.run_dir: {run_dir} already holds a run that trained ({layout.METRICS}); choose another "
+            f"directory for this branch of {branch_of}, continue that run with checkpoint.load_path={run_dir}, or "
+            f"leave logging.run_dir unset to continue {branch_of} in place"
+        )
+    saving = not evaluating(cfg) and cfg.checkpoint.save
+    if saving and save_path.absolute() != run_dir.absolute() and layout.is_run_dir(save_path):
+        raise ConfigError(  # the checkpoints' config.yaml would replace that run's
+            f"checkpoint.save_path: {save_path} is a run's directory ({layout.METRICS}), whose config.yaml the "
+            "checkpoints' would replace; choose another path"
+        )
     resuming_here = resume is not None and save_path.absolute() == resume.reader.directory
-    if not evaluating(cfg) and cfg.checkpoint.save and not resuming_here and holds_checkpoints(save_path):
+    if saving and not resuming_here and holds_checkpoints(save_path):
         raise CheckpointError(
             f"checkpoint.save_path: {save_path} already holds another run's checkpoints; choose another "
             f"path, or resume that run with checkpoint.load=True checkpoint.load_path={save_path}"
         )
-    return RunPlan(cfg, run_dir.absolute(), save_path.absolute(), resume, init_from, ignored, restarts)
+    return RunPlan(cfg, run_dir.absolute(), save_path.absolute(), resume, init_from, ignored, restarts, branch_of)
 
 
 def has_trained(run_dir: Path) -> bool:

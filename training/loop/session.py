@@ -90,9 +90,8 @@ class TrainingSession:
                 self.set_aside_later_steps(plan.resume)
         t = cfg.train
         self.end = segment_end(cfg, int(state.step))
-        self.log = RunLogger(
-            cfg, plan.run_dir, self.end, int(state.step), self.is_main, carried_over(self.resumed, "wandb_id", None)
-        )
+        wandb_id = None if plan.branch_of else carried_over(self.resumed, "wandb_id", None)  # a branch: its own
+        self.log = RunLogger(cfg, plan.run_dir, self.end, int(state.step), self.is_main, wandb_id)
         self.clock = RunClock(started, t.max_training_hours, self.tokens_before, self.end)
         self.signals = StopRequest()
         self.flops = flops_per_token(state.model, config_lib.context_size(cfg))
