@@ -4,9 +4,10 @@ config, wherever their package defines them (data/config.py, models/config.py, t
 from __future__ import annotations
 
 import errno
+import math
 import tempfile
 from collections.abc import Iterable
-from dataclasses import fields
+from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import NoReturn
 
@@ -26,6 +27,26 @@ def either(choices: Iterable[str]) -> str:
     return f"{', '.join(most)} or {last}" if most else last
 
 
+def refuse_non_finite(node: object, at: str, infinite_ok: frozenset[str] = frozenset()) -> None:
+    """Every number in `node` (a dataclass, mapping or list, at `at`) is finite: NaN passed every range check (each
+    comparison is false) and trained to a NaN loss, or switched off what it set (a NaN grad_clip, a NaN time limit);
+    inf did the same for most keys. `infinite_ok`: the keys (last name) where inf means unbounded."""
+    if is_dataclass(node):
+        for f in fields(node):
+            refuse_non_finite(getattr(node, f.name), f"{at}.{f.name}" if at else f.name, infinite_ok)
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            refuse_non_finite(value, f"{at}.{key}" if at else str(key), infinite_ok)
+    elif isinstance(node, (list, tuple)):
+        for i, value in enumerate(node):
+            refuse_non_finite(value, f"{at}[{i}]", infinite_ok)
+    elif isinstance(node, float) and not math.isfinite(node):
+        if math.isnan(node):
+            fail(at, "must be a number; got nan")
+        if at.rsplit(".", 1)[-1] not in infinite_ok:
+            fail(at, f"must be finite; got {node}")
+
+
 def require_positive(section: object, at: str, *names: str) -> None:
     """Each field `names` of `section` (which sits at `at` in the config) must be >= 1."""
     for name in names:
@@ -40,6 +61,13 @@ def require_fraction(section: object, at: str, *names: str) -> None:
         value = getattr(section, name)
         if not 0.0 <= value < 1.0:
             fail(f"{at}.{name}", f"must be in [0, 1); got {value}")
+
+
+def require_above_zero(section: object, at: str, *names: str) -> None:
+    for name in names:
+        value = getattr(section, name)
+        if value <= 0:
+            fail(f"{at}.{name}", f"must be > 0; got {value}")
 
 
 def require_non_negative(section: object, at: str, *names: str) -> None:

@@ -122,7 +122,7 @@ def dadapt_direction(
     return optax.GradientTransformationExtraArgs(init, update)
 
 
-@register("dadapt_adamw", lr="estimate", bounds={"d0": "positive"})
+@register("dadapt_adamw", lr="estimate", bounds={"d0": "positive", "growth_rate": "count"})
 def dadapt_adamw(
     model,
     *,

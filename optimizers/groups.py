@@ -29,7 +29,7 @@ import chex
 import jax
 import optax
 
-from core.checks import require_fraction, require_non_negative
+from core.checks import require_above_zero, require_fraction, require_non_negative
 from core.errors import ConfigError
 from core.param_labels import BLOCK_MATRICES, EMBEDDINGS, LABELS, VECTORS
 from core.trees import path_name
@@ -52,7 +52,9 @@ COARSE = {"matrix": BLOCK_MATRICES, "vector": VECTORS, "embedding": EMBEDDINGS}
 GROUP_KEYS = ("name", "labels", "lr_multiplier")  # a group's own keys, beside its optimizer's hyper-parameters
 # The optimizer section's keys with a range, checked alike in the section and in each group that sets them.
 FRACTIONS = ("beta1", "beta2", "momentum", "decay")  # in [0, 1)
-NON_NEGATIVE = ("eps", "weight_decay", "grad_clip")
+NON_NEGATIVE = ("weight_decay", "grad_clip")
+# eps 0: a parameter whose gradient is exactly 0 (a padded vocabulary row) takes 0/0, and the loss turns NaN
+ABOVE_ZERO = ("eps",)
 REST = ""  # the partition's name for the parameters of no group (no group name in what they report)
 
 
@@ -130,6 +132,7 @@ def check_groups(optimizer_cfg: OptimizerSection) -> None:
         check_bounds(cfg, f"optimizer.groups.{name}")  # its optimizer's own keys, as the section's
         require_fraction(cfg, f"optimizer.groups.{name}", *(k for k in FRACTIONS if k in group))
         require_non_negative(cfg, f"optimizer.groups.{name}", *(k for k in NON_NEGATIVE if k in group))
+        require_above_zero(cfg, f"optimizer.groups.{name}", *(k for k in ABOVE_ZERO if k in group))
 
 
 def _like(current: object, annotation: Any) -> object:

@@ -114,7 +114,11 @@ def prodigy_direction(
     return optax.GradientTransformationExtraArgs(init, update)
 
 
-@register("prodigy", lr="estimate", bounds={"d0": "positive", "d_coef": "positive", "beta3": "fraction"})
+@register(
+    "prodigy",
+    lr="estimate",
+    bounds={"d0": "positive", "d_coef": "positive", "beta3": "fraction", "growth_rate": "count"},
+)
 def prodigy(
     model,
     *,

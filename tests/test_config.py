@@ -126,6 +126,14 @@ BAD_CONFIGS = [
         ["model.attention_window=16", "train.stages=[{until:0.5,attention_window:8},{until:1.0,attention_window:32}]"],
         "model.attention_window: train.stages name the windows, and the last stage's (32) is the model's",
     ),
+    # NaN passed every range check (each comparison false): a NaN loss after the data loaded, or clipping (a time
+    # limit) silently off; inf the same, and a traceback for a warmup
+    (["optimizer.lr_config.lr=nan"], "optimizer.lr_config.lr: must be a number; got nan"),
+    (["optimizer.grad_clip=nan"], "optimizer.grad_clip: must be a number; got nan"),
+    (["optimizer.lr_config.warmup=inf"], "optimizer.lr_config.warmup: must be finite; got inf"),
+    (["optimizer.eps=0"], "optimizer.eps: must be > 0; got 0"),  # 0/0 on a parameter with no gradient: NaN
+    (["train.seed=4294967301"], "train.seed: must be below 2**32"),  # the same model as seed 5
+    (["optimizer=prodigy", "optimizer.growth_rate=0"], "optimizer.growth_rate: prodigy needs it >= 1; got 0"),
     # values only the optimizer's builder checks: refused after the corpus had loaded and tokenised
     (["optimizer=muon", "optimizer.groups.matrix.ns_steps=0"], "optimizer.groups.matrix.ns_steps: must be >= 1"),
     (["optimizer=muon", "optimizer.ns_steps=0"], "optimizer.ns_steps: must be >= 1"),
@@ -145,6 +153,15 @@ def test_bad_config_exits_2_with_one_line_naming_the_key(overrides, message, tmp
     assert not run_dir.exists(), "nothing is written for a bad config"
     loaded = [p.name for p in (tmp_path / "data").glob("*") if p.name != "jax"]  # jax: a run's compile cache
     assert not loaded, f"the corpus was read for a bad config: {loaded}"
+
+
+def test_inf_is_a_value_only_where_it_means_unbounded_and_nan_nowhere():
+    assert load_config(["optimizer=prodigy", "optimizer.growth_rate=inf"]).optimizer.growth_rate == float("inf")
+    mixture = "[{dataset: pystdlib, weight: 1.0, name: a}, {dataset: pystdlib, weight: inf, name: b}]"
+    with pytest.raises(ConfigError, match=r"^config: dataset\.mixture\[1\]\.weight: must be finite; got inf$"):
+        load_config(["dataset=mixture", f"dataset.mixture={mixture}"])  # a traceback after the data loaded
+    with pytest.raises(ConfigError, match=r"^config: optimizer\.groups\.matrix\.lr_multiplier: must be a number"):
+        load_config(["optimizer.groups={matrix: {lr_multiplier: nan}}"])
 
 
 def test_a_saved_config_with_an_absolute_floor_resumes_with_the_same_floor_as_a_ratio():

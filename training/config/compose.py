@@ -24,6 +24,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from core.checks import refuse_non_finite
 from core.errors import ConfigError
 from data.config import SOURCE_CONFIGS, dataset_schema, other_sources_hint
 from training.config.legacy import read_earlier_values, renamed_hint
@@ -113,6 +114,11 @@ def composition_error(e: BaseException, overrides: list[str]) -> ConfigError:
     return ConfigError(_unparsable_override(overrides) or one_line(e))
 
 
+# Keys where inf is a setting, not a mistake: Prodigy's and D-Adaptation's growth_rate (inf, their default: d grows
+# without bound)
+UNBOUNDED_BY_INF = frozenset({"growth_rate"})
+
+
 def finish(composed: DictConfig, num_local_devices: int | None = None) -> Config:
     """A composed config (Hydra's, or a saved config.yaml) as the typed `Config`, every value checked.
 
@@ -121,6 +127,7 @@ def finish(composed: DictConfig, num_local_devices: int | None = None) -> Config
     devices are known only after jax.distributed.initialize, which needs the config's `system` section.
     """
     cfg = to_config(read_earlier_values(composed))
+    refuse_non_finite(cfg, "", infinite_ok=UNBOUNDED_BY_INF)
     cfg.check()
     check_across(cfg)
     plan_stages(cfg)  # train.stages: every stage at least one step of the run

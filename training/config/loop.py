@@ -49,6 +49,8 @@ class TrainConfig:
             self, "train", "batch_size", "max_steps", "eval_interval", "eval_iters", "log_interval", "grad_accum_steps"
         )
         require_non_negative(self, "train", "z_loss", "seed")  # a seed is a non-negative integer (numpy's PCG64)
+        if self.seed >= 2**32:  # JAX's key keeps a seed's low 32 bits: 2**32 + 5 made seed 5's model
+            fail("train.seed", f"must be below 2**32 (4294967296); got {self.seed}")
         if self.max_training_hours is not None and self.max_training_hours <= 0:
             fail("train.max_training_hours", f"must be > 0 (or null for no limit); got {self.max_training_hours}")
         self.check_stages()

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Optional
 
-from core.checks import fail, refuse_unread, require_fraction, require_non_negative
-from optimizers.groups import FRACTIONS, NON_NEGATIVE, check_groups
+from core.checks import fail, refuse_unread, require_above_zero, require_fraction, require_non_negative
+from optimizers.groups import ABOVE_ZERO, FRACTIONS, NON_NEGATIVE, check_groups
 from optimizers.registry import check_optimizer, with_hyper_parameters
 
 
@@ -125,6 +125,7 @@ class OptimizerConfig:
         self.lr_config.check()
         require_fraction(self, "optimizer", *FRACTIONS)
         require_non_negative(self, "optimizer", *NON_NEGATIVE)
+        require_above_zero(self, "optimizer", *ABOVE_ZERO)
         check_groups(self)
 
 
