@@ -358,6 +358,21 @@ def test_overwrite_optimizer_starts_a_fresh_optimizer(straight, data_cache, tmp_
     chex.assert_trees_all_equal(state.opt_state, continue_schedule_at(parts.state.opt_state, STEPS))
     assert max(float(jnp.abs(mu).max()) for mu in jax.tree.leaves(optax.tree.get(saved.opt_state, "mu"))) > 0
 
+    # The switch's command again, on a checkpoint the switched run saved (a rerun after a kill): that run's own
+    # optimizer state continues (it was started afresh at every rerun, and the losses left the uninterrupted run's)
+    again = tiny_overrides(
+        data_cache,
+        *switch,
+        "checkpoint.load=True",
+        f"checkpoint.load_path={tmp_path / 'a'}",
+        "checkpoint.overwrite_optimizer=True",
+    )
+    parts = build(again)
+    state = restore_state(parts.state, plan_run(load_config(again), again, 0))
+    saved = open_source(str(tmp_path / "a"), "latest").reader.restore(44, parts.state)
+    chex.assert_trees_all_equal(state.opt_state, saved.opt_state)
+    assert max(float(jnp.abs(m).max()) for m in jax.tree.leaves(saved.opt_state)) > 0
+
 
 def test_mode_eval_matches_the_training_time_evaluation(straight, data_cache, capsys):
     args = resume_args(data_cache, straight, "mode=eval", "checkpoint.load_file=latest", "train.eval_iters=6")

@@ -360,8 +360,20 @@ def check_data_position(plan: RunPlan, samples_before: Callable[[int], int], con
     )
 
 
+def starts_fresh_optimizer(cfg: Config, meta: dict) -> bool:
+    """checkpoint.overwrite_optimizer starts a fresh optimizer state at the checkpoint the run switches from. A
+    checkpoint saved under that same switch (its config asks for it too, with this optimizer section) holds the fresh
+    optimizer's state already: the same command rerun after a kill (checkpoint.load=auto) continues it, where it had
+    started it afresh again at every rerun."""
+    if not cfg.checkpoint.overwrite_optimizer:
+        return False
+    saved = meta.get("config") or {}
+    mine = json.loads(json.dumps(as_dict(cfg)["optimizer"]))  # as the metadata's JSON holds it
+    return not (saved.get("checkpoint", {}).get("overwrite_optimizer") and saved.get("optimizer") == mine)
+
+
 def _resume(state: TrainState, source: Source, cfg: Config) -> TrainState:
-    if cfg.checkpoint.overwrite_optimizer:
+    if starts_fresh_optimizer(cfg, source.meta):
         restored = source.reader.restore(source.step, state, ("model", "progress"))
         # Fresh moments, but the lr schedule continues where the run was: at the updates it had applied.
         lr_step = restored.step - restored.loss_scale.skipped
