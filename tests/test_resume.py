@@ -607,6 +607,15 @@ BAD_INPUTS = [  # (name, run dir -> (arguments, what the line says), in a proces
         lambda d: ([f"checkpoint.save_path={d}/good/checkpoints"], "already holds another run"),
         False,
     ),
+    (  # Orbax reads every step's val loss as it opens the directory: a JSONDecodeError traceback, in every mode
+        "cut metrics file",
+        lambda d: (
+            ["checkpoint.load=auto", f"checkpoint.load_path={d}/cut_metrics"],
+            f"checkpoint {d}/cut_metrics/checkpoints/{STEPS}: its metrics file {d}/cut_metrics/checkpoints/{STEPS}/"
+            "metrics/metrics does not read (JSONDecodeError); corrupt or truncated? delete that file",
+        ),
+        False,
+    ),
     (  # the checkpoints' config.yaml replaced that run's
         "save path a run directory",
         lambda d: ([f"checkpoint.save_path={d}/good"], "good is a run's directory (metrics.jsonl), whose config.yaml"),
@@ -637,6 +646,8 @@ def damaged(straight, tmp_path_factory):
     for path in (root / "corrupt" / "checkpoints").glob("*/model/**/*"):
         if path.is_file() and path.stat().st_size > 1000:
             path.write_bytes(path.read_bytes()[: path.stat().st_size // 3])  # truncated array data
+    subprocess.run(["cp", "-r", str(straight), str(root / "cut_metrics")], check=True)
+    (root / "cut_metrics" / "checkpoints" / str(STEPS) / "metrics" / "metrics").write_text('{"val_lo')
     return root
 
 

@@ -61,6 +61,17 @@ def _val_loss(metrics: dict) -> float:
     return metrics["val_loss"]
 
 
+def _unreadable_metrics(directory: Path) -> list[Path]:
+    """The steps' metrics files in `directory` that are not JSON (a save killed as it wrote one, a damaged disk)."""
+    damaged = []
+    for path in sorted(directory.glob("*/metrics/metrics")):
+        try:
+            json.loads(path.read_text())
+        except (OSError, ValueError):
+            damaged.append(path)
+    return damaged
+
+
 class Checkpointer:
     def __init__(
         self,
@@ -86,9 +97,18 @@ class Checkpointer:
             save_interval_steps=0 if read_only else 1,
             cleanup_tmp_directories=not read_only,  # leftovers of a save that was killed half-way
         )
-        self._manager = ocp.CheckpointManager(
-            self.directory, options=options, item_names=PARTS + (STATS, EVAL_MODEL, META)
-        )
+        try:
+            self._manager = ocp.CheckpointManager(
+                self.directory, options=options, item_names=PARTS + (STATS, EVAL_MODEL, META)
+            )
+        except ValueError as e:  # a JSONDecodeError: Orbax reads every step's metrics (best_fn) as it opens
+            if not (damaged := _unreadable_metrics(self.directory)):
+                raise
+            raise CheckpointError(
+                f"checkpoint {damaged[0].parent.parent}: its metrics file {damaged[0]} does not read "
+                f"({type(e).__name__}); corrupt or truncated? delete that file (the step keeps its arrays, without "
+                f"the val loss that ranks it for `best`) or move the step out of {self.directory}"
+            ) from None
         self._saving: int | None = None  # the step of the save in flight, for the line that says it failed
         self._failed: CheckpointError | None = None
         _drop_abandoned_io()  # a failed background save echoes from Orbax's threads before anyone is told
