@@ -35,6 +35,15 @@ def at_least(low: int) -> Callable[[str], int]:
     return parse
 
 
+def seed(text: str) -> int:
+    """A seed for argparse: an integer in [0, 2**32), as train.seed (a larger one overflowed JAX's key, or gave a
+    smaller one's numbers)."""
+    value = at_least(0)(text)
+    if value >= 2**32:
+        raise argparse.ArgumentTypeError(f"must be below 2**32 (4294967296); got {value}")
+    return value
+
+
 def above(low: float) -> Callable[[str], float]:
     """A number type for argparse that refuses values at or below `low`: `add_argument("--limit", type=above(0))`."""
 

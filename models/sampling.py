@@ -21,8 +21,8 @@ if TYPE_CHECKING:
 
 def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
     """Values that would sample from another distribution than asked (a negative temperature inverts it): one line."""
-    if temperature < 0:
-        raise ConfigError(f"temperature: must be >= 0 (0: the most likely token); got {temperature}")
+    if not 0 <= temperature < float("inf"):  # NaN too: it drew id 0 every time
+        raise ConfigError(f"temperature: must be a finite number >= 0 (0: the most likely token); got {temperature}")
     if top_k is not None and top_k < 0:
         raise ConfigError(f"top_k: must be >= 1, or 0 / none for every token; got {top_k}")
     if top_p is not None and not 0 < top_p <= 1:

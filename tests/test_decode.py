@@ -122,7 +122,8 @@ def test_the_cache_filled_in_two_chunks_equals_one_pass(model):
 @pytest.mark.parametrize(
     "options, message",
     [
-        ({"temperature": -1.0}, "temperature: must be >= 0"),
+        ({"temperature": -1.0}, "temperature: must be a finite number >= 0"),
+        ({"temperature": float("nan")}, "temperature: must be a finite number >= 0"),  # it drew id 0 every time
         ({"top_k": -2}, "top_k: must be >= 1"),
         ({"top_p": 0.0}, r"top_p: must be in \(0, 1\]"),
     ],

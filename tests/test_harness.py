@@ -134,6 +134,20 @@ def test_loglikelihood_is_the_models_own_loss_and_greedy_is_its_argmax(lm_eval, 
     assert [s[1] for s in scored] == [True] * len(prompts) + [False] * len(prompts)
 
 
+def test_an_answer_longer_than_the_context_or_empty_is_one_line(lm_eval, tokenizer):
+    """A multiple-choice answer of more tokens than the model's context (bytes of a long hellaswag ending) was a
+    ValueError traceback from models/scoring.py through lm-eval."""
+    from core.errors import DataError
+    from training.evaluation.harness import harness_lm
+
+    lm = harness_lm(tiny_model(), tokenizer)
+    long = [(None, [1, 2], list(range(CONTEXT + 1)))]
+    with pytest.raises(DataError, match=rf"^lm-eval: a task's answer is {CONTEXT + 1} tokens, more than the model's"):
+        lm._loglikelihood_tokens(long)
+    with pytest.raises(DataError, match=r"^lm-eval: a task's answer is empty"):
+        lm._loglikelihood_tokens([(None, [1, 2], [])])
+
+
 def test_batching_does_not_change_the_answers(lm_eval, tokenizer):
     from training.evaluation.harness import harness_lm
 

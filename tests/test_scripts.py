@@ -390,6 +390,9 @@ def test_test_gpu_sh_without_a_gpu_says_so_in_one_line_and_runs_no_test(tmp_path
         ("scripts.tools.eval_harness", ["/no/run", "--num-fewshot", "-1"], "argument --num-fewshot: must be >= 0"),
         ("scripts.tools.eval_harness", ["/no/run", "--batch-tokens", "0"], "argument --batch-tokens: must be >= 1"),
         ("scripts.tools.export_hf", ["/no/run", "out", "--architecture", "gpt3"], "argument --architecture: invalid"),
+        # an OverflowError traceback from JAX's key (2**63), or another seed's numbers (2**32 + 5 is 5's)
+        ("scripts.tools.sample", ["/no/run", "--seed", str(2**63)], "argument --seed: must be below 2**32"),
+        ("scripts.tools.landscape", ["/no/run", "--seed", "-1"], "argument --seed: must be >= 0; got -1"),
         ("scripts.tools.compare_runs", [], "error: the following arguments are required: paths"),
     ],
 )

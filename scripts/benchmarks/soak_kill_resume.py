@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from core.arguments import OneLineParser
+from core.arguments import OneLineParser, seed
 from core.errors import PipelineError, say
 from training.checkpoints.storage import check_writable
 from training.config import layout
@@ -101,7 +101,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=240)
     parser.add_argument("--save-every", type=int, default=5)
     parser.add_argument("--during-save", type=float, default=0.4, help="share of kills aimed at a save under way")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=seed, default=0)
     parser.add_argument("--workdir", type=Path, required=True)
     args, extra = parser.parse_known_args()
     rng = random.Random(args.seed)

@@ -20,7 +20,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from core.arguments import OneLineParser, above, at_least
+from core.arguments import OneLineParser, above, at_least, seed
 from core.errors import ConfigError, PipelineError, say
 from core.files import write_atomic
 from training.checkpoints.locate import find_checkpoint_dir
@@ -43,7 +43,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--include-path", default=None, help="a folder of task YAMLs besides lm-eval's own")
     parser.add_argument("--batch-tokens", type=at_least(1), default=8192, help="padded tokens per forward pass")
     parser.add_argument("--dtype", default="float32", choices=sorted(COMPUTE_DTYPES), help="compute dtype")
-    parser.add_argument("--seed", type=int, default=0, help="lm-eval's seeds (few-shot example choice)")
+    parser.add_argument("--seed", type=seed, default=0, help="lm-eval's seeds (few-shot example choice)")
     parser.add_argument("--out", default=None, help="results file (default: <run>/harness/step<N>-<tasks>.json)")
     args = parser.parse_args(argv)
     try:

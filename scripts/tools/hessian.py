@@ -25,7 +25,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from core.arguments import OneLineParser, at_least, check_picture
+from core.arguments import OneLineParser, at_least, check_picture, seed
 from core.errors import CheckpointError, PipelineError, say
 from training.config import layout
 
@@ -44,7 +44,7 @@ def main(argv: list[str]) -> int:
         default=None,
         help="Lanczos steps, one Hessian-vector product each (default: the run's logging.hessian_iters)",
     )
-    parser.add_argument("--seed", type=int, default=None, help="the starting vector's seed (default: the loop's)")
+    parser.add_argument("--seed", type=seed, default=None, help="the starting vector's seed (default: the loop's)")
     parser.add_argument("--plot", default=None, metavar="FILE.png", help="draw the run's sharpness and 2/lr")
     args = parser.parse_args(argv)
     try:

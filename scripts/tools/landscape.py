@@ -27,7 +27,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from core.arguments import OneLineParser, check_picture
+from core.arguments import OneLineParser, check_picture, seed
 from core.errors import CheckpointError, PipelineError, say
 
 
@@ -53,7 +53,7 @@ def main(argv: list[str]) -> int:
         help="coordinates along every direction (default: [-1, 1] and whatever holds the checkpoints)",
     )
     parser.add_argument("--batches", type=int, default=1, help="validation batches the loss averages over")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random directions")
+    parser.add_argument("--seed", type=seed, default=0, help="seed of the random directions")
     parser.add_argument(
         "--include-vectors",
         action="store_true",

@@ -19,7 +19,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from core.arguments import OneLineParser, at_least
+from core.arguments import OneLineParser, at_least, seed
 from core.errors import ConfigError, DataError, PipelineError, say
 from models.decode import generate
 from training.checkpoints.storage import check_writable
@@ -36,7 +36,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--temperature", type=float, default=0.8)
     parser.add_argument("--top-k", type=int, default=None)
     parser.add_argument("--top-p", type=float, default=None)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=seed, default=0)
     notes = parser.add_argument_group("note models")
     notes.add_argument("--prompt-midi", help="a .mid file whose first notes are the prompt")
     notes.add_argument("--prompt-split", default=None, help="a validation split of the model's dataset (default: full)")

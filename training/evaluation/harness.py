@@ -66,9 +66,16 @@ class HarnessAnswers:
     def _loglikelihood_tokens(
         self, requests: list, disable_tqdm: bool = False, **kwargs: Any
     ) -> list[tuple[float, bool]]:
-        return continuation_logprobs(
-            self.model, [(context, continuation) for _, context, continuation in requests], self.batch_tokens
-        )
+        pairs = [(context, continuation) for _, context, continuation in requests]
+        context_size = self.model.cfg.context_size
+        if (longest := max((len(continuation) for _, continuation in pairs), default=0)) > context_size:
+            raise DataError(  # lm-eval's own backends refuse it too: its tokens cannot all be scored at once
+                f"lm-eval: a task's answer is {longest} tokens, more than the model's context of {context_size}: "
+                "evaluate a model with a longer context, or leave out that task"
+            )
+        if any(not continuation for _, continuation in pairs):
+            raise DataError("lm-eval: a task's answer is empty (no token to score); leave out that task")
+        return continuation_logprobs(self.model, pairs, self.batch_tokens)
 
     def loglikelihood_rolling(self, requests: list, disable_tqdm: bool = False) -> list[float]:
         from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
