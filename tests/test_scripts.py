@@ -253,6 +253,23 @@ def test_the_tools_read_a_checkpoint_saved_under_earlier_keys_as_a_resume_does(f
     np.testing.assert_array_equal(np.asarray(earlier.model.wte), np.asarray(today.model.wte))
 
 
+def test_the_tools_read_a_checkpoint_trained_with_cudnns_attention_where_it_does_not_run(finished, tmp_path):
+    """model.attention=cudnn, as a GPU run saves it: sample, evaluate and export refused it on the CPU ("use
+    model.attention=auto"), with no flag to say so. The kernel is not the weights: auto's kernel reads them here."""
+    from training.checkpoints.trained import load_trained
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished, run_dir)
+    metadata = run_dir / "checkpoints" / "8" / "meta" / "metadata"
+    meta = json.loads(metadata.read_text())
+    meta["config"]["model"]["attention"] = "cudnn"
+    metadata.write_text(json.dumps(meta))
+
+    trained = load_trained(str(run_dir), "8")
+    assert trained.model.cfg.attention == "blocked"  # auto's choice on the CPU
+    np.testing.assert_array_equal(np.asarray(trained.model.wte), np.asarray(load_trained(str(finished), "8").model.wte))
+
+
 def test_check_env_names_what_is_missing_in_one_line_and_exits_1(monkeypatch, capsys):
     """A package whose module cannot be found (even with its distribution's metadata still there), and a missing
     test extra: listed without --test, required with it."""

@@ -16,6 +16,7 @@ from data import Data, make_data
 from data.corpus import load_corpus
 from data.tokenizers import Tokenizer, tokenizer_from_json
 from models import MODEL_BUILDERS
+from models.config import Attention
 from models.gpt import GPT
 from training import config as config_lib
 from training.checkpoints.checkpointer import Checkpointer
@@ -48,6 +49,8 @@ def load_trained(path: str, which: str = "latest", keys: tuple[str, str] = ("pat
     step = reader.resolve(which, keys)
     meta = reader.read_meta(step)
     cfg = to_config(read_earlier_values(upgrade_saved(OmegaConf.create(meta["config"]))))  # as a resume reads it
+    if cfg.model.attention == Attention.cudnn:  # a kernel, not weights: the same model where cuDNN's does not run
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, attention=Attention.auto))
     tokenizer = tokenizer_from_json(meta["tokenizer"])
     builder = MODEL_BUILDERS[cfg.model.arch]
     abstract = eqx.filter_eval_shape(builder, final_model(cfg), tokenizer.vocab_size, jax.random.PRNGKey(0))
