@@ -126,6 +126,12 @@ BAD_CONFIGS = [
         ["model.attention_window=16", "train.stages=[{until:0.5,attention_window:8},{until:1.0,attention_window:32}]"],
         "model.attention_window: train.stages name the windows, and the last stage's (32) is the model's",
     ),
+    # a key inside a list's value was named as the list (`unknown key 'train.stages'`), or without it (`until: ...`)
+    (
+        ["train.stages=[{until: 1.0, bacth_size: 4}]"],
+        "train.stages: unknown key 'bacth_size' in its value; its keys: until, batch_size,",
+    ),
+    (["train.stages=[{until: half}]"], "train.stages: until: Value 'half' of type 'str' could not be converted"),
     # NaN passed every range check (each comparison false): a NaN loss after the data loaded, or clipping (a time
     # limit) silently off; inf the same, and a traceback for a warmup
     (["optimizer.lr_config.lr=nan"], "optimizer.lr_config.lr: must be a number; got nan"),

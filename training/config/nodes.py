@@ -47,6 +47,14 @@ def one_line(e: BaseException) -> str:
         cause = e.__context__
     full_key = getattr(cause, "full_key", None)
     text = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+    # a key inside an override's value (`train.stages=[{until: half}]`): OmegaConf names it from that value down
+    override = re.search(r"(?:Could not override '|Error merging override )([\w.]+)", str(e))
+    if override and full_key and not full_key.startswith(override.group(1)):
+        kind = getattr(cause, "object_type", None)
+        known = [f.name for f in dataclasses.fields(kind)] if dataclasses.is_dataclass(kind) else []
+        if "not in" in text and known:
+            return f"config: {override.group(1)}: unknown key '{full_key}' in its value; its keys: {', '.join(known)}"
+        return f"config: {override.group(1)}: {full_key}: {text}"
     if (named := _unknown_key_or_option(e, cause, full_key)) is not None:
         return named
     not_a_choice = re.fullmatch(r"Invalid value '(.*)', expected one of \[(.*)\]", text)
