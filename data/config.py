@@ -91,6 +91,8 @@ class DatasetConfig:
         """`at`: where this section sits (the run's dataset section, or one source of its mixture)."""
         if self.source not in SOURCE_CONFIGS:
             fail(f"{at}.source", f"must be one of {', '.join(SOURCE_CONFIGS)}; got {self.source!r}")
+        if not str(self.cache_dir).strip():  # '' wrote the caches' folders into the working directory
+            fail(f"{at}.cache_dir", "must name a directory (e.g. .cache); got an empty path")
         if type(self) is not SOURCE_CONFIGS[self.source]:
             fail(
                 f"{at}.source",

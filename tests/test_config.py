@@ -132,6 +132,9 @@ BAD_CONFIGS = [
         "train.stages: unknown key 'bacth_size' in its value; its keys: until, batch_size,",
     ),
     (["train.stages=[{until: half}]"], "train.stages: until: Value 'half' of type 'str' could not be converted"),
+    (["system.peak_flops=-1"], "system.peak_flops: must be > 0"),  # an MFU of -1.6e12 %
+    (["system.cpu_devices_per_process=0"], "system.cpu_devices_per_process: must be >= 1"),  # ignored, unsaid
+    (["dataset.cache_dir="], "dataset.cache_dir: must name a directory"),  # caches in the working directory
     # NaN passed every range check (each comparison false): a NaN loss after the data loaded, or clipping (a time
     # limit) silently off; inf the same, and a traceback for a warmup
     (["optimizer.lr_config.lr=nan"], "optimizer.lr_config.lr: must be a number; got nan"),

@@ -65,6 +65,16 @@ class SystemConfig:
         for flag in self.xla_flags:
             if not (isinstance(flag, str) and flag.startswith("--xla_") and flag.split() == [flag]):
                 fail("system.xla_flags", f"each must be one XLA flag, --xla_<name>[=<value>]; got {flag!r}")
+        if self.peak_flops is not None and self.peak_flops <= 0:  # -1 logged an MFU of -1.6e12 %
+            fail(
+                "system.peak_flops",
+                f"must be > 0 FLOP/s per device, or null for the known devices'; got {self.peak_flops}",
+            )
+        if self.cpu_devices_per_process is not None and self.cpu_devices_per_process < 1:  # 0 was ignored, unsaid
+            fail(
+                "system.cpu_devices_per_process",
+                f"must be >= 1, or null for XLA's own count; got {self.cpu_devices_per_process}",
+            )
         if self.fp8_amax_history < 1:
             fail("system.fp8_amax_history", f"must be >= 1; got {self.fp8_amax_history}")
         if not 0 <= self.fp8_margin <= 8:
