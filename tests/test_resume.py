@@ -441,6 +441,25 @@ def test_a_resume_from_an_older_step_sets_the_later_checkpoints_aside_and_saves_
     assert f"resuming {run_dir}/checkpoints at step 8 = train.max_steps: nothing left to train" in again.stdout
 
 
+def test_a_resume_from_an_older_step_sets_the_later_rows_aside_so_the_summary_is_this_runs(
+    finished, data_cache, tmp_path, capsys
+):
+    """Resumed at step 4 of a run that had reached 8, and stopped at 6: summary.json said 8 steps and a final val
+    loss at step 8, from the rows of the steps this run trained again and of those it never reached."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished, run_dir)
+    before = [json.loads(line) for line in open(finished / "metrics.jsonl")]
+    args = resume_args(data_cache, run_dir, "checkpoint.load_file=4", "checkpoint.overwrite_config=True")
+    ok(run_in_process([*args, "train.max_steps=6"], capsys))
+    rows = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+    assert max(r["step"] for r in rows) == 6
+    assert [r for r in rows if r["step"] <= 4] == [r for r in before if r["step"] <= 4]
+    (aside,) = run_dir.glob("metrics.superseded-*.jsonl")
+    assert [json.loads(line) for line in open(aside)] == [r for r in before if r["step"] > 4]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 6 and summary["splits"]["val"]["final_step"] == 6
+
+
 def test_a_resume_into_another_run_directory_is_a_branch_that_saves_there_and_leaves_the_resumed_run_alone(
     finished, data_cache, tmp_path, capsys
 ):

@@ -31,7 +31,7 @@ class RunLogger:
         self.sinks: list[TensorBoard | Wandb] = []  # the sinks of numbers beside metrics.jsonl
         if not active:
             return
-        self.metrics = MetricsFile(run_dir)
+        self.metrics = MetricsFile(run_dir, start_step)
         self.console = Console(cfg.logging.progress, total_steps, start_step)
         if cfg.logging.tensorboard:
             self.sinks.append(TensorBoard(run_dir))

@@ -9,12 +9,17 @@ import math
 import time
 from pathlib import Path
 
+from core.files import write_atomic
 from training.config import layout
 
 
 class MetricsFile:
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, start_step: int | None = None) -> None:
+        """`start_step`: the step the run starts at (a resumed run's checkpoint step); the rows past it are set aside
+        (None: every row is kept)."""
         drop_cut_off_line(run_dir / layout.METRICS)
+        if start_step is not None:
+            set_aside_rows_after(run_dir / layout.METRICS, start_step)
         self.file = open(run_dir / layout.METRICS, "a", buffering=1)
 
     def log(self, step: int, split: str, values: dict[str, float]) -> None:
@@ -36,6 +41,29 @@ def drop_cut_off_line(path: Path) -> None:
             return
         f.seek(0)
         f.truncate(f.read().rfind(b"\n") + 1)
+
+
+def set_aside_rows_after(path: Path, step: int) -> Path | None:
+    """The rows of steps after `step`, which a run resumed at `step` trains again (the segment before got past its
+    last checkpoint, or the resume took an older one), move to metrics.superseded-<time>.jsonl beside the file, kept:
+    the file then holds one history, as the summary, the plots and compare_runs read it (a resume from step 4 of a
+    run that had reached 8, stopped at 6, was summarised as ending at step 8). Where it moved them, or None."""
+    if not path.exists():
+        return None
+    keep, later = [], []
+    for line in path.read_text().splitlines(keepends=True):
+        try:
+            past = json.loads(line)["step"] > step
+        except (ValueError, KeyError, TypeError):
+            past = False  # read_metrics names a damaged line; it stays where it is
+        (later if past else keep).append(line)
+    if not later:
+        return None
+    aside = path.with_name(f"{path.stem}.superseded-{time.strftime('%Y%m%d-%H%M%S')}{path.suffix}")
+    with open(aside, "a") as f:  # two resumes in one second add to one file
+        f.write("".join(later))
+    write_atomic(path, "".join(keep))
+    return aside
 
 
 def _plain(v: float) -> float | str:
