@@ -163,11 +163,19 @@ def text_files_corpus(d: TextFilesConfig) -> TextCorpus:
 
 def _file_corpus(label: str, by_split: dict[str, list[str]], d: TextConfig) -> TextCorpus:
     stamps = {name: file_stamps(paths) for name, paths in sorted(by_split.items())}
+    files = _fingerprint("files-v1", stamps)
     return TextCorpus(
         label,
         _fingerprint("files-v1", stamps, d.max_documents),
-        lambda: _capped(_load_text_files(by_split, d, sample_by="document"), d),
+        lambda: _capped(_load_text_files(by_split, d, sample_by="document", cache=_arrow_cache(d, files)), d),
     )
+
+
+def _arrow_cache(d: DatasetConfig, files: str) -> str:
+    """Where `datasets` keeps its Arrow copy of local files: a folder per fingerprint of their paths, sizes and times.
+    `datasets` tells local files apart by path and modification time alone, so a file rewritten and given its old
+    time back (`cp -p`, `rsync -a`, `tar x`) was read from its old copy, into a store built for the new one."""
+    return str(Path(d.cache_dir) / "hf" / f"files-{files}")
 
 
 def json_files_corpus(d: JsonFilesConfig) -> TextCorpus:
@@ -178,7 +186,7 @@ def json_files_corpus(d: JsonFilesConfig) -> TextCorpus:
         from data.file_checks import not_utf8
 
         try:
-            return _load_json(paths, d)
+            return _load_json(paths, d, _arrow_cache(d, _fingerprint("json-v1", file_stamps(paths))))
         except UnicodeDecodeError as e:
             raise not_utf8(paths, e) from None
 
@@ -190,14 +198,14 @@ def json_files_corpus(d: JsonFilesConfig) -> TextCorpus:
     )
 
 
-def _load_json(paths: list[str], d: JsonFilesConfig) -> dict[str, datasets.Dataset]:
+def _load_json(paths: list[str], d: JsonFilesConfig, cache: str) -> dict[str, datasets.Dataset]:
     """The rows of `paths` as text (or records), checked, then split and capped."""
     from data.file_checks import check_filled, malformed_json
 
     datasets = hf_datasets()
     datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # a malformed line is said once, below
     try:
-        loaded = datasets.load_dataset("json", data_files=paths, cache_dir=str(Path(d.cache_dir) / "hf"))
+        loaded = datasets.load_dataset("json", data_files=paths, cache_dir=cache)
     except Exception as e:  # a malformed line: DatasetGenerationError, which names neither file nor line
         raise malformed_json(paths, e) from None
     finally:
@@ -208,15 +216,17 @@ def _load_json(paths: list[str], d: JsonFilesConfig) -> dict[str, datasets.Datas
     return _capped(_hash_split(rows, d), d)
 
 
-def _load_text_files(by_split: dict[str, list[str]], d: DatasetConfig, sample_by: str) -> dict[str, datasets.Dataset]:
-    """datasets' own `text` loader, one document per file, cached under dataset.cache_dir."""
+def _load_text_files(
+    by_split: dict[str, list[str]], d: DatasetConfig, sample_by: str, cache: str
+) -> dict[str, datasets.Dataset]:
+    """datasets' own `text` loader, one document per file, its Arrow copy in `cache` (_arrow_cache)."""
     loaded = hf_datasets().load_dataset(
         "text",
         data_files=by_split,
         sample_by=sample_by,
         encoding_errors=TEXT_ENCODING_ERRORS,
         writer_batch_size=FILES_PER_ARROW_WRITE,
-        cache_dir=str(Path(d.cache_dir) / "hf"),
+        cache_dir=cache,
     )
     return {name: loaded[name] for name in by_split}
 

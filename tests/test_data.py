@@ -204,6 +204,32 @@ def test_text_files_source_reads_the_users_files(tmp_path, data_cache):
     assert len(corpus["val"]) > 0 and len(corpus["train"]) > len(corpus["val"])
 
 
+@pytest.mark.parametrize("source", ["text_files", "json_files"])
+def test_files_rewritten_with_their_old_modification_time_are_read_anew(source, tmp_path, data_cache):
+    """`cp -p`, `rsync -a` or `tar x` give a rewritten file its old time back: `datasets`, which tells local files
+    apart by path and time alone, handed back its Arrow copy of the old text, into a token store built for the new."""
+    import json
+    import os
+
+    suffix = "txt" if source == "text_files" else "jsonl"
+    paths = [tmp_path / f"doc{i:02d}.{suffix}" for i in range(20)]
+
+    def write(word: str) -> None:
+        for i, path in enumerate(paths):
+            text = f"{word} {i}\n" * (3 if word == "old" else 5)
+            path.write_text(text if source == "text_files" else json.dumps({"text": text}) + "\n")
+            os.utime(path, ns=(10**18 + i, 10**18 + i))  # the same time for the old and the new contents
+
+    overrides = [f"dataset={source}", f"dataset.files=[{tmp_path}/*.{suffix}]", f"dataset.cache_dir={data_cache}"]
+    cfg = load_config([*overrides, "dataset.val_fraction=0.2", "dataset.test_fraction=0"])
+    texts = []
+    for word in ("old", "new"):
+        write(word)
+        texts.append(" ".join(text for split in load_corpus(cfg.dataset).datasets.values() for text in split["text"]))
+    assert "old" in texts[0] and "new" not in texts[0]
+    assert "new" in texts[1] and "old" not in texts[1]
+
+
 def test_a_glob_that_matches_a_directory_takes_the_files_under_it(tmp_path):
     from data.files import expand_files
 
