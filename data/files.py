@@ -21,8 +21,12 @@ def expand_files(patterns: list[str]) -> list[str]:
 def named_files(patterns: list[str]) -> dict[str, str]:
     """Each file the patterns find -> its name below the directory its pattern starts from (a named directory; a
     glob's part before its first wildcard; a named file's folder), the same however that directory is spelled
-    (absolute, relative, `./`, `~`): what a file's split is drawn from. A file two patterns find keeps the first's."""
+    (absolute, relative, `./`, `~`): what a file's split is drawn from. A file two patterns find (however they spell
+    it, through links too) is read once, as the first names it: it was read twice, and could fall in two splits. A
+    directory's hidden files and folders (`.git`, a `.cache` of token stores) are not its documents; a pattern that
+    names one is followed."""
     names: dict[str, str] = {}
+    seen: set[str] = set()  # the files found, by their real paths
     for pattern in patterns:
         expanded = os.path.expanduser(pattern)
         if os.path.isdir(expanded):
@@ -31,13 +35,21 @@ def named_files(patterns: list[str]) -> dict[str, str]:
             parts = Path(expanded).parts
             fixed = next((i for i, part in enumerate(parts) if glob.has_magic(part)), len(parts) - 1)
             base, named = str(Path(*parts[:fixed])) if fixed else ".", sorted(glob.glob(expanded, recursive=True))
-        matches = [m for n in named for m in ([str(p) for p in Path(n).rglob("*")] if os.path.isdir(n) else [n])]
+        matches = [m for n in named for m in (_visible_files(n) if os.path.isdir(n) else [n])]
         matches = [m for m in matches if os.path.isfile(m)]
         if not matches:
             raise DataError(f"dataset.files: {pattern!r} matches no file")
         for m in matches:
-            names.setdefault(m, Path(os.path.relpath(m, base)).as_posix())
+            if (real := os.path.realpath(m)) not in seen:
+                seen.add(real)
+                names[m] = Path(os.path.relpath(m, base)).as_posix()
     return names
+
+
+def _visible_files(directory: str) -> list[str]:
+    """Every path under `directory` but those below a name that starts with a dot."""
+    root = Path(directory)
+    return [str(p) for p in root.rglob("*") if not any(part.startswith(".") for part in p.relative_to(root).parts)]
 
 
 def file_stamps(paths: list[str]) -> list:

@@ -230,6 +230,20 @@ def test_files_rewritten_with_their_old_modification_time_are_read_anew(source, 
     assert "new" in texts[1] and "old" not in texts[1]
 
 
+def test_a_file_two_patterns_find_is_read_once_and_a_folders_hidden_files_are_not_read(tmp_path, monkeypatch):
+    """A folder given twice (absolute and relative, or through a link) was read twice, its files' copies in two
+    splits; a folder's `.git` objects (zlib bytes) and a `.cache` of token stores were read as documents."""
+    from data.files import named_files
+
+    for name in ("c/one.txt", "c/sub/two.txt", "c/.git/objects/ab", "c/.cache/tokens/x.bin", "c/.notes.txt"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+    (tmp_path / "link").symlink_to(tmp_path / "c")
+    monkeypatch.chdir(tmp_path)
+    found = named_files(["c", f"{tmp_path}/c/", "link", "c/.notes.txt"])
+    assert found == {"c/one.txt": "one.txt", "c/sub/two.txt": "sub/two.txt", "c/.notes.txt": ".notes.txt"}
+
+
 def test_a_glob_that_matches_a_directory_takes_the_files_under_it(tmp_path):
     from data.files import expand_files
 
