@@ -122,6 +122,12 @@ def test_missing_shards_a_foreign_tokenizer_and_bpe_are_one_line(tmp_path, data_
     write_shard(folder / "fineweb_val_000000.bin", np.full(2000, 50256))
     with pytest.raises(DataError, match=r"holds id 50256, past the tokenizer's 259 ids"):
         build(shard_overrides(data_cache, f"dataset.folder={folder}", "dataset.tokenizer=byte"))
+    # a foreign shard behind a good one: only the first was looked at, and the run met it as a NaN loss
+    write_shard(folder / "fineweb_train_000001.bin", np.full(2000, 97))
+    write_shard(folder / "fineweb_val_000000.bin", np.full(2000, 97))
+    write_shard(folder / "fineweb_train_000002.bin", np.full(2000, 50256))
+    with pytest.raises(DataError, match=r"token shard .*fineweb_train_000002.bin: holds id 50256, past the"):
+        build(shard_overrides(data_cache, f"dataset.folder={folder}", "dataset.tokenizer=byte"))
     with pytest.raises(ConfigError, match=r"dataset.tokenizer: token shards are tokenised already"):
         build(shard_overrides(data_cache, "dataset.tokenizer=bpe"))
 
