@@ -130,7 +130,13 @@ class EvalBatches:
         self.splits = splits if isinstance(splits, list) else [splits]
         self.batch_size, self.process_index, self.process_count = batch_size, process_index, process_count
         per_batch = batch_size * process_count
-        wanted = allot(weights or [1.0] * len(self.splits), num_batches * per_batch)
+        weights = weights or [1.0] * len(self.splits)
+        wanted = allot(weights, num_batches * per_batch)
+        # a split shorter than its share shrinks every share alike, so the set keeps the weights (it took all of the
+        # short one and the others' full shares: 0.9 / 0.1 sources made a 58 / 42 set)
+        short = min((split.num_fixed / n for split, n in zip(self.splits, wanted) if n and split.num_fixed), default=1)
+        if short < 1:
+            wanted = allot(weights, int(sum(wanted) * short))
         split_of, ids = [], []
         for s, (split, n) in enumerate(zip(self.splits, wanted)):
             taken = min(split.num_fixed, n)

@@ -82,6 +82,12 @@ def test_a_mixed_evaluation_set_takes_each_sources_share_of_windows():
     )
     firsts = np.concatenate([batch["inputs"][:, 0] for batch in ev])
     assert np.bincount(firsts, minlength=2).tolist() == [12, 4]
+    # a source shorter than its share (b: 5 windows for 16 of 64 rows) shrinks both shares: it was all of b and
+    # a's full 48, a 48 / 5 set for weights 3 / 1
+    a, b = np.full(16 * 200 + 1, 0, np.uint16), np.full(16 * 5 + 1, 1, np.uint16)
+    ev = EvalBatches([Windows(a, 16, PAD), Windows(b, 16, PAD)], 4, 16, 0, 1, weights=[3, 1])
+    real = np.concatenate([batch["inputs"][batch["loss_mask"].sum(-1) > 0, 0] for batch in ev])
+    assert np.bincount(real, minlength=2).tolist() == [15, 5]
 
 
 @pytest.mark.e2e
@@ -116,7 +122,7 @@ def test_a_mixture_run_evaluates_each_source_and_resumes_bitwise(data_cache, tmp
         ]
     )
     assert r.returncode == 0, r.stderr[-2000:]
-    again = read_metrics(run_dir)[len(first) :]
+    again = [row for row in read_metrics(run_dir) if row["step"] > 3]  # the first run's rows past 3 were set aside
 
     def train_rows(rows):
         return {
