@@ -185,6 +185,36 @@ def test_a_cut_off_last_line_is_read_without_it_and_damaged_files_are_one_line(t
         assert err.startswith(f"error: {bad / name}: {what} (") and err.count("\n") == 1
 
 
+def test_a_nan_evaluation_is_the_runs_final_loss_in_the_summary_and_a_gap_in_the_plots(tmp_path):
+    """metrics.jsonl writes NaN as "nan": the summary skipped those rows and named an earlier finite loss as the
+    final one (a diverged run read as healthy in compare_runs and the sweep tables), and the plots drew the strings
+    as a category axis."""
+    import math
+
+    from training.reporting.metrics_file import MetricsFile
+    from training.reporting.summary import plot_runs, write_summary
+
+    run = tmp_path / "diverged"
+    run.mkdir()
+    log = MetricsFile(run)
+    for step, loss in ((4, 4.9), (8, math.nan)):
+        log.log(step, "train", {"loss": loss, "tokens_per_s": 1000.0})
+        log.log(step, "val", {"loss": loss})
+    log.close()
+    summary = json.loads(write_summary(run, {}).read_text())  # strict JSON: "nan", as metrics.jsonl has it
+    assert summary["splits"]["val"] == {
+        "best_loss": 4.9,
+        "best_step": 4,
+        "final_loss": "nan",
+        "final_step": 8,
+        "final_perplexity": None,
+    }
+    assert summary["train"]["final_loss"] == "nan" and summary["steps"] == 8
+    curves = plot_runs([run], tmp_path / "plots.png")
+    steps, losses = next(v for k, v in curves.items() if k.endswith(": val"))
+    assert steps == [4, 8] and losses[0] == 4.9 and math.isnan(losses[1])
+
+
 def test_a_run_that_appends_after_a_cut_off_row_starts_on_a_line_of_its_own(tmp_path):
     """The half-written row a killed process left is cut before a resumed run appends, so the two do not join into
     one line that is neither (and a later reading fails)."""
