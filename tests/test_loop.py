@@ -87,6 +87,22 @@ def test_a_due_syncing_action_may_transfer_and_the_guard_is_off_without_guard():
     assert jax.config.jax_transfer_guard_device_to_host is None  # the guard does not outlive the loop
 
 
+def test_the_time_left_is_unknown_until_a_pace_is_measured():
+    """Before the first measured interval the time left was 0 (`0:00:00 remaining` at step 1 of 3,000)."""
+    import math
+    import time
+
+    from training.loop.clock import RunClock
+    from training.reporting.console import format_duration
+
+    clock = RunClock(time.time(), None, lambda step: 512 * step, max_steps=3000)
+    assert math.isnan(clock.remaining(1)) and format_duration(clock.remaining(1)) == "-:--:--"
+    clock.mark(1)
+    time.sleep(0.01)
+    clock.interval(2)
+    assert clock.remaining(2) > 2998 * 0.01 * 0.5  # 2,998 steps at the measured pace
+
+
 def test_the_time_limit_stops_the_run_with_an_evaluation_and_a_checkpoint(data_cache, tmp_path, capsys):
     """train.max_training_hours, counted from the start (set-up and compiling included): here already spent when the
     first step ends, which is not an evaluation step but is a checkpoint.save_steps one: the checkpoint is written

@@ -4,6 +4,7 @@ spent training (`time_trained_s`)."""
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Callable, Iterator
 
@@ -40,8 +41,11 @@ class RunClock:
         return time.time() - self.started
 
     def remaining(self, step: int) -> float:
-        """Time to max_steps at the measured pace, or to the deadline if sooner."""
-        estimate = (self.max_steps - step) * (self._seconds_per_step or 0.0)
+        """Time to max_steps at the measured pace, or to the deadline if sooner; NaN before a pace is measured (it
+        was 0, which read as a run about to end)."""
+        if self._seconds_per_step is None:
+            return math.nan
+        estimate = (self.max_steps - step) * self._seconds_per_step
         if self.deadline is not None:
             estimate = min(estimate, max(self.deadline - time.time(), 0.0))
         return estimate

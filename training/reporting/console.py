@@ -3,6 +3,7 @@ how a training step, an evaluation, a duration and the run's opening lines read 
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import TYPE_CHECKING
 
@@ -70,6 +71,8 @@ def train_line(step: int, m: dict[str, float]) -> str:
 
 
 def format_duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "-:--:--"  # not known yet
     seconds = max(int(seconds), 0)
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
