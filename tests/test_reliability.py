@@ -116,6 +116,13 @@ PATH_CASES = [  # (override, key named, reason, limits set in the child, in a pr
     ("checkpoint.save_path={d}/a_file", "checkpoint.save_path", "{d}/a_file is a file, not a directory", None, True),
     ("logging.run_dir={d}/a_file/run", "logging.run_dir", "{d}/a_file is a file, not a directory", None, False),
     ("dataset.cache_dir={d}/a_file/cache", "dataset.cache_dir", "{d}/a_file is a file, not a directory", None, False),
+    (  # a FileExistsError traceback from mkdir
+        "system.compilation_cache_dir={d}/a_file",
+        "system.compilation_cache_dir",
+        "{d}/a_file is a file, not a directory",
+        None,
+        False,
+    ),
     (
         "logging.run_dir={d}/read_only/run",
         "logging.run_dir",
@@ -143,7 +150,15 @@ PATH_CASES = [  # (override, key named, reason, limits set in the child, in a pr
 @pytest.mark.parametrize(
     "override,key,reason,child,own_process",
     PATH_CASES,
-    ids=["save_path a file", "run_dir under a file", "cache_dir under a file", "read-only", "cache read-only", "full"],
+    ids=[
+        "save_path a file",
+        "run_dir under a file",
+        "cache_dir under a file",
+        "compile cache a file",
+        "read-only",
+        "cache read-only",
+        "full",
+    ],
 )
 def test_a_path_that_cannot_be_written_is_one_line_naming_the_key_and_nothing_is_written(
     override, key, reason, child, own_process, data_cache, tmp_path, capsys

@@ -12,6 +12,7 @@ from pathlib import Path
 import jax
 from jax._src import xla_bridge  # backends_are_initialized: public JAX has no way to ask
 
+from core.checks import existing_ancestor
 from core.errors import ConfigError
 from models.auto import DETERMINISTIC_GPU_FLAG
 from training.config.system import SystemConfig
@@ -77,8 +78,10 @@ def init_compilation_cache(directory: str | None) -> None:
     config with the same shapes, loads them instead of compiling."""
     if not directory:
         return
-    Path(directory).mkdir(parents=True, exist_ok=True)
-    jax.config.update("jax_compilation_cache_dir", str(Path(directory).absolute()))
+    path = Path(directory).expanduser().absolute()
+    existing_ancestor("system.compilation_cache_dir", path)  # a file on the way: one line, not a mkdir traceback
+    path.mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
