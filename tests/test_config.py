@@ -169,6 +169,9 @@ def test_inf_is_a_value_only_where_it_means_unbounded_and_nan_nowhere():
     mixture = "[{dataset: pystdlib, weight: 1.0, name: a}, {dataset: pystdlib, weight: inf, name: b}]"
     with pytest.raises(ConfigError, match=r"^config: dataset\.mixture\[1\]\.weight: must be finite; got inf$"):
         load_config(["dataset=mixture", f"dataset.mixture={mixture}"])  # a traceback after the data loaded
+    huge = "[{dataset: pystdlib, weight: 1e308, name: a}, {dataset: pystdlib, weight: 1e308, name: b}]"
+    with pytest.raises(ConfigError, match=r"^config: dataset\.mixture: the weights' sum inf is not a finite number"):
+        load_config(["dataset=mixture", f"dataset.mixture={huge}"])  # an IndexError traceback after the data loaded
     with pytest.raises(ConfigError, match=r"^config: optimizer\.groups\.matrix\.lr_multiplier: must be a number"):
         load_config(["optimizer.groups={matrix: {lr_multiplier: nan}}"])
 

@@ -4,6 +4,7 @@ keys, and the checks on the mixture as a whole."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from omegaconf import OmegaConf
@@ -115,7 +116,10 @@ def check_mixture(d: DatasetConfig, finetuning: bool) -> None:
             fail(f"{at}.name", f"{name!r} names two sources; give each a name of its own")
         names.append(name)
         source.check(at)
-    if min(allot([w for _, w, _ in sources], MIXTURE_BLOCK)) == 0:
+    weights = [w for _, w, _ in sources]
+    if not math.isfinite(sum(weights)):  # 1e308 twice: their sum overflowed, and the draw crashed after the data loaded
+        fail("dataset.mixture", f"the weights' sum {sum(weights)} is not a finite number; give smaller weights")
+    if min(allot(weights, MIXTURE_BLOCK)) == 0:
         fail(
             "dataset.mixture",
             f"a weight below 1/{MIXTURE_BLOCK} of the total draws no row; raise it or drop that source",
