@@ -621,6 +621,20 @@ BAD_INPUTS = [  # (name, run dir -> (arguments, what the line says), in a proces
         ),
         False,
     ),
+    (  # the same tokens per step, accumulated: "its opt_state does not restore (a different optimizer?)"
+        "accumulation switched on",
+        lambda d: (
+            [
+                "checkpoint.load=True",
+                f"checkpoint.load_path={d}/good",
+                "checkpoint.overwrite_config=True",
+                "train.batch_size=4",
+                "train.grad_accum_steps=2",
+            ],
+            "config: train.grad_accum_steps: 2 where the checkpoint's optimizer state was saved with 1;",
+        ),
+        False,
+    ),
     (
         "save path in the way",
         lambda d: ([f"checkpoint.save_path={d}/good/checkpoints"], "already holds another run"),

@@ -170,6 +170,7 @@ def plan_run(cfg: Config, overrides: list[str], stamp: int) -> RunPlan:
         if not cfg.checkpoint.overwrite_config:
             cfg, ignored = _saved_config_wins(cfg, resume, overrides)
         check_same_model(cfg, resume)
+        check_same_accumulation(cfg, resume)
     elif str(cfg.init_from or "").startswith(HF_PREFIX):
         init_from = open_hf_source(cfg)
     elif init_from_dir(cfg):
@@ -224,6 +225,20 @@ def plan_run(cfg: Config, overrides: list[str], stamp: int) -> RunPlan:
             f"path, or resume that run with checkpoint.load=True checkpoint.load_path={save_path}"
         )
     return RunPlan(cfg, run_dir.absolute(), save_path.absolute(), resume, init_from, ignored, restarts, branch_of)
+
+
+def check_same_accumulation(cfg: Config, resume: Source) -> None:
+    """Gradient accumulation wraps the optimizer (optax.MultiSteps, with its accumulator), one step of it none: its
+    state restores only on the same side. Blamed on the optimizer at restore time ("a different optimizer?")."""
+    saved = resume.meta.get("config", {}).get("train", {}).get("grad_accum_steps", 1)
+    mine = cfg.train.grad_accum_steps
+    if not cfg.checkpoint.overwrite_optimizer and (saved > 1) != (mine > 1):
+        keep = "1" if saved == 1 else "it above 1"
+        raise ConfigError(
+            f"config: train.grad_accum_steps: {mine} where the checkpoint's optimizer state was saved with {saved}; "
+            f"accumulation (above 1) keeps another optimizer state than none: keep {keep}, or start a fresh "
+            "optimizer with checkpoint.overwrite_optimizer=True"
+        )
 
 
 def has_trained(run_dir: Path) -> bool:
