@@ -132,6 +132,10 @@ BAD_CONFIGS = [
         "train.stages: unknown key 'bacth_size' in its value; its keys: until, batch_size,",
     ),
     (["train.stages=[{until: half}]"], "train.stages: until: Value 'half' of type 'str' could not be converted"),
+    (  # the preset's points at 400 and 800 in an 8-step run: never reached, unsaid
+        ["optimizer/lr_config=piecewise_linear"],
+        "optimizer.lr_config.boundaries: the last point, at step 802 (its boundary after the warmup), is past the",
+    ),
     (["system.peak_flops=-1"], "system.peak_flops: must be > 0"),  # an MFU of -1.6e12 %
     (["system.cpu_devices_per_process=0"], "system.cpu_devices_per_process: must be >= 1"),  # ignored, unsaid
     (["dataset.cache_dir="], "dataset.cache_dir: must name a directory"),  # caches in the working directory

@@ -20,6 +20,7 @@ from models.hf import HF_PREFIX
 from optimizers.groups import check_labels_present, matrix_optimizers
 from optimizers.muon import cooldown_steps
 from optimizers.registry import AVERAGED, LR_USE, OWN_WIDTH_RULE
+from optimizers.schedules import warmup_steps
 from training.config.loop import CheckpointConfig, LoadMode, LoggingConfig, TrainConfig
 from training.config.mixture import check_mixture
 from training.config.model import ModelConfig, Position
@@ -96,6 +97,14 @@ def check_across(cfg: Config) -> None:
             "optimizer.lr_config.warmup",
             f"{lr.warmup:g} steps exceed the schedule's {schedule_steps(cfg)}; lower "
             "it, or give it as a fraction of the run (below 1, e.g. 0.1)",
+        )
+    if lr.name == "piecewise_linear" and (last := max(lr.boundaries) + warmup_steps(lr, schedule_steps(cfg))) > (
+        steps := schedule_steps(cfg)
+    ):  # the preset's [400, 800] in a 120-step run: the lr never left the warmup's peak for the points, unsaid
+        fail(
+            "optimizer.lr_config.boundaries",
+            f"the last point, at step {last} (its boundary after the warmup), is past the schedule's {steps} steps, "
+            "which never reach it: give boundaries within the run",
         )
     cooldown, end = getattr(cfg.optimizer, "momentum_cooldown", None), getattr(cfg.optimizer, "momentum_end", None)
     if cooldown is not None or end is not None:  # muon's momentum cool-down, as set, against the run's length
