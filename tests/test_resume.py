@@ -460,6 +460,17 @@ def test_a_resume_from_an_older_step_sets_the_later_rows_aside_so_the_summary_is
     assert summary["steps"] == 6 and summary["splits"]["val"]["final_step"] == 6
 
 
+def test_load_auto_continues_its_own_newest_checkpoint_whatever_load_file_names(finished, data_cache, tmp_path, capsys):
+    """finetune_piano.sh's `checkpoint.load_file=best` names the pretrained run's checkpoint to start from; rerun
+    with checkpoint.load=auto, the fine-tune went back to its own best step and trained the steps after it again."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished, run_dir)
+    args = tiny_overrides(data_cache, "checkpoint.load=auto", "checkpoint.load_file=4", f"logging.run_dir={run_dir}")
+    result = ok(run_in_process(args, capsys))
+    assert f"resuming {run_dir}/checkpoints at step 8 = train.max_steps: nothing left to train" in result.stdout
+    assert not list((run_dir / "checkpoints").glob("8.superseded-*"))
+
+
 def test_a_resume_into_another_run_directory_is_a_branch_that_saves_there_and_leaves_the_resumed_run_alone(
     finished, data_cache, tmp_path, capsys
 ):

@@ -133,7 +133,7 @@ def auto_resume_path(cfg: Config) -> str | None:
     a run that has not saved yet starts fresh); else None, a fresh start. Evaluating (mode=eval), load_path first."""
     c = cfg.checkpoint
     run_dir = cfg.logging.run_dir
-    own = c.save_path or (str(Path(run_dir) / layout.CHECKPOINTS) if run_dir else None)
+    own = own_save_path(cfg)
     if evaluating(cfg) and c.load_path:
         return c.load_path  # what to evaluate, named
     if own is not None and _holds_steps(own):
@@ -141,6 +141,12 @@ def auto_resume_path(cfg: Config) -> str | None:
     if c.load_path and not _same_place(c.load_path, own, run_dir):
         return c.load_path  # open_source says in one line what is missing there
     return None
+
+
+def own_save_path(cfg: Config) -> str | None:
+    """Where this run saves, where the command names it (checkpoint.save_path, or <logging.run_dir>/checkpoints)."""
+    run_dir = cfg.logging.run_dir
+    return cfg.checkpoint.save_path or (str(Path(run_dir) / layout.CHECKPOINTS) if run_dir else None)
 
 
 def _holds_steps(path: str) -> bool:
@@ -165,8 +171,14 @@ def plan_run(cfg: Config, overrides: list[str], stamp: int) -> RunPlan:
             "checkpoint.load=auto: no checkpoint to evaluate in checkpoint.load_path, "
             "checkpoint.save_path or <logging.run_dir>/checkpoints"
         )
+    load_file = cfg.checkpoint.load_file
+    if mode == LoadMode.auto and resume_path is not None and not evaluating(cfg):
+        if _same_place(resume_path, own_save_path(cfg)):
+            # a rerun continues its own checkpoints where it stopped: load_file names what it started from (a
+            # fine-tune's `best` of the pretrained run), and took the fine-tune back to its own best step
+            load_file = "latest"
     if resume_path is not None:
-        resume = open_source(resume_path, cfg.checkpoint.load_file)
+        resume = open_source(resume_path, load_file)
         if not cfg.checkpoint.overwrite_config:
             cfg, ignored = _saved_config_wins(cfg, resume, overrides)
         check_same_model(cfg, resume)
