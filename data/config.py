@@ -72,6 +72,14 @@ class DatasetConfig:
     num_proc: int = 2  # processes for parsing scores / MIDI files (spawned workers); text is tokenised in-process
     cache_dir: str = ".cache"  # token stores, trained tokenizers, parsed notes (shared by all processes of a run)
 
+    @property
+    def val_by_fraction(self) -> bool:
+        """The val split is val_fraction of the documents (text read whole: the standard library, the user's files,
+        a dataset without a validation split of its own); notes sources hold out at least one piece."""
+        return self.source in ("pystdlib", "text_files", "json_files") or (
+            self.source == "hf" and getattr(self, "val_split", None) is None
+        )
+
     @classmethod
     def schema_for(cls, node: DictConfig | None) -> type[DatasetConfig]:
         """The class of a dataset section holding `node`'s values (`--help` shows the chosen source's keys)."""
@@ -107,6 +115,8 @@ class DatasetConfig:
         for key in ("val_fraction", "test_fraction"):
             if not 0.0 <= getattr(self, key) < 0.5:
                 fail(f"{at}.{key}", f"must be in [0, 0.5); got {getattr(self, key)}")
+        if self.val_fraction == 0 and self.val_by_fraction:  # an empty val split, found after the data loaded
+            fail(f"{at}.val_fraction", "0 holds out no validation documents, and a run needs some: e.g. 0.05")
         if self.notes != (self.tokenizer == TokenizerKind.notes):
             fail(
                 "dataset.tokenizer",

@@ -144,6 +144,7 @@ BAD_CONFIGS = [
         ],
         "train.stages[1].attention_window: 128 is wider than the run's context of 64 tokens",
     ),
+    (["dataset.val_fraction=0"], "dataset.val_fraction: 0 holds out no validation documents"),  # exit 1, loaded
     (["system.peak_flops=-1"], "system.peak_flops: must be > 0"),  # an MFU of -1.6e12 %
     (["system.cpu_devices_per_process=0"], "system.cpu_devices_per_process: must be >= 1"),  # ignored, unsaid
     (["dataset.cache_dir="], "dataset.cache_dir: must name a directory"),  # caches in the working directory
