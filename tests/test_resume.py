@@ -727,3 +727,6 @@ def test_nonfinite_loss_stops_with_a_line_naming_the_step(data_cache, tmp_path):
     assert (
         line.startswith("error: step ") and "the training loss is nan" in line and "train.skip_nonfinite=true" in line
     )
+    # its summary says where it stopped (there was none: compare_runs and sweeps read the run as unfinished)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["stopped"] == line and summary["steps"] == max(losses(tmp_path / "run"))

@@ -53,7 +53,7 @@ from training.pipeline.build import Pipeline
 from training.reporting.console import describe_run, eval_table
 from training.reporting.flops import MFU_CONVENTION, MFU_FORMULA, flops_per_token, mfu, peak_flops
 from training.reporting.logs import RunLogger
-from training.reporting.summary import finish_run
+from training.reporting.summary import finish_run, write_summary
 from training.step.state import TrainState, eval_model
 from training.step.stats import statistics_of
 
@@ -139,6 +139,10 @@ class TrainingSession:
     ) -> None:
         if error is not None and (lost := lost_peer(error)) is not None:
             abandon(lost)  # before the clean-up below, which would wait for the lost process
+        if isinstance(error, PipelineError) and self.is_main:  # a non-finite loss, a failed save, ...: what it
+            # logged is flushed, and its summary says it stopped there (compare_runs and sweeps read it as unfinished)
+            self.log.close()
+            write_summary(self.plan.run_dir, {"stopped": f"error: {error}"})
         self.close()
 
     def loop_state(self, state: TrainState) -> LoopState:

@@ -87,3 +87,4 @@ class RunLogger:
         for sink in self.sinks:
             sink.close(hparams, final)
         self.metrics.close()
+        self.active = False  # closed once: a run that failed while it finished is not closed again
