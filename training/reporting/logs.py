@@ -2,8 +2,9 @@
 (metrics_file.py), TensorBoard (tensorboard_sink.py) and wandb (wandb_sink.py).
 
 Only process 0 talks; every other process gets a logger whose methods do nothing. All files go under the run
-directory: metrics.jsonl (one JSON object per log or eval event), tensorboard/, wandb/. Every event goes to
-metrics.jsonl as it is; TensorBoard and wandb get its finite numbers.
+directory: metrics.jsonl (one JSON object per log or eval event), tensorboard/, wandb/ (wandb's service keeps its
+own debug logs in its cache, ~/.cache/wandb/logs or $WANDB_CACHE_DIR). Every event goes to metrics.jsonl as it is;
+TensorBoard and wandb get its finite numbers.
 """
 
 from __future__ import annotations
