@@ -24,6 +24,8 @@ def malformed_json(paths: list[str], error: Exception) -> DataError:
                 text = f.read()
         except (OSError, UnicodeDecodeError) as e:
             return DataError(f"dataset.files: {path}: unreadable ({getattr(e, 'strerror', None) or e})")
+        if not text.strip():  # datasets says StopIteration
+            return DataError(f"dataset.files: {path} is empty (no JSON row); fill it or leave it out")
         try:
             json.loads(text)
             continue  # one JSON document (an array of rows, or one row)

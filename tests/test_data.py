@@ -244,6 +244,16 @@ def test_a_file_two_patterns_find_is_read_once_and_a_folders_hidden_files_are_no
     assert found == {"c/one.txt": "one.txt", "c/sub/two.txt": "sub/two.txt", "c/.notes.txt": ".notes.txt"}
 
 
+def test_an_empty_json_lines_file_is_named_as_empty(tmp_path, data_cache):
+    """It was `datasets cannot read them as JSON (StopIteration)`."""
+    (tmp_path / "rows.jsonl").write_text("\n")
+    cfg = load_config(
+        ["dataset=json_files", f"dataset.files=[{tmp_path}/rows.jsonl]", f"dataset.cache_dir={data_cache}"]
+    )
+    with pytest.raises(DataError, match=rf"^dataset.files: {tmp_path}/rows.jsonl is empty \(no JSON row\)"):
+        _ = load_corpus(cfg.dataset).datasets
+
+
 def test_a_glob_that_matches_a_directory_takes_the_files_under_it(tmp_path):
     from data.files import expand_files
 
