@@ -136,14 +136,6 @@ BAD_CONFIGS = [
         ["optimizer/lr_config=piecewise_linear"],
         "optimizer.lr_config.boundaries: the last point, at step 802 (its boundary after the warmup), is past the",
     ),
-    (  # the windows of a 64-token run grew to 256 under YaRN, its rotary positions rescaled at each growth
-        [
-            "train.yarn=true",
-            "model.position=rope",
-            "train.stages=[{until: 0.5, attention_window: 32}, {until: 1.0, attention_window: 128}]",
-        ],
-        "train.stages[1].attention_window: 128 is wider than the run's context of 64 tokens",
-    ),
     (["dataset.val_fraction=0"], "dataset.val_fraction: 0 holds out no validation documents"),  # exit 1, loaded
     (["system.peak_flops=-1"], "system.peak_flops: must be > 0"),  # an MFU of -1.6e12 %
     (["system.cpu_devices_per_process=0"], "system.cpu_devices_per_process: must be >= 1"),  # ignored, unsaid

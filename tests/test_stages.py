@@ -120,6 +120,16 @@ def test_yarn_fills_the_models_windows_and_needs_growing_windows_and_rotary_posi
         load_config(tiny_overrides(data_cache, STAGES, "train.yarn=true"))  # gpt2-tiny: learned positions
 
 
+def test_a_window_wider_than_the_models_context_is_that_context_and_does_not_grow_under_yarn():
+    """The speedrun's windows (64, 128, 256) over a smaller context: a wider window is full attention, and as itself
+    it grew under YaRN where nothing could, the rotary positions rescaled for positions no query sees."""
+    for context, windows, grown in ((256, [64, 128, 256], [64, 128]), (128, [64, 128, 128], [64]), (32, [32] * 3, [])):
+        cfg = load_config(["recipe=speedrun-micro", f"model.context_size={context}"])
+        assert [stage.attention_window for stage in plan_stages(cfg)] == windows
+        model = final_model(cfg).model
+        assert (model.attention_window, model.yarn_windows) == (windows[-1], grown)
+
+
 def test_a_run_resumed_inside_its_stages_continues_bit_for_bit(data_cache, tmp_path, capsys):
     stages = (
         "train.stages=[{until: 0.75, attention_window: 16}, {batch_size: 16, attention_window: 32, lr_multiplier: 2}]"

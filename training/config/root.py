@@ -117,16 +117,6 @@ def check_across(cfg: Config) -> None:
             f"train.stages name the windows, and the last stage's ({windows[-1]}) is the model's: set it null or "
             f"{windows[-1]}; got {cfg.model.attention_window}",
         )
-    context = context_size(cfg)
-    named = [("model.attention_window", cfg.model.attention_window)]
-    named += [(f"train.stages[{i}].attention_window", s.attention_window) for i, s in enumerate(cfg.train.stages)]
-    for key, window in named:
-        if window is not None and window > context:  # under train.yarn, rotary positions were rescaled for it
-            fail(
-                key,
-                f"{window} is wider than the run's context of {context} tokens, which no window reaches past (full "
-                f"attention); give at most {context}, or null",
-            )
     for i, stage in enumerate(cfg.train.stages):
         if stage.lr_multiplier != 1.0 and LR_USE.get(cfg.optimizer.name) == "own":
             fail(

@@ -52,10 +52,18 @@ def plan_stages(cfg: Config) -> tuple[Stage, ...]:
                 f"train.stages[{i - 1}].until",
                 f"{t.stages[i - 1].until} leaves stage {i - 1} no step of the run's {steps}: space the stages wider",
             )
+    context = cfg.model.context_size
     return tuple(
-        Stage(first, s.batch_size or t.batch_size, s.attention_window, s.lr_multiplier)
+        Stage(first, s.batch_size or t.batch_size, _within(s.attention_window, context), s.lr_multiplier)
         for first, s in zip(starts, t.stages)
     )
+
+
+def _within(window: int | None, context: int) -> int | None:
+    """A window at most the model's context: a wider one is full attention, and as itself it grew under train.yarn
+    where nothing could (the speedrun's windows of 64 to 256 over a 32-token context: rotary positions rescaled at
+    each stage for positions no query sees)."""
+    return None if window is None else min(window, context)
 
 
 def stage_index(stages: tuple[Stage, ...], step: int) -> int:
