@@ -97,6 +97,20 @@ def test_a_sweep_is_the_same_sweep_in_another_order_and_continued_from_its_check
     assert same_sweep(asked, [*asked, "+checkpoint.load_path=x", "hydra/launcher=submitit_local"])
     assert not same_sweep(asked, ["train.seed=0,1", "optimizer=adamw"])
     assert not same_sweep(asked, [*asked, "train.max_steps=9"])
+    assert same_sweep([*asked, "system.process_id=0"], [*asked, "system.process_id=1"])  # launch_multihost.sh's
+
+
+def test_a_folder_whose_sweep_ran_no_job_takes_another_sweep(tmp_path):
+    """A sweep Hydra refused before any job (a typo in a swept key) left its request: the corrected command into
+    the same folder was refused as another sweep's."""
+    from core.errors import PipelineError
+    from training.cli.sweep import REQUEST, check_request, write_record
+
+    (tmp_path / REQUEST).write_text(json.dumps(["train.bacth_size=8,16"]))
+    check_request(tmp_path, ["train.batch_size=8,16"])
+    write_record(tmp_path / "0-train.bacth_size=8", {"job": 0, "overrides": [], "status": "failed", "run_dir": "x"})
+    with pytest.raises(PipelineError, match="holds another sweep's jobs"):
+        check_request(tmp_path, ["train.batch_size=8,16"])
 
 
 def test_a_bad_value_fails_its_job_with_one_line_while_the_other_runs_and_the_sweep_exits_1(

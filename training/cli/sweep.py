@@ -54,13 +54,21 @@ class SweepSummary(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir)).absolute()
         started.append(sweep_dir)
-        if not (sweep_dir / REQUEST).exists():  # the sweep's overrides, which check_request compares a later one's to
+        # the sweep's overrides, which check_request compares a later one's to (a sweep that ran no job leaves
+        # nothing to protect: a corrected command replaces its request)
+        if not (sweep_dir / REQUEST).exists() or not holds_jobs(sweep_dir):
             write_atomic_in(sweep_dir, REQUEST, json.dumps(list(config.hydra.overrides.task)))
 
 
+def holds_jobs(sweep_dir: Path) -> bool:
+    """A job of the folder's sweep has run there (its job.json), or the sweep was summarised."""
+    return (sweep_dir / "sweep.json").exists() or bool(read_records(sweep_dir))
+
+
 # Overrides that do not change which jobs a sweep runs: Hydra's own settings (its sweep folder, launcher, sweeper's
-# settings) and how the jobs start from their checkpoints (checkpoint.load=auto continues a stopped sweep).
-_NOT_THE_JOBS = re.compile(r"^[+~]*(hydra[./]|checkpoint\.)")
+# settings), how the jobs start from their checkpoints (checkpoint.load=auto continues a stopped sweep) and where
+# they run (system.*: each process of launch_multihost.sh has its own system.process_id).
+_NOT_THE_JOBS = re.compile(r"^[+~]*(hydra[./]|checkpoint\.|system\.)")
 
 
 def same_sweep(asked: list[str], overrides: list[str]) -> bool:
@@ -78,7 +86,7 @@ def check_request(sweep_dir: Path, overrides: list[str], what: str = "hydra.swee
     checkpoint.load=auto say) is taken: it continues."""
     request = Path(sweep_dir) / REQUEST
     asked = json.loads(request.read_text()) if request.exists() else None
-    if asked is not None and not same_sweep(asked, overrides):
+    if asked is not None and not same_sweep(asked, overrides) and holds_jobs(Path(sweep_dir)):
         raise PipelineError(
             f"{what}: {sweep_dir} holds another sweep's jobs ({' '.join(asked) or 'no overrides'}); give this one "
             "another output folder, or remove that one to run it again"
@@ -196,7 +204,7 @@ def run_sweep(sweep_dir: Path, overrides: list[str], log: IO[str] | None = None)
             f"sweep: {sweep_dir} holds a sweep whose overrides are not recorded (see its sweep.md); give this one "
             "another output folder, or remove that one to run it again"
         )
-    if not request.exists():
+    if not request.exists() or not holds_jobs(Path(sweep_dir)):
         write_atomic_in(Path(sweep_dir), REQUEST, json.dumps(list(overrides)))
     if not summary.exists():
         command = [sys.executable, "-m", "train_jax", "-m", *overrides, f"hydra.sweep.dir={sweep_dir}"]
