@@ -486,6 +486,18 @@ def test_a_resume_into_another_run_directory_is_a_branch_that_saves_there_and_le
     assert Checkpointer(branch / "checkpoints", read_only=True).steps() == [12]
     assert {row["step"] for row in map(json.loads, open(branch / "metrics.jsonl"))} == set(range(9, 13))
 
+    # a branch killed before its first checkpoint: rerun with load=auto, it starts again from the same checkpoint,
+    # its logs set aside (it was refused, with a fix, continuing the branch's checkpoints, that could not work)
+    again = tmp_path / "again"
+    again.mkdir()
+    (again / "metrics.jsonl").write_text(json.dumps({"step": 9, "split": "train", "loss": 4.0}) + "\n")
+    args = [a.replace("checkpoint.load=True", "checkpoint.load=auto") for a in args]
+    ok(run_in_process([*args, f"logging.run_dir={again}", "train.max_steps=12"], capsys))
+    (aside,) = again.glob("abandoned-*")
+    assert (aside / "metrics.jsonl").read_text().count("\n") == 1
+    assert Checkpointer(again / "checkpoints", read_only=True).steps() == [12]
+    assert {p: p.read_bytes() for p in source.rglob("*") if p.is_file()} == before
+
 
 def test_load_auto_continues_its_own_checkpoints_before_load_path_and_a_missing_load_path_is_one_line(
     finished, data_cache, tmp_path, capsys

@@ -219,11 +219,13 @@ def plan_run(cfg: Config, overrides: list[str], stamp: int) -> RunPlan:
             f"directory, or continue that run with checkpoint.load=True checkpoint.load_path={run_dir}"
         )
     if branch_of is not None and not evaluating(cfg) and has_trained(run_dir):
-        raise ConfigError(  # its metrics, config and summary would be mixed with this run's or overwritten
-            f"logging.run_dir: {run_dir} already holds a run that trained ({layout.METRICS}); choose another "
-            f"directory for this branch of {branch_of}, continue that run with checkpoint.load_path={run_dir}, or "
-            f"leave logging.run_dir unset to continue {branch_of} in place"
-        )
+        if mode != LoadMode.auto:
+            raise ConfigError(  # its metrics, config and summary would be mixed with this run's or overwritten
+                f"logging.run_dir: {run_dir} already holds a run that trained ({layout.METRICS}); choose another "
+                f"directory for this branch of {branch_of}, or rerun with checkpoint.load=auto (it continues that "
+                "run's own checkpoints; with none, it starts the branch again, that run's logs set aside)"
+            )
+        restarts = True  # a branch killed before its first checkpoint: auto starts it again from the same one
     saving = not evaluating(cfg) and cfg.checkpoint.save
     if saving and save_path.absolute() != run_dir.absolute() and layout.is_run_dir(save_path):
         raise ConfigError(  # the checkpoints' config.yaml would replace that run's
