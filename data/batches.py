@@ -135,8 +135,8 @@ class EvalBatches:
         # a split shorter than its share shrinks every share alike, so the set keeps the weights (it took all of the
         # short one and the others' full shares: 0.9 / 0.1 sources made a 58 / 42 set)
         short = min((split.num_fixed / n for split, n in zip(self.splits, wanted) if n and split.num_fixed), default=1)
-        if short < 1:
-            wanted = allot(weights, int(sum(wanted) * short))
+        if short < 1 and len(self.splits) > 1:  # rounded: int() of 56.99999 left a split's last example out
+            wanted = allot(weights, round(sum(wanted) * short))
         split_of, ids = [], []
         for s, (split, n) in enumerate(zip(self.splits, wanted)):
             taken = min(split.num_fixed, n)

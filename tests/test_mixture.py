@@ -88,6 +88,8 @@ def test_a_mixed_evaluation_set_takes_each_sources_share_of_windows():
     ev = EvalBatches([Windows(a, 16, PAD), Windows(b, 16, PAD)], 4, 16, 0, 1, weights=[3, 1])
     real = np.concatenate([batch["inputs"][batch["loss_mask"].sum(-1) > 0, 0] for batch in ev])
     assert np.bincount(real, minlength=2).tolist() == [15, 5]
+    # one split shorter than the set: all of it (int(22 * 15 / 22) is 14)
+    assert EvalBatches(Windows(np.full(16 * 15 + 1, 0, np.uint16), 16, PAD), 2, 11, 0, 1).num_examples == 15
 
 
 @pytest.mark.e2e
