@@ -4,6 +4,7 @@ tools in scripts/ take every name from here.
     runs/<name>/              logging.run_dir (default runs/<model>-<dataset>-<time>)
       config.yaml             the composed config (also beside the checkpoints when checkpoint.save_path is elsewhere)
       metrics.jsonl           one JSON line per logged step and per evaluation; a resumed run appends
+      metrics.superseded-<time>.jsonl   the rows past the step a run resumed at, set aside (kept)
       summary.json            each split's final and best loss, tokens, throughput, how the run ended
       plots.png               loss, lr and tokens/s per step (logging.plot)
       checkpoints/<step>/     Orbax checkpoints (checkpoint.save_path, when not set)

@@ -1,7 +1,8 @@
 """What a finished run leaves besides its checkpoints: `summary.json` and `plots.png`, both from metrics.jsonl.
 
-metrics.jsonl is the run's whole history (a resumed run appends to it), so the summary and the plots cover every
-segment of a run, and `scripts/tools/plot_runs.py` can overlay any runs after the fact.
+metrics.jsonl is the run's whole history (a resumed run appends to it, its rows past the step it resumed at set aside
+in metrics.superseded-<time>.jsonl), so the summary and the plots cover every segment of a run, and
+`scripts/tools/plot_runs.py` can overlay any runs after the fact.
 """
 
 from __future__ import annotations
@@ -99,6 +100,9 @@ def summarize_metrics(rows: list[dict], extra: dict[str, Any]) -> dict[str, Any]
         s.update(final_loss=r["loss"], final_step=r["step"], final_perplexity=r.get("perplexity"))
         if r["loss"] < s["best_loss"]:
             s.update(best_loss=r["loss"], best_step=r["step"])
+    for s in splits.values():
+        if s["best_step"] is None:  # every evaluation NaN: no best
+            s["best_loss"] = None
     rates = [r["tokens_per_s"] for r in train if finite_number(r.get("tokens_per_s"))]
     mfus = [r["mfu"] for r in train if finite_number(r.get("mfu"))]
     return {
