@@ -328,6 +328,28 @@ def test_a_saved_config_that_no_longer_passes_its_checks_is_one_line(straight, d
     assert sorted(p.name for p in (tmp_path / "a" / "checkpoints").iterdir()) == before
 
 
+def test_a_saved_config_resumes_with_values_a_new_run_is_refused_that_trained_as_they_were(
+    finished, data_cache, tmp_path
+):
+    """A run that trained with the piecewise_linear preset's points past its end, or an inf clipping norm, before those
+    were refused: it resumes (and evaluates) as it trained, where the new checks stopped it."""
+    import yaml
+
+    from core.errors import ConfigError
+
+    shutil.copytree(finished, tmp_path / "a")
+    saved = tmp_path / "a" / "checkpoints" / "config.yaml"
+    config = yaml.safe_load(saved.read_text())
+    config["optimizer"]["lr_config"].update(name="piecewise_linear", boundaries=[400, 800], boundary_lrs=[5e-4, 1e-4])
+    config["optimizer"]["grad_clip"] = float("inf")
+    saved.write_text(yaml.safe_dump(config))
+    overrides = resume_args(data_cache, tmp_path / "a")
+    plan = plan_run(load_config(overrides), overrides, 0)
+    assert plan.cfg.optimizer.lr_config.boundaries == [400, 800] and plan.cfg.optimizer.grad_clip == float("inf")
+    with pytest.raises(ConfigError, match=r"^config: optimizer\.lr_config\.boundaries: the last point"):
+        load_config([*overrides, "optimizer/lr_config=piecewise_linear"])  # a new run: refused
+
+
 def test_overwrite_optimizer_starts_a_fresh_optimizer(straight, data_cache, tmp_path, capsys):
     subprocess.run(["cp", "-r", str(straight), str(tmp_path / "a")], check=True)
     switch = (

@@ -305,7 +305,7 @@ def _saved_config_wins(cfg: Config, source: Source, overrides: list[str]) -> tup
         if value is not None:
             OmegaConf.update(saved, key, value, merge=False)
     try:
-        resumed = finish(saved, jax.local_device_count())
+        resumed = finish(saved, jax.local_device_count(), saved=True)
     except ConfigError as e:
         raise ConfigError(
             f"{e}, in the saved {config_file} (checkpoint.overwrite_config=True runs this command "

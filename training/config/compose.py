@@ -29,7 +29,7 @@ from core.errors import ConfigError
 from data.config import SOURCE_CONFIGS, dataset_schema, other_sources_hint
 from training.config.legacy import read_earlier_values, renamed_hint
 from training.config.nodes import CONF_DIR, one_line, schema_node
-from training.config.root import Config, check_across, check_devices
+from training.config.root import Config, check_across, check_devices, check_schedule_points
 from training.config.stages import plan_stages
 
 ConfigStore.instance().store(name="base_config", node=schema_node(Config))  # conf/config.yaml's first default
@@ -119,17 +119,22 @@ def composition_error(e: BaseException, overrides: list[str]) -> ConfigError:
 UNBOUNDED_BY_INF = frozenset({"growth_rate"})
 
 
-def finish(composed: DictConfig, num_local_devices: int | None = None) -> Config:
+def finish(composed: DictConfig, num_local_devices: int | None = None, saved: bool = False) -> Config:
     """A composed config (Hydra's, or a saved config.yaml) as the typed `Config`, every value checked.
 
     `num_local_devices`: this process's device count, for the checks that need it (the batch splits over the
     devices, the mesh fits them). None leaves those to `check_devices`, for a caller that cannot ask JAX yet: JAX's
-    devices are known only after jax.distributed.initialize, which needs the config's `system` section.
+    devices are known only after jax.distributed.initialize, which needs the config's `system` section. `saved`: the
+    config of a run that trained (a resume's): the checks of values that trained, if not as meant (an inf clipping
+    norm, piecewise points past the end), are a new run's only, so that run resumes and evaluates as it was.
     """
     cfg = to_config(read_earlier_values(composed))
-    refuse_non_finite(cfg, "", infinite_ok=UNBOUNDED_BY_INF)
+    if not saved:
+        refuse_non_finite(cfg, "", infinite_ok=UNBOUNDED_BY_INF)
     cfg.check()
     check_across(cfg)
+    if not saved:
+        check_schedule_points(cfg)
     plan_stages(cfg)  # train.stages: every stage at least one step of the run
     if num_local_devices is not None:
         check_devices(cfg, num_local_devices)
