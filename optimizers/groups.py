@@ -74,7 +74,8 @@ def group_labels(name: str, group: Group) -> tuple[str, ...]:
             _fail(
                 name,
                 f"{label!r} is no parameter label; labels: {', '.join(LABELS)}; coarse: {', '.join(COARSE)}"
-                " (a group named otherwise lists its labels: {labels: [...]})",
+                " (a group named otherwise lists its labels: {labels: [...]}; one a preset or recipe set for its "
+                f"optimizer is removed with ~optimizer.groups.{name})",
             )
         fine += COARSE.get(label, (label,))
     return tuple(dict.fromkeys(fine))

@@ -175,12 +175,24 @@ def check_optimizer(optimizer_cfg: OptimizerSection) -> None:
             f'{optimizer_cfg.name!r} (a new optimizer: a module in optimizers/ with @register("name") '
             "and conf/optimizer/<name>.yaml)"
         )
-    for key, readers in OWN_KEYS.items():
-        if getattr(optimizer_cfg, key, None) is not None and optimizer_cfg.name not in readers:
-            raise ConfigError(
-                f"config: optimizer.{key}: {optimizer_cfg.name} does not take it (it is "
-                f"{' and '.join(readers)}'s); leave it null"
-            )
+    # every other optimizer's key at once: a recipe's (recipe=speedrun-micro optimizer=adamw) were refused one by one
+    foreign = {
+        key: readers
+        for key, readers in OWN_KEYS.items()
+        if getattr(optimizer_cfg, key, None) is not None and optimizer_cfg.name not in readers
+    }
+    if foreign:
+        (key, readers), *more = foreign.items()
+        owners = sorted({r for rs in foreign.values() for r in rs})
+        also = f", nor {', '.join(f'optimizer.{k}' for k, _ in more)}" if more else ""
+        nulls = " ".join(f"optimizer.{k}=null" for k in foreign)
+        raise ConfigError(
+            f"config: optimizer.{key}: {optimizer_cfg.name} does not take it{also} (they are {' and '.join(owners)}'s, "
+            f"set by a preset or recipe, or on the command line); leave them null: {nulls}"
+            if more
+            else f"config: optimizer.{key}: {optimizer_cfg.name} does not take it (it is {' and '.join(readers)}'s); "
+            f"leave it null"
+        )
     check_shared_keys_read(optimizer_cfg)
     check_bounds(optimizer_cfg)
     check_own_step_size(optimizer_cfg)

@@ -587,3 +587,18 @@ def test_a_groups_value_that_its_builder_refuses_is_named_where_it_was_set():
         ConfigError, match=r"^config: optimizer\.groups\.matrix\.scale_hidden: scion needs a value; set"
     ):
         load_config(["optimizer.groups={matrix: {name: scion, weight_decay: 0}}"])
+
+
+def test_a_recipe_with_another_optimizer_names_every_key_to_clear_and_a_fix_that_loads():
+    """recipe=speedrun-micro optimizer=adamw: the recipe's Muon keys were refused one by one (five runs to find them),
+    and its `adam` group with a label error that named no way to remove it."""
+    base = ["recipe=speedrun-micro", "optimizer=adamw"]
+    with pytest.raises(ConfigError) as refused:
+        load_config(base)
+    line = str(refused.value)
+    assert line.startswith("config: optimizer.orthogonalizer: adamw does not take it, nor optimizer.normuon_beta2")
+    nulls = line.split("leave them null: ")[1].split()
+    assert len(nulls) == 4 and all(n.endswith("=null") for n in nulls)
+    with pytest.raises(ConfigError, match=r"removed with ~optimizer\.groups\.adam\)$"):
+        load_config([*base, *nulls])
+    assert load_config([*base, *nulls, "~optimizer.groups.adam"]).optimizer.name == "adamw"
