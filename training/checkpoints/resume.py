@@ -28,10 +28,11 @@ from core.errors import CheckpointError, ConfigError, warn
 from models.hf import HF_PREFIX, check_hf_config, load_hf_model, resolve_hf
 from optimizers import continue_schedule_at
 from training.checkpoints.checkpointer import PARTS, Checkpointer
+from training.checkpoints.fit import check_same_accumulation, check_same_model
 from training.checkpoints.locate import KEYS, find_checkpoint_dir, holds_checkpoints, run_dir_of
 from training.checkpoints.storage import check_writable
 from training.config import Config, LoadMode, as_dict, evaluating, finish, init_from_dir, layout, load_mode
-from training.config.legacy import model_arch, upgrade_saved
+from training.config.legacy import upgrade_saved
 from training.step.state import TrainState
 
 # Keys that describe this invocation (hardware, time budget, what to load, how to print): a resumed run takes them
@@ -49,29 +50,6 @@ RESUME_KEYS = (
 # Of those, what the experiment computes in, and where it is tracked (a run kept out of wandb stays out, one in it
 # goes on in the same mode): the saved value stays unless the command line names the key.
 SAVED_UNLESS_NAMED = ("system.dtype", "system.fp8_amax_history", "system.fp8_margin", "logging.wandb")
-# Keys that fix the parameters' shapes and which parameters there are: a checkpoint only loads into a model with the
-# same values (a model without one of the checkpoint's arrays, e.g. rotary positions against a learned embedding,
-# would drop it without a word).
-MODEL_SHAPE_KEYS = (
-    "arch",
-    "n_layer",
-    "n_head",
-    "n_embd",
-    "context_size",
-    "bias",
-    "vocab_multiple",
-    "position",
-    "norm",
-    "norm_weight",
-    "mlp",
-    "fused_qkv",
-    "qk_norm",
-    "tie_embeddings",
-    "head_bias",
-    "unet_skips",
-    "value_embeddings",
-    "smear_gate",
-)
 
 
 @dataclass
@@ -181,13 +159,13 @@ def plan_run(cfg: Config, overrides: list[str], stamp: int) -> RunPlan:
         resume = open_source(resume_path, load_file)
         if not cfg.checkpoint.overwrite_config:
             cfg, ignored = _saved_config_wins(cfg, resume, overrides)
-        check_same_model(cfg, resume)
-        check_same_accumulation(cfg, resume)
+        check_same_model(cfg, resume.meta, f"{resume.reader.directory}/{resume.step}")
+        check_same_accumulation(cfg, resume.meta)
     elif str(cfg.init_from or "").startswith(HF_PREFIX):
         init_from = open_hf_source(cfg)
     elif init_from_dir(cfg):
         init_from = open_source(init_from_dir(cfg), cfg.checkpoint.load_file, ("init_from", KEYS[1]))
-        check_same_model(cfg, init_from)
+        check_same_model(cfg, init_from.meta, f"{init_from.reader.directory}/{init_from.step}")
 
     branch_of = None  # the run a resumed run leaves for another logging.run_dir
     if resume is not None:
@@ -239,20 +217,6 @@ def plan_run(cfg: Config, overrides: list[str], stamp: int) -> RunPlan:
             f"path, or resume that run with checkpoint.load=True checkpoint.load_path={save_path}"
         )
     return RunPlan(cfg, run_dir.absolute(), save_path.absolute(), resume, init_from, ignored, restarts, branch_of)
-
-
-def check_same_accumulation(cfg: Config, resume: Source) -> None:
-    """Gradient accumulation wraps the optimizer (optax.MultiSteps, with its accumulator), one step of it none: its
-    state restores only on the same side. Blamed on the optimizer at restore time ("a different optimizer?")."""
-    saved = resume.meta.get("config", {}).get("train", {}).get("grad_accum_steps", 1)
-    mine = cfg.train.grad_accum_steps
-    if not cfg.checkpoint.overwrite_optimizer and (saved > 1) != (mine > 1):
-        keep = "1" if saved == 1 else "it above 1"
-        raise ConfigError(
-            f"config: train.grad_accum_steps: {mine} where the checkpoint's optimizer state was saved with {saved}; "
-            f"accumulation (above 1) keeps another optimizer state than none: keep {keep}, or start a fresh "
-            "optimizer with checkpoint.overwrite_optimizer=True"
-        )
 
 
 def has_trained(run_dir: Path) -> bool:
@@ -319,22 +283,6 @@ def _saved_config_wins(cfg: Config, source: Source, overrides: list[str]) -> tup
             if OmegaConf.select(given, key) != OmegaConf.select(runs, key):
                 ignored.append(item)
     return resumed, ignored
-
-
-def check_same_model(cfg: Config, source: Source) -> None:
-    saved_model = dict(source.meta.get("config", {}).get("model", {}))
-    if "arch" in saved_model:
-        saved_model["arch"] = model_arch(saved_model["arch"])
-    diffs = [
-        f"{k} {saved_model.get(k)} (checkpoint) vs {getattr(cfg.model, k)}"
-        for k in MODEL_SHAPE_KEYS
-        if k in saved_model and saved_model[k] != getattr(cfg.model, k)
-    ]
-    if diffs:
-        raise CheckpointError(
-            f"checkpoint {source.reader.directory}/{source.step} holds a different model: {'; '.join(diffs)}. "
-            f"Use the same model settings (the checkpoint's are model={saved_model.get('name')})"
-        )
 
 
 def open_hf_source(cfg: Config) -> Source:
