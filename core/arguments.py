@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -20,14 +20,18 @@ class OneLineParser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+def _converted(text: str, kind: Callable[[str], Any], noun: str) -> Any:
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be {noun}; got {text!r}") from None
+
+
 def at_least(low: int) -> Callable[[str], int]:
     """An int type for argparse that refuses values below `low`: `add_argument("--steps", type=at_least(1))`."""
 
     def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be an integer; got {text!r}") from None
+        value = _converted(text, int, "an integer")
         if value < low:
             raise argparse.ArgumentTypeError(f"must be >= {low}; got {value}")
         return value
@@ -48,10 +52,7 @@ def above(low: float) -> Callable[[str], float]:
     """A number type for argparse that refuses values at or below `low`: `add_argument("--limit", type=above(0))`."""
 
     def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be a number; got {text!r}") from None
+        value = _converted(text, float, "a number")
         if not value > low:
             raise argparse.ArgumentTypeError(f"must be > {low:g}; got {text}")
         return value

@@ -6,10 +6,10 @@ from __future__ import annotations
 import errno
 import math
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import fields, is_dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from core.errors import ConfigError
 
@@ -47,34 +47,30 @@ def refuse_non_finite(node: object, at: str, infinite_ok: frozenset[str] = froze
             fail(at, f"must be finite; got {node}")
 
 
-def require_positive(section: object, at: str, *names: str) -> None:
-    """Each field `names` of `section` (which sits at `at` in the config) must be >= 1."""
+def _require(section: object, at: str, names: tuple[str, ...], ok: Callable[[Any], bool], want: str) -> None:
+    """Each field `names` of `section` (which sits at `at` in the config) passes `ok`, else a ConfigError naming it."""
     for name in names:
         value = getattr(section, name)
-        if value is None or value < 1:
-            fail(f"{at}.{name}", f"must be >= 1; got {value}")
+        if not ok(value):
+            fail(f"{at}.{name}", f"must be {want}; got {value}")
+
+
+def require_positive(section: object, at: str, *names: str) -> None:
+    """A count: >= 1."""
+    _require(section, at, names, lambda v: v is not None and not v < 1, ">= 1")
 
 
 def require_fraction(section: object, at: str, *names: str) -> None:
-    """Each field `names` of `section` must be in [0, 1): a probability or a decay rate."""
-    for name in names:
-        value = getattr(section, name)
-        if not 0.0 <= value < 1.0:
-            fail(f"{at}.{name}", f"must be in [0, 1); got {value}")
+    """A probability or a decay rate: in [0, 1)."""
+    _require(section, at, names, lambda v: 0.0 <= v < 1.0, "in [0, 1)")
 
 
 def require_above_zero(section: object, at: str, *names: str) -> None:
-    for name in names:
-        value = getattr(section, name)
-        if value <= 0:
-            fail(f"{at}.{name}", f"must be > 0; got {value}")
+    _require(section, at, names, lambda v: not v <= 0, "> 0")
 
 
 def require_non_negative(section: object, at: str, *names: str) -> None:
-    for name in names:
-        value = getattr(section, name)
-        if value < 0:
-            fail(f"{at}.{name}", f"must be >= 0; got {value}")
+    _require(section, at, names, lambda v: not v < 0, ">= 0")
 
 
 def refuse_unread(section: object, at: str, unread: dict[str, tuple[bool, str, str]]) -> None:

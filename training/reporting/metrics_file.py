@@ -8,6 +8,7 @@ import json
 import math
 import time
 from pathlib import Path
+from typing import Any
 
 from core.files import write_atomic
 from training.config import layout
@@ -23,7 +24,7 @@ class MetricsFile:
         self.file = open(run_dir / layout.METRICS, "a", buffering=1)
 
     def log(self, step: int, split: str, values: dict[str, float]) -> None:
-        row = {"step": step, "split": split, "time": time.time(), **{k: _plain(v) for k, v in values.items()}}
+        row = {"step": step, "split": split, "time": time.time(), **as_json(values)}
         self.file.write(json.dumps(row) + "\n")
 
     def close(self) -> None:
@@ -66,7 +67,21 @@ def set_aside_rows_after(path: Path, step: int) -> Path | None:
     return aside
 
 
-def _plain(v: float) -> float | str:
-    if isinstance(v, float) and not math.isfinite(v):
-        return str(v)
-    return v
+def as_json(value: Any) -> Any:
+    """`value` (a number, or a dict or list of them) with its non-finite numbers as strings ("nan", "inf"), which JSON
+    has no number for: how metrics.jsonl and summary.json write them. `from_json` reads them back."""
+    if isinstance(value, dict):
+        return {k: as_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [as_json(v) for v in value]
+    return str(value) if isinstance(value, float) and not math.isfinite(value) else value
+
+
+# as_json's strings, read back as numbers: as strings, a NaN evaluation was skipped by the summary (which then named
+# an earlier finite loss as the final one) and plotted as a category
+_NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+def from_json(row: dict) -> dict:
+    """A metrics.jsonl row with as_json's strings as the numbers they stand for (its split's name stays a name)."""
+    return {k: _NON_FINITE.get(v, v) if k != "split" and isinstance(v, str) else v for k, v in row.items()}

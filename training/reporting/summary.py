@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from core.errors import PipelineError, warn
 from training.config import layout
+from training.reporting.metrics_file import as_json, from_json
 
 if TYPE_CHECKING:
     from training.checkpoints.checkpointer import Checkpointer
@@ -51,22 +52,8 @@ def read_metrics(run_dir: Path) -> list[dict]:
             ) from None
         if not isinstance(row, dict):
             raise PipelineError(f"{path}: line {number} is not a JSON object; repair or remove that line")
-        rows.append({k: _NON_FINITE.get(v, v) if k != "split" and isinstance(v, str) else v for k, v in row.items()})
+        rows.append(from_json(row))
     return rows
-
-
-# How metrics.jsonl writes a number JSON has none for, read back as that number: as strings, a NaN evaluation was
-# skipped by the summary (which then named an earlier finite loss as the final one) and plotted as a category.
-_NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
-
-
-def _as_json(value: Any) -> Any:
-    """`value` with its non-finite numbers as metrics.jsonl writes them ("nan"): summary.json stays strict JSON."""
-    if isinstance(value, dict):
-        return {k: _as_json(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_as_json(v) for v in value]
-    return str(value) if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def run_names(run_dirs: list[Path | str]) -> list[str]:
@@ -137,7 +124,7 @@ def finite_number(x: object) -> bool:
 
 def write_summary(run_dir: Path, extra: dict[str, Any]) -> Path:
     path = Path(run_dir) / layout.SUMMARY
-    path.write_text(json.dumps(_as_json(summarize_metrics(read_metrics(run_dir), extra)), indent=2))
+    path.write_text(json.dumps(as_json(summarize_metrics(read_metrics(run_dir), extra)), indent=2))
     return path
 
 
