@@ -22,6 +22,8 @@ def read_midi(path: str | Path) -> Notes:
     except Exception as e:  # mido raises whatever the damaged bytes lead it to (OSError, EOFError, ValueError, ...)
         reason = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
         raise DataError(f"{path}: not a readable MIDI file ({reason})") from None
+    if midi.ticks_per_beat == 0:
+        raise DataError(f"{path}: its header gives 0 ticks per beat, so its events have no times; a damaged file")
     if midi.type == 2:  # mido cannot merge its tracks (a TypeError while iterating, which read as a traceback)
         raise DataError(
             f"{path}: a type 2 MIDI file (independent sequences, one per track), which has no single timeline; "
@@ -29,19 +31,61 @@ def read_midi(path: str | Path) -> Notes:
         )
     now, sounding = 0.0, {}
     pitch, velocity, start, end = [], [], [], []
-    for msg in midi:  # merged tracks; msg.time is seconds since the previous message
-        now += msg.time
-        if msg.type not in ("note_on", "note_off") or msg.channel == PERCUSSION_CHANNEL:
-            continue
-        key = (msg.channel, msg.note)
-        if key in sounding:  # a note_off, or a repeated note_on that ends the sounding one
-            began, vel = sounding.pop(key)
-            pitch.append(msg.note), velocity.append(vel), start.append(began), end.append(now)
-        if msg.type == "note_on" and msg.velocity > 0:
-            sounding[key] = (now, msg.velocity)
+
+    def release(key, at):
+        began, vel = sounding.pop(key)
+        pitch.append(key[1]), velocity.append(vel), start.append(began), end.append(at)
+
+    for dt, messages in _moments(midi, path):
+        now += dt
+        notes = [m for m in messages if m.type in ("note_on", "note_off") and m.channel != PERCUSSION_CHANNEL]
+        # The releases of a moment before its strikes, wherever the file lists them: a voice that lets a key go as
+        # another strikes it (two tracks on one channel; an on written before its off) is two notes, not a new one
+        # cut to nothing by the old one's release.
+        unmatched: dict[tuple[int, int], int] = {}
+        for msg in notes:
+            if msg.type == "note_off" or (msg.type == "note_on" and msg.velocity == 0):
+                key = (msg.channel, msg.note)
+                if key in sounding:
+                    release(key, now)
+                else:
+                    unmatched[key] = unmatched.get(key, 0) + 1
+        for msg in notes:
+            if msg.type == "note_on" and msg.velocity > 0:
+                key = (msg.channel, msg.note)
+                if key in sounding:  # struck again while sounding: the sounding one ends here
+                    release(key, now)
+                sounding[key] = (now, msg.velocity)
+                if unmatched.get(key):  # struck and released at one moment: a note of no length (dropped)
+                    unmatched[key] -= 1
+                    release(key, now)
     for (_channel, note), (began, vel) in sounding.items():  # never released: ends with the file
         pitch.append(note), velocity.append(vel), start.append(began), end.append(max(now, began + 0.01))
     return Notes.from_lists(pitch, velocity, start, end)
+
+
+def _moments(midi: mido.MidiFile, path: str | Path) -> list[tuple[float, list[mido.Message]]]:
+    """The file's messages grouped by the moment they happen at: (seconds since the previous moment, messages). Time
+    in beats follows the tempo map (mido applies it); SMPTE time (the header's division negative: frames per second
+    and ticks per frame) counts ticks of 1 / (frames per second x ticks per frame) seconds."""
+    if midi.ticks_per_beat > 0:
+        timed = ((msg.time, msg) for msg in midi)  # merged tracks; msg.time is seconds since the previous message
+    else:
+        fps, ticks_per_frame = -(midi.ticks_per_beat >> 8), midi.ticks_per_beat & 0xFF
+        if fps not in (24, 25, 29, 30) or ticks_per_frame == 0:
+            raise DataError(
+                f"{path}: an SMPTE time division of {fps} frames per second and {ticks_per_frame} ticks per frame, "
+                "which no MIDI file has (24, 25, 29 or 30 frames, >= 1 tick); a damaged file"
+            )
+        tick = 1 / ((30_000 / 1001 if fps == 29 else fps) * ticks_per_frame)  # 29: drop-frame, 29.97 frames/s
+        timed = ((msg.time * tick, msg) for msg in mido.merge_tracks(midi.tracks))
+    moments: list[tuple[float, list[mido.Message]]] = []
+    for dt, msg in timed:
+        if moments and dt == 0:
+            moments[-1][1].append(msg)
+        else:
+            moments.append((dt, [msg]))
+    return moments
 
 
 def write_midi(notes: Notes, path: str | Path) -> Path:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import struct
+
 import mido
 import numpy as np
 import pytest
 
+from core.errors import DataError
 from data.examples import Records
 from data.midi import read_midi, write_midi
 from data.notes import Notes, augment, record_starts, split_at_pauses
@@ -97,6 +100,64 @@ def test_midi_file_written_is_read_back_with_the_same_notes(tmp_path, bach_chora
     np.testing.assert_allclose(back.end, notes.end, atol=1 / 960)
 
 
+def test_a_key_released_as_it_is_struck_again_is_two_notes(tmp_path):
+    # Two voices on one channel: the tenor lets C4 go at the beat where the alto strikes it, the alto's track first
+    # (mido lists its strike before the release); and one track that writes a re-strike's note_on before the old
+    # note's note_off.
+    def on(time: int, velocity: int = 70) -> mido.Message:
+        return mido.Message("note_on", note=60, velocity=velocity, time=time)
+
+    def off(time: int) -> mido.Message:
+        return mido.Message("note_off", note=60, time=time)
+
+    midi = mido.MidiFile(type=1, ticks_per_beat=480)
+    midi.tracks.append(mido.MidiTrack([on(480), off(480)]))
+    midi.tracks.append(mido.MidiTrack([on(0, velocity=50), off(480)]))
+    midi.save(tmp_path / "voices.mid")
+    midi = mido.MidiFile(type=0, ticks_per_beat=480)
+    midi.tracks.append(
+        mido.MidiTrack(
+            [
+                mido.Message("note_on", note=60, velocity=50, time=0),
+                mido.Message("note_on", note=60, velocity=70, time=480),
+                mido.Message("note_off", note=60, time=0),
+                mido.Message("note_off", note=60, time=480),
+                # struck and released at one moment: no note
+                mido.Message("note_on", note=62, velocity=70, time=0),
+                mido.Message("note_off", note=62, time=0),
+            ]
+        )
+    )
+    midi.save(tmp_path / "restrike.mid")
+    for name in ("voices.mid", "restrike.mid"):
+        notes = read_midi(tmp_path / name)
+        assert list(zip(notes.pitch.tolist(), notes.velocity.tolist(), notes.start.tolist(), notes.end.tolist())) == [
+            (60, 50, 0.0, 0.5),
+            (60, 70, 0.5, 1.0),
+        ], name
+
+
+def _header_division(path, division: int) -> None:
+    """A one-track file: C4 from tick 0 to tick 480, the header's division as given."""
+    track = bytes([0x00, 0x90, 60, 64, 0x83, 0x60, 0x80, 60, 0, 0x00, 0xFF, 0x2F, 0x00])
+    header = b"MThd" + struct.pack(">IHHH", 6, 0, 1, division)
+    path.write_bytes(header + b"MTrk" + struct.pack(">I", len(track)) + track)
+
+
+def test_smpte_time_is_read_and_a_zero_division_is_one_line(tmp_path):
+    _header_division(tmp_path / "smpte.mid", 0xE728)  # 25 frames per second, 40 ticks per frame: 1,000 ticks a second
+    notes = read_midi(tmp_path / "smpte.mid")
+    assert (notes.start.tolist(), notes.end.tolist()) == ([0.0], [pytest.approx(0.48)])
+    _header_division(tmp_path / "ppq.mid", 480)
+    assert read_midi(tmp_path / "ppq.mid").end.tolist() == [pytest.approx(0.5)]
+    _header_division(tmp_path / "zero.mid", 0)
+    with pytest.raises(DataError, match=r"zero.mid: its header gives 0 ticks per beat"):
+        read_midi(tmp_path / "zero.mid")
+    _header_division(tmp_path / "frames.mid", 0xEC00)  # 20 frames per second, 0 ticks per frame
+    with pytest.raises(DataError, match=r"frames.mid: an SMPTE time division of 20 frames per second"):
+        read_midi(tmp_path / "frames.mid")
+
+
 def test_pauses_longer_than_the_threshold_split_a_piece():
     # a 5 s silence after 1.5 s; a note held across a 5 s gap between onsets is not a silence
     notes = Notes.from_lists([60, 62, 64, 65, 67], [80] * 5, [0.0, 1.0, 6.5, 7.0, 13.0], [1.0, 1.5, 7.0, 13.5, 14.0])
@@ -123,6 +184,41 @@ def test_every_note_of_a_split_is_in_a_record_and_every_segment_ends_in_eos(bach
     assert sum(len(records.notes(i)) for i in range(len(records.index))) == len(piece) > 32
     ends = [records.sequence(i, None)[-1] == tok.eos_id for i in range(len(records.index))]
     assert ends[-1] and sum(ends) == len(records.segments)
+
+
+def test_next_token_records_hold_no_more_notes_than_fit_the_context(bach_chorale):
+    from data.tasks import NoteRecords
+
+    tok = NotesTokenizer()
+    piece = tok.quantise(bach_chorale)
+    shift, own = tok.note_token_counts(piece)
+    assert int((shift + own).sum()) == len(tok.encode_notes(piece))
+    context = 64  # ~ 20 of the chorale's notes: a window of 32 notes would be cut
+    records = NoteRecords([piece.as_columns()], tok, 32, 4.0, context, [], [], 0, [])
+    lengths = [len(records.sequence(i, None)) for i in range(len(records))]
+    assert max(lengths) <= context + 1 and min(lengths[:-1]) > context - 12  # full records, none cut
+    assert sum(len(records.notes(i)) for i in range(len(records))) == len(piece)
+    assert [records.sequence(i, None)[-1] == tok.eos_id for i in range(len(records))].count(True) == 1
+    # A task's records stay runs of notes_per_record notes (a task shortens its own record's notes)
+    tasks = NoteRecords([piece.as_columns()], tok, 32, 4.0, context, ["continuation"], [], 0, [])
+    assert [len(tasks.notes(i)) for i in range(len(tasks) - 1)] == [32] * (len(tasks) - 1)
+
+
+def test_a_dynamics_answer_lands_on_the_notes_it_was_asked_about():
+    from data.tasks import note_prompt, notes_from_generation
+
+    tok = NotesTokenizer()
+    # A chord rolled from the top (C5 3 ms before C4), then E4 struck twice within one 10 ms step, then G4.
+    starts, ends = [0.001, 0.004, 0.5, 0.503, 1.0], [0.4, 0.4, 0.9, 0.9, 1.5]
+    notes = Notes.from_lists([72, 60, 64, 64, 67], [100, 30, 40, 42, 90], starts, ends)
+    loudness = {72: 100, 60: 30, 64: 40, 67: 90}
+    prompt = note_prompt("dynamics", notes, tok)
+    asked = [v for kind, v in map(tok.token_kind, prompt) if kind == "pitch"]
+    answer = [tok.velocity_base + int(tok.velocity_bin(loudness[p])) for p in asked]  # a model that knows
+    piece = notes_from_generation("dynamics", notes, answer, tok)
+    assert sorted(piece.pitch.tolist()) == sorted(loudness)
+    for pitch, velocity in zip(piece.pitch.tolist(), piece.velocity.tolist()):
+        assert abs(velocity - loudness[pitch]) <= 2, (pitch, velocity)
 
 
 def test_velocities_come_back_within_half_a_bin():
