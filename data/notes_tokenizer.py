@@ -89,6 +89,14 @@ class NotesTokenizer(Tokenizer):
                 out += self._repeat(self.duration_base, length, self.max_duration_steps)
         return out
 
+    def note_token_counts(self, notes: Notes) -> tuple[np.ndarray, np.ndarray]:
+        """Per note, the SHIFT tokens before it (from the previous note's start; none before the first) and its own
+        tokens (PITCH, VEL, DUR...): `encode_notes` of notes starting at 0 s writes their sum."""
+        starts = self.steps(notes.start)
+        shifts = np.maximum(np.diff(starts, prepend=starts[:1]), 0)
+        lengths = np.maximum(self.steps(notes.end) - starts, 1)
+        return -(-shifts // self.max_shift_steps), 2 + -(-lengths // self.max_duration_steps)
+
     def velocity_tokens(self, notes: Notes) -> list[int]:
         return (self.velocity_base + self.velocity_bin(notes.velocity)).tolist()
 

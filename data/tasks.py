@@ -60,8 +60,9 @@ def task_sequence(task: str, notes: Notes, tok: NotesTokenizer) -> list[int]:
 
 
 class NoteRecords:
-    """Every record of a split: pieces split at pauses, then cut into runs of `notes_per_record` notes.
-    `sequence(i, rng)` is the `make_record` of data/examples.py `Records`."""
+    """Every record of a split: pieces split at pauses, then cut into runs of `notes_per_record` notes (next-token
+    records: of no more notes than fit the context, `_windows`). `sequence(i, rng)` is the `make_record` of
+    data/examples.py `Records`."""
 
     def __init__(
         self,
@@ -83,16 +84,34 @@ class NoteRecords:
         self.segments: list[Notes] = []
         for row in pieces:
             self.segments += [s for s in split_at_pauses(notes_of_row(row), pause_threshold) if len(s)]
-        self.index = [
-            (s, int(a)) for s, seg in enumerate(self.segments) for a in record_starts(len(seg), notes_per_record)
-        ]
+        self.index = [(s, a, b) for s, seg in enumerate(self.segments) for a, b in self._windows(seg)]
+
+    def _windows(self, segment: Notes) -> list[tuple[int, int]]:
+        """The records of a segment, as (first, end) note indices: runs of `notes_per_record` notes; for next-token
+        records, also no more notes than fit the context with an `<EOS>` (what a record holds past context + 1
+        tokens is cut and never trained on: the next record starts there instead). A task shortens its own records
+        (`sequence`)."""
+        n, size = len(segment), self.notes_per_record
+        if self.tasks:
+            return [(int(a), min(int(a) + size, n)) for a in record_starts(n, size)]
+        shift, own = self.tok.note_token_counts(segment)
+        total = np.cumsum(shift + own)
+        windows, first = [], 0
+        while first < n:
+            # notes first..end-1 as a record of their own: total[end - 1] - total[first - 1] - shift[first] tokens
+            before = int(total[first - 1]) if first else 0
+            fits = int(np.searchsorted(total, before + int(shift[first]) + self.context, side="right"))
+            end = min(max(fits, first + 1), first + size, n)
+            windows.append((first, end))
+            first = end
+        return windows
 
     def __len__(self) -> int:
         return len(self.index)
 
     def notes(self, i: int) -> Notes:
-        s, first = self.index[i]
-        return self.segments[s].take(slice(first, first + self.notes_per_record)).shifted_to_zero()
+        s, first, end = self.index[i]
+        return self.segments[s].take(slice(first, end)).shifted_to_zero()
 
     def task_of(self, i: int, rng: np.random.Generator | None) -> str:
         """Training draws a task by `task_weights`; evaluation cycles through the tasks by record."""
@@ -105,8 +124,8 @@ class NoteRecords:
         if rng is not None:
             notes = augment(notes, rng, self.max_pitch_shift, self.speed_change_factors)
         if not self.tasks:  # <EOS> only where the piece (or segment) really ends, not at every record's end
-            s, first = self.index[i]
-            ends = first + self.notes_per_record >= len(self.segments[s])
+            s, _, end = self.index[i]
+            ends = end == len(self.segments[s])
             return self.tok.encode_notes(notes) + ([self.tok.eos_id] if ends else [])
         task = self.task_of(i, rng)
         ids = task_sequence(task, notes, self.tok)
@@ -120,7 +139,10 @@ class NoteRecords:
 
 
 def note_prompt(task: str | None, notes: Notes, tok: NotesTokenizer) -> list[int]:
-    """Ids a model continues: the notes themselves (a pretrained model), or `<TASK> prompt <GENAI>` for a task."""
+    """Ids a model continues: the notes themselves (a pretrained model), or `<TASK> prompt <GENAI>` for a task. The
+    prompt is made of the quantised notes, in the order `notes_from_generation` reads the answer against: a chord
+    rolled by a few ms sorts by pitch there, and a `dynamics` answer's i-th velocity is the i-th note's."""
+    notes = tok.quantise(notes)
     if task is None:
         return tok.encode_notes(notes)
     prompt, _ = TASKS[task](notes, tok)

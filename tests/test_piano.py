@@ -173,6 +173,19 @@ def test_a_pretrained_model_continues_a_midi_prompt(pretrained, tmp_path, bach_c
     blue, orange = roll_colours(tmp_path / "out" / "sample-0.png")
     assert blue > 0 and (orange > 0) == (notes > 10)  # the prompt's notes blue, the model's orange
     assert roll_colours(tmp_path / "out" / "prompt.png")[1] == 0
+    # lower_voices shows the model the top voice: that is the prompt drawn and written (the rest is its answer)
+    from data.notes_tokenizer import NotesTokenizer
+    from data.tasks import top_voice_mask
+
+    args = [str(pretrained), "--prompt-midi", str(prompt), "--prompt-notes", "10", "--max-new-tokens", "8"]
+    result = script_in_process(
+        "scripts.tools.sample", [*args, "--task", "lower_voices", "--out", str(tmp_path / "lv")], monkeypatch, capsys
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    given = NotesTokenizer().quantise(bach_chorale.take(slice(0, 10)).shifted_to_zero())
+    top = int(top_voice_mask(given, NotesTokenizer()).sum())
+    assert 0 < top < 10
+    assert len([m for m in mido.MidiFile(str(tmp_path / "lv" / "prompt.mid")) if m.type == "note_on"]) == top
 
 
 def roll_colours(png) -> tuple[int, int]:

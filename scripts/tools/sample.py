@@ -94,8 +94,8 @@ def _generate(trained: Trained, prompts: list[list[int]], args: argparse.Namespa
 def sample_notes(trained: Trained, args: argparse.Namespace) -> int:
     from data.midi import read_midi, write_midi
     from data.piano_roll import draw_piano_roll
-    from data.task_names import DYNAMICS
-    from data.tasks import TASKS, note_prompt, notes_from_generation
+    from data.task_names import DYNAMICS, LOWER_VOICES
+    from data.tasks import TASKS, note_prompt, notes_from_generation, top_voice_mask
 
     tok, cfg = trained.tokenizer, trained.cfg
     task = args.task or (cfg.tasks[0] if cfg.stage == "piano_task" and cfg.tasks else None)
@@ -114,6 +114,8 @@ def sample_notes(trained: Trained, args: argparse.Namespace) -> int:
     check_writable("--out", out)  # before the sampling: a file in the way is one line
     generated = _generate(trained, [prompt] * args.num_samples, args)
     quantised = tok.quantise(given)
+    if task == LOWER_VOICES:  # what the model is shown: the top voice (the lower ones are its answer)
+        quantised = quantised.take(top_voice_mask(quantised, tok))
     draw_piano_roll(
         quantised,
         quantised,
