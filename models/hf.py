@@ -241,7 +241,12 @@ def resolve_hf(name: str, cache_dir: str) -> Path:
 
 def check_hf_config(folder: Path, model_cfg: ModelOptions) -> dict[str, Any]:
     """The folder's config, checked against the run's `model` section: one line naming what differs."""
-    config = json.loads((folder / "config.json").read_text())
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DataError(f"init_from=hf:{folder}: config.json unreadable ({first_line(e, 120)}); corrupt?") from None
+    if not isinstance(config, dict):
+        raise DataError(f"init_from=hf:{folder}: config.json holds a {type(config).__name__}, not a model's config")
     cfg = gpt_config(model_cfg, 1)
     if config.get("model_type") == "llama":
         check_llama_config(folder, config, cfg)
@@ -270,8 +275,8 @@ def check_hf_config(folder: Path, model_cfg: ModelOptions) -> dict[str, Any]:
     wrong = [f"{k}={config[k]} (run has {v})" for k, v in wanted.items() if config.get(k) != v]
     if not wrong and (config.get("n_inner") or 4 * cfg.n_embd) != cfg.mlp_width:
         wrong.append(f"n_inner={config.get('n_inner')} (run has model.mlp_hidden={cfg.mlp_width})")
-    if not model_cfg.bias:
-        wrong.append("biases (run has model.bias=false)")
+    if not model_cfg.bias and (nonzero := _nonzero_biases(folder, model_cfg.n_layer)):
+        wrong.append(f"biases ({nonzero} is not zero; run has model.bias=false)")
     if config.get("n_positions", 0) < model_cfg.context_size:
         wrong.append(f"n_positions={config.get('n_positions')} < model.context_size={model_cfg.context_size}")
     if wrong:
@@ -280,6 +285,28 @@ def check_hf_config(folder: Path, model_cfg: ModelOptions) -> dict[str, Any]:
             "(e.g. model=gpt2) or set model.n_layer / n_head / n_embd / context_size to match"
         )
     return config
+
+
+def _unreadable(folder: Path, e: Exception) -> DataError:
+    return DataError(f"init_from=hf:{folder}: model.safetensors unreadable ({first_line(e, 120)}); corrupt?")
+
+
+def _nonzero_biases(folder: Path, n_layer: int) -> str | None:
+    """The first GPT-2 bias of the folder's checkpoint that is not zero, if any: a run without biases takes a
+    checkpoint whose biases are all zero (its own export's), the same function. Reads those tensors alone."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(folder / "model.safetensors"), framework="numpy") as f:
+            names = set(f.keys())
+            prefix = "transformer." if any(n.startswith("transformer.") for n in names) else ""
+            biases = [n for i in range(n_layer) for n, (_, kind) in _block_names(i).items() if kind == "bias"]
+            for name in (n.removeprefix("transformer.") for n in [*biases, "transformer.ln_f.bias"]):
+                if prefix + name in names and np.any(f.get_tensor(prefix + name)):
+                    return prefix + name
+    except Exception as e:  # safetensors' own error type, OSError, ...: the file's bytes, not this code
+        raise _unreadable(folder, e) from None
+    return None
 
 
 def from_hf_tensors(tensors: dict[str, np.ndarray], like: GPT, key: jax.Array) -> GPT:
@@ -331,7 +358,21 @@ def load_hf_model(folder: Path, like: GPT, key: jax.Array) -> GPT:
     """The folder's weights in `like`'s structure (check_hf_config has matched the two)."""
     from safetensors.numpy import load_file
 
-    tensors = load_file(str(folder / "model.safetensors"))
-    model = (from_llama_tensors if "model.embed_tokens.weight" in tensors else from_hf_tensors)(tensors, like, key)
+    try:
+        tensors = load_file(str(folder / "model.safetensors"))
+    except Exception as e:  # safetensors' own error type, OSError, ...: the file's bytes, not this code
+        raise _unreadable(folder, e) from None
+    llama = "model.embed_tokens.weight" in tensors or "embed_tokens.weight" in tensors
+    # A base model's own checkpoint (GPT2Model, LlamaModel: GPT-2's on the Hub) names its tensors without the
+    # prefix that the model with its LM head puts before them; transformers reads both.
+    prefix = "model." if llama else "transformer."
+    if not any(name.startswith(prefix) for name in tensors):
+        tensors = {prefix + name: w for name, w in tensors.items()}
+    try:
+        model = (from_llama_tensors if llama else from_hf_tensors)(tensors, like, key)
+    except KeyError as e:
+        raise DataError(
+            f"init_from=hf:{folder}: model.safetensors has no tensor {e.args[0]!r}; not this model's"
+        ) from None
     # in the run's parameter dtype (float32), whatever the folder stores (transformers saves float16 or bfloat16 too)
     return jax.tree.map(lambda w, want: jnp.asarray(w, want.dtype), model, like)

@@ -203,12 +203,14 @@ def check_llama_config(folder: Path, config: dict[str, Any], cfg: GPTConfig) -> 
 
 def pad_vocab_rows(rows: np.ndarray, cfg: GPTConfig, key: jax.Array, advice: str = "") -> jax.Array:
     """An imported embedding or head (rows of token ids) padded to the model's `padded_vocab_size` with fresh rows
-    (exports leave the padding out); a DataError when it has more rows than the tokenizer has ids. GPT-2's and
-    Llama's imports both read it."""
-    if rows.shape[0] > cfg.vocab_size:
+    (exports leave the padding out). Up to two rows fewer than the tokenizer has ids are the `<PAD>` and `<GENAI>`
+    that the byte and GPT-2 tokenizers add after a vocabulary's own ids (GPT-2's 50,257 rows, 50,259 ids); any other
+    count is another tokenizer's vocabulary, every id meaning something else: a DataError. GPT-2's and Llama's
+    imports both read it."""
+    if not cfg.vocab_size - 2 <= rows.shape[0] <= cfg.vocab_size:
         raise DataError(
-            f"the checkpoint has {rows.shape[0]} token rows, more than the tokenizer's {cfg.vocab_size}; use the "
-            f"tokenizer it was trained with{advice}"
+            f"the checkpoint has {rows.shape[0]} token rows, and the tokenizer {cfg.vocab_size} ids: it was trained "
+            f"with another tokenizer; use that one{advice}"
         )
     fresh = INIT_STD * np.asarray(jax.random.normal(key, (cfg.padded_vocab_size - rows.shape[0], cfg.n_embd)))
     return jnp.asarray(np.concatenate([rows, fresh.astype(np.float32)]))

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from core.errors import ConfigError
+from core.errors import ConfigError, DataError
 from helpers import build, read_metrics, run_cli, tiny_overrides
 from training import config as config_lib
 from training.checkpoints.resume import plan_run, restore_state
@@ -106,8 +106,18 @@ def test_a_model_that_does_not_match_the_export_is_refused(exported, data_cache,
     with pytest.raises(ConfigError, match=r"^init_from=hf:.*its n_layer=2 \(run has 6\), n_head=2 \(run has 6\)"):
         plan_run(config_lib.load_config(overrides), overrides, 0)
     overrides = bpe_overrides(data_cache, f"init_from=hf:{exported / 'export'}", "model.bias=false")
-    with pytest.raises(ConfigError, match=r"biases \(run has model.bias=false\)"):
+    nonzero = r"biases \(transformer\.h\.0\.\S+\.bias is not zero; run has model\.bias=false\)"
+    with pytest.raises(ConfigError, match=nonzero):
         plan_run(config_lib.load_config(overrides), overrides, 0)
+    # a folder whose biases are all zero (a model.bias=false run's export) computes what the run's model does
+    from safetensors.numpy import load_file, save_file
+
+    folder = tmp_path / "zero-biases"
+    shutil.copytree(exported / "export", folder)
+    tensors = load_file(str(folder / "model.safetensors"))
+    save_file({k: 0 * v if k.endswith(".bias") else v for k, v in tensors.items()}, str(folder / "model.safetensors"))
+    overrides = bpe_overrides(data_cache, f"init_from=hf:{folder}", "model.bias=false")
+    assert plan_run(config_lib.load_config(overrides), overrides, 0).init_from.hf_folder == folder
 
 
 @pytest.mark.parametrize(
@@ -152,6 +162,52 @@ def test_a_half_precision_folder_imports_into_float32_parameters(exported, data_
     np.testing.assert_array_equal(model.wpe, tensors["transformer.wpe.weight"].astype(np.float16).astype(np.float32))
 
 
+def test_a_base_models_folder_imports_and_a_foreign_or_broken_one_is_one_line(exported, data_cache, tmp_path):
+    """GPT-2's own Hub checkpoint is a GPT2Model's: its tensors are named without `transformer.` (transformers reads
+    both). Another vocabulary's rows, a cut config.json or model.safetensors: one line each, never a traceback nor
+    a run whose ids mean other tokens."""
+    from safetensors.numpy import load_file, save_file
+
+    from models.hf import load_hf_model
+
+    tensors = load_file(str(exported / "export" / "model.safetensors"))
+    overrides = bpe_overrides(data_cache, f"init_from=hf:{exported / 'export'}")
+    parts = build(overrides, plan_run(config_lib.load_config(overrides), overrides, 0).init_from)
+    like, key = parts.state.model, jax.random.PRNGKey(0)
+    ours = load_hf_model(exported / "export", like, key)
+
+    def edited(name: str, tensors: dict | None = None, **files: bytes):
+        folder = tmp_path / name
+        shutil.copytree(exported / "export", folder)
+        if tensors is not None:
+            save_file(tensors, str(folder / "model.safetensors"))
+        for file, data in files.items():
+            (folder / file.replace("_", ".")).write_bytes(data)
+        return folder
+
+    base = edited("base", {k.removeprefix("transformer."): v for k, v in tensors.items()})
+    for a, b in zip(jax.tree.leaves(load_hf_model(base, like, key)), jax.tree.leaves(ours)):
+        np.testing.assert_array_equal(a, b)
+    wte = tensors["transformer.wte.weight"]
+    for rows in (wte.shape[0] - 2, wte.shape[0] - 3):  # two rows fewer: <PAD> and <GENAI>, drawn fresh
+        folder = edited(f"rows{rows}", {**tensors, "transformer.wte.weight": wte[:rows]})
+        if rows == wte.shape[0] - 2:
+            np.testing.assert_array_equal(load_hf_model(folder, like, key).wte[:rows], wte[:rows])
+            continue
+        with pytest.raises(DataError, match=rf"the checkpoint has {rows} token rows, and the tokenizer 400 ids"):
+            load_hf_model(folder, like, key)
+    raw = (exported / "export" / "model.safetensors").read_bytes()
+    folder = edited("cut", model_safetensors=raw[: len(raw) // 2])
+    with pytest.raises(DataError, match=rf"^init_from=hf:{folder}: model.safetensors unreadable \(.*\); corrupt\?$"):
+        load_hf_model(folder, like, key)
+    folder = edited("config", config_json=b'{"model_type": "gpt2",')
+    with pytest.raises(DataError, match=rf"^init_from=hf:{folder}: config.json unreadable \(.*\); corrupt\?$"):
+        plan_run(config_lib.load_config(o := bpe_overrides(data_cache, f"init_from=hf:{folder}")), o, 0)
+    folder = edited("missing", {k: v for k, v in tensors.items() if "h.1.mlp" not in k})
+    with pytest.raises(DataError, match=r"has no tensor 'transformer.h.1.mlp.c_fc.weight'; not this model's"):
+        load_hf_model(folder, like, key)
+
+
 def test_a_hub_id_offline_is_one_line(tmp_path):
     result = run_cli(
         [
@@ -189,6 +245,13 @@ def test_export_refuses_a_folder_in_use(exported, tmp_path):
         assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr[-2000:]
         assert result.stderr.startswith(f"error: out_dir: {out}") and "is a file, not a directory" in result.stderr
     assert (tmp_path / "a-file").read_text() == "mine"
+    # among a run's steps, a folder named like one became the run's newest step, which no tool could read
+    from scripts.tools.export_hf import check_not_among_steps
+
+    steps = exported / "run" / "checkpoints"
+    with pytest.raises(ConfigError, match=rf"^out_dir: {steps / '12'} is in {steps}, a run's checkpoints folder"):
+        check_not_among_steps(steps / "12")
+    check_not_among_steps(exported / "run" / "export")  # beside the checkpoints folder, in the run's: no step there
 
 
 # Llama: in this process, on tiny models (no run needed): our Llama-style GPT <-> transformers' LlamaForCausalLM.
@@ -350,9 +413,10 @@ def test_a_model_transformers_cannot_express_is_refused_in_one_line(tmp_path):
         check_hf_config(tmp_path / "llama", config_lib.load_config(LLAMA_TINY).model)
 
 
-def test_an_imported_vocabulary_is_padded_with_fresh_rows_and_a_larger_one_is_one_line():
+def test_an_imported_vocabulary_is_padded_with_fresh_rows_and_another_one_is_one_line():
     """GPT-2's and Llama's imports share one padding: the checkpoint's rows first, unchanged, then fresh rows up to
-    the model's padded vocabulary; more rows than the tokenizer has ids is a DataError naming both counts."""
+    the model's padded vocabulary (up to two ids fewer: `<PAD>` and `<GENAI>`); more rows than the tokenizer has ids,
+    or fewer, is another vocabulary: a DataError naming both counts."""
     import jax
 
     from core.errors import DataError
@@ -360,13 +424,14 @@ def test_an_imported_vocabulary_is_padded_with_fresh_rows_and_a_larger_one_is_on
     from models.hf_llama import pad_vocab_rows
 
     cfg = GPTConfig(vocab_size=100, n_layer=1, n_head=2, n_embd=8, context_size=8)
-    rows = np.arange(90 * 8, dtype=np.float32).reshape(90, 8)
+    rows = np.arange(98 * 8, dtype=np.float32).reshape(98, 8)
     padded = np.asarray(pad_vocab_rows(rows, cfg, jax.random.PRNGKey(0)))
     assert padded.shape == (cfg.padded_vocab_size, 8) and cfg.padded_vocab_size > 100
-    assert np.array_equal(padded[:90], rows) and 0 < np.abs(padded[90:]).max() < 1
-    with pytest.raises(DataError) as failure:
-        pad_vocab_rows(np.zeros((101, 8), np.float32), cfg, jax.random.PRNGKey(0), " (dataset.tokenizer=gpt2 ...)")
-    assert str(failure.value) == (
-        "the checkpoint has 101 token rows, more than the tokenizer's 100; use the tokenizer it was trained with "
-        "(dataset.tokenizer=gpt2 ...)"
-    )
+    assert np.array_equal(padded[:98], rows) and 0 < np.abs(padded[98:]).max() < 1
+    for count in (101, 97):
+        with pytest.raises(DataError) as failure:
+            pad_vocab_rows(np.zeros((count, 8), np.float32), cfg, jax.random.PRNGKey(0), " (dataset.tokenizer=gpt2)")
+        assert str(failure.value) == (
+            f"the checkpoint has {count} token rows, and the tokenizer 100 ids: it was trained with another "
+            "tokenizer; use that one (dataset.tokenizer=gpt2)"
+        )

@@ -13,10 +13,12 @@ tokenizer back.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from core.arguments import OneLineParser
-from core.errors import PipelineError, say
+from core.errors import ConfigError, PipelineError, say
 from models.hf import ARCHITECTURES, export_hf
+from training.checkpoints.locate import META
 from training.checkpoints.storage import check_writable
 from training.checkpoints.trained import add_checkpoint_arguments, load_trained
 
@@ -34,6 +36,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         check_writable("out_dir", args.out_dir)  # before the checkpoint is read: a file or unwritable place there
+        check_not_among_steps(Path(args.out_dir).expanduser())
         trained = load_trained(args.checkpoint, args.which, ("checkpoint", "--which"))
         written = export_hf(trained.model, trained.tokenizer, args.out_dir, args.architecture)
     except PipelineError as e:
@@ -49,6 +52,14 @@ def main(argv: list[str]) -> int:
     )
     print(f"step {trained.step} of {args.checkpoint} -> {args.out_dir}: {', '.join(written)}{note}")
     return 0
+
+
+def check_not_among_steps(out: Path) -> None:
+    """Not beside a run's checkpoints: there a folder named like a step (`checkpoints/12`) became the run's newest
+    step, which every tool and resume then failed to read."""
+    parent = out.absolute().parent
+    if parent.is_dir() and any(c.name.isdigit() and (c / META).is_dir() for c in parent.iterdir()):
+        raise ConfigError(f"out_dir: {out} is in {parent}, a run's checkpoints folder; choose a folder outside it")
 
 
 if __name__ == "__main__":
