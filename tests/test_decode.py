@@ -155,6 +155,9 @@ def test_top_k_and_top_p_sample_only_from_the_most_likely_tokens(model):
     assert generate(model, prompts, 10, temperature=1.0, seed=3) != greedy
     assert generate(model, prompts, 10, temperature=1.0, top_k=1, seed=3) == greedy
     assert generate(model, prompts, 10, temperature=1.0, top_p=1e-6, seed=3) == greedy
+    # A tiny temperature is greedy too (dividing the logits themselves by it made every one +-inf: id 0 was drawn)
+    assert np.asarray(sample_logits(jnp.asarray([[1.0, 3.0, 2.0, -1.0]]), keys[0], 1e-38, None, None)).tolist() == [1]
+    assert generate(model, prompts, 10, temperature=1e-39, seed=3) == greedy
 
 
 # The modern decoders' options, all covered by two models (models/gpt.py): the KV cache holds n_kv_head heads and the
