@@ -3,23 +3,28 @@
 #
 #   bash scripts/launch_multihost.sh N [hydra overrides ...]
 #   PORT=23456 bash scripts/launch_multihost.sh 2 system.cpu_devices_per_process=2 train.batch_size=8
+#   bash scripts/launch_multihost.sh 2 -m optimizer.lr_config.lr=1e-3,3e-3   (a sweep: each job runs in all N)
 #
 # Process 0 coordinates on 127.0.0.1:$PORT and is the only one that prints and logs. If any process fails, the
 # script says which (its process_id, pid and status) in one line, stops the others and exits with that status. For
 # several machines, see docs/scaling.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-source activate_env.sh
-
 n=${1:?usage: launch_multihost.sh NUM_PROCESSES [overrides ...]}
+if [[ ! $n =~ ^[1-9][0-9]*$ ]]; then
+    echo "launch_multihost.sh: NUM_PROCESSES must be a whole number >= 1; got '$n'" >&2
+    exit 2
+fi
 shift
+source activate_env.sh
 port=${PORT:-$(python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
 
 pids=()
 declare -A rank_of=()  # pid -> process_id
 for ((i = 0; i < n; i++)); do
-    python train_jax.py system.num_processes="$n" system.process_id="$i" \
-        system.coordinator_address="127.0.0.1:$port" "$@" &
+    # the layout after the user's arguments: a sweep's -m comes first, and these win over the same keys
+    python train_jax.py "$@" system.num_processes="$n" system.process_id="$i" \
+        system.coordinator_address="127.0.0.1:$port" &
     pids+=($!)
     rank_of[$!]=$i
 done

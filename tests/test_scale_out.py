@@ -4,6 +4,7 @@ without accumulation; checkpoints continue under another layout or process count
 evaluate or save, nothing moves from the devices to the host."""
 
 import dataclasses
+import json
 import os
 import re
 import shutil
@@ -31,9 +32,12 @@ from helpers import (
     xla_flags_without_device_count,
 )
 from training.checkpoints.checkpointer import Checkpointer
+from training.checkpoints.fit import eval_as_logged
+from training.checkpoints.resume import RunPlan
 from training.checkpoints.trained import load_trained, run_data
 from training.config import load_config
 from training.distributed.sharding import FSDP_MIN_SIZE, init_distributed, init_mesh, per_device_bytes, state_shardings
+from training.reporting.console import describe_run
 
 STEPS = 5
 GLOBAL_BATCH = 16
@@ -67,6 +71,11 @@ def test_every_data_x_model_layout_reproduces_the_1_device_curve(model_axis, lay
     # losses ~5 (~1e-6), grown by Adam's m/sqrt(v) in small gradients: 1e-4 (the same below)
     np.testing.assert_allclose(losses, reference, atol=1e-4)
     assert dict(parts.mesh.shape) == {"data": 8 // model_axis, "model": model_axis}
+    # the start-up line's rows per device: a data shard's, which the model axis's devices share
+    plan = RunPlan(parts.cfg, Path("run"), Path("run/checkpoints"), None, None, [])
+    lines = describe_run(parts.cfg, plan, parts.mesh, parts.data, parts.state.model, parts.tokenizer, parts.schedule)
+    batch = next(line for line in lines if line.startswith("batch"))
+    assert f"x 1 process(es), {GLOBAL_BATCH // 2 // (8 // model_axis)} per device" in batch, batch
     model, mu = parts.state.model, optax.tree.get(parts.state.opt_state, "mu")  # Adam's first moment
     blocks = model.blocks  # stacked [layer, ...]: Megatron's columns and rows
     for array, axis in (
@@ -196,6 +205,8 @@ def test_a_process_id_without_several_processes_is_refused_in_one_line(monkeypat
         monkeypatch.delenv(name, raising=False)
     with pytest.raises(ConfigError, match=r"^config: system.process_id: 3 is read only with system.num_processes > 1"):
         init_distributed(load_config(["system.process_id=3"]).system)
+    with pytest.raises(ConfigError, match=r"^config: system.coordinator_address: 127.0.0.1:1234 is read only with"):
+        init_distributed(load_config(["system.coordinator_address=127.0.0.1:1234", "system.process_id=0"]).system)
     init_distributed(load_config(["system.process_id=0"]).system)
     init_distributed(load_config([]).system)
 
@@ -391,6 +402,16 @@ def test_a_2_process_checkpoint_continues_in_1_process(reference, data_cache, tm
     assert trained.meta["process_count"] == 2
     trained.cfg = dataclasses.replace(trained.cfg, system=dataclasses.replace(trained.cfg.system, num_processes=None))
     assert run_data(trained).evals["val"].batch_size == GLOBAL_BATCH
+    # and so does mode=eval in another number of processes: the loss the run logged, not another set's
+    evaluated = run_cli(
+        tiny_overrides(data_cache, "mode=eval", "checkpoint.load=True", f"checkpoint.load_path={run_dir}")
+    )
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    logged = [r["loss"] for r in read_metrics(run_dir, "val") if r["step"] == 3]
+    scored = json.loads((run_dir / "eval-step3.json").read_text())["results"]["val"]["loss"]
+    assert scored == pytest.approx(logged[0], abs=1e-5)
+    with pytest.raises(ConfigError, match=r"^mode=eval: the checkpoint's run evaluated batches of 16 sequences"):
+        eval_as_logged(trained.cfg, trained.meta, 3)
 
     resumed = run_cli(
         tiny_overrides(
@@ -407,6 +428,22 @@ def test_a_2_process_checkpoint_continues_in_1_process(reference, data_cache, tm
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     got = {r["step"]: r["loss"] for r in read_metrics(run_dir, "train")}  # steps 1-3 in 2 processes, 4-5 in 1
     np.testing.assert_allclose([got[s] for s in range(1, STEPS + 1)], reference, atol=1e-4)
+
+
+def test_a_sweep_of_2_process_runs_runs_every_job_in_both_processes(data_cache, tmp_path):
+    """-m under the launcher: each job one 2-process run in the same processes. The second job joined the processes
+    again (an error in both), and the non-zero process summarised the sweep before process 0 had recorded its end."""
+    args = [
+        "-m",
+        *tiny_overrides(data_cache, "train.max_steps=2", "train.batch_size=4", "checkpoint.save=false"),
+        "system.cpu_devices_per_process=1",
+        "train.seed=1,2",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+    ]
+    launched = launch_script(2, args)
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    assert launched.stdout.count("sweep: 2 of 2 jobs completed") == 1, launched.stdout[-2000:]
+    assert launched.stdout.count("2 x cpu in 2 process(es)") == 2
 
 
 def test_the_launch_script_exits_with_a_failed_process_status_and_one_line_of_its_own(data_cache, tmp_path):
@@ -455,6 +492,15 @@ def test_the_launch_script_names_the_process_that_failed_and_stops_the_others(tm
     assert launched.stderr.splitlines() == [
         f"launch_multihost.sh: process 1 (pid {pid}) of 3 failed with status 137 (SIGKILL); stopping the others"
     ]
+    for count in ("0", "-1", "two"):  # it started nothing and exited 0; `two` was bash's "unbound variable"
+        launched = subprocess.run(
+            ["bash", str(tmp_path / "scripts" / "launch_multihost.sh"), count], capture_output=True, text=True
+        )
+        assert (launched.returncode, launched.stdout, launched.stderr) == (
+            2,
+            "",
+            f"launch_multihost.sh: NUM_PROCESSES must be a whole number >= 1; got '{count}'\n",
+        )
 
 
 def test_num_devices_under_a_launcher_is_one_line_in_every_process(data_cache, tmp_path):

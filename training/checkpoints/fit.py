@@ -1,7 +1,10 @@
 """Whether a checkpoint fits the run that loads it, checked from its metadata before anything is restored: the same
-model (its parameters' shapes) and the same optimizer state's structure (gradient accumulation or none)."""
+model (its parameters' shapes) and the same optimizer state's structure (gradient accumulation or none); and
+mode=eval's batches, the validation set the run logged."""
 
 from __future__ import annotations
+
+import dataclasses
 
 from core.errors import CheckpointError, ConfigError
 from training.config import Config
@@ -61,3 +64,20 @@ def check_same_accumulation(cfg: Config, meta: dict) -> None:
             f"accumulation (above 1) keeps another optimizer state than none: keep {keep}, or start a fresh "
             "optimizer with checkpoint.overwrite_optimizer=True"
         )
+
+
+def eval_as_logged(cfg: Config, meta: dict, processes: int) -> Config:
+    """mode=eval in `processes` processes scores the validation batches the checkpoint's run logged: `train.batch_size`
+    sequences from each of its processes, the same global batches shared out over these (in another count, the
+    per-process batch of the saved config gave another set, and another loss, without a word)."""
+    saved = meta.get("process_count") or 1
+    if saved == processes:
+        return cfg
+    rows = cfg.train.batch_size * saved
+    if rows % processes:
+        raise ConfigError(
+            f"mode=eval: the checkpoint's run evaluated batches of {rows} sequences ({saved} process(es) x "
+            f"train.batch_size={cfg.train.batch_size}), which {processes} processes cannot share evenly; evaluate in "
+            f"{saved} process(es)"
+        )
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, batch_size=rows // processes))

@@ -28,7 +28,7 @@ from core.errors import CheckpointError, ConfigError, warn
 from models.hf import HF_PREFIX, check_hf_config, load_hf_model, resolve_hf
 from optimizers import continue_schedule_at
 from training.checkpoints.checkpointer import PARTS, Checkpointer
-from training.checkpoints.fit import check_same_accumulation, check_same_model
+from training.checkpoints.fit import check_same_accumulation, check_same_model, eval_as_logged
 from training.checkpoints.locate import KEYS, find_checkpoint_dir, holds_checkpoints, run_dir_of
 from training.checkpoints.storage import check_writable
 from training.config import Config, LoadMode, as_dict, evaluating, finish, init_from_dir, layout, load_mode
@@ -161,6 +161,8 @@ def plan_run(cfg: Config, overrides: list[str], stamp: int) -> RunPlan:
             cfg, ignored = _saved_config_wins(cfg, resume, overrides)
         check_same_model(cfg, resume.meta, f"{resume.reader.directory}/{resume.step}")
         check_same_accumulation(cfg, resume.meta)
+        if evaluating(cfg):
+            cfg = eval_as_logged(cfg, resume.meta, jax.process_count())
     elif str(cfg.init_from or "").startswith(HF_PREFIX):
         init_from = open_hf_source(cfg)
     elif init_from_dir(cfg):

@@ -144,7 +144,13 @@ def execute(app: Callable[[], object], argv: list[str]) -> int:
 
 def _report_sweep(sweep_dir: Path, code: int) -> int:
     """Write the sweep's summary and say where it is; 1 when any job did not complete, 2 for a sweep of no job
-    (`code`: the exit code so far)."""
+    (`code`: the exit code so far). In a sweep of several processes (each job one multi-process run), process 0
+    alone: the others' summary read the jobs' records before process 0 had written the last one's end, and failed.
+    """
+    import jax
+
+    if jax.distributed.is_initialized() and jax.process_index() != 0:
+        return code
     if not sweep.read_records(sweep_dir):
         if code:  # no job ran: Hydra refused the sweep's config before starting any, and said why
             return code

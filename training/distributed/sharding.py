@@ -57,19 +57,23 @@ def init_distributed(system: Processes) -> None:
     n = system.cpu_devices_per_process
     if n and not xla_bridge.backends_are_initialized():
         jax.config.update("jax_num_cpu_devices", n)
-    elif n and len(jax.devices("cpu")) != n:  # the devices were made when the backend started
+    elif n and len(jax.local_devices(backend="cpu")) != n:  # the devices were made when the backend started
         raise ConfigError(
             f"config: system.cpu_devices_per_process: the XLA backend of this process has started already with "
-            f"{len(jax.devices('cpu'))} CPU devices; run in a fresh process, or set "
+            f"{len(jax.local_devices(backend='cpu'))} CPU devices; run in a fresh process, or set "
             f"XLA_FLAGS=--xla_force_host_platform_device_count={n} before it starts"
         )
     if not ((system.num_processes or 1) > 1 or cluster_env_present()):
-        if system.process_id not in (None, 0):  # a rank of one process: the command meant to start several
-            raise ConfigError(
-                f"config: system.process_id: {system.process_id} is read only with system.num_processes > 1 or a "
-                "launcher's environment (SLURM, Open MPI, JAX_COORDINATOR_ADDRESS); set system.num_processes, or "
-                "leave process_id null"
-            )
+        # a rank of one process, a coordinator of none: the command meant to start several (rank 0 trained alone)
+        for key, value in (("process_id", system.process_id), ("coordinator_address", system.coordinator_address)):
+            if value not in (None, 0):
+                raise ConfigError(
+                    f"config: system.{key}: {value} is read only with system.num_processes > 1 or a launcher's "
+                    "environment (SLURM, Open MPI, JAX_COORDINATOR_ADDRESS); set system.num_processes, or leave "
+                    f"{key} null"
+                )
+        return
+    if jax.distributed.is_initialized():  # the jobs of a sweep in this process (-m): joined for the first one
         return
     try:
         # JAX reads JAX_COORDINATOR_ADDRESS itself, but not the process count and id that go with it.

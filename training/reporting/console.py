@@ -112,7 +112,6 @@ def describe_run(
 
     devices = list(mesh.devices.flat)
     kinds = ", ".join(sorted({d.device_kind for d in devices}))
-    local = sum(1 for d in devices if d.process_index == jax.process_index())
     t, m, o = cfg.train, cfg.model, cfg.optimizer
     start = ""
     if plan.resume is not None:
@@ -134,7 +133,7 @@ def describe_run(
         f"{count_params(model) / 1e6:.2f}M parameters | attention {model.cfg.attention}",
         f"batch      {data.train.global_batch} sequences/step = {data.train.batch_size} per process x "
         f"{t.grad_accum_steps} micro-batches x {jax.process_count()} process(es), "
-        f"{data.train.batch_size // local} per device | "
+        f"{data.train.batch_size * jax.process_count() // mesh.shape['data']} per device | "
         f"{data.train.global_batch * context_size(cfg):,} tokens/step",
         f"optimizer  {o.name}, {o.lr_config.name} lr {o.lr_config.lr:g} (warmup "
         f"{warmup_steps(o.lr_config, schedule_steps(cfg))}, "
