@@ -184,6 +184,18 @@ def test_a_folder_with_no_record_or_an_only_naming_nothing_is_one_line(tmp_path,
     assert not (tmp_path / "new").exists() and not list(tmp_path.iterdir())
 
 
+def second_seed(out, name: str, loss: float) -> None:
+    """A second seed's run (final val `loss`, nats/byte half of it) added to the optimizer's fake record."""
+    record = json.loads((out / f"{name}.winner.json").read_text())
+    other = out / f"{name}-seed1"
+    other.mkdir()
+    (other / "metrics.jsonl").write_text(
+        json.dumps({"step": 80, "split": "val", "loss": loss, "nats_per_byte": loss / 2}) + "\n"
+    )
+    record["seeds"].append({"seed": 1, "run_dir": str(other), "val_loss": loss})
+    (out / f"{name}.winner.json").write_text(json.dumps(record))
+
+
 def test_a_winner_whose_second_seed_failed_has_no_spread_and_the_boards_median_stands_in(tmp_path):
     """A failed seed left one final loss, whose 'spread' of 0 read as an optimizer without noise: its gap to the next
     row was then judged against the others' spreads only."""
@@ -192,17 +204,43 @@ def test_a_winner_whose_second_seed_failed_has_no_spread_and_the_boards_median_s
     for name, loss in (("adamw", 4.0), ("lion", 3.99), ("sgdm", 3.0)):
         fake_record(tmp_path, name, settings, loss)
     for name, second in (("adamw", 4.1), ("sgdm", 3.1)):  # two seeds each: spread 0.05 in nats/byte
-        record = json.loads((tmp_path / f"{name}.winner.json").read_text())
-        other = tmp_path / f"{name}-seed1"
-        other.mkdir()
-        (other / "metrics.jsonl").write_text(
-            json.dumps({"step": 80, "split": "val", "loss": second, "nats_per_byte": second / 2}) + "\n"
-        )
-        record["seeds"].append({"seed": 1, "run_dir": str(other), "val_loss": second})
-        (tmp_path / f"{name}.winner.json").write_text(json.dumps(record))
+        second_seed(tmp_path, name, second)
     record = json.loads((tmp_path / "lion.winner.json").read_text())
     record["seeds"].append({"seed": 1, "run_dir": None, "val_loss": math.inf})  # the second seed failed
     (tmp_path / "lion.winner.json").write_text(json.dumps(record))
     rows = {r["optimizer"]: r for r in summarize(tmp_path)["rows"]}
     assert rows["lion"]["spread"] is None and "| 1 of 2 seeds |" in (tmp_path / "leaderboard.md").read_text()
     assert rows["lion"]["noise_with_next"]  # lion 1.995 against adamw 2.025: within the board's median spread 0.05
+
+
+def test_the_boards_median_spread_is_the_median(tmp_path):
+    """Spreads 0.01, 0.01, 0.05, 0.05: the median is 0.03, not the upper middle 0.05, which marked a 0.04 gap between
+    two rows of spread 0.01 as within noise."""
+    settings = board_settings([*CPU_RUN, "train.max_steps=80", "train.eval_interval=20"], 80, 1024)
+    seeds = {"adamw": (4.0, 4.02), "lion": (4.08, 4.1), "sgdm": (5.0, 5.1), "muon": (6.0, 6.1)}  # losses ~ 2x nats/byte
+    for name, (first, second) in seeds.items():
+        fake_record(tmp_path, name, settings, first)
+        second_seed(tmp_path, name, second)
+    rows = summarize(tmp_path)["rows"]
+    assert [r["optimizer"] for r in rows] == ["adamw", "lion", "sgdm", "muon"]
+    assert [round(r["spread"], 6) for r in rows] == [0.01, 0.01, 0.05, 0.05]
+    assert not rows[0]["noise_with_next"]  # 2.005 against 2.045: a gap of 0.04, above the median spread 0.03
+    assert "median over the board 0.0300" in (tmp_path / "leaderboard.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--points", "1"], "--points: must be >= 3; got 1"),  # an IndexError at table time, after every run
+        (["--knob-points", "-3"], "--knob-points: must be >= 3; got -3"),  # an empty grid: min() of nothing
+        (["--grow", "-1"], "--grow: must be >= 0; got -1"),
+        (["--steps", "0"], "--steps: must be >= 1; got 0"),
+    ],
+)
+def test_grid_sizes_that_cannot_make_a_board_are_one_line_before_any_run(argv, message, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(board, "sweep", lambda *args: pytest.fail("a sweep ran"))
+    with pytest.raises(SystemExit) as exit_:
+        main(["--out", str(tmp_path / "board"), *argv])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "board").exists()

@@ -73,3 +73,17 @@ def test_an_out_that_is_a_file_is_one_line_before_any_run(tmp_path):
             "choose a directory"
         ], result.stderr
     assert [p.name for p in tmp_path.iterdir()] == ["a-file"] and (tmp_path / "a-file").read_text() == "mine"
+
+
+def test_a_negative_smooth_is_one_line(tmp_path, capsys, monkeypatch):
+    """--smooth -3 ranked every candidate by the mean of no step (-0.0), and the first lr won."""
+    from scripts.experiments import schedule_search
+    from scripts.experiments.schedule_search import main
+
+    monkeypatch.setattr(schedule_search, "run_sweep", lambda *args, **kwargs: pytest.fail("a sweep ran"))
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--smooth", "-3", "--out", str(tmp_path / "search")])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "--smooth: must be >= 0; got -3" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "search").exists()

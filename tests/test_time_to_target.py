@@ -54,7 +54,7 @@ def test_an_evaluation_before_the_first_step_has_no_time_and_the_summary_says_so
     assert "| fast | 1 | 25.0% | no time logged |" in ttt.table(summary)
 
 
-def test_the_script_runs_each_variant_once_and_writes_its_record_table_and_picture(tmp_path, data_cache):
+def test_the_script_runs_each_variant_once_and_writes_its_record_table_and_picture(tmp_path, data_cache, capsys):
     out = tmp_path / "ttt"
     tiny = [
         "model.n_layer=2",
@@ -79,4 +79,15 @@ def test_the_script_runs_each_variant_once_and_writes_its_record_table_and_pictu
     stamp = (out / "recipe-s0" / "metrics.jsonl").stat().st_mtime
     assert ttt.main(argv) == 0  # finished: nothing runs again
     assert (out / "recipe-s0" / "metrics.jsonl").stat().st_mtime == stamp
+    # another budget into the folder: its runs were skipped as finished and the table named the new budget
+    for other in (["--steps", "2"], ["--eval-every", "1"], ["--summarize", "--steps", "8"], ["--", *tiny[:-1]]):
+        asked = ["--out", str(out), "--seeds", "1", "--steps", "4", "--eval-every", "2", *other]
+        asked = asked if "--" in other else [*asked, "--", *tiny]
+        capsys.readouterr()
+        assert ttt.main(asked) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: --out: {out} holds the runs of --steps 4 --eval-every 2 -- model.n_layer=2 ")
+        assert "choose another --out, or the same settings" in err and len(err.strip().splitlines()) == 1, err
+    assert (out / "recipe-s0" / "metrics.jsonl").stat().st_mtime == stamp
+    assert not ttt.finished(out / "recipe-s0", 2) and ttt.finished(out / "recipe-s0", 4)
     assert (ROOT / "conf" / "model" / "speedrun-micro.yaml").exists()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from pathlib import Path
 
 from scripts.experiments.leaderboard_settings import (
@@ -109,7 +110,7 @@ def summarize(out: Path) -> dict:
     # within noise: the gap is below either row's spread over seeds or the board's median spread (two seeds make a
     # poor estimate of one optimizer's noise: AdamW's two runs may land 0.0001 apart by chance)
     spreads = sorted(r["spread"] for r in rows if r["spread"] is not None) or [0.0]
-    typical = spreads[len(spreads) // 2]
+    typical = statistics.median(spreads)
     for above, below in zip(rows, rows[1:]):
         gap = below["val_nats_per_byte"] - above["val_nats_per_byte"]
         above["noise_with_next"] = gap < max(above["spread"] or 0.0, below["spread"] or 0.0, typical)

@@ -37,7 +37,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from core.arguments import OneLineParser
+from core.arguments import OneLineParser, at_least
 from core.errors import ConfigError, PipelineError, say
 from scripts.experiments.leaderboard_presets import write_presets
 from scripts.experiments.leaderboard_settings import (
@@ -196,11 +196,16 @@ def main(argv: list[str]) -> int:
     parser = OneLineParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="runs/leaderboard", help="where the sweeps and the board go")
     parser.add_argument("--only", default="", help="comma-separated optimizers (default: every one with a plan)")
-    parser.add_argument("--steps", type=int, default=80, help="steps of every run (the token budget)")
-    parser.add_argument("--points", type=int, default=5, help="each grid's first points (factor-2 steps)")
-    parser.add_argument("--knob-points", type=int, default=3, help="the knob grid's first points")
-    parser.add_argument("--grow", type=int, default=2, help="points a grid may grow past each edge")
-    parser.add_argument("--parallel", type=int, default=1, help="optimizers tuned at once (each its own process)")
+    parser.add_argument("--steps", type=at_least(1), default=80, help="steps of every run (the token budget)")
+    centred = "centred on the preset's: an even count gets one more"
+    parser.add_argument(
+        "--points", type=at_least(3), default=5, help=f"each grid's first points (factor-2 steps; {centred})"
+    )
+    parser.add_argument("--knob-points", type=at_least(3), default=3, help=f"the knob grid's first points ({centred})")
+    parser.add_argument("--grow", type=at_least(0), default=2, help="points a grid may grow past each edge")
+    parser.add_argument(
+        "--parallel", type=at_least(1), default=1, help="optimizers tuned at once (each its own process)"
+    )
     parser.add_argument("--gpu", action="store_true", help="the larger board: gpt2-mini, batch 32, bfloat16")
     parser.add_argument(
         "--track",

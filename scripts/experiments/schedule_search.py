@@ -27,7 +27,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from core.arguments import OneLineParser
+from core.arguments import OneLineParser, at_least
 from core.errors import PipelineError
 from training.checkpoints.storage import check_writable
 from training.cli.sweep import run_sweep
@@ -148,7 +148,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--factors", default="0.5,1", help="later segments' candidates: these x the last winner's lr")
     parser.add_argument(
         "--smooth",
-        type=int,
+        type=at_least(0),
         default=0,
         help="steps of the segment's end whose mean train loss ranks the candidates (default: a quarter segment)",
     )

@@ -35,6 +35,7 @@ from training.reporting.summary import latest_per_step, read_metrics
 # gpt2-micro with AdamW at train_lm.sh's settings (its 20 warmup steps of 320 as a fraction), and the recipe at the
 # same width, depth and MLP: the same 3.1M non-embedding parameters (its untied head and value embeddings are
 # embeddings). The recipe is conf/recipe/speedrun-micro.yaml, what `python train_jax.py recipe=speedrun-micro` runs.
+REQUEST = "time_to_target_request.json"  # the comparison a folder holds (check_request)
 BASELINE = ["model=gpt2-micro", "optimizer=adamw", "optimizer.lr_config.lr=3e-3", "optimizer.lr_config.warmup=0.0625"]
 RECIPE = ["recipe=speedrun-micro"]
 # The recipe less one piece each: what the piece buys at this scale.
@@ -83,7 +84,31 @@ def metrics(run_dir: Path) -> list[dict]:
 
 
 def finished(run_dir: Path, steps: int) -> bool:
-    return any(row["step"] >= steps and row["split"] == "val" for row in metrics(run_dir))
+    """The run evaluated at its last step, `steps` (one of more steps is another budget's)."""
+    rows = metrics(run_dir)
+    return any(r["step"] == steps and r["split"] == "val" for r in rows) and all(r["step"] <= steps for r in rows)
+
+
+def check_request(out: Path, request: dict, summarize_only: bool) -> None:
+    """A folder holds one comparison: its runs' --steps, --eval-every and extra overrides are recorded
+    (REQUEST) with the first, and a command asking for others is refused before anything runs: its runs were
+    skipped as finished, and the table named the new budget for the old runs."""
+    path = out / REQUEST
+    if path.exists():
+        held = json.loads(path.read_text())
+        if held != request:
+            raise PipelineError(
+                f"--out: {out} holds the runs of {_command(held)}, and this command asks {_command(request)}; "
+                "choose another --out, or the same settings"
+            )
+    elif not summarize_only:
+        out.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(request))
+
+
+def _command(request: dict) -> str:
+    extra = " ".join(request["extra_overrides"])
+    return f"--steps {request['steps']} --eval-every {request['eval_every']}" + (f" -- {extra}" if extra else "")
 
 
 def curve(run_dir: Path) -> list[dict]:
@@ -220,10 +245,13 @@ def main(argv: list[str]) -> int:
     if args.seeds < 1 or args.steps < 1 or args.eval_every < 1:
         p.error("--seeds, --steps and --eval-every must be at least 1")
     out = Path(args.out)
-    try:  # before any run: folders the runs, the table and the record can go to
+    try:  # before any run: folders the runs, the table and the record can go to, and the folder's own comparison
         check_writable("--out", out)
         if args.record:
             check_writable("--record", args.record)
+        check_request(
+            out, {"steps": args.steps, "eval_every": args.eval_every, "extra_overrides": extra}, args.summarize
+        )
     except PipelineError as e:
         return say(e)
     chosen = variants(args.ablation or bool(args.only))
