@@ -60,14 +60,16 @@ def above(low: float) -> Callable[[str], float]:
     return parse
 
 
-def check_picture(flag: str, path: str | Path) -> Path:
-    """`path` as a figure to write, checked before the work it would end: matplotlib must know its extension's format,
-    and its folder must be one that can be created (no file on the way) and written in. Else a ConfigError naming
-    `flag` (one line, exit 2)."""
+def check_picture(flag: str, path: str | Path, maker: str) -> Path:
+    """`path` as a figure `maker` writes (core/pictures.py), checked before the work it would end: matplotlib must
+    know its extension's format, its folder must be one that can be created (no file on the way) and written in, and
+    a file there must be `maker`'s own picture (a rerun replaces it; anything else is kept). Else a ConfigError
+    naming `flag` (one line, exit 2)."""
     from matplotlib.backend_bases import FigureCanvasBase
 
     from core.checks import writable_ancestor
     from core.errors import ConfigError
+    from core.pictures import made_by
 
     path = Path(path).expanduser()
     formats = FigureCanvasBase.get_supported_filetypes()
@@ -75,5 +77,7 @@ def check_picture(flag: str, path: str | Path) -> Path:
         raise ConfigError(f"{flag}: {path}: a picture's name ends in one of .{', .'.join(sorted(formats))}")
     if path.is_dir():
         raise ConfigError(f"{flag}: {path} is a directory; name a file in it")
+    if path.exists() and not made_by(path, maker):
+        raise ConfigError(f"{flag}: {path} exists and is not a picture {maker} wrote; name a new file, or remove it")
     writable_ancestor(flag, path.absolute().parent, named=path)  # before the work that a failed save would lose
     return path

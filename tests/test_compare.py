@@ -7,6 +7,7 @@ import yaml
 
 from helpers import run_cli
 from training.reporting.compare import find_runs, plot_sweep, run_record, table
+from training.reporting.summary import run_names
 
 
 def fake_run(root, name, optimizer, lr, val_losses, finished=True, weight_decay=None):
@@ -140,6 +141,10 @@ def test_runs_of_one_name_in_two_sweeps_are_told_apart_in_the_table_the_figure_a
     runs = [fake_run(tmp_path / sweep, "lr1", "adamw", lr, [5.0, 4.0]) for sweep, lr in (("a", 1e-3), ("b", 3e-3))]
     columns, rows = table([run_record(r) for r in runs])
     assert [row["run"] for row in rows] == ["a/lr1", "b/lr1"]
+    # one run named twice (relative and absolute): one row, named from below the root ("//tmp/..." at full depth)
+    twice = find_runs([runs[0], runs[0].parent / ".." / "a" / "lr1"])
+    assert twice == [runs[0]] and run_names([tmp_path / "lr1"]) == ["lr1"]
+    assert run_names([runs[0], runs[0]]) == ["/".join(runs[0].absolute().parts[1:])] * 2
     assert compare_runs.main([*map(str, runs), "--out", str(tmp_path / "cmp")]) == 0
     assert "| a/lr1 |" in capsys.readouterr().out
     one = plot_runs.main([str(runs[0]), "--out", str(tmp_path / "one.png")])
@@ -148,6 +153,15 @@ def test_runs_of_one_name_in_two_sweeps_are_told_apart_in_the_table_the_figure_a
     assert capsys.readouterr().out.endswith("10 curves from 2 run(s)\n")
     assert plot_runs.main([*map(str, runs), "--out", str(tmp_path / "x.png"), "--labels", "a,a"]) == 1
     assert capsys.readouterr().err == "error: --labels: a,a: a name given twice; each run needs its own\n"
+    # a file it did not write is kept, compare_runs' comparison.png too (plot_runs' default name); its own is replaced
+    (tmp_path / "mine.png").write_text("precious")
+    for kept in (tmp_path / "mine.png", tmp_path / "cmp" / "comparison.png"):
+        before = kept.read_bytes()
+        assert plot_runs.main([str(runs[0]), "--out", str(kept)]) == 2 and kept.read_bytes() == before
+        assert capsys.readouterr().err == (
+            f"error: --out: {kept} exists and is not a picture plot_runs wrote; name a new file, or remove it\n"
+        )
+    assert plot_runs.main([str(runs[0]), "--out", str(tmp_path / "one.png")]) == 0
     # a folder it cannot write in: one line before the plotting (a traceback from savefig after it)
     assert plot_runs.main([str(runs[0]), "--out", "/proc/p.png"]) == 2
     assert capsys.readouterr().err.startswith("error: --out: /proc/p.png: cannot write in /proc: ")
@@ -177,6 +191,11 @@ def test_a_cut_off_last_line_is_read_without_it_and_damaged_files_are_one_line(t
         assert err == f"error: {metrics}: line 2 is not a JSON row (Expecting property name enclosed in double " + (
             "quotes); repair or remove that line\n"
         )
+    metrics.write_text("\n".join([lines[0], '{"step": 1, "loss": 3}', *lines[1:]]) + "\n")  # a KeyError: 'split'
+    assert compare_runs.main([str(run), "--out", str(tmp_path / "cmp")]) == 1
+    assert capsys.readouterr().err == (
+        f"error: {metrics}: line 2 is not a metrics row (its split and step); repair or remove it\n"
+    )
     for name, text, what in (("summary.json", '{"steps": ', "not JSON"), ("config.yaml", "a: [1", "not YAML")):
         bad = fake_run(tmp_path / name, "run", "adamw", 1e-3, [5.0, 4.0])
         (bad / name).write_text(text)

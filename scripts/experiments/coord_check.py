@@ -15,6 +15,7 @@ from pathlib import Path
 
 from core.arguments import OneLineParser, at_least, check_picture
 from core.errors import PipelineError, say
+from core.pictures import save_picture
 from training.analysis.coord_check import coord_check, growth, write_json
 
 
@@ -43,7 +44,7 @@ def plot(results: list[dict], out: Path) -> None:
     fig.suptitle(f"coordinate check: {r['optimizer']} at lr {r['lr']}, μP base width {r['widths'][0]}")
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
+    save_picture(fig, out, "coord_check", 100)
     plt.close(fig)
 
 
@@ -70,7 +71,7 @@ def main(argv: list[str]) -> int:
         )
         return 2
     try:
-        out = check_picture("--out", args.out)
+        out = check_picture("--out", args.out, "coord_check")
         results = [
             coord_check(widths, p, args.steps, args.lr, args.layers, args.heads, optimizer=args.optimizer)
             for p in ("standard", "mup")

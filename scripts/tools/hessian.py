@@ -27,6 +27,7 @@ from pathlib import Path
 
 from core.arguments import OneLineParser, at_least, check_picture, seed
 from core.errors import CheckpointError, PipelineError, say
+from core.pictures import save_picture
 from training.config import layout
 
 
@@ -48,7 +49,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--plot", default=None, metavar="FILE.png", help="draw the run's sharpness and 2/lr")
     args = parser.parse_args(argv)
     try:
-        plot = args.plot and check_picture("--plot", args.plot)  # before the measuring
+        plot = args.plot and check_picture("--plot", args.plot, "hessian")  # before the measuring
         measured = None
         if args.plot is None or any(a is not None for a in (args.step, args.iters, args.seed)):
             measured = measure(args)
@@ -144,7 +145,7 @@ def plot_sharpness(run: str, out: Path, measured: tuple[int, float] | None = Non
     ax.legend(fontsize=8)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
+    save_picture(fig, out, "hessian", 100)
     curves = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in ax.get_lines()}
     plt.close(fig)
     print(f"{out}: {len(logged)} logged sharpness point(s), 2/lr over {len(lrs)} logged step(s)")

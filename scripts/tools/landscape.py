@@ -29,6 +29,7 @@ from pathlib import Path
 
 from core.arguments import OneLineParser, check_picture, seed
 from core.errors import CheckpointError, PipelineError, say
+from core.pictures import save_picture
 
 
 def main(argv: list[str]) -> int:
@@ -62,6 +63,8 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.grid < 2 or args.batches < 1:
         parser.error("--grid must be >= 2 and --batches >= 1")
+    if args.span is not None and not args.span[0] < args.span[1]:  # a matplotlib ValueError after all the computing
+        parser.error(f"--span LO HI: LO must be below HI; got {args.span[0]:g} {args.span[1]:g}")
     try:
         landscape(args)
     except PipelineError as e:  # a checkpoint error is about the run or step named on the command line: usage
@@ -81,7 +84,7 @@ def landscape(args: argparse.Namespace) -> dict:
     from training.checkpoints.trained import load_trained, run_data
 
     if args.out:  # before the computing: a picture's name, and a place where it can be written
-        args.out = check_picture("--out", args.out)
+        args.out = check_picture("--out", args.out, "landscape")
         check_writable("--out", args.out.absolute().parent)
     centre = load_trained(args.run, args.step, ("run", "--step"))
     checkpoints = find_checkpoint_dir(args.run, ("run", "--step"))
@@ -242,7 +245,7 @@ def draw(out: Path, grids: list, losses, names: list[str], placed: dict, centre:
     ax.legend(fontsize=7)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
+    save_picture(fig, out, "landscape", 100)
     plt.close(fig)
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from core.arguments import OneLineParser, check_picture
 from core.errors import PipelineError, say
+from core.pictures import save_picture
 from training.config import layout
 from training.reporting.summary import latest_per_step, read_metrics
 
@@ -61,7 +62,7 @@ def plot_geometry(run_dir: Path, out: Path) -> list[str]:
     fig.suptitle(f"update geometry: {run_dir.name}")
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
+    save_picture(fig, out, "plot_geometry", 100)
     plt.close(fig)
     return groups
 
@@ -76,7 +77,7 @@ def main(argv: list[str]) -> int:
         print(f"error: no metrics.jsonl in {run_dir}; pass a run directory (runs/<name>)", file=sys.stderr)
         return 2
     try:
-        groups = plot_geometry(run_dir, check_picture("--out", args.out))
+        groups = plot_geometry(run_dir, check_picture("--out", args.out, "plot_geometry"))
     except PipelineError as e:
         return say(e)
     except SystemExit as e:

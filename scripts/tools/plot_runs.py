@@ -21,7 +21,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--labels", default=None, help="comma-separated names, one per run (default: folder names)")
     args = parser.parse_args(argv)
     try:
-        out = check_picture("--out", args.out)
+        out = check_picture("--out", args.out, "plot_runs")
     except PipelineError as e:
         return say(e)
     missing = [r for r in args.runs if not layout.is_run_dir(r)]

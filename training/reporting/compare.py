@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import PipelineError, first_line
+from core.pictures import save_picture
 from training.config import layout
 from training.reporting.summary import TRAIN, latest_per_step, read_metrics, run_names, summarize_metrics
 
@@ -31,7 +32,10 @@ def find_runs(paths: list[Path]) -> list[Path]:
             runs.append(path)
         else:
             runs.extend(sorted(p.parent for p in path.rglob(layout.METRICS)))
-    return list(dict.fromkeys(runs))
+    unique: dict[Path, Path] = {}  # one run named two ways (relative and absolute, through a link): once
+    for run in runs:
+        unique.setdefault(run.resolve(), run)
+    return list(unique.values())
 
 
 def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
@@ -161,7 +165,7 @@ def plot_sweep(records: list[dict[str, Any]], out: Path, split: str = "val") -> 
         if ax.get_legend_handles_labels()[0]:  # a sweep whose runs never evaluated has no points to label
             ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out, dpi=100)
+    save_picture(fig, out, "compare_runs", 100)
     plt.close(fig)
     return by_line
 

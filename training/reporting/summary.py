@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from core.errors import PipelineError, warn
+from core.pictures import save_picture
 from training.config import layout
 from training.reporting.metrics_file import as_json, from_json
 
@@ -52,6 +53,8 @@ def read_metrics(run_dir: Path) -> list[dict]:
             ) from None
         if not isinstance(row, dict):
             raise PipelineError(f"{path}: line {number} is not a JSON object; repair or remove that line")
+        if not isinstance(row.get("split"), str) or not isinstance(row.get("step"), int):
+            raise PipelineError(f"{path}: line {number} is not a metrics row (its split and step); repair or remove it")
         rows.append(from_json(row))
     return rows
 
@@ -59,7 +62,7 @@ def read_metrics(run_dir: Path) -> list[dict]:
 def run_names(run_dirs: list[Path | str]) -> list[str]:
     """Each run's name in tables and legends: its folder's name, with as many parent folders as it takes for no two
     runs to share one (sweep_a/lr1 and sweep_b/lr1, not lr1 twice)."""
-    parts = [Path(r).absolute().parts for r in run_dirs]
+    parts = [Path(r).absolute().parts[1:] for r in run_dirs]  # below the root: "/" joined in gave "//tmp/run"
     for depth in range(1, max(map(len, parts), default=1) + 1):
         names = ["/".join(p[-depth:]) for p in parts]
         if len(set(names)) == len(names):
@@ -176,9 +179,7 @@ def plot_runs(run_dirs: list[Path], out: Path, labels: list[str] | None = None) 
     if len(run_dirs) > 1:
         lr_ax.legend(fontsize=7)
     fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
+    out = save_picture(fig, out, "plot_runs", 100)
     curves = {
         f"{ax.get_title()}/{line.get_label()}": (list(line.get_xdata()), list(line.get_ydata()))
         for ax in axes
