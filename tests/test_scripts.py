@@ -63,6 +63,8 @@ def test_bench_variants_share_a_process_and_each_is_kept_as_a_record(data_cache,
     assert [x["variant"] for x in lines] == ["", "train.batch_size=4"]
     assert all(0 < x["xla_compile_s"] < x["compile_s"] for x in lines), lines
     assert [x["config"]["global_batch"] for x in lines] == [8, 4]
+    # the process's high-water marks are the first configuration's alone (a later one read the earlier's peak)
+    assert lines[0]["peak_host_memory_bytes"] > 0 and lines[1]["peak_host_memory_bytes"] is None
     kept = records.read(tmp_path)
     assert [r["kind"] for r in kept] == ["bench", "bench"] and [r["result"] for r in kept] == lines
     for r in kept:
@@ -175,6 +177,12 @@ def test_bench_decode_times_both_decoders(monkeypatch, capsys):
         )
     )
     assert result["new_tokens"] == 8 and result["kv_cache"]["tokens_per_s"] > 0 and result["no_cache"]["seconds"] > 0
+    assert result["new_tokens_past_context"] == 0
+    # past gpt2-tiny's 64 positions the cached decoder decodes without its cache: said, and in the result
+    args = ["--prompt-len", "60", "--new-tokens", "8", "--vocab", "259", "model=gpt2-tiny"]
+    result = script_in_process("scripts.benchmarks.bench_decode", args, monkeypatch, capsys)
+    assert result.returncode == 0 and last_json(result.stdout)["new_tokens_past_context"] == 4
+    assert "bench_decode: 4 of the 8 new tokens are past model.context_size=64" in result.stderr
 
 
 def test_bench_checkpoint_times_saves(monkeypatch, capsys):
@@ -200,6 +208,13 @@ def test_state_memory_lists_every_layout(monkeypatch, capsys):
     )
     assert [(row["data"], row["model"]) for row in result["layouts"]] == [(8, 1), (4, 2), (2, 4)]
     assert all(row["fsdp_bytes_per_device"] <= row["dp_bytes_per_device"] for row in result["layouts"])
+    # the state a run makes: the statistics' buffers (two parameter-sized copies of the gradients) counted too
+    args = ["--devices", "1", "--vocab", "259", "model=gpt2-tiny"]
+    plain = last_json(run_script("scripts.tools.state_memory", args, monkeypatch, capsys))
+    stats = ["logging.store_last_grads=true", "logging.store_past_grads=true"]
+    more = last_json(run_script("scripts.tools.state_memory", [*args, *stats], monkeypatch, capsys))
+    grads = 2 * 4 * plain["params"]  # float32
+    assert more["layouts"][0]["dp_bytes_per_device"] - plain["layouts"][0]["dp_bytes_per_device"] >= grads
 
 
 def test_sample_and_export_take_the_checkpoint_named_by_which(finished, tmp_path, monkeypatch, capsys):
@@ -401,6 +416,14 @@ def test_test_gpu_sh_without_a_gpu_says_so_in_one_line_and_runs_no_test(tmp_path
         ("scripts.benchmarks.bench_decode", ["--new-tokens", "0"], "argument --new-tokens: must be >= 1; got 0"),
         ("scripts.benchmarks.bench_decode", ["model=gpt2-nope"], "error: config: model=gpt2-nope does not exist"),
         ("scripts.tools.state_memory", ["--devices", "0"], "argument --devices: must be >= 1; got 0"),
+        # statistics' "no median for empty data" / a ZeroDivisionError after the build and compile
+        ("scripts.benchmarks.bench", ["--steps", "0"], "argument --steps: must be >= 1; got 0"),
+        ("scripts.benchmarks.bench", ["--warmup", "-1"], "argument --warmup: must be >= 0; got -1"),
+        # one configuration, no record: the variant and the record went unread
+        ("scripts.benchmarks.bench", ["--compile-only", "--variant", "x=1"], "--compile-only measures the common"),
+        ("scripts.benchmarks.bench", ["--loader", "--record", "d"], "--loader measures the common overrides once"),
+        ("scripts.tools.profile_summary", ["/no/run", "--top", "-2"], "argument --top: must be >= 0; got -2"),
+        ("scripts.tools.landscape", ["/no/run", "--span", "0", "0"], "--span LO HI: LO must be below HI; got 0 0"),
         ("scripts.tools.state_memory", ["--bogus"], "error: unrecognized arguments: --bogus"),
         # lm-eval's islice traceback after the model loaded; "no docs"; a result labelled -1 shots
         ("scripts.tools.eval_harness", ["/no/run", "--limit", "0"], "argument --limit: must be > 0; got 0"),

@@ -39,7 +39,7 @@ from typing import Any
 
 import jax
 
-from core.arguments import OneLineParser
+from core.arguments import OneLineParser, at_least
 from core.errors import ConfigError, PipelineError, say
 from models.gpt import count_params
 from scripts.benchmarks import records
@@ -111,7 +111,7 @@ def bench(overrides: list[str], steps: int, warmup: int, first: bool = True) -> 
         # the device's peak since the process started (devices that report it: GPUs): this configuration's own only
         # when it ran first
         "peak_memory_bytes": stats.get("peak_bytes_in_use") if first else None,
-        "peak_host_memory_bytes": host_peak,
+        "peak_host_memory_bytes": host_peak if first else None,  # the process's, likewise
         "device_kind": device.device_kind,
         "num_devices": len(mesh.devices.flat),
         "steps_timed": steps,
@@ -212,19 +212,17 @@ def bench_compile(overrides: list[str], vocab: int) -> dict:
 
     from optimizers import lr_schedule_of
     from training.distributed.sharding import init_mesh, state_shardings
-    from training.step.precision import compute_dtype, fp8_recipe
+    from training.pipeline.build import state_options
     from training.step.state import TrainState
     from training.step.train_step import make_train_step
 
     cfg = config_lib.load_config(overrides)
-    dtype = compute_dtype(cfg.system.dtype)
     mesh = init_mesh(cfg.system.num_devices, cfg.system.mesh_model)
     model = eqx.filter_eval_shape(init_model, cfg, vocab, jax.random.PRNGKey(0))
     schedule = init_scheduler(cfg)
     optimizer = init_optimizer(cfg, schedule, model)
-    state = eqx.filter_eval_shape(
-        TrainState.create, model, optimizer, jax.random.PRNGKey(0), dtype, fp8=fp8_recipe(cfg.system)
-    )
+    dtype, knobs, fp8 = state_options(cfg, model)
+    state = eqx.filter_eval_shape(TrainState.create, model, optimizer, jax.random.PRNGKey(0), dtype, knobs, fp8)
     shardings = state_shardings(state, mesh, cfg.system.sharding)
     state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, shardings)
     shape = (cfg.train.grad_accum_steps, cfg.train.batch_size, config_lib.context_size(cfg))
@@ -233,7 +231,13 @@ def bench_compile(overrides: list[str], vocab: int) -> dict:
         for k, dt in (("inputs", jax.numpy.int32), ("targets", jax.numpy.int32), ("loss_mask", jax.numpy.float32))
     }
     step = make_train_step(
-        optimizer, lr_schedule_of(cfg.optimizer, schedule), shardings, dtype, jit=False, z_loss=cfg.train.z_loss
+        optimizer,
+        lr_schedule_of(cfg.optimizer, schedule),
+        shardings,
+        dtype,
+        jit=False,
+        knobs=knobs,
+        z_loss=cfg.train.z_loss,
     )
     arrays, static = eqx.partition(state, lambda x: isinstance(x, jax.ShapeDtypeStruct))
     compiled_step = jax.jit(lambda arrays, batch, lr: step(eqx.combine(arrays, static), batch, lr), donate_argnums=0)
@@ -246,7 +250,7 @@ def bench_compile(overrides: list[str], vocab: int) -> dict:
     return {
         "model": cfg.model.name,
         "params": count_params(model),
-        "scan_layers": cfg.model.scan_layers,
+        "scan_layers": model.cfg.scan_layers,
         "trace_and_lower_s": round(t1 - t0, 2),
         "compile_s": round(t2 - t1, 2),
         **{
@@ -264,8 +268,8 @@ def bench_compile(overrides: list[str], vocab: int) -> dict:
 
 def main(argv: list[str]) -> int:
     parser = OneLineParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--steps", type=at_least(1), default=20)
+    parser.add_argument("--warmup", type=at_least(0), default=3)
     parser.add_argument("--loader", action="store_true", help="time the data path alone (no model)")
     parser.add_argument("--compile-only", action="store_true", help="compile from abstract shapes, run nothing")
     parser.add_argument("--vocab", type=int, default=50257, help="--compile-only: the vocab size to build")
@@ -275,6 +279,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--record", metavar="DIR", help=f"keep each result as a record in DIR (GPU: {records.RESULTS})")
     parser.add_argument("--no-record", action="store_true", help="keep no record, even on a GPU")
     args, overrides = parser.parse_known_args(argv)
+    one_off = "--compile-only" if args.compile_only else "--loader" if args.loader else None
+    if one_off and (args.variant or args.record):  # they went unread: one configuration, and no record of it
+        parser.error(f"{one_off} measures the common overrides once and keeps no record; drop --variant and --record")
     try:
         if args.record:  # before the measuring: a folder the record can go to
             check_writable("--record", args.record)

@@ -24,7 +24,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import NamedTuple
 
-from core.arguments import OneLineParser
+from core.arguments import OneLineParser, at_least
 from scripts.tools.profile_hlo import hlo_instructions, kernel_key, optimized_hlo
 from training.config import layout
 
@@ -335,7 +335,7 @@ def main(argv: list[str]) -> int:
     parser = OneLineParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", help="a run directory trained with system.profile_steps=[a,b]")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of Markdown")
-    parser.add_argument("--top", type=int, default=0, metavar="N", help="also list the N most expensive ops")
+    parser.add_argument("--top", type=at_least(0), default=0, metavar="N", help="also list the N most expensive ops")
     args = parser.parse_args(argv)
     traces = sorted((Path(args.run_dir) / layout.PROFILE).glob("plugins/profile/*/*.xplane.pb"))
     if not traces:

@@ -32,7 +32,7 @@ import jax  # noqa: E402
 from models.gpt import count_params  # noqa: E402
 from training import config as config_lib  # noqa: E402
 from training.distributed.sharding import init_mesh, per_device_bytes, state_shardings  # noqa: E402
-from training.pipeline.build import init_model, init_optimizer, init_scheduler  # noqa: E402
+from training.pipeline.build import init_model, init_optimizer, init_scheduler, state_options  # noqa: E402
 from training.step.state import TrainState  # noqa: E402
 
 
@@ -43,7 +43,9 @@ def main() -> int:
         return say(e)
     model = eqx.filter_eval_shape(init_model, cfg, args.vocab, jax.random.PRNGKey(0))
     optimizer = init_optimizer(cfg, init_scheduler(cfg), model)
-    state = eqx.filter_eval_shape(TrainState.create, model, optimizer, jax.random.PRNGKey(0))
+    state = eqx.filter_eval_shape(
+        TrainState.create, model, optimizer, jax.random.PRNGKey(0), *state_options(cfg, model)
+    )
     report = {
         "model": cfg.model.name,
         "params": count_params(model),

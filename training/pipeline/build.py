@@ -135,6 +135,14 @@ def init_optimizer(cfg: Config, schedule: optax.Schedule, model: GPT) -> optax.G
 EvalStep = Callable[[GPT, dict[str, jax.Array]], tuple[jax.Array, jax.Array, jax.Array]]
 
 
+def state_options(cfg: Config, model: GPT) -> tuple[Any, StatsKnobs, Any]:
+    """What besides the model and optimizer makes the run's TrainState (`TrainState.create`'s dtype, knobs, fp8):
+    the compute dtype's loss scale, the statistics' buffers (logging.store_*_grads, update_geometry), FP8's scales.
+    Tools that size or compile the state from abstract shapes take it here too, so they size the state a run has."""
+    knobs = StatsKnobs.from_cfg(cfg.logging, geometry_groups(cfg.optimizer, model))
+    return compute_dtype(cfg.system.dtype), knobs, fp8_recipe(cfg.system)
+
+
 def init_state_and_steps(
     cfg: Config,
     model: GPT,
@@ -145,11 +153,8 @@ def init_state_and_steps(
 ) -> tuple[TrainState, Any, TrainStep, EvalStep]:
     """The train state on the mesh, its shardings (a TrainState-shaped tree of NamedSharding), and the train and eval
     steps for the run's precision."""
-    dtype = compute_dtype(cfg.system.dtype)
-    knobs = StatsKnobs.from_cfg(cfg.logging, geometry_groups(cfg.optimizer, model))
-    state, shardings = place_state(
-        model, optimizer, key, mesh, cfg.system.sharding, dtype, knobs, fp8_recipe(cfg.system)
-    )
+    dtype, knobs, fp8 = state_options(cfg, model)
+    state, shardings = place_state(model, optimizer, key, mesh, cfg.system.sharding, dtype, knobs, fp8)
     train_step = make_train_step(
         optimizer,
         lr_schedule_of(cfg.optimizer, schedule),
