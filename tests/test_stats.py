@@ -139,6 +139,17 @@ def test_a_knob_allocates_only_its_own_buffers(data_cache, knob, buffers):
     assert extra == 4 + (params_bytes if len(buffers) == 2 else 0)  # a step counter, plus one params-sized copy
 
 
+def test_under_float16_the_last_params_gradient_is_taken_under_the_loss_scale(data_cache):
+    """lr 0: the last parameters are this step's, so the gradient there is the step's own and their difference 0.
+    Taken without the loss scale, float16's small gradients underflowed: grad_diff_norm 2e-3, smoothness 2e27."""
+    knobs = ("logging.store_last_params=true", "logging.compute_last_grads=true", "logging.log_callback_data=true")
+    sgd = ("optimizer=sgdm", "optimizer.momentum=0", "optimizer.weight_decay=0", "optimizer.grad_clip=0")
+    parts = build(tiny_overrides(data_cache, "system.dtype=float16", *knobs, *sgd, "optimizer.lr_config.lr=0"))
+    metrics = [parts.step(s) for s in range(2)]
+    assert float(metrics[1]["grad_norm"]) > 0 and float(metrics[1]["loss_scale"]) > 1
+    assert float(metrics[1]["grad_diff_norm"]) == 0.0
+
+
 def test_knobs_that_need_the_last_params_say_so():
     for key in ("compute_last_loss", "compute_last_grads"):
         with pytest.raises(ConfigError, match=f"^config: logging.{key}: needs the previous parameters"):
