@@ -18,7 +18,6 @@ training/loop/session.py; docs/ARCHITECTURE.md maps the rest. Expected failures 
 from __future__ import annotations
 
 import gc
-import json
 import sys
 
 import hydra
@@ -28,10 +27,11 @@ from omegaconf import DictConfig
 from training import config as config_lib
 from training.checkpoints.resume import RunPlan, check_data_position, plan_run, restore_state, shared_timestamp
 from training.cli import app as cli
-from training.config import Config, layout
+from training.config import Config
 from training.config.stages import model_after
 from training.distributed.peers import watch_peers
 from training.distributed.sharding import init_distributed
+from training.evaluation.results import eval_settings, write_eval_result
 from training.loop.compilation import CompileClock, init_compilation_cache, init_xla_flags
 from training.loop.host_memory import init_host_memory
 from training.loop.session import TrainingSession
@@ -68,9 +68,8 @@ def evaluate_checkpoint(plan: RunPlan, p: Pipeline, state: TrainState) -> float:
         if note := ignored_note(plan):
             print(note)
         step, source = int(state.step), plan.resume.reader.directory
-        out = plan.run_dir / layout.eval_result(step)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"step": step, "checkpoint": str(source), "results": results}, indent=2))
+        record = {"step": step, "checkpoint": str(source), "results": results}
+        out = write_eval_result(plan.run_dir, record, eval_settings(plan.cfg, p.tokenizer.kind, results))
         print(f"evaluated step {step} of {source}\n{eval_table(results)}\nwritten to {out}")
     return results[p.data.main_split]["loss"]
 

@@ -253,3 +253,12 @@ def test_a_run_that_appends_after_a_cut_off_row_starts_on_a_line_of_its_own(tmp_
     log.close()
     after = read_metrics(run)
     assert after[:-1] == before and after[-1]["step"] == 6 and after[-1]["loss"] == 3.0
+
+
+def test_the_best_of_equal_losses_is_the_latest_as_the_checkpoints_best(tmp_path):
+    """summary.json named the first of two equal val losses its best step; `load_file=best` (Orbax) loads the
+    latest: one rule now."""
+    from training.reporting.summary import read_metrics, summarize_metrics
+
+    run = fake_run(tmp_path, "flat", "adamw", 0.0, [5.0, 5.0, 5.5])
+    assert summarize_metrics(read_metrics(run), {})["splits"]["val"]["best_step"] == 4

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import chex
 import equinox as eqx
@@ -406,6 +407,13 @@ def test_mode_eval_matches_the_training_time_evaluation(straight, data_cache, ca
     for split, row in trained.items():
         assert report["results"][split]["loss"] == row["loss"]  # exactly: one eval step, the same weights and batches
     assert "test" in report["results"] and "test " in result.stdout
+    # another evaluation's settings (overwrite_config: fewer batches) never replace it: a file of its own
+    first = (straight / f"eval-step{STEPS}.json").read_bytes()
+    other = ok(run_in_process([*args, "checkpoint.overwrite_config=True", "train.eval_iters=1"], capsys))
+    written = Path(other.stdout.strip().splitlines()[-1].removeprefix("written to "))
+    assert written.parent == straight and re.fullmatch(rf"eval-step{STEPS}-[0-9a-f]{{8}}\.json", written.name)
+    assert json.loads(written.read_text())["settings"]["eval_iters"] == 1
+    assert (straight / f"eval-step{STEPS}.json").read_bytes() == first
 
 
 def test_best_checkpoint_can_be_named(straight, data_cache, tmp_path, monkeypatch, capsys):
