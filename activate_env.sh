@@ -5,8 +5,9 @@
 #
 # What each set installs (pinned):
 #   training  requirements.txt: JAX, Equinox, optax, Orbax, Hydra, datasets, tokenizers, wandb, TensorBoard, ...
-#   test      requirements-test.txt: the above + torch's CPU wheel and transformers (Hugging Face interop tests),
-#             the Hydra launcher/sweeper plugins, lm-eval, pytest and its plugins
+#   test      requirements-test.txt: the above + torch (its CPU wheel where pip's index has one: see
+#             docs/installation.md) and transformers (HF interop tests), the Hydra launcher/sweeper plugins, lm-eval,
+#             pytest and its plugins
 #
 # - If .venv exists, activate it, and install the set when its requirement files (or pyproject.toml) changed since
 #   it was installed.

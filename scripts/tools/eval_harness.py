@@ -1,4 +1,5 @@
-"""Score a checkpoint on downstream tasks with EleutherAI's lm-evaluation-harness (lm-eval), 0-shot by default.
+"""Score a checkpoint on downstream tasks with EleutherAI's lm-evaluation-harness (lm-eval), each task at its own
+few-shot setting (0 for most) by default.
 
     python -m scripts.tools.eval_harness RUN_DIR [--tasks hellaswag,lambada_openai] [--which latest|best|STEP]
         [--num-fewshot K] [--limit N] [--include-path MY_TASKS/] [--batch-tokens 8192] [--dtype float32]

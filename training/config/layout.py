@@ -9,7 +9,7 @@ tools in scripts/ take every name from here.
       plots.png               loss, lr and tokens/s per step (logging.plot)
       checkpoints/<step>/     Orbax checkpoints (checkpoint.save_path, when not set)
       tensorboard/            event files (logging.tensorboard)
-      profile/                traces of the profiled steps (logging.profile_steps)
+      profile/                traces of the profiled steps (system.profile_steps)
       eval-step<N>.json       what mode=eval measured on checkpoint N
       samples/                what scripts.tools.sample wrote
       abandoned-<time>/       the logs of a run that left no checkpoint, set aside when checkpoint.load=auto restarts

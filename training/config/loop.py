@@ -161,7 +161,7 @@ class CheckpointConfig:
     # steps this invocation trains, counted from where it starts (trainit: the steps of one checkpointed run), then it
     # evaluates and checkpoints like a finished run; null = up to train.max_steps, which the schedule still spans
     num_steps: Optional[int] = None
-    max_to_keep: Optional[int] = 3  # periodic checkpoints kept besides latest and best; null = all
+    max_to_keep: Optional[int] = 3  # the most recent checkpoints kept, the best besides; null = all
     # true: resume from load_path; false: start fresh; auto: resume from this run's save path (save_path, or
     # <logging.run_dir>/checkpoints) when it holds a checkpoint, so the same command rerun after a kill continues;
     # else from load_path when given (it must hold one); else start fresh. A latest checkpoint that does not restore
