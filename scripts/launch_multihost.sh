@@ -19,11 +19,26 @@ shift
 source activate_env.sh
 port=${PORT:-$(python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
 
+# A sweep (-m, wherever it was given) goes first, as Hydra's command line wants it; its folder is named once here,
+# so that every process's jobs share it (each process's own clock could name another second).
+args=() sweep=() job=train_jax named=
+for arg in "$@"; do
+    case $arg in
+        -m | --multirun) sweep=(-m) ;;
+        hydra.sweep.dir=*) named=1 args+=("$arg") ;;
+        hydra.job.name=*) job=${arg#hydra.job.name=} args+=("$arg") ;;
+        *) args+=("$arg") ;;
+    esac
+done
+if ((${#sweep[@]})) && [[ -z $named ]]; then  # conf/config.yaml's hydra.sweep.dir, its time taken once
+    sweep+=("hydra.sweep.dir=runs/sweeps/$job-$(date +%Y%m%d-%H%M%S)")
+fi
+
 pids=()
 declare -A rank_of=()  # pid -> process_id
 for ((i = 0; i < n; i++)); do
-    # the layout after the user's arguments: a sweep's -m comes first, and these win over the same keys
-    python train_jax.py "$@" system.num_processes="$n" system.process_id="$i" \
+    # the layout after the user's arguments: these win over the same keys
+    python train_jax.py "${sweep[@]}" "${args[@]}" system.num_processes="$n" system.process_id="$i" \
         system.coordinator_address="127.0.0.1:$port" &
     pids+=($!)
     rank_of[$!]=$i

@@ -33,7 +33,7 @@ from helpers import (
 )
 from training.checkpoints.checkpointer import Checkpointer
 from training.checkpoints.fit import eval_as_logged
-from training.checkpoints.resume import RunPlan
+from training.checkpoints.resume import RunPlan, plan_run
 from training.checkpoints.trained import load_trained, run_data
 from training.config import load_config
 from training.distributed.sharding import FSDP_MIN_SIZE, init_distributed, init_mesh, per_device_bytes, state_shardings
@@ -209,6 +209,8 @@ def test_a_process_id_without_several_processes_is_refused_in_one_line(monkeypat
         init_distributed(load_config(["system.coordinator_address=127.0.0.1:1234", "system.process_id=0"]).system)
     init_distributed(load_config(["system.process_id=0"]).system)
     init_distributed(load_config([]).system)
+    one = ["system.num_processes=1", "system.process_id=0", "system.coordinator_address=127.0.0.1:1234"]
+    init_distributed(load_config(one).system)  # launch_multihost.sh 1: one process, its coordinator named
 
 
 def test_fsdp_shards_big_arrays_on_their_largest_divisible_dimension():
@@ -412,6 +414,10 @@ def test_a_2_process_checkpoint_continues_in_1_process(reference, data_cache, tm
     assert scored == pytest.approx(logged[0], abs=1e-5)
     with pytest.raises(ConfigError, match=r"^mode=eval: the checkpoint's run evaluated batches of 16 sequences"):
         eval_as_logged(trained.cfg, trained.meta, 3)
+    # under checkpoint.overwrite_config the command line's batch is the batch (the run's own set is not asked for)
+    mine = tiny_overrides(data_cache, "mode=eval", "checkpoint.load=True", f"checkpoint.load_path={run_dir}")
+    mine += ["checkpoint.overwrite_config=True", f"train.batch_size={GLOBAL_BATCH}", HEADS]
+    assert plan_run(load_config(mine), mine, 0).cfg.train.batch_size == GLOBAL_BATCH
 
     resumed = run_cli(
         tiny_overrides(
@@ -434,11 +440,11 @@ def test_a_sweep_of_2_process_runs_runs_every_job_in_both_processes(data_cache, 
     """-m under the launcher: each job one 2-process run in the same processes. The second job joined the processes
     again (an error in both), and the non-zero process summarised the sweep before process 0 had recorded its end."""
     args = [
-        "-m",
         *tiny_overrides(data_cache, "train.max_steps=2", "train.batch_size=4", "checkpoint.save=false"),
         "system.cpu_devices_per_process=1",
         "train.seed=1,2",
         f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        "-m",  # after the overrides: the script puts it first
     ]
     launched = launch_script(2, args)
     assert launched.returncode == 0, launched.stderr[-3000:]
@@ -501,6 +507,34 @@ def test_the_launch_script_names_the_process_that_failed_and_stops_the_others(tm
             "",
             f"launch_multihost.sh: NUM_PROCESSES must be a whole number >= 1; got '{count}'\n",
         )
+
+
+def test_the_launch_script_puts_a_sweep_first_in_one_folder_for_every_process(tmp_path):
+    """`-m` given after overrides was argparse's "unrecognized arguments"; each process named the sweep's folder by its
+    own clock (two processes on either side of a second: two folders). The script's train_jax.py prints its
+    arguments."""
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "launch_multihost.sh", tmp_path / "scripts")
+    (tmp_path / "activate_env.sh").write_text("")
+    (tmp_path / "train_jax.py").write_text(  # each process's arguments in a file of its own
+        "import json, sys\n"
+        "rank = next(a for a in sys.argv if a.startswith('system.process_id=')).split('=')[1]\n"
+        "open(f'argv.{rank}', 'w').write(json.dumps(sys.argv[1:]))\n"
+    )
+
+    def argvs(*args: str) -> list[list[str]]:
+        script = str(tmp_path / "scripts" / "launch_multihost.sh")
+        done = subprocess.run(["bash", script, "2", *args], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return [json.loads((tmp_path / f"argv.{rank}").read_text()) for rank in (0, 1)]
+
+    both = argvs("train.seed=1,2", "-m", "hydra.job.name=lr")
+    assert both[0][:2] == both[1][:2] and both[0][0] == "-m"
+    assert re.fullmatch(r"hydra\.sweep\.dir=runs/sweeps/lr-\d{8}-\d{6}", both[0][1]), both
+    assert both[0][2:4] == ["train.seed=1,2", "hydra.job.name=lr"] and both[0][4] == "system.num_processes=2"
+    named = argvs("--multirun", "hydra.sweep.dir=mine")
+    assert [argv[:2] for argv in named] == [["-m", "hydra.sweep.dir=mine"]] * 2
+    assert argvs("train.seed=1")[0][0] == "train.seed=1"  # no sweep: nothing added
 
 
 def test_num_devices_under_a_launcher_is_one_line_in_every_process(data_cache, tmp_path):

@@ -161,7 +161,7 @@ def plan_run(cfg: Config, overrides: list[str], stamp: int) -> RunPlan:
             cfg, ignored = _saved_config_wins(cfg, resume, overrides)
         check_same_model(cfg, resume.meta, f"{resume.reader.directory}/{resume.step}")
         check_same_accumulation(cfg, resume.meta)
-        if evaluating(cfg):
+        if evaluating(cfg) and not cfg.checkpoint.overwrite_config:  # the saved config's batches, as logged
             cfg = eval_as_logged(cfg, resume.meta, jax.process_count())
     elif str(cfg.init_from or "").startswith(HF_PREFIX):
         init_from = open_hf_source(cfg)

@@ -64,8 +64,10 @@ def init_distributed(system: Processes) -> None:
             f"XLA_FLAGS=--xla_force_host_platform_device_count={n} before it starts"
         )
     if not ((system.num_processes or 1) > 1 or cluster_env_present()):
-        # a rank of one process, a coordinator of none: the command meant to start several (rank 0 trained alone)
-        for key, value in (("process_id", system.process_id), ("coordinator_address", system.coordinator_address)):
+        # a rank of one process, a coordinator with no process count: the command meant to start several (rank 0
+        # trained alone); launch_multihost.sh 1 names its coordinator with num_processes=1, a single process
+        coordinator = system.coordinator_address if system.num_processes is None else None
+        for key, value in (("process_id", system.process_id), ("coordinator_address", coordinator)):
             if value not in (None, 0):
                 raise ConfigError(
                     f"config: system.{key}: {value} is read only with system.num_processes > 1 or a launcher's "
