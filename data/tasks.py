@@ -88,22 +88,21 @@ class NoteRecords:
 
     def _windows(self, segment: Notes) -> list[tuple[int, int]]:
         """The records of a segment, as (first, end) note indices: runs of `notes_per_record` notes; for next-token
-        records, also no more notes than fit the context with an `<EOS>` (what a record holds past context + 1
-        tokens is cut and never trained on: the next record starts there instead). A task shortens its own records
-        (`sequence`)."""
+        records, also no more notes than fit the context with an `<EOS>`, played at the slowest speed augmentation
+        may draw (what a record holds past context + 1 tokens is cut and never trained on: the next record starts
+        there instead). A task shortens its own record's notes (`sequence`)."""
         n, size = len(segment), self.notes_per_record
         if self.tasks:
             return [(int(a), min(int(a) + size, n)) for a in record_starts(n, size)]
-        shift, own = self.tok.note_token_counts(segment)
-        total = np.cumsum(shift + own)
+        slowest = min([1.0, *self.speed_change_factors])  # a factor below 1 plays slower: more SHIFT and DUR tokens
         windows, first = [], 0
         while first < n:
-            # notes first..end-1 as a record of their own: total[end - 1] - total[first - 1] - shift[first] tokens
-            before = int(total[first - 1]) if first else 0
-            fits = int(np.searchsorted(total, before + int(shift[first]) + self.context, side="right"))
-            end = min(max(fits, first + 1), first + size, n)
-            windows.append((first, end))
-            first = end
+            notes = segment.take(slice(first, min(first + size, n))).shifted_to_zero()  # as `notes(i)` encodes it
+            notes = Notes(notes.pitch, notes.velocity, notes.start / slowest, notes.end / slowest)
+            shift, own = self.tok.note_token_counts(notes)
+            fits = int(np.searchsorted(np.cumsum(shift + own), self.context, side="right"))
+            windows.append((first, first + max(fits, 1)))
+            first = windows[-1][1]
         return windows
 
     def __len__(self) -> int:

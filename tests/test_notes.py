@@ -190,15 +190,22 @@ def test_next_token_records_hold_no_more_notes_than_fit_the_context(bach_chorale
     from data.tasks import NoteRecords
 
     tok = NotesTokenizer()
-    piece = tok.quantise(bach_chorale)
-    shift, own = tok.note_token_counts(piece)
-    assert int((shift + own).sum()) == len(tok.encode_notes(piece))
+    shift, own = tok.note_token_counts(tok.quantise(bach_chorale))
+    assert int((shift + own).sum()) == len(tok.encode_notes(tok.quantise(bach_chorale)))
+    # the performed times (not on the tokenizer's grid: a record's own rounding), and augmentation that plays slower
+    rng = np.random.default_rng(0)
+    start = bach_chorale.start + rng.uniform(0, 0.02, len(bach_chorale))
+    length = bach_chorale.end - bach_chorale.start
+    piece = Notes.from_lists(bach_chorale.pitch, bach_chorale.velocity, start, start + length)
     context = 64  # ~ 20 of the chorale's notes: a window of 32 notes would be cut
-    records = NoteRecords([piece.as_columns()], tok, 32, 4.0, context, [], [], 0, [])
-    lengths = [len(records.sequence(i, None)) for i in range(len(records))]
-    assert max(lengths) <= context + 1 and min(lengths[:-1]) > context - 12  # full records, none cut
-    assert sum(len(records.notes(i)) for i in range(len(records))) == len(piece)
-    assert [records.sequence(i, None)[-1] == tok.eos_id for i in range(len(records))].count(True) == 1
+    for speeds in ([], [0.8, 1.25]):
+        records = NoteRecords([piece.as_columns()], tok, 32, 4.0, context, [], [], 0, speeds)
+        lengths = [len(records.sequence(i, None)) for i in range(len(records))]
+        assert max(lengths) <= context + 1 and min(lengths[:-1]) > context * (0.8 if speeds else 1) - 12, lengths
+        assert sum(len(records.notes(i)) for i in range(len(records))) == len(piece)
+        assert [records.sequence(i, None)[-1] == tok.eos_id for i in range(len(records))].count(True) == 1
+        drawn = [len(records.sequence(i, np.random.default_rng(i))) for i in range(len(records)) for _ in range(4)]
+        assert max(drawn) <= context + 1  # at the slowest speed drawn too
     # A task's records stay runs of notes_per_record notes (a task shortens its own record's notes)
     tasks = NoteRecords([piece.as_columns()], tok, 32, 4.0, context, ["continuation"], [], 0, [])
     assert [len(tasks.notes(i)) for i in range(len(tasks) - 1)] == [32] * (len(tasks) - 1)
