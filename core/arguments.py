@@ -69,12 +69,13 @@ def check_picture(flag: str, path: str | Path, maker: str) -> Path:
 
     from core.checks import writable_ancestor
     from core.errors import ConfigError
-    from core.pictures import made_by
+    from core.pictures import METADATA_KEY, made_by
 
     path = Path(path).expanduser()
-    formats = FigureCanvasBase.get_supported_filetypes()
+    # the formats matplotlib writes that carry their maker's name (core/pictures.py): a rerun can tell its own
+    formats = sorted(s.lstrip(".") for s in METADATA_KEY if s.lstrip(".") in FigureCanvasBase.get_supported_filetypes())
     if path.suffix.lower().lstrip(".") not in formats:
-        raise ConfigError(f"{flag}: {path}: a picture's name ends in one of .{', .'.join(sorted(formats))}")
+        raise ConfigError(f"{flag}: {path}: a picture's name ends in one of .{', .'.join(formats)}")
     if path.is_dir():
         raise ConfigError(f"{flag}: {path} is a directory; name a file in it")
     if path.exists() and not made_by(path, maker):

@@ -25,4 +25,7 @@ def save_picture(fig: Any, path: str | Path, maker: str, dpi: int) -> Path:
 
 def made_by(path: Path, maker: str) -> bool:
     """`path` is a picture `maker` wrote (its name in the file's metadata)."""
-    return path.suffix.lower() in METADATA_KEY and stamp(maker).encode() in path.read_bytes()
+    try:
+        return path.suffix.lower() in METADATA_KEY and stamp(maker).encode() in path.read_bytes()
+    except OSError:  # unreadable: not known to be the maker's, so kept
+        return False

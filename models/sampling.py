@@ -38,7 +38,8 @@ def sample_logits(
     if temperature == 0.0:
         return jnp.argmax(logits_BV, axis=-1)
     # from each row's largest: a tiny temperature then makes the others -inf, not every logit +-inf (which drew id 0)
-    logits_BV = (logits_BV - logits_BV.max(axis=-1, keepdims=True)) / temperature
+    top = logits_BV.max(axis=-1, keepdims=True)
+    logits_BV = (logits_BV - jnp.where(jnp.isfinite(top), top, 0.0)) / temperature
     if top_k is not None and top_k > 0:
         kth = jax.lax.top_k(logits_BV, min(top_k, logits_BV.shape[-1]))[0][:, -1:]
         logits_BV = jnp.where(logits_BV < kth, -jnp.inf, logits_BV)

@@ -162,6 +162,9 @@ def test_runs_of_one_name_in_two_sweeps_are_told_apart_in_the_table_the_figure_a
             f"error: --out: {kept} exists and is not a picture plot_runs wrote; name a new file, or remove it\n"
         )
     assert plot_runs.main([str(runs[0]), "--out", str(tmp_path / "one.png")]) == 0
+    # a format without a maker's name (a rerun could not replace its own): refused before the plotting
+    assert plot_runs.main([str(runs[0]), "--out", str(tmp_path / "one.jpg")]) == 2
+    assert "a picture's name ends in one of .pdf, .png, .svg" in capsys.readouterr().err
     # a folder it cannot write in: one line before the plotting (a traceback from savefig after it)
     assert plot_runs.main([str(runs[0]), "--out", "/proc/p.png"]) == 2
     assert capsys.readouterr().err.startswith("error: --out: /proc/p.png: cannot write in /proc: ")
@@ -262,3 +265,5 @@ def test_the_best_of_equal_losses_is_the_latest_as_the_checkpoints_best(tmp_path
 
     run = fake_run(tmp_path, "flat", "adamw", 0.0, [5.0, 5.0, 5.5])
     assert summarize_metrics(read_metrics(run), {})["splits"]["val"]["best_step"] == 4
+    diverged = fake_run(tmp_path, "inf", "adamw", 0.0, [float("inf")] * 2)
+    assert summarize_metrics(read_metrics(diverged), {})["splits"]["val"]["best_step"] is None  # no best of infinity

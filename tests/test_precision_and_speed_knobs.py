@@ -24,6 +24,7 @@ from training.distributed.sharding import put_batch
 from training.reporting.flops import flops_per_token, mfu, peak_flops
 from training.step.losses import mean_loss
 from training.step.precision import SCALE_PERIOD, LossScale
+from training.step.stats import statistics_of
 
 STEPS = 20
 # Stated tolerances: mean absolute difference from the float32 curve over 20 steps of the tiny model.
@@ -99,6 +100,7 @@ def test_float16_overflow_halves_the_scale_and_skips_the_step(data_cache):
     assert unchanged(before, (parts.state.model, parts.state.opt_state))
     # the step says it was skipped, and reports no gradient norm (the state's is the last applied step's)
     assert not bool(metrics["applied"]) and np.isnan(float(metrics["grad_norm"]))
+    assert "applied" not in statistics_of(metrics)  # a step's flag, not a training statistic logged per interval
     parts.state = eqx.tree_at(lambda s: s.loss_scale.scale, parts.state, jnp.asarray(2.0**15, jnp.float32))
     metrics = parts.step(2)  # with a sane scale again, the next step updates
     assert int(metrics["skipped_steps"]) == 1 and bool(metrics["applied"]) and float(metrics["grad_norm"]) > 0

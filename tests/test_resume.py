@@ -772,3 +772,30 @@ def test_nonfinite_loss_stops_with_a_line_naming_the_step(data_cache, tmp_path):
     # its summary says where it stopped (there was none: compare_runs and sweeps read the run as unfinished)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["stopped"] == line and summary["steps"] == max(losses(tmp_path / "run"))
+
+
+def test_an_evaluation_under_other_settings_keeps_the_earlier_file(tmp_path):
+    """Another task (its loss mask), precision or batch never replaces eval-step<N>.json; the same evaluation again
+    does; a file written before results held their settings is kept."""
+    from training.evaluation.results import eval_settings, write_eval_result
+
+    results = {"val": {"loss": 1.0}}
+
+    def write(*overrides: str) -> Path:
+        cfg = load_config(["model=gpt2-tiny", *overrides], num_local_devices=1)
+        return write_eval_result(tmp_path, {"step": 4, "results": results}, eval_settings(cfg, "byte", results))
+
+    first = write()
+    assert first.name == "eval-step4.json" and write() == first
+    piano = ["dataset=music21", "dataset.tokenizer=notes", "stage=piano_task", "tasks=[dynamics]"]
+    asked = (["system.dtype=bfloat16"], ["train.eval_iters=3"], piano, [*piano, "loss_masking=finetuning"])
+    others = {write(*o) for o in asked}
+    assert len(others) == 4 and first not in others and all(p.parent == tmp_path for p in others)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "eval-step4.json").write_text('{"step": 4, "results": {}}')  # an older file: no settings
+    cfg = load_config(["model=gpt2-tiny"], num_local_devices=1)
+    kept = write_eval_result(tmp_path / "run", {"step": 4, "results": results}, eval_settings(cfg, "byte", results))
+    assert (
+        kept.name != "eval-step4.json"
+        and json.loads((tmp_path / "run" / "eval-step4.json").read_text())["results"] == {}
+    )

@@ -90,4 +90,6 @@ def test_the_script_runs_each_variant_once_and_writes_its_record_table_and_pictu
         assert "choose another --out, or the same settings" in err and len(err.strip().splitlines()) == 1, err
     assert (out / "recipe-s0" / "metrics.jsonl").stat().st_mtime == stamp
     assert not ttt.finished(out / "recipe-s0", 2) and ttt.finished(out / "recipe-s0", 4)
+    (out / ttt.REQUEST).write_text('{"steps": ')  # cut off: one line, not a JSONDecodeError
+    assert ttt.main(argv) == 1 and "is unreadable (JSONDecodeError); repair or remove it" in capsys.readouterr().err
     assert (ROOT / "conf" / "model" / "speedrun-micro.yaml").exists()

@@ -95,7 +95,10 @@ def check_request(out: Path, request: dict, summarize_only: bool) -> None:
     skipped as finished, and the table named the new budget for the old runs."""
     path = out / REQUEST
     if path.exists():
-        held = json.loads(path.read_text())
+        try:
+            held = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise PipelineError(f"--out: {path} is unreadable ({type(e).__name__}); repair or remove it") from None
         if held != request:
             raise PipelineError(
                 f"--out: {out} holds the runs of {_command(held)}, and this command asks {_command(request)}; "

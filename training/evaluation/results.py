@@ -24,6 +24,11 @@ def eval_settings(cfg: Config, tokenizer_kind: str, results: dict[str, Any]) -> 
         "sequences_per_batch": cfg.train.batch_size * jax.process_count(),
         "eval_iters": cfg.train.eval_iters,
         "splits": sorted(results),
+        "stage": str(cfg.stage),  # a note model's task and its loss mask, records' length
+        "tasks": list(cfg.tasks),
+        "loss_masking": str(cfg.loss_masking),
+        "notes_per_record": cfg.data.notes_per_record,
+        "dtype": cfg.system.dtype,
     }
 
 

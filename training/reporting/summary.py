@@ -88,7 +88,8 @@ def summarize_metrics(rows: list[dict], extra: dict[str, Any]) -> dict[str, Any]
             continue
         s = splits.setdefault(r["split"], {"best_loss": math.inf, "best_step": None})
         s.update(final_loss=r["loss"], final_step=r["step"], final_perplexity=r.get("perplexity"))
-        if r["loss"] <= s["best_loss"]:  # of equal losses the latest, as the checkpoints' `best` (Orbax's)
+        # of equal losses the latest, as the checkpoints' `best` (Orbax's); an infinite loss is no best
+        if math.isfinite(r["loss"]) and r["loss"] <= s["best_loss"]:
             s.update(best_loss=r["loss"], best_step=r["step"])
     for s in splits.values():
         if s["best_step"] is None:  # every evaluation NaN: no best

@@ -234,7 +234,7 @@ def _window(knobs: StatsKnobs, window: jax.Array, out: dict[str, jax.Array]) -> 
 
 
 STEP_METRICS = (  # not statistics
-    *("loss", "target_tokens", "lr", "z_loss", "grad_norm", "loss_scale", "skipped_steps"),
+    *("loss", "target_tokens", "lr", "z_loss", "grad_norm", "loss_scale", "skipped_steps", "applied"),
     *("fp8_clipped", "fp8_amax_over_range"),  # per kind of FP8 tensor, logged per interval (training/loop/session.py)
 )
 
