@@ -423,6 +423,7 @@ def test_test_gpu_sh_without_a_gpu_says_so_in_one_line_and_runs_no_test(tmp_path
         ("scripts.benchmarks.bench", ["--compile-only", "--variant", "x=1"], "--compile-only measures the common"),
         ("scripts.benchmarks.bench", ["--loader", "--record", "d"], "--loader measures the common overrides once"),
         ("scripts.tools.profile_summary", ["/no/run", "--top", "-2"], "argument --top: must be >= 0; got -2"),
+        ("scripts.experiments.coord_check", ["--lr", "0"], "argument --lr: must be > 0; got 0"),
         ("scripts.tools.landscape", ["/no/run", "--span", "0", "0"], "--span LO HI: LO must be below HI; got 0 0"),
         ("scripts.tools.state_memory", ["--bogus"], "error: unrecognized arguments: --bogus"),
         # lm-eval's islice traceback after the model loaded; "no docs"; a result labelled -1 shots

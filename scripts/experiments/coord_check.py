@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from core.arguments import OneLineParser, at_least, check_picture
+from core.arguments import OneLineParser, above, at_least, check_picture
 from core.errors import PipelineError, say
 from core.pictures import save_picture
 from training.analysis.coord_check import coord_check, growth, write_json
@@ -52,7 +52,7 @@ def main(argv: list[str]) -> int:
     parser = OneLineParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--widths", default="64,128,256,512", help="n_embd of each model; the first is μP's base")
     parser.add_argument("--steps", type=at_least(1), default=4)
-    parser.add_argument("--lr", type=float, default=1e-2)
+    parser.add_argument("--lr", type=above(0), default=1e-2)  # 0 moved nothing, a negative lr climbed: a flat check
     parser.add_argument("--layers", type=at_least(1), default=2)
     parser.add_argument("--heads", type=at_least(1), default=4)
     parser.add_argument("--optimizer", default="adamw")
