@@ -267,8 +267,13 @@ def hub_corpus(d: HfConfig) -> TextCorpus:
             d.max_tokens,
         )
         return TextCorpus(label, fingerprint, None, stream=lambda state: HubStream(d, kwargs, label, state))
+    stamps = file_stamps(expand_files(d.files)) if d.files else []
+    if stamps:  # local files through a Hub builder (json, csv, parquet): their Arrow copy per stamps (_arrow_cache)
+        kwargs["cache_dir"] = _arrow_cache(d, _fingerprint("hub-files-v1", stamps))
     corpus = _hub_call(label, d, lambda: _hub_splits(d, kwargs))
-    fingerprint = _fingerprint("hub-v1", {k: v._fingerprint for k, v in sorted(corpus.items())}, d.max_documents)
+    fingerprint = _fingerprint(
+        "hub-v1", {k: v._fingerprint for k, v in sorted(corpus.items())}, d.max_documents, *([stamps] if stamps else [])
+    )
     return TextCorpus(label, fingerprint, lambda: _capped(corpus, d))
 
 

@@ -204,10 +204,11 @@ def test_text_files_source_reads_the_users_files(tmp_path, data_cache):
     assert len(corpus["val"]) > 0 and len(corpus["train"]) > len(corpus["val"])
 
 
-@pytest.mark.parametrize("source", ["text_files", "json_files"])
+@pytest.mark.parametrize("source", ["text_files", "json_files", "hf"])
 def test_files_rewritten_with_their_old_modification_time_are_read_anew(source, tmp_path, data_cache):
     """`cp -p`, `rsync -a` or `tar x` give a rewritten file its old time back: `datasets`, which tells local files
-    apart by path and time alone, handed back its Arrow copy of the old text, into a token store built for the new."""
+    apart by path and time alone, handed back its Arrow copy of the old text, into a token store built for the new
+    (dataset=hf over local files too: a Hub builder, `json`, reading them)."""
     import json
     import os
 
@@ -221,13 +222,18 @@ def test_files_rewritten_with_their_old_modification_time_are_read_anew(source, 
             os.utime(path, ns=(10**18 + i, 10**18 + i))  # the same time for the old and the new contents
 
     overrides = [f"dataset={source}", f"dataset.files=[{tmp_path}/*.{suffix}]", f"dataset.cache_dir={data_cache}"]
+    if source == "hf":
+        overrides += ["dataset.hf_path=json", "dataset.val_split=null", "dataset.test_split=null"]
     cfg = load_config([*overrides, "dataset.val_fraction=0.2", "dataset.test_fraction=0"])
-    texts = []
+    texts, fingerprints = [], []
     for word in ("old", "new"):
         write(word)
-        texts.append(" ".join(text for split in load_corpus(cfg.dataset).datasets.values() for text in split["text"]))
+        corpus = load_corpus(cfg.dataset)
+        texts.append(" ".join(text for split in corpus.datasets.values() for text in split["text"]))
+        fingerprints.append(corpus.fingerprint)  # the token store's key: a new one for the new text
     assert "old" in texts[0] and "new" not in texts[0]
     assert "new" in texts[1] and "old" not in texts[1]
+    assert fingerprints[0] != fingerprints[1]
 
 
 def test_a_file_two_patterns_find_is_read_once_and_a_folders_hidden_files_are_not_read(tmp_path, monkeypatch):
