@@ -70,7 +70,14 @@ def test_a_2x2_sweep_runs_four_jobs_each_in_its_own_run_directory_and_writes_a_s
         train_jax.command_line(sweep_command(data_cache, sweep, "train.seed=0,1", "optimizer.lr_config.lr=1e-3,3e-3"))
         == 1
     )
-    assert "already holds a run that trained" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "already holds a run that trained" in err
+    # exit 1 with a summary of 4 completed and no line saying why: the refused jobs are named
+    assert err.strip().splitlines()[-1] == (
+        f"error: sweep {sweep}: job 0 (optimizer.lr_config.lr=0.001,train.seed=0), 1 (optimizer.lr_config.lr=0.003,"
+        "train.seed=0), 2 (optimizer.lr_config.lr=0.001,train.seed=1), 3 (optimizer.lr_config.lr=0.003,train.seed=1) "
+        "refused (their runs are there already): checkpoint.load=auto continues them"
+    )
     assert {p: p.read_text() for p in sweep.rglob("job.json")} == records
     assert json.loads((sweep / "sweep.json").read_text())["completed"] == 4
     # another sweep into its folder: its jobs ran beside these (2-train.seed=2 ...), and the summary read all of
@@ -405,3 +412,25 @@ def test_the_experiments_runner_runs_a_multirun_in_its_own_process_once_and_fail
         f"sweep: the multirun in {tmp_path / 'bad'} wrote no sweep.json (its output says why)"
     )
     assert "no_such_optimizer" in (tmp_path / "bad.log").read_text()
+
+
+def test_sigterm_while_a_job_starts_stops_the_sweep_with_its_summary(data_cache, tmp_path):
+    """A scheduler's SIGTERM between jobs or while one starts (before its loop takes the signal) killed the sweep:
+    exit 143, no summary, its job left `running`. Now as Ctrl-C: the sweep stops, says how to continue, exit 1."""
+    import signal
+    import time
+
+    from helpers import communicate, start
+
+    sweep = tmp_path / "sweep"
+    proc = start(sweep_command(data_cache, sweep, "train.max_steps=5000", "train.seed=1,2"))
+    deadline = time.time() + 60
+    while not list(sweep.glob("0-*/job.json")):
+        assert time.time() < deadline and proc.poll() is None, proc.communicate()[1][-2000:]
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    done = communicate(proc, 120)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert f"error: sweep: stopped by a signal; the same command with hydra.sweep.dir={sweep}" in done.stderr
+    summary = json.loads((sweep / "sweep.json").read_text())
+    assert summary["completed"] == 0 and [job["job"] for job in summary["jobs"]] == [0]

@@ -15,7 +15,9 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -99,7 +101,13 @@ def execute(app: Callable[[], object], argv: list[str]) -> int:
     # Launchers that run jobs in fresh processes (submitit) unpickle the task, which names this checkout's modules.
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [saved_env["PYTHONPATH"]])])
     sweep.started.clear()
+    sweep.refused.clear()
     code = 0
+    # SIGTERM as Ctrl-C for a sweep (a scheduler's stop): between jobs and while one starts, before its loop takes
+    # the signal itself (training/loop/signals.py), it killed the process with no summary (exit 143)
+    terminate = None
+    if multirun and threading.current_thread() is threading.main_thread():
+        terminate = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         app()
     except SystemExit as e:  # a single run's expected failure (already said), --help, or a usage error
@@ -131,6 +139,8 @@ def execute(app: Callable[[], object], argv: list[str]) -> int:
         else:
             code = say(PipelineError(f"sweep: {type(e).__name__}: {first_line(e, 300)}{_raised_within(e)}"))
     finally:
+        if terminate is not None:
+            signal.signal(signal.SIGTERM, terminate)
         sys.argv = saved_argv
         for key, value in saved_env.items():
             if value is None:
@@ -161,6 +171,14 @@ def _report_sweep(sweep_dir: Path, code: int) -> int:
         f"{sweep_dir / 'sweep.md'} (and sweep.json)",
         flush=True,
     )
+    if sweep.refused:  # their records say how they ended before; this command ran none of them
+        print(
+            f"error: sweep {sweep_dir}: job {', '.join(sweep.refused)} refused (their runs are there already): "
+            "checkpoint.load=auto continues them",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 1
     if not summary["failed"]:
         return 0
     numbers = ", ".join(str(j["job"]) for j in summary["jobs"] if j["status"] != sweep.COMPLETED)
@@ -230,6 +248,7 @@ def _sweep_job(
             # refused at the door (its run directory holds that run): nothing ran, so the record of the job that
             # did stays as it was
             sweep.write_record(job_dir, earlier)
+            sweep.refused.append(f"{hydra.job.num} ({hydra.job.override_dirname or 'no overrides'})")
         else:
             failed = {**record, "status": sweep.FAILED, "error": reason, "wall_s": round(time.time() - started, 1)}
             sweep.write_record(job_dir, failed)

@@ -40,6 +40,9 @@ COMPLETED, FAILED, RUNNING, STOPPED = "completed", "failed", "running", "stopped
 
 # Sweep directories this process started (noted by SweepSummary), for training/cli/app.py to summarise at the end.
 started: list[Path] = []
+# Jobs of this process refused at the door whose earlier record stays as it was (a rerun into their finished runs):
+# the summary still counts them as they ended, so app.py names them.
+refused: list[str] = []
 
 
 class JobFailed(Exception):
