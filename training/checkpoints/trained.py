@@ -20,6 +20,7 @@ from models.config import Attention
 from models.gpt import GPT
 from training import config as config_lib
 from training.checkpoints.checkpointer import Checkpointer
+from training.checkpoints.fit import eval_as_logged
 from training.checkpoints.locate import find_checkpoint_dir, run_dir_of
 from training.config import Config, to_config
 from training.config.legacy import read_earlier_values, upgrade_saved
@@ -64,7 +65,7 @@ def run_data(trained: Trained) -> Data:
     """The run's own data, rebuilt from its config and tokenizer in this one process: each validation split's fixed
     batches are the global ones the run evaluated (`train.batch_size` rows from each of its processes)."""
     cfg = trained.cfg
-    processes = trained.meta.get("process_count") or cfg.system.num_processes or 1
-    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, batch_size=cfg.train.batch_size * processes))
+    processes = trained.meta.get("process_count") or cfg.system.num_processes or 1  # older metadata: the config's
+    cfg = eval_as_logged(cfg, {**trained.meta, "process_count": processes}, 1)
     corpus = load_corpus(cfg.dataset, config_lib.mixture_sources(cfg.dataset))
     return make_data(cfg, corpus, trained.tokenizer, config_lib.context_size(cfg), 0, 1)
