@@ -16,6 +16,10 @@ if TYPE_CHECKING:
     import datasets
 
 
+class ColumnsDiffer(Exception):
+    """Files read together whose rows carry other columns (datasets takes the first file's as every file's)."""
+
+
 def malformed_json(paths: list[str], error: Exception) -> DataError:
     """The first line (JSON lines) or file (one JSON document) that does not parse; else the loader's own reason."""
     for path in paths:
@@ -41,6 +45,11 @@ def malformed_json(paths: list[str], error: Exception) -> DataError:
                         f"{e.colno}: {e.msg}); fix or remove that line"
                     )
     cause = error.__cause__ or error
+    if type(cause).__name__ == "CastError":  # one file whose later rows carry other keys than its first ones
+        return DataError(
+            f"dataset.files: {paths[0]}: its rows do not all have the same keys (datasets takes them from the file's "
+            "first rows); give every row the same keys, or split the file where they change"
+        )
     reason = first_line(cause)
     return DataError(f"dataset.files: {', '.join(paths[:3])}: datasets cannot read them as JSON ({reason})")
 
@@ -68,6 +77,24 @@ def check_filled(ds: datasets.Dataset, columns: dict[str, str], paths: list[str]
             if None in batch[column]:
                 file, where = _row_location(paths, start + batch[column].index(None))
                 raise DataError(f"dataset.{key}: {column!r} is missing or null in {file}{where}; every record needs it")
+
+
+def check_strings(ds: datasets.Dataset, columns: dict[str, str], paths: list[str]) -> None:
+    """A column that mixes strings with other JSON values (datasets reads it as `Json`): DataError naming the file
+    and line of the first row whose value is not a string. Columns of one other type are named by the caller."""
+    from datasets import Json
+
+    for key, column in columns.items():
+        if column not in ds.column_names or not isinstance(ds.features[column], Json):
+            continue
+        for start, batch in zip(range(0, len(ds), 4096), ds.select_columns([column]).iter(batch_size=4096)):
+            for offset, value in enumerate(batch[column]):
+                if value is not None and not isinstance(value, str):
+                    file, where = _row_location(paths, start + offset)
+                    raise DataError(
+                        f"dataset.{key}: {column!r} is {json.dumps(value)[:40]} ({type(value).__name__}), not text, "
+                        f"in {file}{where}; every record's {column!r} must be a string"
+                    )
 
 
 def _row_location(paths: list[str], row: int) -> tuple[str, str]:

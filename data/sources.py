@@ -200,20 +200,41 @@ def json_files_corpus(d: JsonFilesConfig) -> TextCorpus:
 
 def _load_json(paths: list[str], d: JsonFilesConfig, cache: str) -> dict[str, datasets.Dataset]:
     """The rows of `paths` as text (or records), checked, then split and capped."""
-    from data.file_checks import check_filled, malformed_json
+    from data.file_checks import ColumnsDiffer
+
+    keys = ("prompt_column", "completion_column") if d.prompt_column else ("text_column",)
+    columns = {key: getattr(d, key) for key in keys}
+    try:
+        rows = _json_rows(paths, d, columns, cache)
+    except ColumnsDiffer:  # files with other columns beside the run's (`id` here, `url` there): each read alone
+        datasets = hf_datasets()
+        parts = [_json_rows([path], d, columns, cache) for path in paths]
+        text = datasets.Value("string")  # a column of nulls alone in one file is null-typed there
+        rows = datasets.concatenate_datasets(
+            [part.cast(datasets.Features(dict.fromkeys(part.column_names, text))) for part in parts]
+        )
+    return _capped(_hash_split(rows, d), d)
+
+
+def _json_rows(paths: list[str], d: JsonFilesConfig, columns: dict[str, str], cache: str) -> datasets.Dataset:
+    """The run's columns of the rows of `paths`, read together (one schema), checked: each holds a string in every
+    row."""
+    from data.file_checks import ColumnsDiffer, check_filled, check_strings, malformed_json
 
     datasets = hf_datasets()
     datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # a malformed line is said once, below
     try:
-        loaded = datasets.load_dataset("json", data_files=paths, cache_dir=cache)
+        loaded = datasets.load_dataset("json", data_files=paths, cache_dir=cache)["train"]
     except Exception as e:  # a malformed line: DatasetGenerationError, which names neither file nor line
+        if len(paths) > 1 and isinstance(e.__cause__, datasets.table.CastError):
+            raise ColumnsDiffer from None
         raise malformed_json(paths, e) from None
     finally:
         datasets.logging.set_verbosity_error()
-    rows = _text_column(loaded["train"], d, label=" ".join(paths[:3]) + (" ..." if len(paths) > 3 else ""))
-    keys = ("prompt_column", "completion_column") if d.prompt_column else ("text_column",)
-    check_filled(loaded["train"], {key: getattr(d, key) for key in keys}, paths)
-    return _capped(_hash_split(rows, d), d)
+    check_strings(loaded, columns, paths)
+    rows = _text_column(loaded, d, label=" ".join(paths[:3]) + (" ..." if len(paths) > 3 else ""))
+    check_filled(loaded, columns, paths)
+    return rows
 
 
 def _load_text_files(

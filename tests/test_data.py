@@ -260,6 +260,57 @@ def test_an_empty_json_lines_file_is_named_as_empty(tmp_path, data_cache):
         _ = load_corpus(cfg.dataset).datasets
 
 
+def _json_corpus(tmp_path, data_cache, rows_per_file):
+    import json
+
+    paths = []
+    for i, rows in enumerate(rows_per_file):
+        paths.append(tmp_path / f"part{i}.jsonl")
+        paths[-1].write_text("".join(json.dumps(row) + "\n" for row in rows))
+    cfg = load_config(
+        ["dataset=json_files", f"dataset.files=[{','.join(map(str, paths))}]", f"dataset.cache_dir={data_cache}"]
+    )
+    return paths, cfg.dataset, load_corpus(cfg.dataset)
+
+
+def test_json_files_with_other_columns_beside_the_text_are_read_together(tmp_path, data_cache):
+    """Shards from two sources (an `id` in one, a `url` in the other) failed with `datasets cannot read them as JSON
+    (Couldn't cast)`: the first file's columns were taken as every file's. The rows, in order, split as one file's."""
+    one = [{"text": f"first {i}", "id": i} for i in range(30)]
+    two = [{"text": f"second {i}", "url": f"u{i}"} for i in range(30)]
+    _, d, corpus = _json_corpus(tmp_path, data_cache, [one, two])
+    texts = [row["text"] for row in one + two]
+    split = [split_of(f"row-{i}", d.val_fraction, d.test_fraction) for i in range(len(texts))]
+    expected = {name: [t for t, s in zip(texts, split) if s == name] for name in set(split)}
+    assert {name: list(rows["text"]) for name, rows in corpus.datasets.items()} == expected
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        (
+            [[{"text": "a", "id": 1}], [{"body": "b", "url": "u"}]],
+            "dataset.text_column: 'text' is not a column of {1}; it has body, url",
+        ),
+        (
+            [[{"text": "a"}, {"text": 5}, {"text": "c"}]],
+            "dataset.text_column: 'text' is 5 (int), not text, in {0} line 2",
+        ),
+        (
+            [[{"text": "a", "id": 1}], [{"text": "b", "url": "u"}, {"text": ["x"], "url": "v"}]],
+            "'text' is [\"x\"] (list), not text, in {1} line 2",
+        ),
+    ],
+    ids=["a file without the column", "a number among strings", "a list in a file of other columns"],
+)
+def test_a_json_row_without_text_is_named_by_file_and_line(tmp_path, data_cache, rows, message):
+    """It said `datasets cannot read them as JSON (Couldn't cast)`, or `'text' holds json, not text` naming no row."""
+    paths, _, corpus = _json_corpus(tmp_path, data_cache, rows)
+    with pytest.raises(DataError) as caught:
+        _ = corpus.datasets
+    assert message.format(*paths) in str(caught.value), caught.value
+
+
 def test_a_glob_that_matches_a_directory_takes_the_files_under_it(tmp_path):
     from data.files import expand_files
 
