@@ -296,7 +296,7 @@ class TokenShardsConfig(TextConfig):
     folder: str = "data/fineweb10B"  # the shards' folder (relative: to where the run starts)
     train_files: str = "fineweb_train_*.bin"  # glob of the training shards in folder, read in name order
     val_files: str = "fineweb_val_*.bin"  # glob of the validation shards
-    # val's tokens evaluated, from its start (the speedrun's 10,485,760); null = all of them
+    # val's targets evaluated, from its start: its first val_tokens + 1 tokens (the speedrun's 10,485,760); null = all
     val_tokens: Optional[int] = 10485760
     max_train_shards: Optional[int] = None  # the first this many training shards; null = every one
 

@@ -28,7 +28,9 @@ def token_shards_corpus(d: TokenShardsConfig) -> ShardCorpus:
     )
     train = shard_files(d.folder, d.train_files, d.name, hint)[: d.max_train_shards]
     val = shard_files(d.folder, d.val_files, d.name, hint)
-    return ShardCorpus(d.name, {"train": train, "val": val}, {"val": d.val_tokens})
+    # val_tokens targets, as the speedrun scores them: the first val_tokens + 1 tokens (a window reads one past its end)
+    val_limit = None if d.val_tokens is None else d.val_tokens + 1
+    return ShardCorpus(d.name, {"train": train, "val": val}, {"val": val_limit})
 
 
 TEXT_SOURCES: dict[str, Callable[..., TextCorpus | ShardCorpus]] = {  # each takes its source's section

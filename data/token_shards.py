@@ -126,7 +126,7 @@ class ShardCorpus:
 
     label: str
     files: dict[str, list[str]]  # {"train": [...], "val": [...]}
-    limits: dict[str, int | None]  # tokens each split keeps from its start (val: the speedrun's first 10,485,760)
+    limits: dict[str, int | None]  # tokens each split keeps from its start (val: the speedrun's first 10,485,761)
 
     @property
     def fingerprint(self) -> str:

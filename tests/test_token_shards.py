@@ -89,16 +89,16 @@ def test_a_run_trains_on_the_shards_and_evaluates_val_from_its_start(tmp_path, d
             data_cache,
             f"dataset.folder={tmp_path / 'fineweb'}",
             "dataset.tokenizer=byte",
-            "dataset.val_tokens=1000",
+            "dataset.val_tokens=1024",
             "train.batch_size=4",
         )
     )
     train, val = parts.data.train, parts.data.evals["val"]
     assert list(parts.data.evals) == ["val"] and parts.data.test is None
     context = parts.cfg.model.context_size
-    # val: windows from the start of the val shard, cut at val_tokens
+    # val: windows from the start of the val shard, cut after val_tokens targets (one token more, as the speedrun)
     windows = val.splits[0]
-    assert len(windows.tokens) == 1000 and windows.num_fixed == (1000 - 1) // context
+    assert 1024 % context == 0 and len(windows.tokens) == 1025 and windows.num_fixed == 1024 // context
     np.testing.assert_array_equal(windows.rows(np.array([0]))[0], written["val"][0][: context + 1])
     np.testing.assert_array_equal(next(iter(val))["inputs"][0], written["val"][0][:context])
     # train: every row is a window of the two training shards, joined
