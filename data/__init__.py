@@ -121,6 +121,8 @@ def _windows(
     splits = {}
     for name in store.splits:
         tokens = store.tokens(name)
+        if name == "test" and len(tokens) == 0:  # a stream with test_fraction=0: no test split, as when loaded whole
+            continue
         if len(tokens) < 2 * context + 2:
             raise DataError(
                 f"dataset {d.name}: split {name!r} has {len(tokens)} tokens, fewer than two windows of "
@@ -153,7 +155,7 @@ def _stream_windows(
 ) -> tuple[dict[str, Examples], str, str]:
     store, splits = _windows(cfg.dataset, corpus, tokenizer, context, process_index, process_count)
     bytes_per_token = store.text_bytes("train") / max(len(splits["train"].tokens), 1)
-    sizes = ", ".join(f"{name} {len(store.tokens(name)) / 1e6:.2f}M" for name in store.splits)
+    sizes = ", ".join(f"{name} {len(store.tokens(name)) / 1e6:.2f}M" for name in store.splits if name in splits)
     return splits, "val", f"tokens: {sizes} | {bytes_per_token:.2f} bytes/token"
 
 

@@ -179,10 +179,22 @@ def build_chunk(ctx: BuildContext, chunk: Chunk, extra: Callable[[dict], dict] |
 
 
 def build_chunks(ctx: BuildContext, chunks: Iterable[Chunk]) -> None:
-    """This process's share of `chunks` (index mod process count), skipping the ones already built."""
+    """This process's share of `chunks` (index mod process count), skipping the ones already built.
+
+    Only process 0 builds under the build's lock (data/packing.py): another process of a run may still be building
+    when another run (a sweep's job wanting the same store) finishes the store and its clean-up takes the chunks'
+    files, this process's half-written ones too. It then stops, and opens the finished store (finish_store)."""
     for chunk in chunks:
-        if chunk.index % ctx.process_count == ctx.process_index and ctx.chunk_done(chunk.index) is None:
+        if chunk.index % ctx.process_count != ctx.process_index or ctx.chunk_done(chunk.index) is not None:
+            continue
+        if ctx.process_index and open_store(ctx.root, ctx.inputs) is not None:
+            return
+        try:
             build_chunk(ctx, chunk)
+        except FileNotFoundError:
+            if not ctx.process_index or open_store(ctx.root, ctx.inputs) is None:
+                raise
+            return
 
 
 def finish_store(ctx: BuildContext, num_chunks: int) -> TokenStore:

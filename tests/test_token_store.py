@@ -233,6 +233,40 @@ def test_two_processes_build_the_same_bytes_as_one(tmp_path):
     assert set(shares) == {"0", "1"} and shares["0"] - shares["1"] in (0, 1) and sum(shares.values()) >= 14
 
 
+def test_another_process_of_a_run_opens_the_store_another_run_finished_while_it_built(tmp_path, monkeypatch):
+    """Process 1 of a 2-process run builds its chunks without the build's lock (process 0 holds it). Another run
+    (a sweep's job, 1 process) wanting the same store finished it meanwhile, and its clean-up deleted process 1's
+    half-written shard: FileNotFoundError, and the 2-process run went down. Process 1 now opens the finished store."""
+    from data import packing
+
+    write_files(tmp_path / "docs", DOCS)
+    overrides = text_files(tmp_path / "docs", tmp_path / "cache", "dataset.docs_per_chunk=4")
+    monkeypatch.setattr(packing, "ENCODE_BATCH_DOCS", 2)  # a chunk in two batches: its files open between them
+
+    class OtherRunFinishesMidway(ByteTokenizer):
+        calls = 0
+
+        def encode_documents(self, texts):
+            self.calls += 1
+            if self.calls == 2:  # process 1's first chunk (chunk 1) has its files open, half written
+                other = spawn(
+                    [
+                        sys.executable,
+                        "-c",
+                        SLOW_BUILD.format(root=str(ROOT), delay=0, overrides=overrides, index=0, count=1),
+                    ],
+                    cwd=tmp_path,
+                )
+                assert other.wait(timeout=120) == 0
+            return super().encode_documents(texts)
+
+    tokenizer = OtherRunFinishesMidway()
+    _, store = build(overrides, tokenizer, index=1, count=2)
+    assert tokenizer.calls >= 2
+    _, alone = build(text_files(tmp_path / "docs", tmp_path / "alone", "dataset.docs_per_chunk=4"))
+    assert store_bytes(store) == store_bytes(alone)
+
+
 def test_two_runs_that_want_the_same_store_at_once_build_it_once(tmp_path):
     """A sweep's jobs start together on one cache: one run builds the store while the other waits for it (one line
     saying so) and then opens it; both succeed, with the bytes one build makes."""
@@ -305,6 +339,19 @@ def test_a_streamed_build_stops_after_the_chunk_that_reaches_max_tokens(tmp_path
     for split in whole.splits:  # the capped store is the start of the whole one
         n = len(capped.tokens(split))
         assert capped.tokens(split).tolist() == whole.tokens(split)[:n].tolist()
+
+
+@pytest.mark.parametrize("layout", [streamed, loaded], ids=["streamed", "loaded whole"])
+def test_test_fraction_0_means_no_test_split_streamed_or_not(tmp_path, layout):
+    """Streamed, the store holds an empty test split, which was refused as `split 'test' has 0 tokens, fewer than two
+    windows`; loaded whole, the source has none. Either way: no test split, and the run goes on."""
+    from data import make_data
+
+    write_jsonl(tmp_path / "rows.jsonl", 200)
+    cfg = load_config(layout(tmp_path / "rows.jsonl", tmp_path / "cache", "dataset.test_fraction=0"))
+    data = make_data(cfg, load_corpus(cfg.dataset), ByteTokenizer(), 32, 0, 1)
+    assert data.test is None and list(data.evals) == ["val"]
+    assert data.summary.startswith("tokens: train ") and "test" not in data.summary
 
 
 @pytest.mark.parametrize("source", ["text_files", "hf"])
