@@ -54,18 +54,21 @@ class MixtureTrainBatches:
         return self.grad_accum_steps * self.process_count * self.sizes.rows_before(step)
 
     def _block(self, b: int) -> tuple[np.ndarray, np.ndarray]:
-        """Block b's source per slot, and each slot's row number within its source's share of the block."""
-        if b not in self._blocks:
-            if len(self._blocks) > 8:  # a step spans few blocks; keep the latest ones only
-                self._blocks.clear()
+        """Block b's source per slot, and each slot's row number within its source's share of the block. Called from
+        the prefetch thread (batch) and the loop's (tokens_seen): the block is held in a local, so the other thread's
+        clearing of the cache between a lookup and a read cannot take it."""
+        block = self._blocks.get(b)
+        if block is None:
             rng = np.random.Generator(np.random.PCG64([self.seed, b, len(self.sources)]))
             slots = rng.permutation(np.repeat(np.arange(len(self.sources)), self.counts))
             rank = np.empty(MIXTURE_BLOCK, np.int64)
             for s in range(len(self.sources)):
                 mine = slots == s
                 rank[mine] = np.arange(int(mine.sum()))
-            self._blocks[b] = (slots, rank)
-        return self._blocks[b]
+            if len(self._blocks) > 8:  # a step spans few blocks; keep the latest ones only
+                self._blocks.clear()
+            self._blocks[b] = block = (slots, rank)
+        return block
 
     def assign(self, samples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Run-wide sample numbers -> (source of each, its sample number within that source)."""

@@ -75,6 +75,29 @@ def test_rows_come_from_the_drawn_source_and_tokens_seen_counts_them():
     np.testing.assert_allclose(share, [0.7, 0.2, 0.1], atol=0.01)
 
 
+def test_the_block_cache_cleared_by_another_thread_between_lookup_and_read_loses_no_block():
+    """The prefetch thread (batch) and the loop's (tokens_seen) share the cache of blocks, which each clears when it
+    holds more than eight: a clear between one thread's lookup and its read was a KeyError in the other. Here every
+    lookup is followed at once by another thread's clear."""
+
+    class ClearedAfterEachLookup(dict):
+        def __contains__(self, key):
+            found = super().__contains__(key)
+            self.clear()
+            return found
+
+        def get(self, key, default=None):
+            found = super().get(key, default)
+            self.clear()
+            return found
+
+    reference, mix = mixture([0.6, 0.4]), mixture([0.6, 0.4])
+    mix._blocks = ClearedAfterEachLookup()
+    for step in (3, 3, 700, 700):  # each block looked up once built, then again when cached
+        np.testing.assert_array_equal(mix.batch(step)["inputs"], reference.batch(step)["inputs"])
+        assert mix.tokens_seen(step) == reference.tokens_seen(step)
+
+
 def test_a_mixed_evaluation_set_takes_each_sources_share_of_windows():
     a, b = sources(2)
     ev = EvalBatches(
