@@ -132,3 +132,30 @@ def test_a_failed_save_says_free_space_only_when_the_disk_is_full(tmp_path):
             raise error
         assert str(e.value).startswith(f"checkpoint.save_path: saving step 4 to {tmp_path / str(len(ending))} failed: ")
         assert str(e.value).endswith(f"{ending} checkpoint.load=auto to resume"), str(e.value)
+
+
+def test_a_resume_named_into_or_out_of_fp8_or_to_another_history_length_restores(state, tmp_path):
+    """system.dtype and system.fp8_amax_history named on a resume's command line win over the saved ones, but the
+    progress did not restore ("corrupt or truncated?"): the saved histories' shape, or their presence, was not the
+    run's. The newest amaxes now carry over, cut or padded with zeros (no amax yet); into FP8 they start fresh."""
+    from models.fp8 import Fp8Recipe, Fp8State
+
+    fp8 = lambda steps: TrainState.create(  # noqa: E731
+        state.model, optax.MultiSteps(optax.adamw(1e-3), 2), jax.random.PRNGKey(1), fp8=Fp8Recipe(steps, 1)
+    )
+    saved = fp8(6)
+    amaxes = jnp.arange(1.0, 1 + saved.fp8.history.size).reshape(saved.fp8.history.shape)
+    saved = eqx.tree_at(lambda s: s.fp8, at_step(saved, 5), Fp8State(amaxes, 1))
+    for name, one in (("fp8", saved), ("bf16", at_step(state, 5))):
+        writer = Checkpointer(tmp_path / name)
+        writer.save(one, {"step": 5})
+        writer.close()
+    reader = Checkpointer(tmp_path / "fp8", read_only=True)
+    shorter, longer = reader.restore(5, fp8(4)), reader.restore(5, fp8(8))
+    np.testing.assert_array_equal(shorter.fp8.history, amaxes[..., :4])  # the newest four
+    np.testing.assert_array_equal(longer.fp8.history[..., :6], amaxes)
+    assert not np.any(longer.fp8.history[..., 6:]) and longer.fp8.margin == 1
+    out = reader.restore(5, state)
+    assert out.fp8 is None and int(out.step) == 5
+    into = Checkpointer(tmp_path / "bf16", read_only=True).restore(5, fp8(4))
+    assert int(into.step) == 5 and into.fp8.history.shape == (1, 4, 3, 4) and not np.any(into.fp8.history)

@@ -35,11 +35,13 @@ import absl.logging
 import chex
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as policies
 
 from core.errors import CheckpointError, first_line
 from core.trees import path_name
+from models.fp8 import Fp8State
 from models.gpt import GPT
 from training.checkpoints.locate import KEYS, META
 from training.checkpoints.storage import DISK_FULL_ERRNOS
@@ -220,11 +222,13 @@ class Checkpointer:
 
         Arrays come back in the shardings of `like`'s, whatever device layout the checkpoint was written with.
         """
-        restored = {
-            part: self._restore_part(step, part, arrays) for part, arrays in _parts(like).items() if part in parts
-        }
+        targets = _parts(like)
+        if "progress" in parts:
+            targets["progress"] = self._progress_as_saved(step, targets["progress"])
+        restored = {part: self._restore_part(step, part, arrays) for part, arrays in targets.items() if part in parts}
         model = eqx.combine(restored["model"], like.model) if "model" in restored else like.model
         progress = restored.get("progress", _parts(like)["progress"])
+        fp8 = _fp8_for_run(progress.get("fp8"), like.fp8)
         opt_state = restored.get("opt_state", like.opt_state)
         stats = like.stats
         # Statistics buffers come back with the progress when the checkpoint has them and this run's knobs want
@@ -241,8 +245,24 @@ class Checkpointer:
             key=progress["key"],
             loss_scale=progress["loss_scale"],
             stats=stats,
-            fp8=progress.get("fp8"),
+            fp8=fp8,
         )
+
+    def _progress_as_saved(self, step: int, progress: dict) -> dict:
+        """The progress to restore, its FP8 amax histories as the checkpoint holds them (system.dtype and
+        system.fp8_amax_history named on a resume's command line win over the saved ones: _fp8_for_run)."""
+        from etils import epath
+
+        try:
+            saved = ocp.StandardCheckpointHandler().metadata(epath.Path(self.directory / str(step) / "progress"))
+            history = saved["fp8"]["history"] if "fp8" in saved else None
+        except Exception:  # unreadable metadata: the restore itself says what is wrong
+            return progress
+        progress = {k: v for k, v in progress.items() if k != "fp8"}
+        if history is not None:
+            sharding = progress["step"].sharding  # replicated, as the histories are
+            progress["fp8"] = Fp8State(jax.ShapeDtypeStruct(tuple(history.shape), history.dtype, sharding=sharding))
+        return progress
 
     def restore_model(self, step: int, like: GPT) -> GPT:
         """Only the parameters, into the structure and shardings of the model `like` (sampling, export); `like` may
@@ -338,6 +358,18 @@ def _eval_weights(state: TrainState) -> GPT | None:
     """The evaluated weights (training/step/state.py eval_model) when they are not the parameters; else None."""
     evaluated = eval_model(state)
     return None if evaluated is state.model else eqx.filter(evaluated, eqx.is_array)
+
+
+def _fp8_for_run(saved: Fp8State | None, wanted: Fp8State | None) -> Fp8State | None:
+    """The run's FP8 state from the checkpoint's: none where the run does not compute in FP8; fresh histories where
+    the checkpoint has none (it was not FP8); else the saved amaxes, newest first, cut to or padded (with zeros: no
+    amax yet) to the run's history length, with the run's margin."""
+    if wanted is None or saved is None:
+        return wanted
+    steps = wanted.history.shape[-1]
+    history = saved.history[..., :steps]
+    history = jnp.pad(history, [(0, 0)] * (history.ndim - 1) + [(0, steps - history.shape[-1])])
+    return Fp8State(jax.device_put(history, wanted.history.sharding), wanted.margin)
 
 
 def _parts(state: TrainState) -> dict[str, chex.ArrayTree]:
