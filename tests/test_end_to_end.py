@@ -105,6 +105,29 @@ def test_tensorboard_is_written_without_importing_torch_which_stays_importable(t
     assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [(3, 1.5)]
 
 
+def test_a_resumed_runs_tensorboard_drops_the_steps_a_killed_process_logged_past_the_checkpoint(tmp_path):
+    """Killed at step 20 after its checkpoint at 10, a run resumed from 10 logs 11-20 again: metrics.jsonl sets the
+    first 11-20 aside, but TensorBoard drew both (train/loss at 1..20, 11..20, 21..). The resumed writer now writes
+    TensorBoard's restart marker, and a reader drops the earlier process's steps from 11 on."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from training.reporting.tensorboard_sink import TensorBoard
+
+    first = TensorBoard(tmp_path)
+    for step in range(1, 21):
+        first.log(step, "train", {"loss": 100.0 + step})
+    first.writer.flush()  # what a killed process had written (no close)
+    resumed = TensorBoard(tmp_path, start_step=10)
+    for step in range(11, 26):
+        resumed.log(step, "train", {"loss": float(step)})
+    resumed.close(None, None)
+    first.writer.close()
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    logged = [(e.step, e.value) for e in events.Scalars("train/loss")]
+    assert logged == [(s, 100.0 + s) for s in range(1, 11)] + [(s, float(s)) for s in range(11, 26)]
+
+
 def test_run_saves_config_and_checkpoint(tiny_run):
     run_dir, _ = tiny_run
     assert (run_dir / "config.yaml").read_text().startswith("mode: train")

@@ -35,7 +35,7 @@ class RunLogger:
         self.metrics = MetricsFile(run_dir, start_step)
         self.console = Console(cfg.logging.progress, total_steps, start_step)
         if cfg.logging.tensorboard:
-            self.sinks.append(TensorBoard(run_dir))
+            self.sinks.append(TensorBoard(run_dir, start_step))
         if cfg.logging.wandb != "disabled":
             self.wandb = Wandb(cfg, run_dir, wandb_id)
             self.sinks.append(self.wandb)

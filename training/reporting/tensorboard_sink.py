@@ -11,8 +11,13 @@ from training.config import layout
 
 
 class TensorBoard:
-    def __init__(self, run_dir: Path) -> None:
-        self.writer = summary_writer()(logdir=str(run_dir / layout.TENSORBOARD))
+    def __init__(self, run_dir: Path, start_step: int = 0) -> None:
+        """A resumed run (from `start_step`) first writes TensorBoard's restart marker: the steps after it that an
+        earlier process logged before it died (as metrics.jsonl sets them aside) are dropped when TensorBoard reads
+        the folder, instead of drawn twice. Its file is named after the step too: an event file's name holds the
+        second it was opened, which an earlier process may have had."""
+        resumed = {"purge_step": start_step + 1, "filename_suffix": f".from-step-{start_step}"} if start_step else {}
+        self.writer = summary_writer()(logdir=str(run_dir / layout.TENSORBOARD), **resumed)
 
     def log(self, step: int, split: str, numbers: dict[str, float]) -> None:
         for k, v in numbers.items():
