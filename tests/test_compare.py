@@ -44,8 +44,10 @@ def test_the_table_names_what_differs_and_each_splits_final_and_best_loss(tmp_pa
     fake_run(sweep / "0", "a", "adamw", 1e-3, [5.0, 4.0, 4.5])
     fake_run(sweep / "1", "b", "lion", 1e-3, [5.0, 3.5])
     fake_run(sweep / "2", "c", "lion", 3e-3, [4.9, 4.8], finished=False)
+    fake_run(sweep / "1" / "b", "abandoned-20261129-121731", "lion", 1e-3, [5.0], finished=False)  # set aside
     runs = find_runs([sweep])
-    assert [r.name for r in runs] == ["a", "b", "c"]
+    assert [r.name for r in runs] == ["a", "b", "c"]  # not the logs a restarted run set aside, a row of their own
+    assert find_runs([sweep / "1" / "b" / "abandoned-20261129-121731"])  # unless named
     columns, rows = table([run_record(r) for r in runs])
     assert columns == [
         "run",

@@ -240,7 +240,7 @@ def _split(row: str) -> str | None:
 def set_aside_logs(run_dir: Path) -> Path:
     """A run that trained in `run_dir` and left no checkpoint, which checkpoint.load=auto starts again from step 0:
     its logs move to `run_dir/abandoned-<time>/` (kept, never deleted), so that this run's are not mixed with them."""
-    aside = run_dir / f"abandoned-{time.strftime('%Y%m%d-%H%M%S')}"
+    aside = run_dir / f"{layout.ABANDONED}{time.strftime('%Y%m%d-%H%M%S')}"
     aside.mkdir()
     for name in (layout.METRICS, layout.SUMMARY, layout.CONFIG, layout.PLOTS, layout.TENSORBOARD):
         if (run_dir / name).exists():

@@ -27,6 +27,7 @@ CHECKPOINTS = "checkpoints"
 TENSORBOARD = "tensorboard"
 PROFILE = "profile"
 SAMPLES = "samples"
+ABANDONED = "abandoned-"  # + <time>: logs set aside, not a run of their own (compare_runs passes over them)
 
 
 def eval_result(step: int) -> str:

@@ -25,13 +25,16 @@ LR_KEY, OPTIMIZER_KEY = "optimizer.lr_config.lr", "optimizer.name"
 
 
 def find_runs(paths: list[Path]) -> list[Path]:
-    """Each path that is a run, and every run below each path that is not (a sweep), in a stable order."""
+    """Each path that is a run, and every run below each path that is not (a sweep), in a stable order; below a
+    path, not the logs a run set aside (`abandoned-<time>/`: a restarted run's first attempt)."""
     runs: list[Path] = []
     for path in paths:
         if layout.is_run_dir(path):
             runs.append(path)
         else:
-            runs.extend(sorted(p.parent for p in path.rglob(layout.METRICS)))
+            found = [p.parent for p in path.rglob(layout.METRICS)]
+            aside = lambda run: any(part.startswith(layout.ABANDONED) for part in run.relative_to(path).parts)  # noqa: E731
+            runs.extend(sorted(run for run in found if not aside(run)))
     unique: dict[Path, Path] = {}  # one run named two ways (relative and absolute, through a link): once
     for run in runs:
         unique.setdefault(run.resolve(), run)
