@@ -258,11 +258,10 @@ def test_load_auto_in_a_run_dir_that_trained_without_a_checkpoint_sets_its_logs_
     assert json.loads((run_dir / "summary.json").read_text())["steps"] == 2
 
 
-def test_time_trained_counts_the_steps_not_evaluating_and_a_finished_run_adds_none(
-    data_cache, tmp_path, monkeypatch, capsys
-):
+def test_time_trained_and_wall_time_count_a_run_and_a_finished_run_adds_none(data_cache, tmp_path, monkeypatch, capsys):
     """time_trained_s (checkpoint metadata, summary.json) is what the steps took: an evaluation adds none of it (each
-    is made SLOW here), nor does a run resumed at its end, which trains nothing (its logs made SLOW to close)."""
+    is made SLOW here), nor does a run resumed at its end, which trains nothing (its logs made SLOW to close).
+    wall_time_s is the run's, every segment's together: that rerun adds nothing to it either."""
     slow = 2.0
 
     def slowed(method):
@@ -279,11 +278,17 @@ def test_time_trained_counts_the_steps_not_evaluating_and_a_finished_run_adds_no
     checkpoints = Checkpointer(run_dir / "checkpoints", read_only=True)
     trained = {step: checkpoints.read_meta(step)["time_trained_s"] for step in (2, 4)}
     assert trained[4] - trained[2] < slow  # steps 3 and 4 (compiled already), not the evaluation at step 4
+    # wall_time_s: the run's, set-up and evaluations included, carried in the checkpoints
+    wall = {step: checkpoints.read_meta(step)["wall_time_s"] for step in (2, 4)}
+    assert wall[2] > trained[2] + slow and wall[4] > wall[2] + slow
+    assert json.loads((run_dir / "summary.json").read_text())["wall_time_s"] >= round(wall[4], 1)
 
     monkeypatch.setattr(RunLogger, "close", slowed(RunLogger.close))
     result = ok(run_in_process(resume_args(data_cache, run_dir, "train.max_steps=4"), capsys))
     assert "nothing left to train" in result.stdout
-    assert json.loads((run_dir / "summary.json").read_text())["time_trained_s"] == round(trained[4], 1)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["time_trained_s"] == round(trained[4], 1)
+    assert summary["wall_time_s"] == round(wall[4], 1)  # it was this invocation's: its set-up and slow close
 
 
 def test_saved_config_wins_unless_overwrite_config(straight, data_cache, tmp_path, capsys):

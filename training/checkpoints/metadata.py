@@ -25,6 +25,7 @@ def checkpoint_meta(
     best_val_loss: float,
     wandb_id: str | None,
     time_trained_s: float,
+    wall_time_s: float,
 ) -> dict:
     """The JSON item saved beside the arrays: enough to resume, evaluate, sample or audit without the run's logs."""
     from training.config import as_dict
@@ -41,6 +42,7 @@ def checkpoint_meta(
         "run_dir": str(run_dir),
         "process_count": jax.process_count(),  # a launcher's count is in no config key
         "time_trained_s": time_trained_s,
+        "wall_time_s": wall_time_s,
         "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "versions": package_versions(),
     }

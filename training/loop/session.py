@@ -97,6 +97,8 @@ class TrainingSession:
         self.flops = flops_per_token(state.model, config_lib.context_size(cfg))
         self.peak = peak_flops(jax.devices()[0].device_kind, cfg.system.dtype, cfg.system.peak_flops)
         self.trained_before = carried_over(self.resumed, "time_trained_s", 0.0)
+        self.wall_before = carried_over(self.resumed, "wall_time_s", 0.0)
+        self.first_step = int(state.step)
         self.training = TrainingTime()  # this invocation's: from the loop's start to its end, less what is not training
         self.profiler = StepProfiler(plan.run_dir, list(cfg.system.profile_steps), self.is_main)
         self.sharpness = None  # the compiled measurement and its batch, made at the first one (logging.hessian_every)
@@ -242,6 +244,12 @@ class TrainingSession:
             self.log.eval(loop.step, loop.results)
             self.save(loop, loop.val_loss)
 
+    def wall_seconds(self, step: int) -> float:
+        """The run's wall time at `step`, set-up included: the segments' before the checkpoint it resumed from (what
+        a killed process spent after its last checkpoint is not known), and this invocation's unless it trained no
+        step (the same command again on a finished run)."""
+        return self.wall_before + (time.time() - self.started if step > self.first_step else 0.0)
+
     def save(self, loop: LoopState, val_loss: float | None = None) -> None:
         if self.checkpointer is not None:
             with self.not_training(loop):
@@ -256,6 +264,7 @@ class TrainingSession:
                     loop.best_val,
                     self.log.wandb_id,
                     self.trained_before + self.training.seconds(),
+                    self.wall_seconds(loop.step),
                 )
                 if not self.checkpointer.save(loop.state, meta, val_loss):
                     self.log.info(f"step {loop.step}: parameters are not finite; no checkpoint written")
@@ -361,7 +370,7 @@ class TrainingSession:
                 self.plan.run_dir,
                 self.checkpointer,
                 "checkpoint.num_steps" if segment_done else loop.stop,
-                time.time() - self.started,
+                self.wall_seconds(loop.step),
                 self.trained_before + self.training.seconds(),
                 count_params(loop.state.model),
                 MFU_FORMULA[MFU_CONVENTION],

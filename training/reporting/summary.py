@@ -218,7 +218,7 @@ def finish_run(
         {
             "run_dir": str(run_dir),
             "stopped": stopped or "max_steps",
-            "wall_time_s": round(wall_s, 1),  # this invocation's, set-up included
+            "wall_time_s": round(wall_s, 1),  # every resumed segment's together, set-up included
             # the loop's steps (not evaluating, saving or measuring), every resumed segment's together
             "time_trained_s": round(trained_s, 1),
             "parameters": parameters,
