@@ -98,6 +98,41 @@ def test_a_stage_trains_as_the_run_configured_as_it_and_the_next_stage_changes_b
     assert float(a["loss"]) != float(b["loss"])  # another batch, window and lr
 
 
+def test_after_a_skipped_step_the_next_stage_changes_its_lr_at_the_step_its_batch_and_window_change(data_cache):
+    """A skipped step (a non-finite gradient) applies no update, so the schedule's count falls one behind the step.
+    The stage's multiplier followed that count: step 4 trained on the second stage's batch and window at the first
+    stage's lr, x 2 only from step 5."""
+    import equinox as eqx
+
+    from training.distributed.sharding import put_batch
+
+    parts = build(
+        tiny_overrides(
+            data_cache,
+            "model=llama-tiny",
+            STAGES,
+            "train.skip_nonfinite=true",
+            "optimizer.lr_config.name=constant",
+            "optimizer.lr_config.warmup=0",
+        )
+    )
+    state, applied, lrs = parts.state, [], []
+    for step in range(6):
+        batch = put_batch(parts.data.train.batch(step), parts.mesh)
+        if step == 2:  # an overflow's gradient: one weight inf for this step, then put back
+            weight = state.model.blocks.fc.weight
+            poisoned = eqx.tree_at(lambda s: s.model.blocks.fc.weight, state, jnp.full_like(weight, jnp.inf))
+            state, metrics = parts.train_step(poisoned, batch, step)
+            state = eqx.tree_at(lambda s: s.model.blocks.fc.weight, state, weight)
+        else:
+            state, metrics = parts.train_step(state, batch, step)
+        applied.append(bool(metrics["applied"]))
+        lrs.append(float(metrics["lr"]))
+    lr = parts.cfg.optimizer.lr_config.lr
+    assert applied == [True, True, False, True, True, True]
+    assert lrs == pytest.approx([lr] * 4 + [2 * lr] * 2, rel=1e-6)  # x 2 from step 4, the second stage's first
+
+
 def test_yarn_fills_the_models_windows_and_needs_growing_windows_and_rotary_positions(data_cache):
     cfg = load_config(tiny_overrides(data_cache, "model=llama-tiny", STAGES, "train.yarn=true"))
     parts = build(tiny_overrides(data_cache, "model=llama-tiny", STAGES, "train.yarn=true"))

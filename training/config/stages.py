@@ -6,11 +6,12 @@ would have read and applies the lr it would have applied. Stage i runs steps [fi
 boundaries are its `until` fractions of the lr schedule's length, rounded to steps. Without train.stages the run is
 one stage, as configured.
 
-Where each part lands: the data reads `batch_sizes` (data/batches.py BatchSizes), the lr schedule multiplies by
-`lr_multiplier_at` (training/pipeline/build.py), the step reads the model under `stage_model_config` (each stage's
-program is compiled at its first step), and the model the run ends with, the one its checkpoints describe and
-every tool rebuilds, is `final_model` (the last stage's window, and with train.yarn the windows before it);
-`model_after` reads it as the stage of a given step did (evaluations during the run, a mid-run checkpoint's tools).
+Where each part lands: the data reads `batch_sizes` (data/batches.py BatchSizes), the train step multiplies the
+schedule's lr by `lr_multiplier_at` of its step (training/step/train_step.py TrainStep), the step reads the model
+under `stage_model_config` (each stage's program is compiled at its first step), and the model the run ends with,
+the one its checkpoints describe and every tool rebuilds, is `final_model` (the last stage's window, and with
+train.yarn the windows before it); `model_after` reads it as the stage of a given step did (evaluations during the
+run, a mid-run checkpoint's tools).
 """
 
 from __future__ import annotations
@@ -76,15 +77,16 @@ def batch_sizes(stages: tuple[Stage, ...]) -> BatchSizes:
 
 
 def lr_multiplier_at(stages: tuple[Stage, ...]):
-    """count -> the lr multiplier of the stage that runs the update at `count` (traceable), or None when every
-    stage's is 1."""
+    """step -> the lr multiplier of the stage that runs `step` (0-based, traceable: the train step's state.step), or
+    None when every stage's is 1. A step, not an update count: after a skipped step the count is behind, and the
+    stage's batch and window follow the step."""
     if all(s.lr_multiplier == 1.0 for s in stages):
         return None
     starts = np.asarray([s.first_step for s in stages])
     multipliers = np.asarray([s.lr_multiplier for s in stages], np.float32)
 
-    def at(count):
-        return jnp.asarray(multipliers)[jnp.searchsorted(jnp.asarray(starts), count, side="right") - 1]
+    def at(step):
+        return jnp.asarray(multipliers)[jnp.searchsorted(jnp.asarray(starts), step, side="right") - 1]
 
     return at
 

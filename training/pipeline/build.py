@@ -121,9 +121,9 @@ _MADE_IN_LAYOUT: dict[tuple, Callable[[jax.Array], GPT]] = {}
 
 
 def init_scheduler(cfg: Config) -> optax.Schedule:
-    schedule = build_schedule(cfg.optimizer.lr_config, config_lib.schedule_steps(cfg))
-    multiplier = lr_multiplier_at(plan_stages(cfg))  # train.stages' lr multipliers
-    return schedule if multiplier is None else (lambda count: schedule(count) * multiplier(count))
+    """The lr at each update count (optimizer.lr_config). train.stages' lr multipliers follow the step, not the
+    update count (a skipped step applies no update): the train step applies them (init_state_and_steps)."""
+    return build_schedule(cfg.optimizer.lr_config, config_lib.schedule_steps(cfg))
 
 
 def init_optimizer(cfg: Config, schedule: optax.Schedule, model: GPT) -> optax.GradientTransformation:
@@ -165,6 +165,7 @@ def init_state_and_steps(
         z_loss=cfg.train.z_loss,
         lr_multipliers=lr_multipliers(cfg.optimizer),
         model_config_at=model_config_at(cfg, model.cfg),
+        stage_lr_multiplier=lr_multiplier_at(plan_stages(cfg)),
     )
     return state, shardings, train_step, make_eval_step(dtype)
 

@@ -330,13 +330,17 @@ class TrainStep:
         lr_schedule: optax.Schedule,
         state_shardings: TrainState,
         model_config_at: Callable[[int], GPTConfig | None] = lambda step: None,
+        stage_lr_multiplier: Callable[[jax.Array], jax.Array] | None = None,
     ) -> None:
         self.step = step
         self.model_config_at = model_config_at  # the model's view at a step (train.stages); None: its own
 
-        # its name is the program's in profiles: jit_lr_schedule_at
-        def lr_schedule_at(opt_state: optax.OptState) -> jax.Array:
-            return jnp.asarray(lr_schedule(lr_step_of(opt_state)), jnp.float32)
+        # its name is the program's in profiles: jit_lr_schedule_at. The schedule follows the update count; a
+        # stage's multiplier (train.stages) the step, as the stage's batch and window do: after a skipped step the
+        # count is one behind the step
+        def lr_schedule_at(opt_state: optax.OptState, step: jax.Array) -> jax.Array:
+            lr = lr_schedule(lr_step_of(opt_state))
+            return jnp.asarray(lr if stage_lr_multiplier is None else lr * stage_lr_multiplier(step), jnp.float32)
 
         # placed as the update count is (replicated over the mesh) whatever the schedule: a constant one does not
         # read the count, and its lr would otherwise land on one device, a different input layout for the step
@@ -351,12 +355,12 @@ class TrainStep:
         """`step`: the steps completed before this one, which pick the stage's program (train.stages; each is
         compiled at its first call); None: the model as it is (the last stage's)."""
         model_cfg = None if step is None else self.model_config_at(step)
-        out = self.step(state, batch, self.lr_at(state.opt_state), model_cfg)
+        out = self.step(state, batch, self.lr_at(state.opt_state, state.step), model_cfg)
         return jax.block_until_ready(out) if self.wait else out
 
     def lower(self, state: TrainState, batch: Batch) -> jax.stages.Lowered:
         """The step proper, lowered for these arguments (what tests and profiles read)."""
-        return self.step.lower(state, batch, self.lr_at(state.opt_state), None)
+        return self.step.lower(state, batch, self.lr_at(state.opt_state, state.step), None)
 
 
 def make_train_step(
@@ -370,11 +374,13 @@ def make_train_step(
     z_loss: float = 0.0,
     lr_multipliers: dict[str, float] | None = None,
     model_config_at: Callable[[int], GPTConfig | None] = lambda step: None,
+    stage_lr_multiplier: Callable[[jax.Array], jax.Array] | None = None,
 ) -> TrainStep | Callable:
     """The step. `lr_schedule`: the lr the optimizer applies at each update count (optimizers.lr_schedule_of).
     `jit=False`: the plain function `(state, batch, lr)`, for ahead-of-time lowering from abstract shapes.
     `knobs`: which training statistics (training/step/stats.py) the step computes; none by default. `lr_multipliers`:
-    the optimizer's parameter groups' (optimizers/groups.py), each reported as `lr/<group>`."""
+    the optimizer's parameter groups' (optimizers/groups.py), each reported as `lr/<group>`. `stage_lr_multiplier`:
+    train.stages' multiplier at a step (training/config/stages.py `lr_multiplier_at`), times the schedule's lr."""
     spec = StepSpec(optimizer, state_shardings, dtype, skip_nonfinite, knobs, z_loss, dict(lr_multipliers or {}))
 
     def step(
@@ -390,4 +396,10 @@ def make_train_step(
     # nothing.
     if not jit:
         return step
-    return TrainStep(jax.jit(step, donate_argnums=0, static_argnums=3), lr_schedule, state_shardings, model_config_at)
+    return TrainStep(
+        jax.jit(step, donate_argnums=0, static_argnums=3),
+        lr_schedule,
+        state_shardings,
+        model_config_at,
+        stage_lr_multiplier,
+    )
