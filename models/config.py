@@ -172,7 +172,8 @@ class ModelOptions:
     smear_gate: bool = False
     # mup: hidden init std and Adam lr / m, scores / head_dim, readout / m, m = n_embd / mup_base_width (models/mup.py)
     parametrization: Parametrization = Parametrization.standard
-    mup_base_width: int = 256  # parametrization=mup: the width that trains exactly as standard (gpt2-micro's)
+    # parametrization=mup: the width that trains exactly as standard, with this model's heads (gpt2-micro's, 4 heads)
+    mup_base_width: int = 256
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,9 @@ What changes with m = d / d0 (at m = 1 every factor is 1: the base model is stan
                                                   embedding trains at an lr that does not shrink with width
   embeddings, norms, biases                       unchanged: init and lr as at the base
 The tied embedding is read out through the 1/m multiplier (the "shared readout" of the μP package's GPT-2 example).
-Widening changes n_embd at a fixed n_head, as the coordinate check and the transfer sweep do.
+Widening changes n_embd at a fixed n_head, as the coordinate check and the transfer sweep do: the base model has this
+model's heads (a new run's config refuses a base width that is not a multiple of n_head). Decoupled weight decay is
+part of the hidden matrices' step, divided by m with it (the μP package's `decoupled_wd=True`).
 """
 
 from __future__ import annotations

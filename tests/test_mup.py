@@ -70,6 +70,20 @@ def test_mup_at_its_base_width_is_standard_gpt2_exactly():
 def test_mup_settings_checked_at_the_door():
     with pytest.raises(ConfigError, match="^config: model.mup_base_width: must be"):
         load_config(["model.parametrization=mup", "model.mup_base_width=0"], num_local_devices=1)
+    # the base has this model's heads: gpt2-mini's 6 at gpt2-micro's 256 were 42.7-wide heads, its scores scaled by
+    # 1/sqrt(1.5) where the head size (64) had not changed
+    mini = ["model=gpt2-mini", "model.parametrization=mup"]
+    with pytest.raises(ConfigError, match=r"^config: model.mup_base_width: 256 is not a multiple of model.n_head=6"):
+        load_config(mini, num_local_devices=1)
+    assert load_config([*mini, "model.mup_base_width=192"], num_local_devices=1).model.mup_base_width == 192
+    from omegaconf import OmegaConf
+
+    from training.config import to_yaml
+    from training.config.compose import finish
+
+    saved = OmegaConf.create(to_yaml(load_config([*mini, "model.mup_base_width=192"], num_local_devices=1)))
+    saved.model.mup_base_width = 256  # a run that trained so resumes as it was
+    assert finish(saved, 1, saved=True).model.mup_base_width == 256
     wide = GPTConfig(
         vocab_size=64, n_layer=1, n_head=2, n_embd=64, context_size=8, parametrization="mup", mup_base_width=32
     )

@@ -103,6 +103,23 @@ def check_schedule_points(cfg: Config) -> None:
         )
 
 
+def check_mup_base(cfg: Config) -> None:
+    """μP's base model is this one at width model.mup_base_width with the same heads (models/mup.py: the scores'
+    factor sqrt(head_dim0 / head_dim) = 1/sqrt(m) holds only then): gpt2-mini's 6 heads at the default 256 (a
+    gpt2-micro base of 4 heads x 64) made a base of 42.7-wide heads, and scaled scores whose head size had not
+    changed. Not for a saved config: the run it describes trained that way."""
+    m = cfg.model
+    if m.parametrization != "mup" or m.mup_base_width % m.n_head == 0:
+        return
+    near = m.n_head * max(1, round(m.mup_base_width / m.n_head))
+    fail(
+        "model.mup_base_width",
+        f"{m.mup_base_width} is not a multiple of model.n_head={m.n_head}: μP's base model is this one at that "
+        f"width with the same {m.n_head} heads (widening grows the head size); tune the lr on such a base, e.g. "
+        f"model.mup_base_width={near}",
+    )
+
+
 def check_across(cfg: Config) -> None:
     """Values that are wrong only together with another section's."""
     d, lr, c = cfg.dataset, cfg.optimizer.lr_config, cfg.checkpoint
