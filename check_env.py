@@ -55,6 +55,9 @@ TEST_EXTRAS = {
 
 
 def main(argv: list[str]) -> int:
+    if argv and argv[0] in ("-h", "--help"):
+        print(__doc__.strip())
+        return 0
     if unknown := [a for a in argv if a != "--test"]:
         print(f"error: check_env.py takes --test or nothing; got {' '.join(unknown)}", file=sys.stderr)
         return 2
@@ -77,7 +80,20 @@ def main(argv: list[str]) -> int:
         return 1
     import jax
 
-    devices = jax.devices()
+    try:
+        devices = jax.devices()
+    except Exception as e:  # a backend asked for that cannot start: what this script is run to find out
+        import os
+
+        asked = os.environ.get("JAX_PLATFORMS")
+        print(
+            f"error: JAX could not start its backend{f' (JAX_PLATFORMS={asked})' if asked else ''}: "
+            f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else 'no reason given'}. For a "
+            "GPU, JAX's CUDA build: rm -rf .venv && source activate_env.sh (it detects the GPU), or pip install -e "
+            "'.[gpu]'",
+            file=sys.stderr,
+        )
+        return 1
     kinds = sorted({d.device_kind for d in devices})
     print(f"backend       {jax.default_backend()}")
     print(

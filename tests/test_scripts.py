@@ -305,6 +305,27 @@ def test_check_env_names_what_is_missing_in_one_line_and_exits_1(monkeypatch, ca
     ]
     assert check_env.main(["--tests"]) == 2  # a misspelt flag ran the plain check
     assert capsys.readouterr().err == "error: check_env.py takes --test or nothing; got --tests\n"
+    assert check_env.main(["--help"]) == 0  # it was refused as an unknown flag
+    assert capsys.readouterr().out.startswith("Print the versions, backend and devices")
+
+
+def test_check_env_names_a_backend_that_cannot_start_in_one_line(monkeypatch, capsys):
+    """JAX_PLATFORMS=cuda where jaxlib is the CPU build: JAX's bare AssertionError was a traceback, in the script run
+    to diagnose exactly that."""
+    import jax
+
+    import check_env
+
+    def cannot_start():
+        raise AssertionError()
+
+    monkeypatch.setenv("JAX_PLATFORMS", "cuda")
+    monkeypatch.setattr(jax, "devices", cannot_start)
+    assert check_env.main([]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "error: JAX could not start its backend (JAX_PLATFORMS=cuda): AssertionError: no reason given. For a GPU, "
+        "JAX's CUDA build: rm -rf .venv && source activate_env.sh (it detects the GPU), or pip install -e '.[gpu]'"
+    ]
 
 
 def test_check_env_warns_in_one_line_when_a_gpu_is_here_but_jax_runs_on_the_cpu(tmp_path, monkeypatch, capsys):
