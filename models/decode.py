@@ -47,7 +47,8 @@ def _generate_cached(
     cache = cache.with_lengths(lengths_B)  # right-padded prompts: each row continues from its own length
     last_BD = jnp.take_along_axis(h_BPD, (lengths_B - 1)[:, None, None], axis=1)[:, 0]
     key, first_key = jax.random.split(key)
-    first_B = sample_logits(model.logits(last_BD[:, None])[:, 0], first_key, temperature, top_k, top_p)
+    vocab = model.cfg.vocab_size  # the padded rows' logits are finite: a high enough temperature would draw them
+    first_B = sample_logits(model.logits(last_BD[:, None])[:, 0, :vocab], first_key, temperature, top_k, top_p)
     out_BN = jnp.full((B, max_new), eos_id, jnp.int32).at[:, 0].set(first_B.astype(jnp.int32))
     done_B = first_B == eos_id
     count_B = jnp.ones((B,), jnp.int32)
@@ -59,7 +60,7 @@ def _generate_cached(
     def body(carry):
         i, key, out_BN, cache, done_B, count_B = carry
         h_B1D, cache = model.hidden(out_BN[:, i - 1, None], cache=cache)
-        logits_BV = model.logits(h_B1D)[:, 0]
+        logits_BV = model.logits(h_B1D)[:, 0, :vocab]
         key, step_key = jax.random.split(key)
         next_B = sample_logits(logits_BV, step_key, temperature, top_k, top_p).astype(jnp.int32)
         next_B = jnp.where(done_B, eos_id, next_B)

@@ -64,8 +64,8 @@ def _next_token(
     top_p: float | None,
 ) -> jax.Array:
     logits_BCV = model(window_BC)
-    last_BV = jnp.take_along_axis(logits_BCV, (lengths_B - 1)[:, None, None], axis=1)[:, 0]
-    return sample_logits(last_BV, key, temperature, top_k, top_p)
+    last_BV = jnp.take_along_axis(logits_BCV, (lengths_B - 1)[:, None, None], axis=1)[:, 0, : model.cfg.vocab_size]
+    return sample_logits(last_BV, key, temperature, top_k, top_p)  # not the padded rows (finite: decode.py)
 
 
 def generate_no_cache(

@@ -63,6 +63,10 @@ def test_rows_stop_at_eos_and_sampling_is_seeded(model):
     c = generate(model, prompts, 10, temperature=1.0, top_k=10, seed=2)
     assert a == b and a != c
     assert all(0 <= t < 50 for row in a for t in row)  # padded vocab ids are never sampled
+    # ... at any temperature: theirs is a finite logit (-1e9), which 1e9 brought level with the real ones
+    for sample in (generate, generate_no_cache):
+        hot = sample(model, [[1, 2]] * 4, 15, temperature=1e9, seed=0)
+        assert all(0 <= t < 50 for row in hot for t in row) and len({t for row in hot for t in row}) > 10
 
 
 def test_past_the_context_sampling_draws_from_a_stream_no_other_seed_uses(model):
