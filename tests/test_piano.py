@@ -357,6 +357,40 @@ def test_text_fine_tuning_records_put_the_loss_on_the_completion_only(tmp_path, 
     assert np.mean(first[-5:]) < np.mean(first[:5])
 
 
+def test_sample_asks_a_text_fine_tuned_model_as_its_records_do(tmp_path, data_cache, monkeypatch, capsys):
+    """Records are `prompt <GENAI> completion <EOS>`: the tool sent `<EOS> prompt`, without the <GENAI> after which
+    the model answers (and which no typed prompt encodes to), so the model went on writing the question."""
+    import models.decode
+
+    rows = [{"question": f"What is {a} plus {b}?", "answer": f"{a + b}"} for a in range(6) for b in range(6)]
+    (tmp_path / "qa.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    finetuning = ["dataset.prompt_column=question", "dataset.completion_column=answer", "loss_masking=finetuning"]
+    overrides = tiny_overrides(
+        data_cache,
+        f"logging.run_dir={tmp_path / 'run'}",
+        "dataset=json_files",
+        f"dataset.files=[{tmp_path / 'qa.jsonl'}]",
+        "dataset.tokenizer=byte",
+        "dataset.max_documents=null",
+        "train.max_steps=2",
+        *finetuning,
+    )
+    assert run_in_process(overrides, capsys).returncode == 0
+    asked = []
+    real = models.decode.generate  # as the tool imports it when it runs
+    monkeypatch.setattr(
+        models.decode,
+        "generate",
+        lambda model, prompts, *a, **k: asked.append(prompts) or real(model, prompts, *a, **k),
+    )
+    args = [str(tmp_path / "run"), "--prompt", "What is 3 plus 4?", "--max-new-tokens", "3", "--temperature", "0"]
+    result = script_in_process("scripts.tools.sample", args, monkeypatch, capsys)
+    assert result.returncode == 0, result.stderr
+    tok = build(overrides).tokenizer
+    assert asked == [[tok.encode("What is 3 plus 4?") + [tok.genai_id]]]
+    assert result.stdout.splitlines()[2].startswith("What is 3 plus 4?<GENAI>")
+
+
 @pytest.mark.parametrize(
     "override, message",
     [

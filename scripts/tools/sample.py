@@ -5,7 +5,9 @@
     python -m scripts.tools.sample PIANO_RUN_DIR [--prompt-midi piece.mid | --prompt-split full] [--prompt-notes 32]
         [--task continuation|dynamics|lower_voices] [--out samples/]
 
-RUN_DIR is a run directory (runs/<name>) or its checkpoint directory. A note model continues the first
+RUN_DIR is a run directory (runs/<name>) or its checkpoint directory. A text model continues each --prompt; one
+fine-tuned on records (loss_masking=finetuning) answers it, asked as its records ask (`prompt <GENAI>`). A note
+model continues the first
 `--prompt-notes` notes of a MIDI file, or of the first record of a validation split of its own dataset; `--task`
 poses a piano task to a fine-tuned model instead (default: the task it was fine-tuned on, if any). Each sample is
 written as <out>/sample-<i>.mid with the prompt's notes and the generated ones, next to prompt.mid, each with its piano
@@ -66,14 +68,23 @@ def refuse_other_kinds_flags(args: argparse.Namespace, flags: list[str], kind: s
 
 
 def sample_text(trained: Trained, args: argparse.Namespace) -> int:
+    """A pretrained model continues each prompt after a document's start (<EOS>); a fine-tuned one
+    (loss_masking=finetuning: records `prompt <GENAI> completion <EOS>`) answers each after its <GENAI>."""
+    from training.config.root import LossMasking
+
     tok = trained.tokenizer
     texts = args.prompt or [""]
-    prompts = [[tok.eos_id] + tok.encode(text) for text in texts for _ in range(args.num_samples)]
+    if trained.cfg.loss_masking == LossMasking.finetuning:
+        prompts = [tok.encode(text) + [tok.genai_id] for text in texts for _ in range(args.num_samples)]
+        shown = 0  # the prompt, <GENAI> and the answer
+    else:
+        prompts = [[tok.eos_id] + tok.encode(text) for text in texts for _ in range(args.num_samples)]
+        shown = 1  # the prompt and its continuation, not the <EOS> before them
     continuations = _generate(trained, prompts, args)
     print(f"# {trained.cfg.model.name}, step {trained.step}, temperature {args.temperature}")
     for prompt_ids, ids in zip(prompts, continuations):
         print("-" * 60)
-        print(tok.decode(prompt_ids[1:] + ids))
+        print(tok.decode(prompt_ids[shown:] + ids))
     return 0
 
 
