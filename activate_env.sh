@@ -10,9 +10,10 @@
 #             pytest and its plugins
 #
 # - If .venv exists, activate it, and install the set when its requirement files (or pyproject.toml) changed since
-#   it was installed.
+#   it was installed; make it anew when it was made elsewhere (a moved or copied checkout) or its Python is gone.
 # - Else, if the current Python already has every package the set needs (e.g. a GPU image with jax preinstalled and
-#   no internet), use it as it is: nothing installed but this checkout, and only if that Python has no gpt-jax yet.
+#   no internet), use it as it is, first on PATH: nothing installed but this checkout, and only if that Python has no
+#   gpt-jax yet (one installed from another checkout is named, not replaced).
 #   Found, not imported: importing them all took 6-10 s on 2 cores.
 # - Else create .venv and install the set (PyPI only).
 # Set PYTHON to choose the interpreter that creates .venv (default: python3, 3.11 or newer).
@@ -58,16 +59,48 @@ _gpt_install() {
     echo "$_gpt_want" > "$_gpt_stamp"
 }
 
-if [ -x "$_gpt_root/.venv/bin/python" ]; then
+_gpt_new_venv() {  # a .venv made (anew over a stale one), activated, the set installed
+    "${PYTHON:-python3}" -m venv --clear "$_gpt_root/.venv" || return 1
     source "$_gpt_root/.venv/bin/activate"
-    if [ "$(cat "$_gpt_stamp" 2>/dev/null)" != "$_gpt_want" ]; then
-        _gpt_install || return 1 2>/dev/null || exit 1
+    _gpt_install
+}
+
+_gpt_here() {  # whether $1 is this checkout's .venv (physical paths: a link to the checkout is the same folder)
+    [ "$(cd "$1" 2>/dev/null && pwd -P)" = "$(cd "$_gpt_root/.venv" && pwd -P)" ]
+}
+
+if [ -e "$_gpt_root/.venv" ]; then
+    # A .venv names its folder in `activate` and in its scripts: one moved or copied with its checkout activates the
+    # old place (or nothing), and one whose Python was removed or upgraded has no interpreter: both are made anew.
+    if "$_gpt_root/.venv/bin/python" -c '' 2>/dev/null && source "$_gpt_root/.venv/bin/activate" \
+            && _gpt_here "$VIRTUAL_ENV"; then
+        if [ "$(cat "$_gpt_stamp" 2>/dev/null)" != "$_gpt_want" ]; then
+            _gpt_install || return 1 2>/dev/null || exit 1
+        fi
+    else
+        echo "activate_env: $_gpt_root/.venv was made elsewhere (a moved or copied checkout) or its Python is" \
+            "gone; making it anew" >&2
+        declare -F deactivate >/dev/null && deactivate  # the old place's, a shell function (not a command of that name)
+        _gpt_new_venv || return 1 2>/dev/null || exit 1
     fi
 elif "${PYTHON:-python3}" -c 'import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in sys.argv[1:]))' \
         $_gpt_modules 2>/dev/null; then
     _gpt_python="$(command -v "${PYTHON:-python3}")"
-    if "$_gpt_python" -c 'import importlib.metadata as m; m.distribution("gpt-jax")' 2>/dev/null; then
+    # the scripts run `python`: this one, first on PATH
+    export PATH="$(dirname "$_gpt_python"):$PATH"
+    [ -x "$(dirname "$_gpt_python")/python" ] || echo "activate_env: $(dirname "$_gpt_python") has no \`python\`," \
+        "which the scripts run: link it to $_gpt_python, or make a .venv: $_gpt_python -m venv $_gpt_root/.venv" >&2
+    _gpt_from="$("$_gpt_python" -c 'import importlib.metadata as m, json, urllib.parse as p
+try:
+    print(p.unquote(p.urlparse(json.loads(m.distribution("gpt-jax").read_text("direct_url.json") or "{}").get("url", "")).path) or "?")
+except m.PackageNotFoundError:
+    pass' 2>/dev/null)"
+    if [ -n "$_gpt_from" ]; then
         echo "activate_env: using $_gpt_python (it has every package of the set; nothing installed)" >&2
+        [ "$(cd "$_gpt_from" 2>/dev/null && pwd -P)" = "$(cd "$_gpt_root" && pwd -P)" ] \
+            || echo "activate_env: its gpt-jax is installed from ${_gpt_from}, not this checkout: outside this" \
+                "folder the project imports from there ($_gpt_python -m pip install --no-deps -e $_gpt_root" \
+                "switches)" >&2
     else
         echo "activate_env: using $_gpt_python (it has every package of the set); installing this checkout into it" >&2
         "$_gpt_python" -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation \
@@ -78,9 +111,7 @@ elif "${PYTHON:-python3}" -c 'import importlib.util as u, sys; sys.exit(any(u.fi
         }
     fi
 else
-    "${PYTHON:-python3}" -m venv "$_gpt_root/.venv" || return 1 2>/dev/null || exit 1
-    source "$_gpt_root/.venv/bin/activate"
-    _gpt_install || return 1 2>/dev/null || exit 1
+    _gpt_new_venv || return 1 2>/dev/null || exit 1
 fi
-unset -f _gpt_install _gpt_install_project
-unset _gpt_modules _gpt_stamp _gpt_want _gpt_files _gpt_set _gpt_python _gpt_cuda
+unset -f _gpt_install _gpt_install_project _gpt_new_venv _gpt_here
+unset _gpt_modules _gpt_stamp _gpt_want _gpt_files _gpt_set _gpt_python _gpt_cuda _gpt_from

@@ -381,6 +381,47 @@ def _activate(tmp_path, which: str, env: dict) -> subprocess.CompletedProcess:
     return communicate(proc, timeout=120)
 
 
+@pytest.mark.parametrize("how", ["moved", "python gone"])
+def test_activate_env_makes_a_stale_venv_anew(how, tmp_path):
+    """A .venv names its folder in `activate` and its scripts: moved with its checkout, sourcing it put a folder that
+    no longer exists on PATH and `python` was whatever came next (rc 0, then `No module named 'jax'`). One whose
+    Python was removed said only `No such file or directory`. Both are said and made anew (here the interpreter
+    that would make it, PYTHON=false, refuses: nothing is installed)."""
+    made = tmp_path / "made"
+    made.mkdir()
+    for name in ENV_FILES:
+        shutil.copy(ROOT / name, made / name)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(made / ".venv")], check=True)
+    here = made
+    if how == "moved":
+        here = tmp_path / "moved"
+        made.rename(here)
+    else:
+        (made / ".venv" / "bin" / "python").unlink()
+        (made / ".venv" / "bin" / "python").symlink_to(tmp_path / "no-such-python")
+    # Every Python this test could reach refuses to run: the stale .venv's, as sourced, fell through to the next
+    # `python` on PATH, the suite's own, and installed the copied checkout into it.
+    refuse = tmp_path / "refuse"
+    refuse.mkdir()
+    for name in ("python", "python3"):
+        (refuse / name).write_text('#!/bin/sh\necho refused: python "$@" >&2\nexit 97\n')
+        (refuse / name).chmod(0o755)
+    proc = spawn(
+        ["bash", "-c", 'source activate_env.sh; echo "rc=$? VIRTUAL_ENV=$VIRTUAL_ENV"'],
+        cwd=here,
+        env={"PYTHON": "false", "PYTHONPATH": None, "VIRTUAL_ENV": None, "PATH": f"{refuse}:/usr/bin:/bin"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    result = communicate(proc, timeout=60)
+    assert result.stdout.splitlines() == ["rc=1 VIRTUAL_ENV="]  # not the old place's environment
+    assert result.stderr.splitlines() == [
+        f"activate_env: {here}/.venv was made elsewhere (a moved or copied checkout) or its Python is gone; making it "
+        "anew"
+    ]
+
+
 @pytest.mark.parametrize("which,hidden", [("", "torch"), ("test", None)], ids=["training without torch", "test"])
 def test_activate_env_uses_a_python_that_already_has_everything(which, hidden, tmp_path):
     """No .venv and a Python that has every package of the set (a GPU image, say): activate_env.sh uses it as it
@@ -394,9 +435,13 @@ def test_activate_env_uses_a_python_that_already_has_everything(which, hidden, t
         env["PYTHONPATH"] = str(tmp_path / "hide")
     result = _activate(tmp_path, which, env)
     assert result.returncode == 0, result.stderr
-    assert result.stderr.strip() == (
-        f"activate_env: using {sys.executable} (it has every package of the set; nothing installed)"
-    )
+    python = sys.executable
+    assert result.stderr.splitlines() == [
+        f"activate_env: using {python} (it has every package of the set; nothing installed)",
+        # the checkout it was installed from is not this copy's: said, not changed
+        f"activate_env: its gpt-jax is installed from {ROOT}, not this checkout: outside this folder the project "
+        f"imports from there ({python} -m pip install --no-deps -e {tmp_path} switches)",
+    ]
     assert result.stdout.split() == [f"PYTHONPATH={env['PYTHONPATH'] or ''}", "training", "models"]
     assert sorted(p.name for p in tmp_path.iterdir() if p.name != "hide") == sorted(ENV_FILES)  # no .venv
 
