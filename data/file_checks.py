@@ -17,11 +17,18 @@ if TYPE_CHECKING:
 
 
 class ColumnsDiffer(Exception):
-    """Files read together whose rows carry other columns (datasets takes the first file's as every file's)."""
+    """Files of valid JSON that datasets cannot read together: their rows carry other keys, or other types under one
+    key (datasets takes the first file's columns and types as every file's)."""
 
 
 def malformed_json(paths: list[str], error: Exception) -> DataError:
     """The first line (JSON lines) or file (one JSON document) that does not parse; else the loader's own reason."""
+    return first_malformed(paths) or unreadable_json(paths, error)
+
+
+def first_malformed(paths: list[str]) -> DataError | None:
+    """The first line (JSON lines) or file (one JSON document) that does not parse, an empty or unreadable file;
+    None when every file is JSON."""
     for path in paths:
         try:
             with open(path, encoding="utf-8") as f:
@@ -44,6 +51,11 @@ def malformed_json(paths: list[str], error: Exception) -> DataError:
                         f"dataset.files: {path} line {number}: not valid JSON (column "
                         f"{e.colno}: {e.msg}); fix or remove that line"
                     )
+    return None
+
+
+def unreadable_json(paths: list[str], error: Exception) -> DataError:
+    """Files of valid JSON that datasets' loader still fails on: its reason, in one line."""
     cause = error.__cause__ or error
     if type(cause).__name__ == "CastError":  # one file whose later rows carry other keys than its first ones
         return DataError(

@@ -206,7 +206,7 @@ def _load_json(paths: list[str], d: JsonFilesConfig, cache: str) -> dict[str, da
     columns = {key: getattr(d, key) for key in keys}
     try:
         rows = _json_rows(paths, d, columns, cache)
-    except ColumnsDiffer:  # files with other columns beside the run's (`id` here, `url` there): each read alone
+    except ColumnsDiffer:  # other keys beside the run's (`id` here, `url` there; numbers here, strings there)
         datasets = hf_datasets()
         parts = [_json_rows([path], d, columns, cache) for path in paths]
         text = datasets.Value("string")  # a column of nulls alone in one file is null-typed there
@@ -219,16 +219,18 @@ def _load_json(paths: list[str], d: JsonFilesConfig, cache: str) -> dict[str, da
 def _json_rows(paths: list[str], d: JsonFilesConfig, columns: dict[str, str], cache: str) -> datasets.Dataset:
     """The run's columns of the rows of `paths`, read together (one schema), checked: each holds a string in every
     row."""
-    from data.file_checks import ColumnsDiffer, check_filled, check_strings, malformed_json
+    from data.file_checks import ColumnsDiffer, check_filled, check_strings, first_malformed, unreadable_json
 
     datasets = hf_datasets()
     datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # a malformed line is said once, below
     try:
         loaded = datasets.load_dataset("json", data_files=paths, cache_dir=cache)["train"]
     except Exception as e:  # a malformed line: DatasetGenerationError, which names neither file nor line
-        if len(paths) > 1 and isinstance(e.__cause__, datasets.table.CastError):
+        if malformed := first_malformed(paths):
+            raise malformed from None
+        if len(paths) > 1:  # valid JSON whose keys or types differ from file to file: each file is read alone
             raise ColumnsDiffer from None
-        raise malformed_json(paths, e) from None
+        raise unreadable_json(paths, e) from None
     finally:
         datasets.logging.set_verbosity_error()
     check_strings(loaded, columns, paths)

@@ -278,8 +278,9 @@ def test_json_files_with_other_columns_beside_the_text_are_read_together(tmp_pat
     (Couldn't cast)`: the first file's columns were taken as every file's. The rows, in order, split as one file's."""
     one = [{"text": f"first {i}", "id": i} for i in range(30)]
     two = [{"text": f"second {i}", "url": f"u{i}"} for i in range(30)]
-    _, d, corpus = _json_corpus(tmp_path, data_cache, [one, two])
-    texts = [row["text"] for row in one + two]
+    three = [{"text": f"third {i}", "id": f"x{i}"} for i in range(30)]  # `id` of another type: that failed too
+    _, d, corpus = _json_corpus(tmp_path, data_cache, [one, two, three])
+    texts = [row["text"] for row in one + two + three]
     split = [split_of(f"row-{i}", d.val_fraction, d.test_fraction) for i in range(len(texts))]
     expected = {name: [t for t, s in zip(texts, split) if s == name] for name in set(split)}
     assert {name: list(rows["text"]) for name, rows in corpus.datasets.items()} == expected
