@@ -121,8 +121,8 @@ def _windows(
     splits = {}
     for name in store.splits:
         tokens = store.tokens(name)
-        if name == "test" and len(tokens) == 0:  # a stream with test_fraction=0: no test split, as when loaded whole
-            continue
+        if name == "test" and len(tokens) == 0 and getattr(d, "test_fraction", None) == 0:
+            continue  # a stream with test_fraction=0 holds an empty one: no test split, as when loaded whole
         if len(tokens) < 2 * context + 2:
             raise DataError(
                 f"dataset {d.name}: split {name!r} has {len(tokens)} tokens, fewer than two windows of "
