@@ -133,6 +133,19 @@ def test_after_a_skipped_step_the_next_stage_changes_its_lr_at_the_step_its_batc
     assert lrs == pytest.approx([lr] * 4 + [2 * lr] * 2, rel=1e-6)  # x 2 from step 4, the second stage's first
 
 
+def test_the_start_line_names_the_first_steps_lr_with_its_stages_multiplier(data_cache, tmp_path, capsys):
+    """The start-up line's `first step` lr is the one the first step applies, its stage's multiplier included."""
+    import re
+
+    stages = "train.stages=[{until: 0.5, lr_multiplier: 0.5}, {}]"
+    args = tiny_overrides(data_cache, f"logging.run_dir={tmp_path}", stages, "train.max_steps=2")
+    result = run_in_process(args, capsys)
+    assert result.returncode == 0, result.stderr
+    said = float(re.search(r"first step ([0-9.e-]+)\)", result.stdout).group(1))
+    applied = next(r["lr"] for r in read_metrics(tmp_path, "train") if r["step"] == 1)
+    assert said == pytest.approx(applied, rel=1e-3) and said < 0.5 * 1e-3 * 1.01
+
+
 def test_yarn_fills_the_models_windows_and_needs_growing_windows_and_rotary_positions(data_cache):
     cfg = load_config(tiny_overrides(data_cache, "model=llama-tiny", STAGES, "train.yarn=true"))
     parts = build(tiny_overrides(data_cache, "model=llama-tiny", STAGES, "train.yarn=true"))

@@ -112,6 +112,7 @@ def describe_run(
 
     devices = list(mesh.devices.flat)
     kinds = ", ".join(sorted({d.device_kind for d in devices}))
+    first_stage_lr = plan_stages(cfg)[0].lr_multiplier  # train.stages' multiplier, which the train step applies
     t, m, o = cfg.train, cfg.model, cfg.optimizer
     start = ""
     if plan.resume is not None:
@@ -137,7 +138,7 @@ def describe_run(
         f"{data.train.global_batch * context_size(cfg):,} tokens/step",
         f"optimizer  {o.name}, {o.lr_config.name} lr {o.lr_config.lr:g} (warmup "
         f"{warmup_steps(o.lr_config, schedule_steps(cfg))}, "
-        f"first step {float(schedule(0)):.3g}) over {schedule_steps(cfg)} steps, clip {o.grad_clip:g}",
+        f"first step {float(schedule(0)) * first_stage_lr:.3g}) over {schedule_steps(cfg)} steps, clip {o.grad_clip:g}",
     ]
     if t.stages:
         lines.append("stages     " + " | ".join(stage_line(s) for s in plan_stages(cfg)))
