@@ -43,6 +43,8 @@ def comparison(tmp_path):
 
 
 def test_models_compare_at_the_budget_and_at_the_fastest_runs_training_time(comparison):
+    # a run's first attempt, set aside when it restarted (checkpoint.load=auto): not a third seed of `slow`
+    write_run(comparison / "slow" / "0-train.seed=1" / "abandoned-20261129-121731", 3, 1000, {20: 9.0, 40: 9.0})
     result = compare_decoders.compare(comparison)
     rows = {r["model"]: r for r in result["rows"]}
     assert result["tokens"] == 40 * TOKENS_PER_STEP

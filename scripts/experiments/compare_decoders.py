@@ -20,6 +20,7 @@ from typing import Any
 
 from core.arguments import OneLineParser
 from training.config import layout
+from training.reporting.compare import find_runs
 from training.reporting.summary import TRAIN, latest_per_step, read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,9 +86,7 @@ def compare(out: Path) -> dict[str, Any]:
     """Every model under `out`: its runs, and the table's numbers."""
     models = {}
     for model_dir in sorted(p for p in out.iterdir() if p.is_dir()):
-        runs = [
-            read_run(m.parent) for m in sorted(model_dir.rglob(layout.METRICS)) if (m.parent / layout.SUMMARY).exists()
-        ]
+        runs = [read_run(run) for run in find_runs([model_dir]) if (run / layout.SUMMARY).exists()]
         if runs:
             models[model_dir.name] = sorted(runs, key=lambda r: r["seed"])
     if not models:
