@@ -55,7 +55,7 @@ TEST_EXTRAS = {
 
 
 def main(argv: list[str]) -> int:
-    if argv and argv[0] in ("-h", "--help"):
+    if any(a in ("-h", "--help") for a in argv):
         print(__doc__.strip())
         return 0
     if unknown := [a for a in argv if a != "--test"]:
