@@ -81,15 +81,32 @@ if [ -e "$_gpt_root/.venv" ]; then
         echo "activate_env: $_gpt_root/.venv was made elsewhere (a moved or copied checkout) or its Python is" \
             "gone; making it anew" >&2
         declare -F deactivate >/dev/null && deactivate  # the old place's, a shell function (not a command of that name)
-        _gpt_new_venv || return 1 2>/dev/null || exit 1
+        # kept aside until the new one is installed: offline, the old one comes back as it was
+        rm -rf "$_gpt_root/.venv.stale" && mv "$_gpt_root/.venv" "$_gpt_root/.venv.stale"
+        if _gpt_new_venv; then
+            rm -rf "$_gpt_root/.venv.stale"
+        else
+            declare -F deactivate >/dev/null && deactivate
+            rm -rf "$_gpt_root/.venv" && mv "$_gpt_root/.venv.stale" "$_gpt_root/.venv"
+            echo "activate_env: could not make $_gpt_root/.venv anew (is PyPI reachable?); the old one is back as" \
+                "it was" >&2
+            return 1 2>/dev/null || exit 1
+        fi
     fi
 elif "${PYTHON:-python3}" -c 'import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in sys.argv[1:]))' \
         $_gpt_modules 2>/dev/null; then
     _gpt_python="$(command -v "${PYTHON:-python3}")"
-    # the scripts run `python`: this one, first on PATH
-    export PATH="$(dirname "$_gpt_python"):$PATH"
-    [ -x "$(dirname "$_gpt_python")/python" ] || echo "activate_env: $(dirname "$_gpt_python") has no \`python\`," \
-        "which the scripts run: link it to $_gpt_python, or make a .venv: $_gpt_python -m venv $_gpt_root/.venv" >&2
+    # the scripts run `python`: this one, first on PATH (through a link of that name where its folder's `python` is
+    # another interpreter, or none)
+    _gpt_bin="$(dirname "$_gpt_python")"
+    if ! [ "$_gpt_bin/python" -ef "$_gpt_python" ]; then
+        _gpt_bin="$_gpt_root/.python-bin"
+        mkdir -p "$_gpt_bin" && ln -sfn "$_gpt_python" "$_gpt_bin/python"
+    fi
+    case ":$PATH:" in
+        ":$_gpt_bin:"*) ;;
+        *) export PATH="$_gpt_bin:$PATH" ;;
+    esac
     _gpt_from="$("$_gpt_python" -c 'import importlib.metadata as m, json, urllib.parse as p
 try:
     print(p.unquote(p.urlparse(json.loads(m.distribution("gpt-jax").read_text("direct_url.json") or "{}").get("url", "")).path) or "?")
@@ -114,4 +131,4 @@ else
     _gpt_new_venv || return 1 2>/dev/null || exit 1
 fi
 unset -f _gpt_install _gpt_install_project _gpt_new_venv _gpt_here
-unset _gpt_modules _gpt_stamp _gpt_want _gpt_files _gpt_set _gpt_python _gpt_cuda _gpt_from
+unset _gpt_modules _gpt_stamp _gpt_want _gpt_files _gpt_set _gpt_python _gpt_cuda _gpt_from _gpt_bin

@@ -414,12 +414,41 @@ def test_activate_env_makes_a_stale_venv_anew(how, tmp_path):
         stderr=subprocess.PIPE,
         text=True,
     )
+    before = sorted(str(p.relative_to(here)) for p in (here / ".venv").rglob("*"))
     result = communicate(proc, timeout=60)
     assert result.stdout.splitlines() == ["rc=1 VIRTUAL_ENV="]  # not the old place's environment
     assert result.stderr.splitlines() == [
         f"activate_env: {here}/.venv was made elsewhere (a moved or copied checkout) or its Python is gone; making it "
-        "anew"
+        "anew",
+        f"activate_env: could not make {here}/.venv anew (is PyPI reachable?); the old one is back as it was",
     ]
+    assert sorted(str(p.relative_to(here)) for p in (here / ".venv").rglob("*")) == before
+    assert not (here / ".venv.stale").exists()
+
+
+def test_activate_env_puts_the_python_it_uses_first_on_path_as_python(tmp_path):
+    """PYTHON=<a Python with every package> whose folder's `python` is another interpreter (/usr/bin/python3.12
+    beside a /usr/bin/python of another version): the scripts' `python` was that other one."""
+    for name in ENV_FILES:
+        shutil.copy(ROOT / name, tmp_path / name)
+    other = tmp_path / "bin"
+    other.mkdir()
+    (other / "python3.99").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')  # that Python, by another name
+    (other / "python3.99").chmod(0o755)
+    (other / "python").write_text("#!/bin/sh\necho another python >&2\nexit 97\n")
+    (other / "python").chmod(0o755)
+    proc = spawn(
+        ["bash", "-c", 'source activate_env.sh && python -c "import sys, training; print(sys.executable)"'],
+        cwd=tmp_path,
+        env={"PYTHON": str(other / "python3.99"), "PYTHONPATH": None, "VIRTUAL_ENV": None},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    result = communicate(proc, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert os.path.realpath(result.stdout.strip()) == os.path.realpath(sys.executable)
+    assert os.path.realpath(tmp_path / ".python-bin" / "python") == str(other / "python3.99")
 
 
 @pytest.mark.parametrize("which,hidden", [("", "torch"), ("test", None)], ids=["training without torch", "test"])
