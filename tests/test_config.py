@@ -151,6 +151,8 @@ BAD_CONFIGS = [
     # values only the optimizer's builder checks: refused after the corpus had loaded and tokenised
     (["optimizer=muon", "optimizer.groups.matrix.ns_steps=0"], "optimizer.groups.matrix.ns_steps: must be >= 1"),
     (["optimizer=muon", "optimizer.ns_steps=0"], "optimizer.ns_steps: must be >= 1"),
+    # conf/config.yaml shows `recipe: null` for none: Hydra said `Config group override must be a string or a list`
+    (["recipe=null"], "recipe=null: a group takes one of its options (speedrun, speedrun-micro); leave it out"),
 ]
 
 
@@ -167,6 +169,12 @@ def test_bad_config_exits_2_with_one_line_naming_the_key(overrides, message, tmp
     assert not run_dir.exists(), "nothing is written for a bad config"
     loaded = [p.name for p in (tmp_path / "data").glob("*") if p.name != "jax"]  # jax: a run's compile cache
     assert not loaded, f"the corpus was read for a bad config: {loaded}"
+
+
+def test_a_group_set_to_null_is_a_config_error_from_load_config_too():
+    """load_config raised Hydra's ValueError, not the one-line ConfigError its callers catch."""
+    with pytest.raises(ConfigError, match=r"^config: optimizer=null: a group takes one of its options \(adafactor, "):
+        load_config(["optimizer=null"])
 
 
 def test_inf_is_a_value_only_where_it_means_unbounded_and_nan_nowhere():

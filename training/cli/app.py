@@ -134,8 +134,10 @@ def execute(app: Callable[[], object], argv: list[str]) -> int:
         if not multirun:
             if not (isinstance(e, ValueError) and _raised_by_hydra(e)):
                 raise
-            # Hydra's own flags misused (two of --cfg/--info/-sc, an unknown -sc command, a missing rerun file)
-            code = say(PipelineError(first_line(e, 300)), exit_code=2)
+            # Hydra's own flags misused (two of --cfg/--info/-sc, an unknown -sc command, a missing rerun file), or
+            # a group set to null
+            problem = config_lib.null_group_choice(_overrides(argv))
+            code = say(problem or PipelineError(first_line(e, 300)), exit_code=2)
         else:
             code = say(PipelineError(f"sweep: {type(e).__name__}: {first_line(e, 300)}{_raised_within(e)}"))
     finally:

@@ -15,7 +15,7 @@ schedule length) are computed where they are used.
 """
 
 from data.config import AugmentationConfig, DataConfig, DatasetConfig, NotesTokenizerConfig, TokenizerKind
-from training.config.compose import compose_config, composition_error, finish, load_config, to_config
+from training.config.compose import compose_config, composition_error, finish, load_config, null_group_choice, to_config
 from training.config.loop import (
     CheckpointConfig,
     LoadMode,
@@ -48,6 +48,7 @@ from training.config.system import Dtype, Sharding, SystemConfig
 __all__ = [
     "compose_config",
     "composition_error",
+    "null_group_choice",
     "finish",
     "load_config",
     "to_config",

@@ -75,6 +75,8 @@ def compose_config(overrides: list[str]) -> DictConfig:
     test_config.py compares the two): a sweep's driver or the test suite composing many variations of a few presets
     pays Hydra's 0.15-0.35 s once per choice, then 0.02 s (BENCHMARKS.md "Start-up of a short run, and how the test
     suite compiles")."""
+    if problem := null_group_choice(overrides):
+        raise problem
     try:
         parsed = OverridesParser.create().parse_overrides(list(overrides))
         if any(o.is_hydra_override() for o in parsed):
@@ -106,6 +108,24 @@ def _chosen(groups: tuple[str, ...], conf_files: tuple) -> DictConfig:
 def _compose(overrides: list[str]) -> DictConfig:
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         return compose(config_name="config", overrides=overrides)
+
+
+def null_group_choice(overrides: list[str]) -> ConfigError | None:
+    """`recipe=null` (conf/config.yaml shows `recipe: null` for none): Hydra's own words were `Config group override
+    must be a string or a list. Got NoneType`, naming neither the group nor a fix."""
+    for line in overrides:
+        try:
+            (o,) = OverridesParser.create().parse_overrides([line])
+        except HydraException:
+            continue  # said by the composition, in its own words
+        group = CONF_DIR / o.key_or_group
+        if o.value() is None and not o.is_delete() and group.is_dir():
+            options = sorted(p.stem for p in group.glob("*.yaml"))
+            return ConfigError(
+                f"config: {o.key_or_group}=null: a group takes one of its options ({', '.join(options)}); leave it "
+                "out for conf/config.yaml's choice (none for recipe)"
+            )
+    return None
 
 
 def composition_error(e: BaseException, overrides: list[str]) -> ConfigError:
