@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 import train_jax
-from helpers import ROOT, run_cli, tiny_overrides
+from helpers import ROOT, read_metrics, run_cli, tiny_overrides
 from training.config import as_dict, load_config
 from training.config.help import field_meanings
 
@@ -92,6 +92,19 @@ def test_a_2x2_sweep_runs_four_jobs_each_in_its_own_run_directory_and_writes_a_s
         "to run it again\n"
     )
     assert (sweep / "sweep.json").read_text() == summary and len(job_dirs(sweep)) == 4
+
+
+def test_a_sweep_of_segments_runs_every_jobs_segment_and_the_same_command_continues_them(data_cache, tmp_path, capsys):
+    """checkpoint.num_steps in a sweep: each job's segment ended as asked, which was taken for a signal: the sweep
+    stopped after its first job ('stopped by a signal', exit 1) and the others never ran."""
+    sweep = tmp_path / "sweep"
+    command = [*sweep_command(data_cache, sweep, "train.seed=0,1"), "train.max_steps=4", "checkpoint.num_steps=2"]
+    assert train_jax.command_line(command) == 0
+    steps = lambda: [max(r["step"] for r in read_metrics(sweep / d, "train")) for d in job_dirs(sweep)]  # noqa: E731
+    assert steps() == [2, 2]
+    assert "stopped by a signal" not in capsys.readouterr().err
+    assert train_jax.command_line([*command, "checkpoint.load=auto"]) == 0
+    assert steps() == [4, 4]
 
 
 def test_a_sweep_is_the_same_sweep_in_another_order_and_continued_from_its_checkpoints():

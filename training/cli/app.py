@@ -258,7 +258,7 @@ def _sweep_job(
     import jax
 
     stopped = sweep.stop_reason(Path(record["run_dir"]))
-    signalled = stopped not in (None, "max_steps", "time limit")
+    signalled = stopped not in (None, "max_steps", "time limit", "checkpoint.num_steps")  # the last two: as asked
     if jax.process_index() == 0:
         sweep.write_record(
             job_dir,
