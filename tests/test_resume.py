@@ -166,6 +166,26 @@ def test_a_second_ctrl_c_aborts_at_once():
     assert result.returncode != 0 and "KeyboardInterrupt" in result.stderr
 
 
+def test_the_second_ctrl_cs_interrupt_leaves_the_session_without_waiting_for_the_checkpoint_again():
+    """The second Ctrl-C's KeyboardInterrupt came out of the wait for the hanging save, and the session's exit then
+    waited for the checkpointer again (its close): a third Ctrl-C was needed. Another error still waits for the save
+    (a complete last checkpoint)."""
+    from training.loop.session import TrainingSession
+    from training.loop.signals import StopRequest
+
+    class Hanging:
+        waited = 0
+
+        def close(self):
+            self.waited += 1
+
+    for error, waits in ((KeyboardInterrupt(), 0), (RuntimeError("a bug"), 1)):
+        session = object.__new__(TrainingSession)  # what its exit reads
+        session.prefetcher, session.lock, session.signals, session.checkpointer = None, None, StopRequest(), Hanging()
+        session.__exit__(type(error), error, None)
+        assert session.checkpointer.waited == waits
+
+
 def test_kill_9_then_the_same_command_with_load_auto_continues_bitwise(straight, data_cache, tmp_path):
     """The preemptible-cluster case (SLURM --requeue): the job is killed without warning and the very same command
     runs again; `checkpoint.load=auto` finds the run's last complete checkpoint and continues bit for bit."""

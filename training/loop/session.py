@@ -145,7 +145,9 @@ class TrainingSession:
             # logged is flushed, and its summary says it stopped there (compare_runs and sweeps read it as unfinished)
             self.log.close()
             write_summary(self.plan.run_dir, {"stopped": f"error: {error}"})
-        self.close()
+        # a second Ctrl-C (training/loop/signals.py) is for when the checkpoint's writing is what hangs: this process
+        # does not wait for it again
+        self.close(wait_for_checkpoint=not isinstance(error, KeyboardInterrupt))
 
     def loop_state(self, state: TrainState) -> LoopState:
         """Where the loop starts: step 0, or where the checkpoint left off (whose val loss is the run's last until it
@@ -377,11 +379,11 @@ class TrainingSession:
                 plot=self.cfg.logging.plot,
             )
 
-    def close(self) -> None:
+    def close(self, wait_for_checkpoint: bool = True) -> None:
         if self.prefetcher is not None:
             self.prefetcher.close()
         self.signals.uninstall()
-        if self.checkpointer is not None:
+        if self.checkpointer is not None and wait_for_checkpoint:
             self.checkpointer.close()
         if self.lock is not None:
             self.lock.release()
