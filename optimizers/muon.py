@@ -3,7 +3,8 @@
 `optimizer=muon` (conf/optimizer/muon.yaml) is one use of the parameter groups (optimizers/groups.py): Muon for the
 parameters of no group (the blocks' matrices), and a group `adam` of every embedding and vector with AdamW at 0.2x
 the learning rate (the leaderboard's tuned multiplier). A parameter that reaches this builder and is not a block
-matrix gets optax's Adam fallback.
+matrix gets optax's Adam fallback: AdamW at beta1 and beta2 with Muon's `nesterov` (so NAdam's update by default)
+and optax's eps (1e-8), decayed where the model decays it.
 
 `momentum_warmup` (steps, or a fraction of the run below 1; 0: off) and `momentum_start`: Muon's momentum rises
 linearly from momentum_start to `momentum` over the warm-up (the speedrun's 0.85 -> 0.95 over 300 steps);
