@@ -151,9 +151,6 @@ BAD_CONFIGS = [
     # values only the optimizer's builder checks: refused after the corpus had loaded and tokenised
     (["optimizer=muon", "optimizer.groups.matrix.ns_steps=0"], "optimizer.groups.matrix.ns_steps: must be >= 1"),
     (["optimizer=muon", "optimizer.ns_steps=0"], "optimizer.ns_steps: must be >= 1"),
-    # accepted and ignored: a segment that no later invocation could continue
-    (["checkpoint.save=false", "checkpoint.num_steps=4"], "checkpoint.num_steps: a segment is continued from its"),
-    (["checkpoint.save=false", "checkpoint.save_steps=2"], "checkpoint.save_steps: checkpoint.save=false writes no"),
     # conf/config.yaml shows `recipe: null` for none: Hydra said `Config group override must be a string or a list`
     (["recipe=null"], "recipe=null: a group takes one of its options (speedrun, speedrun-micro); leave it out"),
 ]

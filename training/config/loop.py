@@ -190,14 +190,6 @@ class CheckpointConfig:
             fail("checkpoint.num_steps", f"must be >= 1 (or null for up to train.max_steps); got {self.num_steps}")
         if self.max_to_keep is not None and self.max_to_keep < 1:
             fail("checkpoint.max_to_keep", f"must be >= 1 (or null to keep all); got {self.max_to_keep}")
-        if not self.save and self.num_steps is not None:  # a segment no later one could continue
-            fail(
-                "checkpoint.num_steps",
-                "a segment is continued from its checkpoint, which checkpoint.save=false "
-                "never writes: set checkpoint.save=true, or leave num_steps null",
-            )
-        if not self.save and self.save_steps is not None:
-            fail("checkpoint.save_steps", "checkpoint.save=false writes no checkpoint: leave save_steps null")
         if not isinstance(self.load, LoadMode):
             fail("checkpoint.load", f"must be {either(LoadMode)}; got {self.load!r}")
         if self.load == LoadMode.true and not self.load_path:
