@@ -166,10 +166,12 @@ def test_a_second_ctrl_c_aborts_at_once():
     assert result.returncode != 0 and "KeyboardInterrupt" in result.stderr
 
 
-def test_the_second_ctrl_cs_interrupt_leaves_the_session_without_waiting_for_the_checkpoint_again():
+def test_the_second_ctrl_cs_interrupt_leaves_at_once_without_waiting_for_the_checkpoint(monkeypatch, capsys):
     """The second Ctrl-C's KeyboardInterrupt came out of the wait for the hanging save, and the session's exit then
-    waited for the checkpointer again (its close): a third Ctrl-C was needed. Another error still waits for the save
-    (a complete last checkpoint)."""
+    waited for the checkpointer again (its close), and the interpreter's exit for Orbax's writer threads: a third
+    was needed. The process now leaves at once, exit 130; another error still waits for the save."""
+    import os
+
     from training.loop.session import TrainingSession
     from training.loop.signals import StopRequest
 
@@ -179,10 +181,24 @@ def test_the_second_ctrl_cs_interrupt_leaves_the_session_without_waiting_for_the
         def close(self):
             self.waited += 1
 
+    def leave(code):
+        raise SystemExit(code)
+
+    monkeypatch.setattr(os, "_exit", leave)
     for error, waits in ((KeyboardInterrupt(), 0), (RuntimeError("a bug"), 1)):
         session = object.__new__(TrainingSession)  # what its exit reads
         session.prefetcher, session.lock, session.signals, session.checkpointer = None, None, StopRequest(), Hanging()
-        session.__exit__(type(error), error, None)
+        if waits:
+            session.__exit__(type(error), error, None)
+        else:
+            with pytest.raises(SystemExit) as left:
+                session.__exit__(type(error), error, None)
+            assert left.value.code == 130
+            assert capsys.readouterr().err == (
+                "error: interrupted again: leaving without waiting for the checkpoint being written (the last "
+                "complete one stays)\n"
+            )
+            session.signals.uninstall()
         assert session.checkpointer.waited == waits
 
 

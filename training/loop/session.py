@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
+import sys
 import time
 from collections.abc import Iterator
 from types import TracebackType
@@ -145,9 +147,19 @@ class TrainingSession:
             # logged is flushed, and its summary says it stopped there (compare_runs and sweeps read it as unfinished)
             self.log.close()
             write_summary(self.plan.run_dir, {"stopped": f"error: {error}"})
-        # a second Ctrl-C (training/loop/signals.py) is for when the checkpoint's writing is what hangs: this process
-        # does not wait for it again
-        self.close(wait_for_checkpoint=not isinstance(error, KeyboardInterrupt))
+        if isinstance(error, KeyboardInterrupt):
+            # a second Ctrl-C (training/loop/signals.py) is for when the checkpoint's writing is what hangs: its
+            # writer's threads would hold the interpreter's exit too, so the process leaves at once (its lock and a
+            # half-written step go with it; the last complete checkpoint stays)
+            print(
+                "error: interrupted again: leaving without waiting for the checkpoint being written (the last "
+                "complete one stays)",
+                file=sys.stderr,
+                flush=True,
+            )
+            sys.stdout.flush()
+            os._exit(130)
+        self.close()
 
     def loop_state(self, state: TrainState) -> LoopState:
         """Where the loop starts: step 0, or where the checkpoint left off (whose val loss is the run's last until it
@@ -379,11 +391,11 @@ class TrainingSession:
                 plot=self.cfg.logging.plot,
             )
 
-    def close(self, wait_for_checkpoint: bool = True) -> None:
+    def close(self) -> None:
         if self.prefetcher is not None:
             self.prefetcher.close()
         self.signals.uninstall()
-        if self.checkpointer is not None and wait_for_checkpoint:
+        if self.checkpointer is not None:
             self.checkpointer.close()
         if self.lock is not None:
             self.lock.release()
