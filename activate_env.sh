@@ -81,26 +81,20 @@ if [ -e "$_gpt_root/.venv" ]; then
         echo "activate_env: $_gpt_root/.venv was made elsewhere (a moved or copied checkout) or its Python is" \
             "gone; making it anew" >&2
         declare -F deactivate >/dev/null && deactivate  # the old place's, a shell function (not a command of that name)
-        # kept aside until the new one is installed: offline, the old one comes back as it was
-        rm -rf "$_gpt_root/.venv.stale" && mv "$_gpt_root/.venv" "$_gpt_root/.venv.stale"
-        if _gpt_new_venv; then
-            rm -rf "$_gpt_root/.venv.stale"
-        else
-            declare -F deactivate >/dev/null && deactivate
-            rm -rf "$_gpt_root/.venv" && mv "$_gpt_root/.venv.stale" "$_gpt_root/.venv"
-            echo "activate_env: could not make $_gpt_root/.venv anew (is PyPI reachable?); the old one is back as" \
-                "it was" >&2
+        _gpt_new_venv || {
+            echo "activate_env: could not make $_gpt_root/.venv anew (is PyPI reachable?)" >&2
             return 1 2>/dev/null || exit 1
-        fi
+        }
     fi
 elif "${PYTHON:-python3}" -c 'import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in sys.argv[1:]))' \
         $_gpt_modules 2>/dev/null; then
     _gpt_python="$(command -v "${PYTHON:-python3}")"
-    # the scripts run `python`: this one, first on PATH (through a link of that name where its folder's `python` is
-    # another interpreter, or none)
+    _gpt_python="$(cd "$(dirname "$_gpt_python")" && pwd)/$(basename "$_gpt_python")"  # absolute
+    # the scripts run `python`: this one, first on PATH (through a link of that name, one folder per interpreter,
+    # where its folder's `python` is another interpreter, or none)
     _gpt_bin="$(dirname "$_gpt_python")"
     if ! [ "$_gpt_bin/python" -ef "$_gpt_python" ]; then
-        _gpt_bin="$_gpt_root/.python-bin"
+        _gpt_bin="$_gpt_root/.python-bin/$(printf %s "$_gpt_python" | sha256sum | cut -c1-12)"
         mkdir -p "$_gpt_bin" && ln -sfn "$_gpt_python" "$_gpt_bin/python"
     fi
     case ":$PATH:" in

@@ -406,6 +406,7 @@ def test_activate_env_makes_a_stale_venv_anew(how, tmp_path):
     for name in ("python", "python3"):
         (refuse / name).write_text('#!/bin/sh\necho refused: python "$@" >&2\nexit 97\n')
         (refuse / name).chmod(0o755)
+    before = sorted(str(p.relative_to(here)) for p in (here / ".venv").rglob("*"))
     proc = spawn(
         ["bash", "-c", 'source activate_env.sh; echo "rc=$? VIRTUAL_ENV=$VIRTUAL_ENV"'],
         cwd=here,
@@ -414,16 +415,14 @@ def test_activate_env_makes_a_stale_venv_anew(how, tmp_path):
         stderr=subprocess.PIPE,
         text=True,
     )
-    before = sorted(str(p.relative_to(here)) for p in (here / ".venv").rglob("*"))
     result = communicate(proc, timeout=60)
     assert result.stdout.splitlines() == ["rc=1 VIRTUAL_ENV="]  # not the old place's environment
     assert result.stderr.splitlines() == [
         f"activate_env: {here}/.venv was made elsewhere (a moved or copied checkout) or its Python is gone; making it "
         "anew",
-        f"activate_env: could not make {here}/.venv anew (is PyPI reachable?); the old one is back as it was",
+        f"activate_env: could not make {here}/.venv anew (is PyPI reachable?)",
     ]
-    assert sorted(str(p.relative_to(here)) for p in (here / ".venv").rglob("*")) == before
-    assert not (here / ".venv.stale").exists()
+    assert sorted(str(p.relative_to(here)) for p in (here / ".venv").rglob("*")) == before  # PYTHON=false: untouched
 
 
 def test_activate_env_puts_the_python_it_uses_first_on_path_as_python(tmp_path):
@@ -448,7 +447,8 @@ def test_activate_env_puts_the_python_it_uses_first_on_path_as_python(tmp_path):
     result = communicate(proc, timeout=120)
     assert result.returncode == 0, result.stderr
     assert os.path.realpath(result.stdout.strip()) == os.path.realpath(sys.executable)
-    assert os.path.realpath(tmp_path / ".python-bin" / "python") == str(other / "python3.99")
+    (link,) = (tmp_path / ".python-bin").glob("*/python")  # a folder per interpreter
+    assert os.path.realpath(link) == str(other / "python3.99")
 
 
 @pytest.mark.parametrize("which,hidden", [("", "torch"), ("test", None)], ids=["training without torch", "test"])
