@@ -226,11 +226,9 @@ def _json_rows(paths: list[str], d: JsonFilesConfig, columns: dict[str, str], ca
     try:
         loaded = datasets.load_dataset("json", data_files=paths, cache_dir=cache)["train"]
     except Exception as e:  # a malformed line: DatasetGenerationError, which names neither file nor line
-        if malformed := first_malformed(paths):
-            raise malformed from None
-        if len(paths) > 1:  # valid JSON whose keys or types differ from file to file: each file is read alone
-            raise ColumnsDiffer from None
-        raise unreadable_json(paths, e) from None
+        if len(paths) > 1:  # keys or types that differ from file to file: each file read alone (a malformed line
+            raise ColumnsDiffer from None  # is then named by its own file's read, the one file parsed in Python)
+        raise (first_malformed(paths) or unreadable_json(paths, e)) from None
     finally:
         datasets.logging.set_verbosity_error()
     check_strings(loaded, columns, paths)
