@@ -171,10 +171,14 @@ def test_bad_config_exits_2_with_one_line_naming_the_key(overrides, message, tmp
     assert not loaded, f"the corpus was read for a bad config: {loaded}"
 
 
-def test_a_group_set_to_null_is_a_config_error_from_load_config_too():
-    """load_config raised Hydra's ValueError, not the one-line ConfigError its callers catch."""
+def test_a_group_set_to_null_is_a_config_error_from_load_config_and_a_sweep_too(tmp_path, capsys):
+    """load_config raised Hydra's ValueError, not the one-line ConfigError its callers catch; a sweep said
+    `sweep: ValueError: Config group override must be a string or a list`."""
     with pytest.raises(ConfigError, match=r"^config: optimizer=null: a group takes one of its options \(adafactor, "):
         load_config(["optimizer=null"])
+    assert train_jax.command_line(["-m", "recipe=null", "train.seed=1,2", f"hydra.sweep.dir={tmp_path / 's'}"]) == 2
+    assert capsys.readouterr().err.startswith("error: config: recipe=null: a group takes one of its options")
+    assert not (tmp_path / "s").exists()
 
 
 def test_inf_is_a_value_only_where_it_means_unbounded_and_nan_nowhere():

@@ -89,6 +89,8 @@ def name_jobs_by_what_varies(argv: list[str]) -> list[str]:
 def execute(app: Callable[[], object], argv: list[str]) -> int:
     """Run `app` (the hydra.main-decorated task) on `argv`; the exit code."""
     argv = name_jobs_by_what_varies(hydra_argv(as_overrides(argv)))  # as_overrides: trainit's README forms too
+    if problem := config_lib.null_group_choice(_overrides(argv)):  # `recipe=null`, in a run or a sweep
+        return say(problem, exit_code=2)
     multirun = (args := _parsed(argv)) is not None and args.multirun
     if multirun and (sweep_dir := _given_sweep_dir(args.overrides)) is not None:
         try:  # a folder of another sweep's jobs, named on the command line: before anything runs or is written
@@ -134,10 +136,8 @@ def execute(app: Callable[[], object], argv: list[str]) -> int:
         if not multirun:
             if not (isinstance(e, ValueError) and _raised_by_hydra(e)):
                 raise
-            # Hydra's own flags misused (two of --cfg/--info/-sc, an unknown -sc command, a missing rerun file), or
-            # a group set to null
-            problem = config_lib.null_group_choice(_overrides(argv))
-            code = say(problem or PipelineError(first_line(e, 300)), exit_code=2)
+            # Hydra's own flags misused (two of --cfg/--info/-sc, an unknown -sc command, a missing rerun file)
+            code = say(PipelineError(first_line(e, 300)), exit_code=2)
         else:
             code = say(PipelineError(f"sweep: {type(e).__name__}: {first_line(e, 300)}{_raised_within(e)}"))
     finally:
