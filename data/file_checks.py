@@ -21,11 +21,6 @@ class ColumnsDiffer(Exception):
     key (datasets takes the first file's columns and types as every file's)."""
 
 
-def malformed_json(paths: list[str], error: Exception) -> DataError:
-    """The first line (JSON lines) or file (one JSON document) that does not parse; else the loader's own reason."""
-    return first_malformed(paths) or unreadable_json(paths, error)
-
-
 def first_malformed(paths: list[str]) -> DataError | None:
     """The first line (JSON lines) or file (one JSON document) that does not parse, an empty or unreadable file;
     None when every file is JSON."""

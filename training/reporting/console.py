@@ -112,7 +112,8 @@ def describe_run(
 
     devices = list(mesh.devices.flat)
     kinds = ", ".join(sorted({d.device_kind for d in devices}))
-    first_stage_lr = plan_stages(cfg)[0].lr_multiplier  # train.stages' multiplier, which the train step applies
+    stages = plan_stages(cfg)
+    first_stage_lr = stages[0].lr_multiplier  # train.stages' multiplier, which the train step applies
     t, m, o = cfg.train, cfg.model, cfg.optimizer
     start = ""
     if plan.resume is not None:
@@ -141,7 +142,7 @@ def describe_run(
         f"first step {float(schedule(0)) * first_stage_lr:.3g}) over {schedule_steps(cfg)} steps, clip {o.grad_clip:g}",
     ]
     if t.stages:
-        lines.append("stages     " + " | ".join(stage_line(s) for s in plan_stages(cfg)))
+        lines.append("stages     " + " | ".join(stage_line(s) for s in stages))
     if note := ignored_note(plan):
         lines.append(note)
     return lines
