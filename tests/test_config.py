@@ -153,6 +153,22 @@ BAD_CONFIGS = [
     (["optimizer=muon", "optimizer.ns_steps=0"], "optimizer.ns_steps: must be >= 1"),
     # conf/config.yaml shows `recipe: null` for none: Hydra said `Config group override must be a string or a list`
     (["recipe=null"], "recipe=null: a group takes one of its options (speedrun, speedrun-micro); leave it out"),
+    # a group chosen with a dot sets the key: OmegaConf said `Invalid type assigned: str is not a subclass of LrConfig`
+    (
+        ["optimizer.lr_config=cosine"],
+        "optimizer.lr_config is a config group, chosen with a slash: optimizer/lr_config=cosine (its options: "
+        "constant, cosine, linear, piecewise_linear, trapezoid)",
+    ),
+    # a misspelt key: the nearest of its section, or the sections with a key of its name
+    (
+        ["train.max_step=5"],
+        "unknown key 'train.max_step' (python train_jax.py --cfg lists every key); did you mean train.max_steps?",
+    ),
+    (
+        ["+model.n_layers=1"],
+        "unknown key 'model.n_layers' (python train_jax.py --cfg lists every key); did you mean model.n_layer?",
+    ),
+    (["train.context_size=32"], "did you mean dataset.context_size or model.context_size?"),
 ]
 
 

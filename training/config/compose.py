@@ -26,9 +26,9 @@ from omegaconf.errors import OmegaConfBaseException
 
 from core.checks import refuse_non_finite
 from core.errors import ConfigError
-from data.config import SOURCE_CONFIGS, dataset_schema, other_sources_hint
-from training.config.legacy import read_earlier_values, renamed_hint
-from training.config.nodes import CONF_DIR, one_line, schema_node
+from data.config import SOURCE_CONFIGS, dataset_schema
+from training.config.legacy import read_earlier_values
+from training.config.nodes import CONF_DIR, dotted_group, one_line, schema_node, unknown_key_hint
 from training.config.root import Config, check_across, check_devices, check_mup_base, check_schedule_points
 from training.config.stages import plan_stages
 
@@ -131,7 +131,7 @@ def null_group_choice(overrides: list[str]) -> ConfigError | None:
 def composition_error(e: BaseException, overrides: list[str]) -> ConfigError:
     """A failure to compose the config (an override that does not parse, an unknown key or option, a wrong type) as
     one line naming the argument or key: for `compose_config`, and for Hydra's own app (training/cli/app.py)."""
-    return ConfigError(_unparsable_override(overrides) or one_line(e))
+    return ConfigError(_unparsable_override(overrides) or dotted_group(overrides) or one_line(e))
 
 
 # Keys where inf is a setting, not a mistake: Prodigy's and D-Adaptation's growth_rate (inf, their default: d grows
@@ -217,7 +217,7 @@ def _reject_unknown_keys(node: DictConfig, schema: type, prefix: str) -> None:
         if key not in fields:
             raise ConfigError(
                 f"config: unknown key '{prefix}{key}' (python train_jax.py --cfg lists every key)"
-                f"{renamed_hint(prefix + str(key))}{other_sources_hint(prefix + str(key))}"
+                f"{unknown_key_hint(prefix + str(key), node, sorted(fields))}"
             )
         if dataclasses.is_dataclass(types[key]) and isinstance(node[key], DictConfig):
             _reject_unknown_keys(node[key], types[key], f"{prefix}{key}.")

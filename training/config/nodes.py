@@ -4,6 +4,7 @@ as one line naming the key, and a config as plain data (YAML, a dict, flat hyper
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 from enum import Enum
 from pathlib import Path
@@ -85,7 +86,7 @@ def _unknown_key_or_option(e: BaseException, cause: BaseException, full_key: str
         if unknown:
             return (
                 f"config: unknown key '{key.group(1)}' (python train_jax.py --cfg lists every key)"
-                f"{renamed_hint(key.group(1))}{other_sources_hint(key.group(1))}"
+                f"{unknown_key_hint(key.group(1), getattr(cause, 'parent_node', None))}"
             )
     missing = re.search(r"Could not find '([\w/]+)/([^']+)'", str(e))
     if missing and missing.group(1).startswith("hydra/"):  # launchers and sweepers are plugins' as well as files
@@ -97,6 +98,53 @@ def _unknown_key_or_option(e: BaseException, cause: BaseException, full_key: str
         group, choice = missing.groups()
         options = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
         return f"config: {group}={choice} does not exist; choose one of {', '.join(options)}"
+    return None
+
+
+def unknown_key_hint(key: str, section: DictConfig | None, known: list[str] | None = None) -> str:
+    """Where an unknown key's value may belong: its new name (a renamed key), the dataset sources that read it, the
+    nearest key of its section (`train.max_step` -> train.max_steps), or the sections that have a key of its name
+    (`train.context_size` -> model.context_size or dataset.context_size); '' when none. `section`: the node the key
+    was set in, whose root is the whole config; `known`: the section's keys (default: the node's own)."""
+    said = renamed_hint(key) + other_sources_hint(key)
+    if said or not isinstance(section, DictConfig):
+        return said
+    prefix, _, leaf = key.rpartition(".")
+    siblings = [str(k) for k in (section.keys() if known is None else known) if str(k) != leaf]
+    close = difflib.get_close_matches(leaf, siblings, n=1, cutoff=0.75)
+    if close:
+        return f"; did you mean {prefix + '.' if prefix else ''}{close[0]}?"
+    paths = _key_paths(section._get_root(), "")
+    elsewhere = [path for path in paths if path != key and path.rpartition(".")[2] == leaf]
+    return f"; did you mean {' or '.join(elsewhere[:3])}?" if elsewhere else ""
+
+
+def _key_paths(node: DictConfig, prefix: str) -> list[str]:
+    paths = []
+    for k in node.keys():
+        child = node._get_node(k)
+        paths.append(f"{prefix}{k}")
+        if isinstance(child, DictConfig) and OmegaConf.get_type(child) is not dict:  # not into a dict of data
+            paths.extend(_key_paths(child, f"{prefix}{k}."))
+    return paths
+
+
+def dotted_group(overrides: list[str]) -> str | None:
+    """`optimizer.lr_config=cosine`: a config group chosen with a dot, which sets the key instead (OmegaConf's
+    words: `Invalid type assigned: str is not a subclass of LrConfig`); the fix is the slash. None when no override
+    is one."""
+    for line in overrides:
+        key, eq, value = line.partition("=")
+        key = key.lstrip("+~")
+        group = CONF_DIR / key.replace(".", "/")
+        if not eq or "." not in key or not group.is_dir() or not re.fullmatch(r"[A-Za-z_][\w.-]*", value):
+            continue
+        options = sorted(p.stem for p in group.glob("*.yaml"))
+        slash = key.replace(".", "/")
+        return (
+            f"config: {key} is a config group, chosen with a slash: {slash}={value} (its options: "
+            f"{', '.join(options)}); a dot sets one key of it, e.g. {key}.<key>=<value>"
+        )
     return None
 
 
