@@ -354,6 +354,17 @@ def test_test_fraction_0_means_no_test_split_streamed_or_not(tmp_path, layout):
     assert data.summary.startswith("tokens: train ") and "test" not in data.summary
 
 
+def test_an_empty_test_split_held_out_at_a_test_fraction_above_0_is_refused(tmp_path):
+    """Only test_fraction=0 means no test split: at 0.001 of 200 rows the stream holds out none, and the run that
+    asked for a test split is told so instead of training without one."""
+    from data import make_data
+
+    write_jsonl(tmp_path / "rows.jsonl", 200)
+    cfg = load_config(streamed(tmp_path / "rows.jsonl", tmp_path / "cache", "dataset.test_fraction=0.001"))
+    with pytest.raises(DataError, match=r"split 'test' has 0 tokens, fewer than two windows of 32"):
+        make_data(cfg, load_corpus(cfg.dataset), ByteTokenizer(), 32, 0, 1)
+
+
 @pytest.mark.parametrize("source", ["text_files", "hf"])
 def test_num_proc_above_1_loads_the_same_store_without_forking(tmp_path, source):
     """dataset.num_proc=2 for text: the same token store as one process, and this process (which runs JAX) is
