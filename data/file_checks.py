@@ -8,6 +8,8 @@ failure, or over the columns a run reads, and say where: `<file> line <n>`.
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from core.errors import DataError, first_line
@@ -51,14 +53,51 @@ def first_malformed(paths: list[str]) -> DataError | None:
 
 def unreadable_json(paths: list[str], error: Exception) -> DataError:
     """Files of valid JSON that datasets' loader still fails on: its reason, in one line."""
-    cause = error.__cause__ or error
-    if type(cause).__name__ == "CastError":  # one file whose later rows carry other keys than its first ones
-        return DataError(
-            f"dataset.files: {paths[0]}: its rows do not all have the same keys (datasets takes them from the file's "
-            "first rows); give every row the same keys, or split the file where they change"
-        )
-    reason = first_line(cause)
+    reason = first_line(error.__cause__ or error)
     return DataError(f"dataset.files: {', '.join(paths[:3])}: datasets cannot read them as JSON ({reason})")
+
+
+def json_columns(path: str, columns: dict[str, str], cache: str) -> datasets.Dataset:
+    """The columns ({config key: column}) of every row of one JSON-lines file (or of one JSON array of rows), read
+    in Python into an Arrow dataset under `cache`: for a file whose rows change keys past its first 10 MB, which
+    datasets' loader cannot read (it takes the keys of the first 10 MB as the file's). A missing key is null
+    (check_filled names its row); a value that is not a string is a DataError naming its line."""
+    from datasets import Dataset, Features, Value
+
+    stat = os.stat(path)
+    try:
+        return Dataset.from_generator(
+            _column_rows,
+            features=Features(dict.fromkeys(columns.values(), Value("string"))),
+            gen_kwargs={"path": path, "columns": columns, "stamp": (stat.st_size, stat.st_mtime_ns)},
+            cache_dir=cache,
+        )
+    except Exception as e:  # datasets wraps what the generator raised in its DatasetGenerationError
+        if isinstance(e.__cause__ or e.__context__, DataError):
+            raise (e.__cause__ or e.__context__) from None
+        raise
+
+
+def _column_rows(path: str, columns: dict[str, str], stamp: tuple[int, int]) -> Iterator[dict[str, str | None]]:
+    """The rows of `path` in the order `_row_labels` numbers them, as {column: value}; `stamp` (the file's size and
+    modification time) keys datasets' cache to the file as it is."""
+    with open(path, encoding="utf-8") as f:
+        array = f.read(1 << 16).lstrip().startswith("[")
+        f.seek(0)
+        if array:
+            rows = ((f" (record {i + 1})", row) for i, row in enumerate(json.load(f)))
+        else:
+            rows = ((f" line {n}", json.loads(line)) for n, line in enumerate(f, start=1) if line.strip())
+        for where, row in rows:
+            values = {column: row.get(column) if isinstance(row, dict) else None for column in columns.values()}
+            for key, column in columns.items():
+                if values[column] is not None and not isinstance(values[column], str):
+                    value = values[column]
+                    raise DataError(
+                        f"dataset.{key}: {column!r} is {json.dumps(value)[:40]} ({type(value).__name__}), not text, "
+                        f"in {path}{where}; every record's {column!r} must be a string"
+                    )
+            yield values
 
 
 def not_utf8(paths: list[str], error: UnicodeDecodeError) -> DataError:

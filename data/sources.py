@@ -219,7 +219,14 @@ def _load_json(paths: list[str], d: JsonFilesConfig, cache: str) -> dict[str, da
 def _json_rows(paths: list[str], d: JsonFilesConfig, columns: dict[str, str], cache: str) -> datasets.Dataset:
     """The run's columns of the rows of `paths`, read together (one schema), checked: each holds a string in every
     row."""
-    from data.file_checks import ColumnsDiffer, check_filled, check_strings, first_malformed, unreadable_json
+    from data.file_checks import (
+        ColumnsDiffer,
+        check_filled,
+        check_strings,
+        first_malformed,
+        json_columns,
+        unreadable_json,
+    )
 
     datasets = hf_datasets()
     datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # a malformed line is said once, below
@@ -228,7 +235,12 @@ def _json_rows(paths: list[str], d: JsonFilesConfig, columns: dict[str, str], ca
     except Exception as e:  # a malformed line: DatasetGenerationError, which names neither file nor line
         if len(paths) > 1:  # keys or types that differ from file to file: each file read alone (a malformed line
             raise ColumnsDiffer from None  # is then named by its own file's read, the one file parsed in Python)
-        raise (first_malformed(paths) or unreadable_json(paths, e)) from None
+        if (malformed := first_malformed(paths)) is not None:
+            raise malformed from None
+        if type(e.__cause__ or e).__name__ != "CastError":
+            raise unreadable_json(paths, e) from None
+        # one file whose rows past datasets' first 10 MB carry other keys: its rows read here, the run's columns only
+        loaded = json_columns(paths[0], columns, cache)
     finally:
         datasets.logging.set_verbosity_error()
     check_strings(loaded, columns, paths)

@@ -1,5 +1,6 @@
 """Data: deterministic splits, packing with <EOS>, and batches that are a pure function of (seed, step, process)."""
 
+import re
 import socket
 
 import numpy as np
@@ -310,6 +311,26 @@ def test_a_json_row_without_text_is_named_by_file_and_line(tmp_path, data_cache,
     with pytest.raises(DataError) as caught:
         _ = corpus.datasets
     assert message.format(*paths) in str(caught.value), caught.value
+
+
+@pytest.mark.parametrize(
+    ("late", "message"),
+    [({"text": "late", "url": "u"}, None), ({"text": 7, "url": "u"}, "'text' is 7 (int), not text, in {0} line 1101")],
+    ids=["another key", "a number"],
+)
+def test_one_json_file_whose_rows_change_keys_past_10_mb_is_read(tmp_path, data_cache, late, message):
+    """datasets takes a file's keys from its first 10 MB: a row after them with another key was refused ('its rows do
+    not all have the same keys'). Every row is read, in order; a bad value there is still named by its line."""
+    rows = [{"text": f"{i} " + "x" * 10_000} for i in range(1100)] + [late, {"text": "last"}]
+    paths, d, corpus = _json_corpus(tmp_path, data_cache, [rows])
+    assert paths[0].stat().st_size > 11 * 10**6
+    if message:
+        with pytest.raises(DataError, match=re.escape(message.format(*paths))):
+            _ = corpus.datasets
+        return
+    split = [split_of(f"row-{i}", d.val_fraction, d.test_fraction) for i in range(len(rows))]
+    expected = {name: [r["text"] for r, s in zip(rows, split) if s == name] for name in set(split)}
+    assert {name: list(part["text"]) for name, part in corpus.datasets.items()} == expected
 
 
 def test_a_glob_that_matches_a_directory_takes_the_files_under_it(tmp_path):
