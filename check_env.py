@@ -6,7 +6,8 @@
 Packages are found (importlib's `find_spec`), not imported: importing all of them took 15 s on 2 CPU cores (torch,
 optuna and tensorboardX's torch import alone 10 s) before every `scripts/test.sh`, whose tests import each anyway.
 Only JAX is imported, for the backend and devices. Where `nvidia-smi -L` lists a GPU but JAX's backend is the CPU
-(the CPU build of jaxlib installed), a one-line warning says how to get the CUDA build.
+(the CPU build of jaxlib installed), a one-line warning says how to get the CUDA build; where an installed version is
+outside pyproject.toml's range for it (a Python used as it is: a GPU image, a cluster's module), one line names them.
 """
 
 from __future__ import annotations
@@ -14,7 +15,11 @@ from __future__ import annotations
 import importlib.util
 import platform
 import sys
+import tomllib
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+PYPROJECT = Path(__file__).resolve().parent / "pyproject.toml"
 
 REQUIRED = {  # distribution name -> module it provides
     "jax": "jax",
@@ -78,6 +83,12 @@ def main(argv: list[str]) -> int:
         fix = "source activate_env.sh test" if test else "source activate_env.sh"
         print(f"error: missing packages: {'; '.join(missing)}. Run `{fix}`", file=sys.stderr)
         return 1
+    if outside := outside_ranges():
+        print(
+            f"warning: outside pyproject.toml's ranges: {'; '.join(outside)}. The tested versions are "
+            "requirements*.txt's (source activate_env.sh installs them)",
+            file=sys.stderr,
+        )
     import jax
 
     try:
@@ -108,6 +119,28 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
     return 0
+
+
+def outside_ranges() -> list[str]:
+    """`<package> <version> (wants <range>)` for each installed package of pyproject.toml's dependencies and extras
+    whose version its range excludes (pre-releases and local builds, such as a GPU image's, count as their
+    version)."""
+    from packaging.requirements import Requirement
+
+    if not PYPROJECT.exists():
+        return []
+    project = tomllib.loads(PYPROJECT.read_text())["project"]
+    lines = [*project["dependencies"], *(r for extra in project["optional-dependencies"].values() for r in extra)]
+    outside = {}
+    for line in lines:
+        wanted = Requirement(line)
+        try:
+            installed = version(wanted.name)
+        except PackageNotFoundError:
+            continue  # missing: said above where needed
+        if wanted.specifier and not wanted.specifier.contains(installed, prereleases=True):
+            outside[wanted.name] = f"{wanted.name} {installed} (wants {wanted.specifier})"
+    return list(outside.values())
 
 
 def nvidia_gpus() -> list[str]:

@@ -328,6 +328,22 @@ def test_check_env_names_a_backend_that_cannot_start_in_one_line(monkeypatch, ca
     ]
 
 
+def test_check_env_warns_in_one_line_of_versions_outside_pyprojects_ranges(monkeypatch, capsys):
+    """A Python used as it is (a GPU image's) may hold other versions than the lock: those outside pyproject.toml's
+    ranges are named on one warning line; a pre-release or local build inside a range is not. Exit 0 either way."""
+    import check_env
+
+    assert check_env.main(["--test"]) == 0 and "warning" not in capsys.readouterr().err  # this .venv: the lock
+    installed = check_env.version
+    faked = {"jax": "0.9.0", "optax": "0.2.9.dev20261101+cuda", "optuna": "3.6.1"}
+    monkeypatch.setattr(check_env, "version", lambda name: faked.get(name) or installed(name))
+    assert check_env.main([]) == 0
+    assert [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning")] == [
+        "warning: outside pyproject.toml's ranges: jax 0.9.0 (wants <0.11,>=0.10.2); optuna 3.6.1 (wants <3,>=2.10.1)."
+        " The tested versions are requirements*.txt's (source activate_env.sh installs them)"
+    ]
+
+
 def test_check_env_warns_in_one_line_when_a_gpu_is_here_but_jax_runs_on_the_cpu(tmp_path, monkeypatch, capsys):
     """An `nvidia-smi` on PATH that lists a GPU (a stand-in printing what the real one prints) while JAX's backend
     is the CPU: one warning line on stderr saying how to get the CUDA build; exit 0. Without it, no warning."""
