@@ -102,9 +102,32 @@ def test_a_sweep_of_segments_runs_every_jobs_segment_and_the_same_command_contin
     assert train_jax.command_line(command) == 0
     steps = lambda: [max(r["step"] for r in read_metrics(sweep / d, "train")) for d in job_dirs(sweep)]  # noqa: E731
     assert steps() == [2, 2]
-    assert "stopped by a signal" not in capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert "stopped by a signal" not in err
+    # a segment's loss is not a final one: the jobs were `completed`, the best of them the sweep's best (and an
+    # Optuna trial's value)
+    assert "sweep: 0 of 2 jobs completed, 2 paused after their checkpoint.num_steps segment (the same command" in out
+    summary = json.loads((sweep / "sweep.json").read_text())
+    assert [j["status"] for j in summary["jobs"]] == ["paused"] * 2 and summary["best"] is None
+    assert (summary["completed"], summary["paused"], summary["failed"]) == (0, 2, 0)
     assert train_jax.command_line([*command, "checkpoint.load=auto"]) == 0
     assert steps() == [4, 4]
+    summary = json.loads((sweep / "sweep.json").read_text())
+    assert (summary["completed"], summary["paused"], summary["failed"]) == (2, 0, 0) and summary["best"] is not None
+    assert "sweep: 2 of 2 jobs completed; summary in" in capsys.readouterr().out
+
+
+def test_segments_under_an_optuna_sweeper_are_refused_before_anything_runs(data_cache, tmp_path, capsys):
+    """The study took each job's step-3 loss of 8 steps as the trial's value (best_value in optimization_results.yaml),
+    and a stored study continued by the same command held those beside the finished runs' values."""
+    sweep = tmp_path / "sweep"
+    command = sweep_command(data_cache, sweep, "hydra/sweeper=lr_search", "hydra.sweeper.n_trials=2")
+    assert train_jax.command_line([*command, "checkpoint.num_steps=3"]) == 2
+    assert capsys.readouterr().err == (
+        "error: config: checkpoint.num_steps=3: an Optuna study takes each job's val loss as its trial's final value, "
+        "and a segment's is not final (nor does a later study continue the trial): run the study's jobs whole\n"
+    )
+    assert not sweep.exists()
 
 
 def test_a_sweep_is_the_same_sweep_in_another_order_and_continued_from_its_checkpoints():
@@ -118,6 +141,13 @@ def test_a_sweep_is_the_same_sweep_in_another_order_and_continued_from_its_check
     assert not same_sweep(asked, ["train.seed=0,1", "optimizer=adamw"])
     assert not same_sweep(asked, [*asked, "train.max_steps=9"])
     assert same_sweep([*asked, "system.process_id=0"], [*asked, "system.process_id=1"])  # launch_multihost.sh's
+    # an Optuna study's sampler seed or search space chooses its jobs (another seed's study was taken into the
+    # folder, and its summary listed two job 0s); more trials extend the same study
+    study = [*asked, "hydra/sweeper=lr_search", "hydra.sweeper.n_trials=2"]
+    assert not same_sweep(study, [*study, "hydra.sweeper.sampler.seed=1"])
+    assert not same_sweep(study, [*study, "+hydra.sweeper.params={optimizer.weight_decay: interval(0, 0.2)}"])
+    assert not same_sweep(study, asked)
+    assert same_sweep(study, [*study, "hydra.sweeper.n_trials=20", "hydra.sweeper.n_jobs=2"])
 
 
 def test_a_folder_whose_sweep_ran_no_job_takes_another_sweep(tmp_path):

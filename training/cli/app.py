@@ -97,6 +97,8 @@ def execute(app: Callable[[], object], argv: list[str]) -> int:
             sweep.check_request(sweep_dir, args.overrides)
         except PipelineError as e:
             return say(e, exit_code=2)
+    if multirun and (problem := sweep.segments_of_a_study(args.overrides)):
+        return say(problem, exit_code=2)
     saved_argv, saved_env = sys.argv, {k: os.environ.get(k) for k in ("HYDRA_FULL_ERROR", "PYTHONPATH")}
     sys.argv = [saved_argv[0], *argv]
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra's errors reach this function as exceptions, not printed tracebacks
@@ -168,8 +170,14 @@ def _report_sweep(sweep_dir: Path, code: int) -> int:
             return code
         return say(PipelineError(f"sweep {sweep_dir}: the sweep has no job (a value list or range is empty)"), "", 2)
     summary = sweep.summarize_sweep(sweep_dir)
+    paused = (
+        f", {summary['paused']} paused after their checkpoint.num_steps segment (the same command with "
+        "checkpoint.load=auto continues them)"
+        if summary["paused"]
+        else ""
+    )
     print(
-        f"sweep: {summary['completed']} of {len(summary['jobs'])} jobs completed; summary in "
+        f"sweep: {summary['completed']} of {len(summary['jobs'])} jobs completed{paused}; summary in "
         f"{sweep_dir / 'sweep.md'} (and sweep.json)",
         flush=True,
     )
@@ -183,7 +191,7 @@ def _report_sweep(sweep_dir: Path, code: int) -> int:
         return 1
     if not summary["failed"]:
         return 0
-    numbers = ", ".join(str(j["job"]) for j in summary["jobs"] if j["status"] != sweep.COMPLETED)
+    numbers = ", ".join(str(j["job"]) for j in summary["jobs"] if j["status"] not in (sweep.COMPLETED, sweep.PAUSED))
     print(
         f"error: sweep {sweep_dir}: {summary['failed']} of {len(summary['jobs'])} jobs failed or did not finish "
         f"(job {numbers}); {sweep_dir / 'sweep.md'} says why",
@@ -259,12 +267,13 @@ def _sweep_job(
 
     stopped = sweep.stop_reason(Path(record["run_dir"]))
     signalled = stopped not in (None, "max_steps", "time limit", "checkpoint.num_steps")  # the last two: as asked
+    paused = stopped == "checkpoint.num_steps"  # a segment that ended before train.max_steps: not a final loss
     if jax.process_index() == 0:
         sweep.write_record(
             job_dir,
             {
                 **record,
-                "status": sweep.STOPPED if signalled else sweep.COMPLETED,
+                "status": sweep.STOPPED if signalled else sweep.PAUSED if paused else sweep.COMPLETED,
                 "val_loss": value,
                 "stopped": stopped,
                 "wall_s": round(time.time() - started, 1),

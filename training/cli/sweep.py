@@ -27,7 +27,7 @@ from typing import IO, Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from core.errors import PipelineError
+from core.errors import ConfigError, PipelineError
 from core.files import write_atomic
 from training.config import layout
 from training.reporting.compare import markdown, write_comparison
@@ -37,6 +37,9 @@ JOB_RECORD = "job.json"
 REQUEST = "sweep_request.json"  # the overrides the folder's sweep was started with (job directories aside)
 DIRNAME_MAX = 160  # characters of a job directory's name (file systems allow 255 bytes per name)
 COMPLETED, FAILED, RUNNING, STOPPED = "completed", "failed", "running", "stopped"
+# A job whose run ended its checkpoint.num_steps segment before train.max_steps: as asked, not finished (its loss is
+# not a final one); the same command with checkpoint.load=auto continues it
+PAUSED = "paused"
 
 # Sweep directories this process started (noted by SweepSummary), for training/cli/app.py to summarise at the end.
 started: list[Path] = []
@@ -68,10 +71,12 @@ def holds_jobs(sweep_dir: Path) -> bool:
     return (sweep_dir / "sweep.json").exists() or bool(read_records(sweep_dir))
 
 
-# Overrides that do not change which jobs a sweep runs: Hydra's own settings (its sweep folder, launcher, sweeper's
-# settings), how the jobs start from their checkpoints (checkpoint.load=auto continues a stopped sweep) and where
-# they run (system.*: each process of launch_multihost.sh has its own system.process_id).
-_NOT_THE_JOBS = re.compile(r"^[+~]*(hydra[./]|checkpoint\.|system\.)")
+# Overrides that do not change which jobs a sweep runs: Hydra's own settings (its sweep folder, launcher, logging),
+# how the jobs start from their checkpoints (checkpoint.load=auto continues a stopped sweep) and where they run
+# (system.*: each process of launch_multihost.sh has its own system.process_id). The sweeper and its settings do
+# choose the jobs (an Optuna study's search space, sampler and seed), except how many trials it asks in all and at
+# once (more trials extend a study).
+_NOT_THE_JOBS = re.compile(r"^[+~]*(hydra[./](?!sweeper\b)|hydra\.sweeper\.n_(trials|jobs)=|checkpoint\.|system\.)")
 
 
 def same_sweep(asked: list[str], overrides: list[str]) -> bool:
@@ -94,6 +99,28 @@ def check_request(sweep_dir: Path, overrides: list[str], what: str = "hydra.swee
             f"{what}: {sweep_dir} holds another sweep's jobs ({' '.join(asked) or 'no overrides'}); give this one "
             "another output folder, or remove that one to run it again"
         )
+
+
+def segments_of_a_study(overrides: list[str]) -> ConfigError | None:
+    """checkpoint.num_steps under an Optuna sweeper: the study would take each segment's val loss as its trial's
+    final value (and a later command's study asks new trials instead of continuing those). None where the command
+    asks for no segments or another sweeper."""
+    segments = [o for o in overrides if re.match(r"^\+*checkpoint\.num_steps=(?!null$)", o)]
+    chosen = [o for o in overrides if re.match(r"^\+*hydra/sweeper=", o)]
+    if not segments or not chosen:
+        return None
+    from hydra import compose, initialize_config_dir
+
+    from training.config.nodes import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        hydra = compose(config_name="config", overrides=chosen[-1:], return_hydra_config=True).hydra
+    if "optuna" not in str(OmegaConf.select(hydra, "sweeper._target_", default="")).lower():
+        return None
+    return ConfigError(
+        f"config: {segments[-1]}: an Optuna study takes each job's val loss as its trial's final value, and a "
+        "segment's is not final (nor does a later study continue the trial): run the study's jobs whole"
+    )
 
 
 def write_atomic_in(folder: Path, name: str, text: str) -> None:
@@ -140,24 +167,33 @@ def read_records(sweep_dir: Path) -> list[dict[str, Any]]:
 
 def summarize_sweep(sweep_dir: Path) -> dict[str, Any]:
     """sweep.json and sweep.md from the jobs' records, and the comparison of their runs; returns what sweep.json
-    holds (`jobs`, `completed`, `failed`: jobs that did not complete, `best`)."""
+    holds (`jobs`, `completed`, `paused`: jobs that ended a checkpoint.num_steps segment, `failed`: the other jobs
+    that did not complete, `best`: the completed job of the lowest final val loss)."""
     jobs = read_records(sweep_dir)
     common = set.intersection(*(set(j["overrides"]) for j in jobs)) if jobs else set()
     for j in jobs:
         j["differs"] = [o for o in j["overrides"] if o not in common]
     done = [j for j in jobs if j["status"] == COMPLETED and finite_number(j.get("val_loss"))]
     best = min(done, key=lambda j: j["val_loss"]) if done else None
-    failed = [j for j in jobs if j["status"] != COMPLETED]
+    paused = [j for j in jobs if j["status"] == PAUSED]
+    failed = [j for j in jobs if j["status"] not in (COMPLETED, PAUSED)]
     summary = {
         "sweep_dir": str(sweep_dir),
-        "completed": len(jobs) - len(failed),
+        "completed": len(jobs) - len(failed) - len(paused),
+        "paused": len(paused),
         "failed": len(failed),
         "best": best,
         "jobs": jobs,
     }
     (sweep_dir / "sweep.json").write_text(json.dumps(summary, indent=2))
 
-    status = {COMPLETED: COMPLETED, FAILED: FAILED, RUNNING: "did not finish", STOPPED: "stopped by a signal"}
+    status = {
+        COMPLETED: COMPLETED,
+        FAILED: FAILED,
+        RUNNING: "did not finish",
+        STOPPED: "stopped by a signal",
+        PAUSED: "paused (checkpoint.num_steps)",
+    }
     rows = [
         {
             "job": j["job"],
@@ -173,7 +209,9 @@ def summarize_sweep(sweep_dir: Path) -> dict[str, Any]:
     lines = [
         f"# Sweep {sweep_dir.name}",
         "",
-        f"{len(jobs)} jobs: {summary['completed']} completed, {len(failed)} failed or unfinished.",
+        f"{len(jobs)} jobs: {summary['completed']} completed, "
+        + (f"{len(paused)} paused after a checkpoint.num_steps segment, " if paused else "")
+        + f"{len(failed)} failed or unfinished.",
         "",
         markdown(["job", "status", "val final", "overrides", "run", "error"], rows),
     ]
