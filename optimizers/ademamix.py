@@ -17,14 +17,14 @@ from optimizers.decay import fixed
 from optimizers.registry import register
 
 
-def alpha_schedule(alpha: float, warmup: int) -> optax.ScalarOrSchedule:
+def alpha_schedule(alpha: float, warmup: float) -> optax.ScalarOrSchedule:
     """alpha x min(1, t / warmup) at the t-th update (t = count + 1, as the paper's reference code counts)."""
     if warmup == 0:
         return alpha
     return lambda count: alpha * jnp.minimum((count + 1) / warmup, 1.0)
 
 
-def beta3_schedule(beta_start: float, beta3: float, warmup: int) -> optax.ScalarOrSchedule:
+def beta3_schedule(beta_start: float, beta3: float, warmup: float) -> optax.ScalarOrSchedule:
     """From beta_start to beta3 with the half-life ln(1/2) / ln(beta) linear in t (the paper's f_beta3)."""
     if warmup == 0:
         return beta3
@@ -53,8 +53,8 @@ def ademamix(
     beta2: float,
     beta3: float,
     alpha: float,
-    alpha_warmup: int,
-    beta3_warmup: int,
+    alpha_warmup: float,
+    beta3_warmup: float,
     eps: float,
     weight_decay: float,
 ) -> optax.GradientTransformation:

@@ -169,6 +169,14 @@ BAD_CONFIGS = [
         "unknown key 'model.n_layers' (python train_jax.py --cfg lists every key); did you mean model.n_layer?",
     ),
     (["train.context_size=32"], "did you mean dataset.context_size or model.context_size?"),
+    # an optimizer's own warm-ups were taken unchecked: sf_warmup=100 in an 8-step run kept the step size under 8%
+    (
+        ["optimizer=schedule_free_adamw", "optimizer.lr_config.warmup=0", "optimizer.sf_warmup=100"],
+        "optimizer.sf_warmup: 100 steps exceed the run's 8 (train.max_steps), which never ends the warm-up",
+    ),
+    (["optimizer=muon", "optimizer.momentum_warmup=2.5"], "optimizer.momentum_warmup: 1 or more is a number of steps"),
+    (["optimizer=muon", "optimizer.momentum_warmup=-1"], "optimizer.momentum_warmup: must be >= 0"),
+    (["optimizer=ademamix", "optimizer.beta3_warmup=9"], "optimizer.beta3_warmup: 9 steps exceed the run's 8"),
 ]
 
 
@@ -185,6 +193,16 @@ def test_bad_config_exits_2_with_one_line_naming_the_key(overrides, message, tmp
     assert not run_dir.exists(), "nothing is written for a bad config"
     loaded = [p.name for p in (tmp_path / "data").glob("*") if p.name != "jax"]  # jax: a run's compile cache
     assert not loaded, f"the corpus was read for a bad config: {loaded}"
+
+
+def test_an_optimizers_own_warmup_below_1_is_a_fraction_of_the_run_for_every_method():
+    """As lr_config.warmup (optimizers/schedules.py own_warmups_in_steps); AdEMAMix's two were typed int, and 0.5
+    was refused as `could not be converted to Integer`."""
+    from optimizers import own_warmups_in_steps
+
+    cfg = load_config(["optimizer=ademamix", "optimizer.alpha_warmup=0.5", "optimizer.beta3_warmup=0.25"])
+    steps = own_warmups_in_steps(cfg.optimizer, 20)
+    assert (steps.alpha_warmup, steps.beta3_warmup) == (10, 5)
 
 
 def test_a_group_set_to_null_is_a_config_error_from_load_config_and_a_sweep_too(tmp_path, capsys):

@@ -29,7 +29,14 @@ from core.errors import ConfigError
 from data.config import SOURCE_CONFIGS, dataset_schema
 from training.config.legacy import read_earlier_values
 from training.config.nodes import CONF_DIR, dotted_group, one_line, schema_node, unknown_key_hint
-from training.config.root import Config, check_across, check_devices, check_mup_base, check_schedule_points
+from training.config.root import (
+    Config,
+    check_across,
+    check_devices,
+    check_mup_base,
+    check_own_warmups,
+    check_schedule_points,
+)
 from training.config.stages import plan_stages
 
 ConfigStore.instance().store(name="base_config", node=schema_node(Config))  # conf/config.yaml's first default
@@ -155,6 +162,7 @@ def finish(composed: DictConfig, num_local_devices: int | None = None, saved: bo
     check_across(cfg)
     if not saved:
         check_schedule_points(cfg)
+        check_own_warmups(cfg)
         check_mup_base(cfg)
     plan_stages(cfg)  # train.stages: every stage at least one step of the run
     if num_local_devices is not None:

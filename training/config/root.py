@@ -3,6 +3,7 @@ from it where they are used (never written back)."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -101,6 +102,29 @@ def check_schedule_points(cfg: Config) -> None:
             f"the last point, at step {last} (its boundary after the warmup), is past the schedule's {steps} steps, "
             "which never reach it: give boundaries within the run",
         )
+
+
+def check_own_warmups(cfg: Config) -> None:
+    """The warm-ups an optimizer runs inside itself (`sf_warmup`, `momentum_warmup`, `alpha_warmup`, ...: any
+    hyper-parameter named `*_warmup`) read as `optimizer.lr_config.warmup` is (optimizers/schedules.py
+    own_warmups_in_steps), so they are checked as it is: 0 or more, whole steps from 1 up, and ending within the run
+    (sf_warmup=100 in an 8-step run kept the step size under 8% of sf_lr, unsaid). Not for a saved config: the run it
+    describes trained that way."""
+    for f in dataclasses.fields(cfg.optimizer):
+        value = getattr(cfg.optimizer, f.name)
+        if not f.name.endswith("_warmup") or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue  # prodigy's safeguard_warmup is a switch
+        key = f"optimizer.{f.name}"
+        if value < 0:
+            fail(key, f"must be >= 0 (steps, or below 1 a fraction of the run); got {value:g}")
+        if value >= 1 and value != int(value):
+            fail(key, f"1 or more is a number of steps, a whole one (below 1, a fraction of the run); got {value:g}")
+        if value > cfg.train.max_steps:
+            fail(
+                key,
+                f"{value:g} steps exceed the run's {cfg.train.max_steps} (train.max_steps), which never ends the "
+                "warm-up; lower it, or give it as a fraction of the run (below 1, e.g. 0.1)",
+            )
 
 
 def check_mup_base(cfg: Config) -> None:
