@@ -14,6 +14,7 @@ import optax
 import pytest
 
 from helpers import ROOT, build, communicate, read_metrics, repo_copy, run_cli, spawn, tiny_overrides
+from training.checkpoints.checkpointer import Checkpointer
 from training.checkpoints.resume import open_source, plan_run, restore_state
 from training.config import load_config
 
@@ -143,6 +144,11 @@ def test_num_steps_trains_segments_that_add_up_to_the_uninterrupted_run(finished
     assert summary["stopped"] == "max_steps"  # 5 more would pass step 8
     assert summary["time_trained_s"] > first_trained  # both segments' training time
     assert [r["step"] for r in read_metrics(split, "train")] == list(range(1, 9))
+    # elapsed_s is the run's clock: it began again at 0 with the second segment (time to a target loss read from it
+    # undercounted a resumed run)
+    elapsed = {r["step"]: r["elapsed_s"] for r in read_metrics(split, "train")}
+    first_wall = Checkpointer(split / "checkpoints", read_only=True).read_meta(5)["wall_time_s"]
+    assert elapsed[5] <= first_wall < elapsed[6] < elapsed[8] <= summary["wall_time_s"] + 0.05
     want, got = train_losses(finished), train_losses(split)  # `finished`: the same run, never split
     assert [got[s] for s in range(1, 9)] == [want[s] for s in range(1, 9)]
 

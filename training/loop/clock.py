@@ -37,9 +37,6 @@ class RunClock:
         tokens = self.tokens_before(step) - self.tokens_before(s0)
         return tokens / (now - t0), 1000.0 * seconds_per_step
 
-    def elapsed(self) -> float:
-        return time.time() - self.started
-
     def remaining(self, step: int) -> float:
         """Time to max_steps at the measured pace, or to the deadline if sooner; NaN before a pace is measured (it
         was 0, which read as a run about to end)."""

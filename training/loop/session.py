@@ -237,7 +237,7 @@ class TrainingSession:
                 "skipped_steps": int(last["skipped_steps"]),
                 "loss_scale": float(last["loss_scale"]),
                 **fp8_interval(fetched),
-                "elapsed_s": self.clock.elapsed(),
+                "elapsed_s": self.wall_seconds(loop.step),  # the run's: earlier segments' too
                 "remaining_s": self.clock.remaining(loop.step),
                 **statistics_of(last),
             },
