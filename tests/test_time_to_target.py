@@ -8,7 +8,8 @@ import json
 import pytest
 
 import helpers
-from helpers import ROOT
+import train_jax
+from helpers import ROOT, read_metrics
 from scripts.experiments import time_to_target as ttt
 
 
@@ -70,7 +71,12 @@ def test_the_script_runs_each_variant_once_and_writes_its_record_table_and_pictu
         f"system.compilation_cache_dir={helpers.COMPILE_CACHE}",
     ]
     argv = ["--out", str(out), "--seeds", "1", "--steps", "4", "--eval-every", "2", "--", *tiny]
+    # the baseline's run stopped half way (as a signal stops it, with a checkpoint): the script continues it; it was
+    # refused ('already holds a run that trained'), and the script stopped
+    stopped = [*ttt.run_overrides(ttt.BASELINE, out / "baseline-s0", 0, 4, 2), *tiny, "checkpoint.num_steps=2"]
+    assert train_jax.command_line(stopped) == 0 and not ttt.finished(out / "baseline-s0", 4)
     assert ttt.main(argv) == 0
+    assert [r["step"] for r in read_metrics(out / "baseline-s0", "train")] == [2, 4]  # each logged once
     record = json.loads((out / "time_to_target.json").read_text())
     assert set(record["runs"]) == {"baseline", "recipe"} and [p["step"] for p in record["runs"]["recipe"][0]] == [2, 4]
     baseline = record["summary"]["variants"]["baseline"]
@@ -93,3 +99,14 @@ def test_the_script_runs_each_variant_once_and_writes_its_record_table_and_pictu
     (out / ttt.REQUEST).write_text('{"steps": ')  # cut off: one line, not a JSONDecodeError
     assert ttt.main(argv) == 1 and "is unreadable (JSONDecodeError); repair or remove it" in capsys.readouterr().err
     assert (ROOT / "conf" / "model" / "speedrun-micro.yaml").exists()
+
+
+def test_a_run_that_ends_before_its_last_step_stops_the_script_in_one_line(tmp_path, monkeypatch, capsys):
+    """A run stopped by a signal exits 0 with a checkpoint: the script went on to the next variant, and its table
+    read the unfinished run as missing."""
+    import subprocess
+
+    monkeypatch.setattr(ttt, "prepare_data", lambda *args: None)
+    monkeypatch.setattr(subprocess, "run", lambda *args, **kwargs: subprocess.CompletedProcess(args, 0))
+    assert ttt.main(["--out", str(tmp_path / "ttt"), "--seeds", "1", "--steps", "4"]) == 1
+    assert capsys.readouterr().err == "error: baseline seed 0 stopped before step 4; the same command continues it\n"

@@ -10,10 +10,12 @@ corpus.
 Every variant trains `--steps` steps of 16 x 256 tokens (train_lm.sh's budget; the recipe's stages 8, 16 and 24
 sequences, the same tokens over the run) for each of `--seeds` seeds, one run directory each under --out, evaluated
 every `--eval-every` steps; a run whose directory holds a finished metrics file
-is not run again (stop and start the script at will). The target is the baseline's final `val` loss (the mean over
-its seeds); for each run the tokens and the seconds (the run's own clock, `elapsed_s`: from its start, compiling and
-evaluations included) at which `val` first reaches it, linearly interpolated between evaluations, and their fractions
-of the baseline's full run. Writes `time_to_target.json` (every run's curve, the crossings, the fractions, the
+is not run again, and a stopped one continues from its checkpoint (stop and start the script at will). The target is
+the baseline's final `val` loss (the mean over its seeds); for each run the tokens and the seconds (the run's own
+clock, `elapsed_s`: from its start, compiling and evaluations included, every run compiling its own programs: no
+compilation cache; the tokenizer and token store are made before the first run, so no run's seconds hold them) at
+which `val` first reaches it, linearly interpolated between evaluations, and their fractions of the baseline's full
+run. Writes `time_to_target.json` (every run's curve, the crossings, the fractions, the
 recipe's final nats/byte), a Markdown table and `time_to_target.png` (val against tokens and against seconds, every
 seed's curve) into --out. Extra arguments after `--` are Hydra overrides for every run.
 """
@@ -75,7 +77,23 @@ def run_overrides(overrides: list[str], run_dir: Path, seed: int, steps: int, ev
         "logging.wandb=disabled",
         "logging.plot=false",
         "logging.progress=lines",
+        "checkpoint.load=auto",  # a run stopped by a signal continues from its checkpoint
+        "system.compilation_cache_dir=null",  # every run's seconds hold its compiling (a second seed read it cached)
     ]
+
+
+def prepare_data(chosen: dict[str, list[str]], steps: int, eval_every: int, extra: list[str]) -> None:
+    """The tokenizer and token store each variant reads, made here, before any run: the first run's seconds held
+    making them (the BPE tokenizer's training, the corpus's tokenising), and the baseline's seconds are every
+    fraction's denominator."""
+    from data.corpus import load_corpus
+    from training import config as config_lib
+    from training.pipeline.build import init_tokenizer, load_data
+
+    for overrides in chosen.values():
+        cfg = config_lib.load_config([*run_overrides(overrides, Path("unused"), 0, steps, eval_every), *extra])
+        corpus = load_corpus(cfg.dataset, config_lib.mixture_sources(cfg.dataset))
+        load_data(cfg, corpus, init_tokenizer(cfg, corpus, None))
 
 
 def metrics(run_dir: Path) -> list[dict]:
@@ -263,6 +281,12 @@ def main(argv: list[str]) -> int:
         if unknown := wanted - set(chosen):
             p.error(f"--only: no variant {', '.join(sorted(unknown))}; choose from {', '.join(chosen)}")
         chosen = {name: overrides for name, overrides in chosen.items() if name in wanted}
+    to_run = [n for n in chosen for seed in range(args.seeds) if not finished(out / f"{n}-s{seed}", args.steps)]
+    if to_run and not args.summarize:
+        try:
+            prepare_data({n: chosen[n] for n in to_run}, args.steps, args.eval_every, extra)
+        except PipelineError as e:
+            return say(e)
     for name, overrides in chosen.items():
         for seed in range(args.seeds):
             run_dir = out / f"{name}-s{seed}"
@@ -278,6 +302,12 @@ def main(argv: list[str]) -> int:
             if done.returncode:
                 print(f"error: {name} seed {seed} exited {done.returncode}", file=sys.stderr)
                 return done.returncode
+            if not finished(run_dir, args.steps):  # stopped by a signal: exit 0, with a checkpoint
+                print(
+                    f"error: {name} seed {seed} stopped before step {args.steps}; the same command continues it",
+                    file=sys.stderr,
+                )
+                return 1
     runs = {
         name: [curve(out / f"{name}-s{seed}") for seed in range(args.seeds)]
         for name in chosen
