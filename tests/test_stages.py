@@ -257,3 +257,5 @@ def test_the_speedrun_recipes_compose_to_the_speedruns_stages():
         1285,
         0.023,
     )
+    # each evaluation scores every val target the speedrun's does (its comment said the last did: none did)
+    assert gpu.train.eval_iters * gpu.train.batch_size * gpu.model.context_size == gpu.dataset.val_tokens
