@@ -152,6 +152,8 @@ def test_a_folder_holds_one_board_and_a_command_of_another_is_refused_before_it_
             "this command and adamw are of different boards",
         ),
         (["--out", str(tmp_path), "--only", "adamw", "--gpu"], "tokens_per_step 8,192 against 1,024; overrides model="),
+        # the composed run's tokens a step: an extra batch size was counted at the board's default of 8 sequences
+        (["--out", str(tmp_path), "--only", "adamw", "train.batch_size=2"], "tokens_per_step 256 against 1,024"),
     ):
         assert main(argv) in (1, 2)
         err = capsys.readouterr().err
@@ -161,6 +163,11 @@ def test_a_folder_holds_one_board_and_a_command_of_another_is_refused_before_it_
         "(steps 240 against 80; overrides train.max_steps=240 train.eval_interval=60 against train.max_steps=80 "
         in (capsys.readouterr().err)
     )
+
+    (tmp_path / "adamw.winner.json").rename(tmp_path / "adamw.json.aside")  # a board without AdamW: nothing to reach
+    summarize(tmp_path)
+    assert "| no AdamW run |" in (tmp_path / "leaderboard.md").read_text()
+    (tmp_path / "adamw.json.aside").rename(tmp_path / "adamw.winner.json")
 
     fake_record(tmp_path, "sgdm", board_settings(run80[:-2], 240, 1024), 3.5)  # a record of another board
     with pytest.raises(PipelineError, match="sgdm and adamw are of different boards"):

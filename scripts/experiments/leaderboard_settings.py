@@ -118,6 +118,15 @@ def board_settings(run: list[str], steps: int, tokens_per_step: int) -> dict:
     return {"run": run, "steps": steps, "tokens_per_step": tokens_per_step}
 
 
+def tokens_per_step(run: list[str]) -> int:
+    """The tokens a step of a run with these overrides trains on: its context x batch x accumulation, as composed
+    (an extra `train.batch_size=...` included)."""
+    from training import config as config_lib
+
+    cfg = config_lib.load_config(run)
+    return config_lib.context_size(cfg) * cfg.train.batch_size * cfg.train.grad_accum_steps
+
+
 def read_records(out: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(out.glob("*.winner.json"))]
 

@@ -130,7 +130,13 @@ def summarize(out: Path) -> dict:
         "|---|---|--:|--:|---|---|---|--:|--:|",
     ]
     for i, r in enumerate(rows, 1):
-        tokens = "not reached" if r["tokens_to_adamw_final"] is None else f"{r['tokens_to_adamw_final']:,}"
+        tokens = (
+            "no AdamW run"
+            if target is None
+            else "not reached"
+            if r["tokens_to_adamw_final"] is None
+            else f"{r['tokens_to_adamw_final']:,}"
+        )
         rate = "" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:,.0f}"
         lines.append(
             f"| {i} | {r['optimizer']} | {r['val_nats_per_byte']:.4f} | {spread_text(r)} | "

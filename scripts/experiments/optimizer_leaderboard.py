@@ -53,6 +53,7 @@ from scripts.experiments.leaderboard_settings import (
     preset_centres,
     read_records,
     text,
+    tokens_per_step,
 )
 from scripts.experiments.leaderboard_table import summarize
 from training.checkpoints.storage import check_writable
@@ -226,10 +227,9 @@ def main(argv: list[str]) -> int:
         f"train.eval_interval={max(args.steps // 4, 1)}",
         *extra,
     ]
-    context, batch = ((1024 if args.track == "optimization" else 256), 32) if args.gpu else (128, 8)
-    board = board_settings(run, args.steps, context * batch)
     out = Path(args.summarize or args.out)
     try:
+        board = None if args.summarize else board_settings(run, args.steps, tokens_per_step(run))
         names = [] if args.summarize else [n for n in (args.only.split(",") if args.only else PLANS) if n]
         if not args.summarize and not names:  # `--only ,`
             raise ConfigError(f"--only: names no optimizer; plans exist for {', '.join(PLANS)}")
