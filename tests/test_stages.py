@@ -178,6 +178,21 @@ def test_a_window_wider_than_the_models_context_is_that_context_and_does_not_gro
         assert (model.attention_window, model.yarn_windows) == (windows[-1], grown)
 
 
+def test_throughput_is_measured_from_each_stages_first_step_as_from_the_runs(data_cache, tmp_path, capsys, monkeypatch):
+    """A later stage's first step compiles its batch's and window's programs: the interval around it counted that
+    compiling as step time (453 tokens/s logged where the steps ran at 25,700). The clock restarts after that step,
+    as after the run's first (and after an evaluation)."""
+    from training.loop.clock import RunClock
+
+    marks = []
+    mark = RunClock.mark
+    monkeypatch.setattr(RunClock, "mark", lambda self, step: (marks.append(step), mark(self, step))[1])
+    stages = "train.stages=[{until: 0.5, batch_size: 4}, {batch_size: 8}]"
+    args = tiny_overrides(data_cache, f"logging.run_dir={tmp_path}", stages, "train.log_interval=3")
+    assert run_in_process(args, capsys).returncode == 0
+    assert sorted(set(marks)) == [1, 4, 5, 8]  # the first step, the evaluation at 4, stage 2's first step, the end
+
+
 def test_a_run_resumed_inside_its_stages_continues_bit_for_bit(data_cache, tmp_path, capsys):
     stages = (
         "train.stages=[{until: 0.75, attention_window: 16}, {batch_size: 16, attention_window: 32, lr_multiplier: 2}]"
