@@ -11,7 +11,10 @@ not 0) and step w - 1 reaches the peak. The decay then runs from step w to `max_
   piecewise_linear  straight lines through (boundaries[i], boundary_lrs[i]), counted from the end of the warmup; a
                     boundary given twice is a jump (scripts/experiments/schedule_search.py writes piecewise-constant
                     schedules so)
-Past `max_steps` every schedule holds its final value.
+Past `max_steps` every schedule holds its final value. A decay reaches its floor at update count `max_steps`, one past
+the run's last update (count max_steps - 1), as optax's schedules and the modded-nanogpt speedrun's count: a linear
+decay's last update is at 1/decay_steps of the way from the floor, and a trapezoid's cool-down of n steps takes n - 1
+of them below the peak (in a 10-step run, decay_fraction 0.1 is one step, at the peak: no decay).
 """
 
 from __future__ import annotations
