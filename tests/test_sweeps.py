@@ -476,4 +476,65 @@ def test_sigterm_while_a_job_starts_stops_the_sweep_with_its_summary(data_cache,
     assert done.returncode == 1, done.stderr[-2000:]
     assert f"error: sweep: stopped by a signal; the same command with hydra.sweep.dir={sweep}" in done.stderr
     summary = json.loads((sweep / "sweep.json").read_text())
-    assert summary["completed"] == 0 and [job["job"] for job in summary["jobs"]] == [0]
+    # job 1 never started: it was left out, and the summary said `1 jobs` of a sweep of two
+    assert summary["completed"] == 0 and [job["job"] for job in summary["jobs"]] == [0, 1]
+    assert summary["jobs"][1]["status"] == "not started" and summary["jobs"][1]["differs"] == ["train.seed=2"]
+    assert "2 jobs: 0 completed, 2 failed or unfinished." in (sweep / "sweep.md").read_text()
+
+
+@pytest.mark.parametrize("lost", ["turned into another error", "swallowed"])
+def test_a_signal_during_a_jobs_set_up_stops_the_sweep_whatever_the_set_up_makes_of_it(
+    data_cache, tmp_path, monkeypatch, capsys, lost
+):
+    """SIGTERM while datasets looked for the corpus's files came out of it as a FileNotFoundError: job 0 failed as a
+    bug and the sweep went on to job 1 (a KeyboardInterrupt raised in a finalizer is lost the same way, printed as
+    'Exception ignored'). The sweep stops either way: at once, or after the job's first step, with a checkpoint."""
+    import os
+    import signal
+
+    from training.pipeline import build as build_module
+
+    load_data = build_module.load_data
+
+    def interrupted(*args):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+        except KeyboardInterrupt:
+            if lost == "turned into another error":
+                raise FileNotFoundError("Unable to find '/usr/lib/python3.11/encodings/hex_codec.py'") from None
+        return load_data(*args)
+
+    monkeypatch.setattr(build_module, "load_data", interrupted)
+    sweep = tmp_path / "sweep"
+    assert train_jax.command_line(sweep_command(data_cache, sweep, "train.seed=1,2")) == 1
+    err = capsys.readouterr().err
+    assert f"error: sweep: stopped by a signal; the same command with hydra.sweep.dir={sweep}" in err
+    assert "a bug" not in err and "FileNotFoundError" not in err
+    jobs = json.loads((sweep / "sweep.json").read_text())["jobs"]
+    assert [(j["status"], j.get("stopped")) for j in jobs] == [("stopped", "SIGTERM"), ("not started", None)]
+
+
+def test_an_experiments_sweep_stopped_part_way_is_continued_not_read_as_done(tmp_path, monkeypatch):
+    """run_sweep read any sweep.json as a finished sweep's: an experiment stopped during its sweep ranked the
+    stopped job's partial loss and never ran the jobs after it. Such a sweep runs again with checkpoint.load=auto
+    (its finished jobs are read at their end); a finished one is read."""
+    import subprocess
+
+    from training.cli import sweep as sweep_lib
+
+    overrides = ["train.seed=1,2"]
+    sweep_lib.write_atomic_in(tmp_path, sweep_lib.REQUEST, json.dumps(overrides))
+    jobs = [{"job": 0, "status": "completed"}, {"job": 1, "status": "not started"}]
+    (tmp_path / "sweep.json").write_text(json.dumps({"jobs": jobs}))
+    ran = []
+
+    def multirun(command, **kwargs):
+        ran.append(command)
+        done = [{**job, "status": "completed"} for job in jobs]
+        (tmp_path / "sweep.json").write_text(json.dumps({"jobs": done}))
+
+    monkeypatch.setattr(subprocess, "run", multirun)
+    assert [j["status"] for j in sweep_lib.run_sweep(tmp_path, overrides)["jobs"]] == ["completed"] * 2
+    assert len(ran) == 1 and ran[0][-1] == "checkpoint.load=auto"
+    sweep_lib.run_sweep(tmp_path, overrides)
+    assert len(ran) == 1  # finished: read, not run

@@ -210,10 +210,9 @@ def main(argv: list[str]) -> int:
         jobs = multirun(out / f"segment{i}", [*common, *overrides, f"train.max_steps={(i + 1) * S}", *resume])
         ranked = []
         for lr, job in zip(candidates, sorted(jobs, key=lambda j: j["job"])):
-            loss = smoothed_loss(train_losses(Path(job["run_dir"])), (i + 1) * S, smooth)
-            ranked.append(
-                {"lr": lr, "smoothed_loss": loss if job["status"] == "completed" else None, "run_dir": job["run_dir"]}
-            )
+            done = job["status"] == "completed"  # a job never started has no run directory
+            loss = smoothed_loss(train_losses(Path(job["run_dir"])), (i + 1) * S, smooth) if done else None
+            ranked.append({"lr": lr, "smoothed_loss": loss, "run_dir": job.get("run_dir")})
         finished = [r for r in ranked if r["smoothed_loss"] is not None]
         if not finished:
             return fail(f"segment {i}: no candidate finished (see {out / f'segment{i}'})")

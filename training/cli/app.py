@@ -36,6 +36,7 @@ from training.cli import sweep
 from training.cli.overrides import as_overrides
 from training.config import help as config_help  # noqa: F401  (registers the resolver that --help's template uses)
 from training.distributed.peers import abandon, lost_peer
+from training.loop import signals as stop_signals
 
 ROOT = Path(__file__).resolve().parents[2]
 CFG_CHOICES = ("job", "hydra", "all")
@@ -106,12 +107,13 @@ def execute(app: Callable[[], object], argv: list[str]) -> int:
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [saved_env["PYTHONPATH"]])])
     sweep.started.clear()
     sweep.refused.clear()
+    stop_signals.pending.clear()
     code = 0
     # SIGTERM as Ctrl-C for a sweep (a scheduler's stop): between jobs and while one starts, before its loop takes
     # the signal itself (training/loop/signals.py), it killed the process with no summary (exit 143)
-    terminate = None
+    handlers = {}
     if multirun and threading.current_thread() is threading.main_thread():
-        terminate = signal.signal(signal.SIGTERM, signal.default_int_handler)
+        handlers = {sig: signal.signal(sig, _stop_the_sweep) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         app()
     except SystemExit as e:  # a single run's expected failure (already said), --help, or a usage error
@@ -143,8 +145,8 @@ def execute(app: Callable[[], object], argv: list[str]) -> int:
         else:
             code = say(PipelineError(f"sweep: {type(e).__name__}: {first_line(e, 300)}{_raised_within(e)}"))
     finally:
-        if terminate is not None:
-            signal.signal(signal.SIGTERM, terminate)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
         sys.argv = saved_argv
         for key, value in saved_env.items():
             if value is None:
@@ -154,6 +156,15 @@ def execute(app: Callable[[], object], argv: list[str]) -> int:
         for sweep_dir in sweep.started:
             code = _report_sweep(sweep_dir, code) or code
     return code
+
+
+def _stop_the_sweep(signum: int, frame: object) -> None:
+    """SIGTERM or SIGINT to a sweep outside a run's loop (which takes them itself): raised as Ctrl-C is, and noted,
+    so that a job whose set-up turns the KeyboardInterrupt into another error (datasets' file lookup: a
+    FileNotFoundError) stops the sweep instead of failing as a bug while the next job starts, and a job that lost it
+    (a finalizer's "Exception ignored") stops after its loop's first step (training/loop/signals.py)."""
+    stop_signals.pending.append(signal.Signals(signum).name)
+    raise KeyboardInterrupt
 
 
 def _report_sweep(sweep_dir: Path, code: int) -> int:
@@ -245,9 +256,16 @@ def _sweep_job(
     }
     earlier = sweep.read_record(job_dir)  # a job this sweep ran before (its command run again)
     sweep.write_record(job_dir, record)
+    stopped_record = lambda name: {**record, "status": sweep.STOPPED, "stopped": name}  # noqa: E731
     try:
         value = main(config_lib.finish(composed), overrides, started)
+    except KeyboardInterrupt:  # a signal before the run's loop took over: the sweep stops (app.execute says so)
+        sweep.write_record(job_dir, stopped_record(stop_signals.pending[-1] if stop_signals.pending else "SIGINT"))
+        raise
     except Exception as e:
+        if stop_signals.pending:  # the signal, turned into another error on its way out: a stop, not this job's failure
+            sweep.write_record(job_dir, stopped_record(stop_signals.pending[-1]))
+            raise KeyboardInterrupt from None
         error = expected_failure(e)
         if error is None:
             traceback.print_exc()
@@ -279,7 +297,7 @@ def _sweep_job(
                 "wall_s": round(time.time() - started, 1),
             },
         )
-    if signalled and sweep.started:
+    if (signalled or stop_signals.pending) and sweep.started:
         raise KeyboardInterrupt  # the jobs run in this process, which was asked to stop: the sweep stops
     if signalled:  # its loss is not a finished run's: the job fails, and resumes when the sweep is rerun
         line = f"sweep job {hydra.job.num} ({hydra.job.override_dirname or 'no overrides'}): stopped by {stopped}"

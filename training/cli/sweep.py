@@ -35,8 +35,10 @@ from training.reporting.summary import finite_number
 
 JOB_RECORD = "job.json"
 REQUEST = "sweep_request.json"  # the overrides the folder's sweep was started with (job directories aside)
+PLAN = "sweep_plan.json"  # every job's overrides, where the sweeper knows them at its start (planned_jobs)
 DIRNAME_MAX = 160  # characters of a job directory's name (file systems allow 255 bytes per name)
 COMPLETED, FAILED, RUNNING, STOPPED = "completed", "failed", "running", "stopped"
+NOT_STARTED = "not started"  # a planned job of a sweep stopped before it (no record of its own)
 # A job whose run ended its checkpoint.num_steps segment before train.max_steps: as asked, not finished (its loss is
 # not a final one); the same command with checkpoint.load=auto continues it
 PAUSED = "paused"
@@ -64,6 +66,22 @@ class SweepSummary(Callback):
         # nothing to protect: a corrected command replaces its request)
         if not (sweep_dir / REQUEST).exists() or not holds_jobs(sweep_dir):
             write_atomic_in(sweep_dir, REQUEST, json.dumps(list(config.hydra.overrides.task)))
+        if (planned := planned_jobs(config)) is not None:
+            write_atomic_in(sweep_dir, PLAN, json.dumps(planned))
+
+
+def planned_jobs(config: DictConfig) -> list[list[str]] | None:
+    """Every job's overrides, in job order, where the sweeper knows them before it starts (Hydra's basic sweeper:
+    the product of the swept values, as it splits them); None for a sweeper that chooses as it goes (Optuna)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    if OmegaConf.select(config, "hydra.sweeper._target_") != f"{BasicSweeper.__module__}.{BasicSweeper.__name__}":
+        return None
+    params = OmegaConf.select(config, "hydra.sweeper.params") or {}
+    arguments = [f"{k}={v}" for k, v in params.items()] + list(config.hydra.overrides.task)
+    batches = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(arguments), None)
+    return [list(job) for batch in batches for job in batch]
 
 
 def holds_jobs(sweep_dir: Path) -> bool:
@@ -170,6 +188,13 @@ def summarize_sweep(sweep_dir: Path) -> dict[str, Any]:
     holds (`jobs`, `completed`, `paused`: jobs that ended a checkpoint.num_steps segment, `failed`: the other jobs
     that did not complete, `best`: the completed job of the lowest final val loss)."""
     jobs = read_records(sweep_dir)
+    numbered = {j["job"] for j in jobs}
+    try:  # the planned jobs that never started (a sweep stopped before them) are listed too
+        planned = json.loads((sweep_dir / PLAN).read_text()) if (sweep_dir / PLAN).exists() else []
+    except (OSError, json.JSONDecodeError):
+        planned = []
+    jobs += [{"job": i, "overrides": o, "status": NOT_STARTED} for i, o in enumerate(planned) if i not in numbered]
+    jobs.sort(key=lambda j: j["job"])
     common = set.intersection(*(set(j["overrides"]) for j in jobs)) if jobs else set()
     for j in jobs:
         j["differs"] = [o for o in j["overrides"] if o not in common]
@@ -200,12 +225,12 @@ def summarize_sweep(sweep_dir: Path) -> dict[str, Any]:
             "status": status.get(j["status"], j["status"]),
             "val final": j.get("val_loss"),
             "overrides": " ".join(j["differs"]),
-            "run": _relative(j["run_dir"], sweep_dir),
+            "run": _relative(j["run_dir"], sweep_dir) if "run_dir" in j else None,
             "error": j.get("error"),
         }
         for j in jobs
     ]
-    runs = [Path(j["run_dir"]) for j in jobs if layout.is_run_dir(j["run_dir"])]
+    runs = [Path(j["run_dir"]) for j in jobs if "run_dir" in j and layout.is_run_dir(j["run_dir"])]
     lines = [
         f"# Sweep {sweep_dir.name}",
         "",
@@ -234,8 +259,9 @@ def summarize_sweep(sweep_dir: Path) -> dict[str, Any]:
 def run_sweep(sweep_dir: Path, overrides: list[str], log: IO[str] | None = None) -> dict[str, Any]:
     """`python -m train_jax -m <overrides>` into `sweep_dir`, in a process of its own (its jobs one after another
     there, sharing the data and compiled steps); what its sweep.json holds. A sweep already summarised there is read,
-    not run again, so an experiment that stopped picks up where it was. `log`: where the sweep's output goes (by
-    default this process's). How the experiments run their grids (scripts/experiments/optimizer_leaderboard.py,
+    not run again, so an experiment that stopped picks up where it was; one stopped part way (a job stopped by a
+    signal, or never started) is continued, its finished jobs read at their end. `log`: where the sweep's output goes
+    (by default this process's). How the experiments run their grids (scripts/experiments/optimizer_leaderboard.py,
     schedule_search.py, mup_transfer.py). A folder that holds another sweep (other overrides) is refused: its
     jobs would be read as this sweep's."""
     summary, request = Path(sweep_dir) / "sweep.json", Path(sweep_dir) / REQUEST
@@ -247,9 +273,14 @@ def run_sweep(sweep_dir: Path, overrides: list[str], log: IO[str] | None = None)
         )
     if not request.exists() or not holds_jobs(Path(sweep_dir)):
         write_atomic_in(Path(sweep_dir), REQUEST, json.dumps(list(overrides)))
-    if not summary.exists():
+    unfinished = summary.exists() and any(
+        j["status"] in (STOPPED, RUNNING, PAUSED, NOT_STARTED) for j in json.loads(summary.read_text())["jobs"]
+    )
+    if not summary.exists() or unfinished:  # a sweep stopped part way (a signal) continues where it stopped
         command = [sys.executable, "-m", "train_jax", "-m", *overrides, f"hydra.sweep.dir={sweep_dir}"]
+        command += ["checkpoint.load=auto"] if unfinished else []
         print("$ python train_jax.py", " ".join(command[3:]), flush=True)
+        summary.unlink(missing_ok=True)
         subprocess.run(command, check=False, stdout=log, stderr=subprocess.STDOUT if log else None)
     if not summary.exists():
         raise PipelineError(f"sweep: the multirun in {sweep_dir} wrote no sweep.json (its output says why)")
