@@ -11,6 +11,7 @@ Layout (conf/hydra/output/runs.yaml):
                                 runs, every split's final and best loss), also as comparison.md/.csv/.png
     multirun.yaml               Hydra's basic sweeper: the sweep's config
     sweep_request.json          the overrides the sweep started with: another sweep into this folder is refused
+    sweep_plan.json             every job's overrides, where the sweeper knows them at its start (the basic one)
     optimization_results.yaml   the Optuna sweeper: its best parameters and value
     .submitit/                  the submitit launchers: each job's script, pickles and logs
 """
