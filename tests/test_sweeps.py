@@ -203,6 +203,18 @@ def test_submitit_local_runs_each_job_in_a_process_of_its_own(data_cache, tmp_pa
     logs = sorted((sweep / ".submitit").glob("*/*_0_log.out"))
     assert len(logs) == 2 and all("final evaluation at step 2" in log.read_text() for log in logs)
     assert "final evaluation" not in result.stdout
+    # the same command again: its jobs refuse their finished runs in their own processes, where the list that named
+    # them lived: the sweep said '2 of 2 jobs completed' and exited 1 without a word of why
+    again = run_cli(
+        sweep_command(data_cache, sweep, "hydra/launcher=submitit_local", "optimizer.lr_config.lr=1e-3,3e-3"),
+        env={"PYTHONPATH": None},
+        timeout=240,
+    )
+    assert again.returncode == 1
+    assert again.stderr.strip().splitlines()[-1] == (
+        f"error: sweep {sweep}: job 0 (optimizer.lr_config.lr=0.001), 1 (optimizer.lr_config.lr=0.003) refused "
+        "(their runs are there already): checkpoint.load=auto continues them"
+    )
 
 
 FAKE_SLURM = """#!/bin/sh

@@ -106,7 +106,7 @@ def execute(app: Callable[[], object], argv: list[str]) -> int:
     # Launchers that run jobs in fresh processes (submitit) unpickle the task, which names this checkout's modules.
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [saved_env["PYTHONPATH"]])])
     sweep.started.clear()
-    sweep.refused.clear()
+    command_started = time.time()
     stop_signals.pending.clear()
     code = 0
     # SIGTERM as Ctrl-C for a sweep (a scheduler's stop): between jobs and while one starts, before its loop takes
@@ -154,7 +154,7 @@ def execute(app: Callable[[], object], argv: list[str]) -> int:
             else:
                 os.environ[key] = value
         for sweep_dir in sweep.started:
-            code = _report_sweep(sweep_dir, code) or code
+            code = _report_sweep(sweep_dir, code, command_started) or code
     return code
 
 
@@ -167,10 +167,11 @@ def _stop_the_sweep(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def _report_sweep(sweep_dir: Path, code: int) -> int:
-    """Write the sweep's summary and say where it is; 1 when any job did not complete, 2 for a sweep of no job
-    (`code`: the exit code so far). In a sweep of several processes (each job one multi-process run), process 0
-    alone: the others' summary read the jobs' records before process 0 had written the last one's end, and failed.
+def _report_sweep(sweep_dir: Path, code: int, since: float) -> int:
+    """Write the sweep's summary and say where it is; 1 when any job did not complete or was refused at the door
+    since `since` (this command's start), 2 for a sweep of no job (`code`: the exit code so far). In a sweep of
+    several processes (each job one multi-process run), process 0 alone: the others' summary read the jobs' records
+    before process 0 had written the last one's end, and failed.
     """
     import jax
 
@@ -192,9 +193,9 @@ def _report_sweep(sweep_dir: Path, code: int) -> int:
         f"{sweep_dir / 'sweep.md'} (and sweep.json)",
         flush=True,
     )
-    if sweep.refused:  # their records say how they ended before; this command ran none of them
+    if refused := sweep.refused_jobs(sweep_dir, since):  # their records say how they ended before; none ran now
         print(
-            f"error: sweep {sweep_dir}: job {', '.join(sweep.refused)} refused (their runs are there already): "
+            f"error: sweep {sweep_dir}: job {', '.join(refused)} refused (their runs are there already): "
             "checkpoint.load=auto continues them",
             file=sys.stderr,
             flush=True,
@@ -276,7 +277,7 @@ def _sweep_job(
             # refused at the door (its run directory holds that run): nothing ran, so the record of the job that
             # did stays as it was
             sweep.write_record(job_dir, earlier)
-            sweep.refused.append(f"{hydra.job.num} ({hydra.job.override_dirname or 'no overrides'})")
+            sweep.refuse_job(job_dir, f"{hydra.job.num} ({hydra.job.override_dirname or 'no overrides'})")
         else:
             failed = {**record, "status": sweep.FAILED, "error": reason, "wall_s": round(time.time() - started, 1)}
             sweep.write_record(job_dir, failed)

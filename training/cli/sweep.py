@@ -22,6 +22,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import IO, Any
 
@@ -46,9 +47,7 @@ PAUSED = "paused"
 
 # Sweep directories this process started (noted by SweepSummary), for training/cli/app.py to summarise at the end.
 started: list[Path] = []
-# Jobs of this process refused at the door whose earlier record stays as it was (a rerun into their finished runs):
-# the summary still counts them as they ended, so app.py names them.
-refused: list[str] = []
+REFUSED = "job.refused"  # beside job.json: this job refused at the door, its earlier record kept (refuse_job)
 
 
 class JobFailed(Exception):
@@ -177,6 +176,25 @@ def stop_reason(run_dir: Path) -> str | None:
     """How the run in `run_dir` ended (summary.json's `stopped`: max_steps, time limit, SIGINT, SIGTERM, ...)."""
     path = run_dir / layout.SUMMARY
     return json.loads(path.read_text()).get("stopped") if path.exists() else None
+
+
+def refuse_job(job_dir: Path, label: str) -> None:
+    """A job refused at the door (a rerun into its finished run): its earlier record stays as it was, and this note
+    says so to the sweep's summary, in whatever process the launcher ran the job (joblib's, submitit's)."""
+    write_atomic_in(job_dir, REFUSED, json.dumps({"job": label, "at": time.time()}))
+
+
+def refused_jobs(sweep_dir: Path, since: float) -> list[str]:
+    """The jobs refused at the door since `since` (this command's start), as `<num> (<overrides>)`, in job order."""
+    notes = []
+    for path in sweep_dir.rglob(REFUSED):
+        try:
+            note = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if note["at"] >= since:
+            notes.append(note["job"])
+    return sorted(notes, key=lambda label: int(label.split(" ", 1)[0]))
 
 
 def read_records(sweep_dir: Path) -> list[dict[str, Any]]:
