@@ -157,3 +157,41 @@ def test_the_transfer_table_marks_a_width_where_every_lr_failed(tmp_path):
     assert "| standard | 64 | diverged | diverged | none |" in lines
     assert "| standard | 16 | 3.2000 | 3.1000 | 0.01 |" in lines and "| mup | 64 | 3.3000 | 3.0000 | 0.01 |" in lines
     assert (tmp_path / "transfer.md").read_text().splitlines() == lines and (tmp_path / "transfer.png").stat().st_size
+
+
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [
+        ("config: optimizer.lr_config.warmup: 10 steps exceed the schedule's 4", 1),
+        ("step 3: the training loss is nan; stopping (no checkpoint of this state is written)", 0),
+    ],
+    ids=["failed", "diverged"],
+)
+def test_the_transfer_script_fails_in_one_line_when_jobs_fail_and_tables_divergence(
+    tmp_path, monkeypatch, capsys, error, code
+):
+    """Jobs that failed for another reason than a non-finite loss (a fixed 10-step warmup in a 4-step run: every
+    one) were tabled as 'diverged' with no best lr, and the script exited 0."""
+    from scripts.experiments import mup_transfer
+
+    def run_sweep(out, overrides):
+        jobs = []
+        for i, (width, lr) in enumerate([(64, 0.01), (64, 0.1), (256, 0.01), (256, 0.1)]):
+            job = {"job": i, "overrides": [f"model.n_embd={width}", f"optimizer.lr_config.lr={lr}"]}
+            bad = lr == 0.1
+            jobs.append(
+                {**job, "status": "failed", "error": error} if bad else {**job, "status": "completed", "val_loss": 3.0}
+            )
+        return {"jobs": jobs}
+
+    monkeypatch.setattr(mup_transfer, "run_sweep", run_sweep)
+    argv = ["--widths", "64,256", "--lrs", "0.01,0.1", "--steps", "4", "--out", str(tmp_path)]
+    assert mup_transfer.main(argv) == code
+    err = capsys.readouterr().err
+    if code:
+        assert err == (
+            f"error: mup_transfer: 2 of 4 standard jobs failed, e.g. job 1: {error}; {tmp_path / 'standard'}/sweep.md "
+            "lists them\n"
+        )
+    else:
+        assert "| standard | 64 | 3.0000 | diverged | 0.01 |" in (tmp_path / "transfer.md").read_text()

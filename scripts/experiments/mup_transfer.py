@@ -28,7 +28,7 @@ RUN = [
     "train.batch_size=16",
     "train.eval_iters=4",
     "optimizer=adamw",
-    "optimizer.lr_config.warmup=10",
+    "optimizer.lr_config.warmup=0.1",  # of the run: 10 of the default 100 steps (a fixed 10 refused --steps below 10)
     "checkpoint.save=false",
     "logging.wandb=disabled",
     "logging.plot=false",
@@ -51,6 +51,12 @@ def sweep(out: Path, parametrization: str, widths: list[int], lrs: list[float], 
             *extra,
         ],
     )["jobs"]
+    failed = [j for j in jobs if j["status"] != "completed" and "the training loss is" not in str(j.get("error"))]
+    if failed:  # not a divergence (a non-finite loss): a table of 'diverged' cells would hide it
+        raise PipelineError(
+            f"mup_transfer: {len(failed)} of {len(jobs)} {parametrization} jobs failed, e.g. job {failed[0]['job']}: "
+            f"{failed[0].get('error') or failed[0]['status']}; {out / parametrization / 'sweep.md'} lists them"
+        )
     table = []
     for job in jobs:
         values = dict(o.split("=", 1) for o in job["overrides"])
