@@ -510,3 +510,12 @@ def test_the_cfg_of_a_dataset_preset_and_a_key_of_another_source_on_the_command_
     assert (
         switched.returncode == 2 and "dataset.source: text_files is chosen with dataset=text_files" in switched.stderr
     )
+
+
+def test_the_hparams_of_tensorboard_hold_an_infinite_value_as_text():
+    """growth_rate=inf (Prodigy's unbounded growth, documented): TensorBoard's hparams table printed `NaN or Inf
+    found in input tensor` through tensorboardX's logger at the end of the run."""
+    from training.config.nodes import flat_hparams
+
+    hparams = flat_hparams(load_config(["optimizer=prodigy", "optimizer.growth_rate=inf"]))
+    assert hparams["optimizer.growth_rate"] == "inf" and hparams["optimizer.lr_config.lr"] == 0.25

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 from enum import Enum
 from pathlib import Path
@@ -181,7 +182,8 @@ def flat_hparams(cfg: Any) -> dict[str, Any]:
             if isinstance(v, dict):
                 walk(v, f"{prefix}{k}.")
             else:
-                flat[f"{prefix}{k}"] = v if isinstance(v, (int, float, str, bool)) else str(v)
+                plain = isinstance(v, (int, str, bool)) or (isinstance(v, float) and math.isfinite(v))
+                flat[f"{prefix}{k}"] = v if plain else str(v)  # inf (prodigy's growth_rate): TensorBoard warns
 
     walk({k: v for k, v in as_dict(cfg).items() if k in ("dataset", "model", "optimizer", "train", "system")}, "")
     return flat
