@@ -550,3 +550,17 @@ def test_an_experiments_sweep_stopped_part_way_is_continued_not_read_as_done(tmp
     assert len(ran) == 1 and ran[0][-1] == "checkpoint.load=auto"
     sweep_lib.run_sweep(tmp_path, overrides)
     assert len(ran) == 1  # finished: read, not run
+
+
+def test_a_one_job_studys_summary_names_what_the_sweeper_chose(tmp_path):
+    """The overrides that tell a job apart were those the jobs do not share: a study of one trial (or a sweep's one
+    job) showed none, and its best read `(no overrides)`. They are the job's overrides less the command's."""
+    from training.cli.sweep import REQUEST, summarize_sweep, write_record
+
+    (tmp_path / REQUEST).write_text(json.dumps(["model=gpt2-tiny", "hydra/sweeper=lr_search"]))
+    overrides = ["optimizer.lr_config.lr=0.0023", "model=gpt2-tiny"]
+    record = {"job": 0, "overrides": overrides, "status": "completed", "val_loss": 4.2, "run_dir": str(tmp_path / "0")}
+    write_record(tmp_path / "0", record)
+    summary = summarize_sweep(tmp_path)
+    assert summary["best"]["differs"] == ["optimizer.lr_config.lr=0.0023"]
+    assert "Best: job 0, final val loss 4.2000 (optimizer.lr_config.lr=0.0023)" in (tmp_path / "sweep.md").read_text()

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
@@ -214,9 +215,12 @@ def summarize_sweep(sweep_dir: Path) -> dict[str, Any]:
         planned = []
     jobs += [{"job": i, "overrides": o, "status": NOT_STARTED} for i, o in enumerate(planned) if i not in numbered]
     jobs.sort(key=lambda j: j["job"])
-    common = set.intersection(*(set(j["overrides"]) for j in jobs)) if jobs else set()
+    try:  # what the sweep chose for each job: its overrides less the command's (a one-job or Optuna sweep's too)
+        asked = _as_jobs_write(json.loads((sweep_dir / REQUEST).read_text()))
+    except (OSError, ValueError, TypeError, HydraException):  # no request recorded: what the jobs do not share
+        asked = set.intersection(*(set(j["overrides"]) for j in jobs)) if jobs else set()
     for j in jobs:
-        j["differs"] = [o for o in j["overrides"] if o not in common]
+        j["differs"] = [o for o in j["overrides"] if o not in asked]
     done = [j for j in jobs if j["status"] == COMPLETED and finite_number(j.get("val_loss"))]
     best = min(done, key=lambda j: j["val_loss"]) if done else None
     paused = [j for j in jobs if j["status"] == PAUSED]
@@ -273,6 +277,14 @@ def summarize_sweep(sweep_dir: Path) -> dict[str, Any]:
         ]
     (sweep_dir / "sweep.md").write_text("\n".join(lines))
     return summary
+
+
+def _as_jobs_write(overrides: list[str]) -> set[str]:
+    """The command's fixed overrides as Hydra writes them into each job's (`logging.plot=false` -> `=False`)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    return {f"{o.get_key_element()}={o.get_value_element_as_str()}" for o in parsed if not o.is_sweep_override()}
 
 
 def run_sweep(sweep_dir: Path, overrides: list[str], log: IO[str] | None = None) -> dict[str, Any]:
