@@ -128,6 +128,9 @@ def test_segments_under_an_optuna_sweeper_are_refused_before_anything_runs(data_
         "and a segment's is not final (nor does a later study continue the trial): run the study's jobs whole\n"
     )
     assert not sweep.exists()
+    # a sweeper that does not exist, beside segments: Hydra's one line (the check composing it raised a traceback)
+    assert train_jax.command_line([*command, "hydra/sweeper=no_such", "checkpoint.num_steps=3"]) == 2
+    assert capsys.readouterr().err.startswith("error: config: hydra/sweeper=no_such does not exist")
 
 
 def test_a_sweep_is_the_same_sweep_in_another_order_and_continued_from_its_checkpoints():

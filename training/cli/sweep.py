@@ -29,6 +29,7 @@ from typing import IO, Any
 from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from core.errors import ConfigError, PipelineError
 from core.files import write_atomic
@@ -132,8 +133,11 @@ def segments_of_a_study(overrides: list[str]) -> ConfigError | None:
 
     from training.config.nodes import CONF_DIR
 
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        hydra = compose(config_name="config", overrides=chosen[-1:], return_hydra_config=True).hydra
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+            hydra = compose(config_name="config", overrides=chosen[-1:], return_hydra_config=True).hydra
+    except (HydraException, OmegaConfBaseException):  # a sweeper that does not exist: Hydra's own run says so
+        return None
     if "optuna" not in str(OmegaConf.select(hydra, "sweeper._target_", default="")).lower():
         return None
     return ConfigError(
