@@ -553,6 +553,31 @@ def test_an_experiments_sweep_stopped_part_way_is_continued_not_read_as_done(tmp
     assert len(ran) == 1 and ran[0][-1] == "checkpoint.load=auto"
     sweep_lib.run_sweep(tmp_path, overrides)
     assert len(ran) == 1  # finished: read, not run
+    # killed before it wrote a summary: its jobs' records say it ran; it continued only at the second call
+    (tmp_path / "sweep.json").unlink()
+    sweep_lib.write_record(tmp_path / "0-train.seed=1", {"job": 0, "overrides": [], "status": "running"})
+    sweep_lib.run_sweep(tmp_path, overrides)
+    assert len(ran) == 2 and ran[1][-1] == "checkpoint.load=auto"
+
+
+def test_a_continued_sweep_reads_its_completed_jobs_without_a_checkpoint_as_they_ended(data_cache, tmp_path, capsys):
+    """checkpoint.load=auto found no checkpoint in a completed job's run (checkpoint.save=false, as the experiments'
+    sweeps run), set its logs aside and trained it again from step 0."""
+    sweep = tmp_path / "sweep"
+    command = [*sweep_command(data_cache, sweep, "train.seed=0,1"), "checkpoint.save=false"]
+    assert train_jax.command_line(command) == 0
+    metrics = {p: p.read_text() for p in sweep.glob("*/metrics.jsonl")}
+    summary = json.loads((sweep / "sweep.json").read_text())
+    capsys.readouterr()
+    assert train_jax.command_line([*command, "checkpoint.load=auto"]) == 0
+    out = capsys.readouterr().out
+    assert "sweep job 0: completed before, val " in out and "sweep job 1: completed before" in out
+    assert {p: p.read_text() for p in sweep.glob("*/metrics.jsonl")} == metrics and not list(
+        sweep.glob("*/abandoned-*")
+    )
+    continued = json.loads((sweep / "sweep.json").read_text())["jobs"]
+    assert [j["val_loss"] for j in continued] == [j["val_loss"] for j in summary["jobs"]]
+    assert [j["differs"] for j in continued] == [["train.seed=0"], ["train.seed=1"]]  # not checkpoint.load=auto
 
 
 def test_a_one_job_studys_summary_names_what_the_sweeper_chose(tmp_path):

@@ -147,6 +147,7 @@ def execute(app: Callable[[], object], argv: list[str]) -> int:
     finally:
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
+        stop_signals.pending.clear()  # a later run in this process (a notebook's, a test's) owes it nothing
         sys.argv = saved_argv
         for key, value in saved_env.items():
             if value is None:
@@ -256,6 +257,12 @@ def _sweep_job(
         "status": sweep.RUNNING,
     }
     earlier = sweep.read_record(job_dir)  # a job this sweep ran before (its command run again)
+    continuing = str(OmegaConf.select(composed, "checkpoint.load", default="")).lower().endswith("auto")
+    if continuing and earlier is not None and earlier.get("status") == sweep.COMPLETED:
+        # a stopped sweep continued: a job that completed is read as it ended, whether or not its run kept a
+        # checkpoint to resume at its end (checkpoint.save=false, as the experiments' sweeps run: it trained again)
+        print(f"sweep job {hydra.job.num}: completed before, val {earlier.get('val_loss')}: not run again", flush=True)
+        return earlier.get("val_loss")
     sweep.write_record(job_dir, record)
     stopped_record = lambda name: {**record, "status": sweep.STOPPED, "stopped": name}  # noqa: E731
     try:

@@ -70,6 +70,8 @@ class SweepSummary(Callback):
             write_atomic_in(sweep_dir, REQUEST, json.dumps(list(config.hydra.overrides.task)))
         if (planned := planned_jobs(config)) is not None:
             write_atomic_in(sweep_dir, PLAN, json.dumps(planned))
+        else:  # a sweeper that chooses as it goes: an earlier sweep's plan is not this one's
+            (sweep_dir / PLAN).unlink(missing_ok=True)
 
 
 def planned_jobs(config: DictConfig) -> list[list[str]] | None:
@@ -223,8 +225,8 @@ def summarize_sweep(sweep_dir: Path) -> dict[str, Any]:
         asked = _as_jobs_write(json.loads((sweep_dir / REQUEST).read_text()))
     except (OSError, ValueError, TypeError, HydraException):  # no request recorded: what the jobs do not share
         asked = set.intersection(*(set(j["overrides"]) for j in jobs)) if jobs else set()
-    for j in jobs:
-        j["differs"] = [o for o in j["overrides"] if o not in asked]
+    for j in jobs:  # how a job started and where it ran (a continued sweep's checkpoint.load=auto) tell none apart
+        j["differs"] = [o for o in j["overrides"] if o not in asked and not _NOT_THE_JOBS.match(o)]
     done = [j for j in jobs if j["status"] == COMPLETED and finite_number(j.get("val_loss"))]
     best = min(done, key=lambda j: j["val_loss"]) if done else None
     paused = [j for j in jobs if j["status"] == PAUSED]
@@ -311,14 +313,15 @@ def run_sweep(sweep_dir: Path, overrides: list[str], log: IO[str] | None = None)
     unfinished = summary.exists() and any(
         j["status"] in (STOPPED, RUNNING, PAUSED, NOT_STARTED) for j in json.loads(summary.read_text())["jobs"]
     )
-    if not summary.exists() or unfinished:  # a sweep stopped part way (a signal) continues where it stopped
+    if not summary.exists() or unfinished:  # a sweep stopped part way (a signal, a kill) continues where it stopped
+        before = summary.stat().st_mtime_ns if summary.exists() else None
         command = [sys.executable, "-m", "train_jax", "-m", *overrides, f"hydra.sweep.dir={sweep_dir}"]
-        command += ["checkpoint.load=auto"] if unfinished else []
+        # its jobs that ran continue (checkpoint.load=auto), those that completed are read as they ended (app.py)
+        command += ["checkpoint.load=auto"] if holds_jobs(Path(sweep_dir)) else []
         print("$ python train_jax.py", " ".join(command[3:]), flush=True)
-        summary.unlink(missing_ok=True)
         subprocess.run(command, check=False, stdout=log, stderr=subprocess.STDOUT if log else None)
-    if not summary.exists():
-        raise PipelineError(f"sweep: the multirun in {sweep_dir} wrote no sweep.json (its output says why)")
+        if not summary.exists() or summary.stat().st_mtime_ns == before:
+            raise PipelineError(f"sweep: the multirun in {sweep_dir} wrote no sweep.json (its output says why)")
     return json.loads(summary.read_text())
 
 
