@@ -110,3 +110,23 @@ def test_a_run_that_ends_before_its_last_step_stops_the_script_in_one_line(tmp_p
     monkeypatch.setattr(subprocess, "run", lambda *args, **kwargs: subprocess.CompletedProcess(args, 0))
     assert ttt.main(["--out", str(tmp_path / "ttt"), "--seeds", "1", "--steps", "4"]) == 1
     assert capsys.readouterr().err == "error: baseline seed 0 stopped before step 4; the same command continues it\n"
+
+
+def test_the_data_is_made_before_the_runs_without_starting_jax_in_the_scripts_process(tmp_path, data_cache):
+    """The script stays alive beside every run: starting JAX's backend there (jax.process_index in the data's
+    build) would hold most of a GPU's memory through all of them. Its relative cache folder is the runs': theirs
+    start in the checkout."""
+    import subprocess
+    import sys
+
+    code = (
+        "from jax._src import xla_bridge\n"
+        "from scripts.experiments import time_to_target as t\n"
+        "t.prepare_data({'baseline': t.BASELINE}, 4, 2, ['dataset.tokenizer=byte', 'dataset.max_documents=24', "
+        f"'dataset.num_proc=1', 'dataset.cache_dir={tmp_path}/cache', 'model.context_size=32'])\n"
+        "print(xla_bridge.backends_are_initialized())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "False"
+    assert list((tmp_path / "cache" / "tokens").iterdir())  # the token store the runs will open

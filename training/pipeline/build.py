@@ -49,8 +49,10 @@ Corpus = TextCorpus | MixtureCorpus | dict  # load_corpus's: text, a mixture, or
 Results = dict[str, dict[str, float]]  # split -> loss, perplexity, tokens (and nats/bits per byte for text)
 
 
-def init_tokenizer(cfg: Config, corpus: Corpus, source: Source | None) -> Tokenizer:
-    """A run that starts from a checkpoint keeps the checkpoint's tokenizer: its ids are what the weights learned."""
+def init_tokenizer(cfg: Config, corpus: Corpus, source: Source | None, process_index: int | None = None) -> Tokenizer:
+    """A run that starts from a checkpoint keeps the checkpoint's tokenizer: its ids are what the weights learned.
+    `process_index` (default: JAX's) for a caller that must not start JAX's backend (a script making the data its
+    runs will read)."""
     d = cfg.dataset
     if source is not None:
         tokenizer = tokenizer_from_json(source.meta["tokenizer"])
@@ -73,15 +75,17 @@ def init_tokenizer(cfg: Config, corpus: Corpus, source: Source | None) -> Tokeni
         train_texts=corpus.train_texts,
         corpus_fingerprint=corpus.fingerprint,
         cache_dir=d.cache_dir,
-        process_index=jax.process_index(),
+        process_index=jax.process_index() if process_index is None else process_index,
         wait_s=d.build_timeout_s,
     )
 
 
-def load_data(cfg: Config, corpus: Corpus, tokenizer: Tokenizer) -> Data:
+def load_data(cfg: Config, corpus: Corpus, tokenizer: Tokenizer, processes: tuple[int, int] | None = None) -> Data:
+    """`processes`: (index, count), JAX's by default (see init_tokenizer)."""
     sizes = batch_sizes(plan_stages(cfg))  # the batch grows with train.stages
     context = config_lib.context_size(cfg)
-    return make_data(cfg, corpus, tokenizer, context, jax.process_index(), jax.process_count(), sizes)
+    index, count = (jax.process_index(), jax.process_count()) if processes is None else processes
+    return make_data(cfg, corpus, tokenizer, context, index, count, sizes)
 
 
 def init_model(cfg: Config, vocab_size: int, key: jax.Array, mesh: Mesh | None = None) -> GPT:
