@@ -123,9 +123,10 @@ def main(argv: list[str]) -> int:
 
 def outside_ranges() -> list[str]:
     """`<package> <version> (wants <range>)` for each installed package of pyproject.toml's dependencies and extras
-    whose version its range excludes (pre-releases and local builds, such as a GPU image's, count as their
-    version)."""
+    whose version its range excludes (a pre-release, development or local build, such as a GPU image's, counts as the
+    release it leads to: 0.10.2rc1 and 0.10.2+cuda12 as 0.10.2)."""
     from packaging.requirements import Requirement
+    from packaging.version import Version
 
     if not PYPROJECT.exists():
         return []
@@ -138,7 +139,7 @@ def outside_ranges() -> list[str]:
             installed = version(wanted.name)
         except PackageNotFoundError:
             continue  # missing: said above where needed
-        if wanted.specifier and not wanted.specifier.contains(installed, prereleases=True):
+        if wanted.specifier and not wanted.specifier.contains(Version(installed).base_version):
             outside[wanted.name] = f"{wanted.name} {installed} (wants {wanted.specifier})"
     return list(outside.values())
 

@@ -177,6 +177,10 @@ BAD_CONFIGS = [
     (["optimizer=muon", "optimizer.momentum_warmup=2.5"], "optimizer.momentum_warmup: 1 or more is a number of steps"),
     (["optimizer=muon", "optimizer.momentum_warmup=-1"], "optimizer.momentum_warmup: must be >= 0"),
     (["optimizer=ademamix", "optimizer.beta3_warmup=9"], "optimizer.beta3_warmup: 9 steps exceed the run's 8"),
+    (
+        ["optimizer=muon", "optimizer.groups={matrix: {name: muon, momentum_warmup: 1000}}"],
+        "optimizer.groups.matrix.momentum_warmup: 1000 steps exceed the run's 8",
+    ),
 ]
 
 

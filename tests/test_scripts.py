@@ -335,7 +335,7 @@ def test_check_env_warns_in_one_line_of_versions_outside_pyprojects_ranges(monke
 
     assert check_env.main(["--test"]) == 0 and "warning" not in capsys.readouterr().err  # this .venv: the lock
     installed = check_env.version
-    faked = {"jax": "0.9.0", "optax": "0.2.9.dev20261101+cuda", "optuna": "3.6.1"}
+    faked = {"jax": "0.9.0", "optax": "0.2.9.dev20261101+cuda", "chex": "0.1.92rc1", "optuna": "3.6.1"}
     monkeypatch.setattr(check_env, "version", lambda name: faked.get(name) or installed(name))
     assert check_env.main([]) == 0
     assert [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning")] == [

@@ -110,11 +110,12 @@ def check_own_warmups(cfg: Config) -> None:
     own_warmups_in_steps), so they are checked as it is: 0 or more, whole steps from 1 up, and ending within the run
     (sf_warmup=100 in an 8-step run kept the step size under 8% of sf_lr, unsaid). Not for a saved config: the run it
     describes trained that way."""
-    for f in dataclasses.fields(cfg.optimizer):
-        value = getattr(cfg.optimizer, f.name)
-        if not f.name.endswith("_warmup") or isinstance(value, bool) or not isinstance(value, (int, float)):
+    own = {f"optimizer.{f.name}": getattr(cfg.optimizer, f.name) for f in dataclasses.fields(cfg.optimizer)}
+    for group, values in cfg.optimizer.groups.items():  # a group's own, read the same way (optimizers/groups.py)
+        own.update({f"optimizer.groups.{group}.{k}": v for k, v in (values or {}).items()})
+    for key, value in own.items():
+        if not key.endswith("_warmup") or isinstance(value, bool) or not isinstance(value, (int, float)):
             continue  # prodigy's safeguard_warmup is a switch
-        key = f"optimizer.{f.name}"
         if value < 0:
             fail(key, f"must be >= 0 (steps, or below 1 a fraction of the run); got {value:g}")
         if value >= 1 and value != int(value):
