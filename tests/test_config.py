@@ -523,3 +523,22 @@ def test_the_hparams_of_tensorboard_hold_an_infinite_value_as_text():
 
     hparams = flat_hparams(load_config(["optimizer=prodigy", "optimizer.growth_rate=inf"]))
     assert hparams["optimizer.growth_rate"] == "inf" and hparams["optimizer.lr_config.lr"] == 0.25
+
+
+def test_a_new_runs_checks_wait_for_a_resume_to_find_nothing_to_resume(finished, data_cache, tmp_path, capsys):
+    """A value that a run trained with and a later check refuses (piecewise points past the end, a warm-up longer
+    than the run): the run's own command plus checkpoint.load=auto was refused at the door, so it could not be
+    continued. Resuming, the saved config wins and the run goes on; where there is nothing to resume, the check
+    holds."""
+    import shutil
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished, run_dir)
+    late = ["checkpoint.load=auto", "optimizer/lr_config=piecewise_linear"]
+    resumed = run_in_process(tiny_overrides(data_cache, f"logging.run_dir={run_dir}", *late), capsys)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "nothing left to train" in resumed.stdout
+    fresh = run_in_process(tiny_overrides(data_cache, f"logging.run_dir={tmp_path / 'new'}", *late), capsys)
+    assert fresh.returncode == 2
+    assert fresh.stderr.startswith("error: config: optimizer.lr_config.boundaries: the last point, at step 802")
+    assert not (tmp_path / "new").exists()

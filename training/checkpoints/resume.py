@@ -31,7 +31,17 @@ from training.checkpoints.checkpointer import PARTS, Checkpointer
 from training.checkpoints.fit import check_same_accumulation, check_same_model, eval_as_logged
 from training.checkpoints.locate import KEYS, find_checkpoint_dir, holds_checkpoints, run_dir_of
 from training.checkpoints.storage import check_writable
-from training.config import Config, LoadMode, as_dict, evaluating, finish, init_from_dir, layout, load_mode
+from training.config import (
+    Config,
+    LoadMode,
+    as_dict,
+    check_new_run,
+    evaluating,
+    finish,
+    init_from_dir,
+    layout,
+    load_mode,
+)
 from training.config.legacy import upgrade_saved
 from training.step.state import TrainState
 
@@ -168,6 +178,8 @@ def plan_run(cfg: Config, overrides: list[str], stamp: int) -> RunPlan:
     elif init_from_dir(cfg):
         init_from = open_source(init_from_dir(cfg), cfg.checkpoint.load_file, ("init_from", KEYS[1]))
         check_same_model(cfg, init_from.meta, f"{init_from.reader.directory}/{init_from.step}")
+    if resume is None and mode != LoadMode.false:  # asked to resume, and nothing to: a new run after all
+        check_new_run(cfg)
 
     branch_of = None  # the run a resumed run leaves for another logging.run_dir
     if resume is not None:

@@ -28,15 +28,9 @@ from core.checks import refuse_non_finite
 from core.errors import ConfigError
 from data.config import SOURCE_CONFIGS, dataset_schema
 from training.config.legacy import read_earlier_values
+from training.config.loop import LoadMode
 from training.config.nodes import CONF_DIR, dotted_group, one_line, schema_node, unknown_key_hint
-from training.config.root import (
-    Config,
-    check_across,
-    check_devices,
-    check_mup_base,
-    check_own_warmups,
-    check_schedule_points,
-)
+from training.config.root import Config, check_across, check_devices, check_new_run, load_mode
 from training.config.stages import plan_stages
 
 ConfigStore.instance().store(name="base_config", node=schema_node(Config))  # conf/config.yaml's first default
@@ -153,17 +147,16 @@ def finish(composed: DictConfig, num_local_devices: int | None = None, saved: bo
     devices, the mesh fits them). None leaves those to `check_devices`, for a caller that cannot ask JAX yet: JAX's
     devices are known only after jax.distributed.initialize, which needs the config's `system` section. `saved`: the
     config of a run that trained (a resume's): the checks of values that trained, if not as meant (an inf clipping
-    norm, piecewise points past the end), are a new run's only, so that run resumes and evaluates as it was.
+    norm, piecewise points past the end), are a new run's only, so that run resumes and evaluates as it was; for a
+    command that asks to resume (checkpoint.load), `check_new_run` waits for plan_run to find nothing to resume.
     """
     cfg = to_config(read_earlier_values(composed))
     if not saved:
         refuse_non_finite(cfg, "", infinite_ok=UNBOUNDED_BY_INF)
     cfg.check()
     check_across(cfg)
-    if not saved:
-        check_schedule_points(cfg)
-        check_own_warmups(cfg)
-        check_mup_base(cfg)
+    if not saved and load_mode(cfg) == LoadMode.false:  # a resume's: plan_run's, once it knows there is none
+        check_new_run(cfg)
     plan_stages(cfg)  # train.stages: every stage at least one step of the run
     if num_local_devices is not None:
         check_devices(cfg, num_local_devices)

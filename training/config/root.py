@@ -88,6 +88,17 @@ class Config:
             fail("task_weights", f"needs one weight >= 0 per task ({len(self.tasks)}), not all 0; got {list(weights)}")
 
 
+def check_new_run(cfg: Config) -> None:
+    """The checks of values that a run which trained may carry in its config, trained as they were (piecewise
+    points past the end, a warm-up longer than the run, a μP base that is not a multiple of the heads): a new run's
+    only. compose.finish runs them for a command that resumes nothing, training/checkpoints/resume.plan_run for one
+    that asked to resume and found nothing to (checkpoint.load=auto on a fresh run directory): the same command line
+    plus checkpoint.load=auto continues a run that trained before a check was added."""
+    check_schedule_points(cfg)
+    check_own_warmups(cfg)
+    check_mup_base(cfg)
+
+
 def check_schedule_points(cfg: Config) -> None:
     """piecewise_linear's points within the run (the preset's 400 and 800 in a 120-step run were never reached, the lr
     only on its way to the first, unsaid). Not for a saved config: the run it describes trained that way."""
