@@ -29,6 +29,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
+from core import signals as stop_signals
 from core.errors import CheckpointError, ConfigError, PipelineError, first_line, say
 from training import config as config_lib
 from training.checkpoints.storage import storage_error
@@ -36,7 +37,6 @@ from training.cli import sweep
 from training.cli.overrides import as_overrides
 from training.config import help as config_help  # noqa: F401  (registers the resolver that --help's template uses)
 from training.distributed.peers import abandon, lost_peer
-from training.loop import signals as stop_signals
 
 ROOT = Path(__file__).resolve().parents[2]
 CFG_CHOICES = ("job", "hydra", "all")
@@ -163,7 +163,7 @@ def _stop_the_sweep(signum: int, frame: object) -> None:
     """SIGTERM or SIGINT to a sweep outside a run's loop (which takes them itself): raised as Ctrl-C is, and noted,
     so that a job whose set-up turns the KeyboardInterrupt into another error (datasets' file lookup: a
     FileNotFoundError) stops the sweep instead of failing as a bug while the next job starts, and a job that lost it
-    (a finalizer's "Exception ignored") stops after its loop's first step (training/loop/signals.py)."""
+    (a finalizer's "Exception ignored") stops after its loop's first step (core/signals.py)."""
     stop_signals.pending.append(signal.Signals(signum).name)
     raise KeyboardInterrupt
 
