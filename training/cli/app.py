@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 import traceback
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -100,13 +101,14 @@ def execute(app: Callable[[], object], argv: list[str]) -> int:
             return say(e, exit_code=2)
     if multirun and (problem := sweep.segments_of_a_study(args.overrides)):
         return say(problem, exit_code=2)
-    saved_argv, saved_env = sys.argv, {k: os.environ.get(k) for k in ("HYDRA_FULL_ERROR", "PYTHONPATH")}
+    kept = ("HYDRA_FULL_ERROR", "PYTHONPATH", sweep.COMMAND_ID)
+    saved_argv, saved_env = sys.argv, {k: os.environ.get(k) for k in kept}
     sys.argv = [saved_argv[0], *argv]
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra's errors reach this function as exceptions, not printed tracebacks
     # Launchers that run jobs in fresh processes (submitit) unpickle the task, which names this checkout's modules.
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [saved_env["PYTHONPATH"]])])
     sweep.started.clear()
-    command_started = time.time()
+    command = os.environ[sweep.COMMAND_ID] = uuid.uuid4().hex  # what its jobs' notes name, in any process
     stop_signals.pending.clear()
     code = 0
     # SIGTERM as Ctrl-C for a sweep (a scheduler's stop): between jobs and while one starts, before its loop takes
@@ -155,7 +157,7 @@ def execute(app: Callable[[], object], argv: list[str]) -> int:
             else:
                 os.environ[key] = value
         for sweep_dir in sweep.started:
-            code = _report_sweep(sweep_dir, code, command_started) or code
+            code = _report_sweep(sweep_dir, code, command) or code
     return code
 
 
@@ -168,9 +170,9 @@ def _stop_the_sweep(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def _report_sweep(sweep_dir: Path, code: int, since: float) -> int:
-    """Write the sweep's summary and say where it is; 1 when any job did not complete or was refused at the door
-    since `since` (this command's start), 2 for a sweep of no job (`code`: the exit code so far). In a sweep of
+def _report_sweep(sweep_dir: Path, code: int, command: str) -> int:
+    """Write the sweep's summary and say where it is; 1 when any job did not complete or was refused at the door by
+    this `command` (its COMMAND_ID), 2 for a sweep of no job (`code`: the exit code so far). In a sweep of
     several processes (each job one multi-process run), process 0 alone: the others' summary read the jobs' records
     before process 0 had written the last one's end, and failed.
     """
@@ -194,7 +196,7 @@ def _report_sweep(sweep_dir: Path, code: int, since: float) -> int:
         f"{sweep_dir / 'sweep.md'} (and sweep.json)",
         flush=True,
     )
-    if refused := sweep.refused_jobs(sweep_dir, since):  # their records say how they ended before; none ran now
+    if refused := sweep.refused_jobs(sweep_dir, command):  # their records say how they ended before; none ran now
         print(
             f"error: sweep {sweep_dir}: job {', '.join(refused)} refused (their runs are there already): "
             "checkpoint.load=auto continues them",

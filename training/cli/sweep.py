@@ -19,10 +19,10 @@ Layout (conf/hydra/output/runs.yaml):
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import IO, Any
 
@@ -185,21 +185,26 @@ def stop_reason(run_dir: Path) -> str | None:
     return json.loads(path.read_text()).get("stopped") if path.exists() else None
 
 
+COMMAND_ID = "GPT_JAX_SWEEP_COMMAND"  # names the command a job runs for, in every process a launcher starts
+
+
 def refuse_job(job_dir: Path, label: str) -> None:
     """A job refused at the door (a rerun into its finished run): its earlier record stays as it was, and this note
-    says so to the sweep's summary, in whatever process the launcher ran the job (joblib's, submitit's)."""
-    write_atomic_in(job_dir, REFUSED, json.dumps({"job": label, "at": time.time()}))
+    says so to the sweep's summary, in whatever process (or machine) the launcher ran the job (joblib's, submitit's):
+    it names the command (COMMAND_ID, set by training/cli/app.py), not a time another machine's clock would read."""
+    write_atomic_in(job_dir, REFUSED, json.dumps({"job": label, "command": os.environ.get(COMMAND_ID)}))
 
 
-def refused_jobs(sweep_dir: Path, since: float) -> list[str]:
-    """The jobs refused at the door since `since` (this command's start), as `<num> (<overrides>)`, in job order."""
+def refused_jobs(sweep_dir: Path, command: str) -> list[str]:
+    """The jobs this command (`command`: its COMMAND_ID) refused at the door, as `<num> (<overrides>)`, in job
+    order."""
     notes = []
     for path in sweep_dir.rglob(REFUSED):
         try:
             note = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):
             continue
-        if note["at"] >= since:
+        if note.get("command") == command:
             notes.append(note["job"])
     return sorted(notes, key=lambda label: int(label.split(" ", 1)[0]))
 
