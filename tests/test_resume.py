@@ -841,3 +841,19 @@ def test_an_evaluation_under_other_settings_keeps_the_earlier_file(tmp_path):
         kept.name != "eval-step4.json"
         and json.loads((tmp_path / "run" / "eval-step4.json").read_text())["results"] == {}
     )
+
+
+def test_a_resume_whose_command_leaves_the_runs_device_layout_says_so_in_one_line(finished, data_cache, capsys):
+    """The documented resume command (`checkpoint.load=True checkpoint.load_path=<run>`) takes system.* from its
+    command line: a run of 1 device resumed on all 8 without a word, its losses no longer bit for bit."""
+    overrides = [o for o in resume_args(data_cache, finished) if o != "system.num_devices=1"]
+    assert len(overrides) == len(resume_args(data_cache, finished)) - 1
+    plan = plan_run(load_config(overrides), overrides, 0)
+    assert plan.cfg.system.num_devices is None
+    assert capsys.readouterr().err == (
+        "warning: the run trained with system.num_devices=1, which this command leaves at system.num_devices=null (a "
+        "resume takes system.* from its command line): it continues, but not bit for bit; name them to keep the "
+        "run's\n"
+    )
+    plan_run(load_config(resume_args(data_cache, finished)), resume_args(data_cache, finished), 0)
+    assert capsys.readouterr().err == ""  # named as it trained: nothing to say

@@ -60,6 +60,10 @@ RESUME_KEYS = (
 # Of those, what the experiment computes in, and where it is tracked (a run kept out of wandb stays out, one in it
 # goes on in the same mode): the saved value stays unless the command line names the key.
 SAVED_UNLESS_NAMED = ("system.dtype", "system.fp8_amax_history", "system.fp8_margin", "logging.wandb")
+# Of those, how the steps are laid out and compiled: taken from the command line (a checkpoint of 8 GPUs resumes on
+# one), and said in one line where that differs from the run's and the command did not name it, since the run then
+# continues, but not bit for bit.
+LAYOUT_KEYS = ("system.num_devices", "system.sharding", "system.mesh_model", "system.deterministic", "system.xla_flags")
 
 
 @dataclass
@@ -277,6 +281,14 @@ def _saved_config_wins(cfg: Config, source: Source, overrides: list[str]) -> tup
     given = OmegaConf.create(as_dict(cfg))
     named = {item.split("=", 1)[0].lstrip("+~") for item in overrides}
     kept = {key: OmegaConf.select(saved, key) for key in SAVED_UNLESS_NAMED if key not in named}
+    trained = {key: _plain(OmegaConf.select(saved, key)) for key in LAYOUT_KEYS if key not in named}
+    now = {key: _plain(OmegaConf.select(given, key)) for key in trained}
+    if moved := [key for key in trained if trained[key] != now[key]]:
+        warn(
+            f"the run trained with {' '.join(f'{k}={trained[k]}' for k in moved)}, which this command leaves at "
+            f"{' '.join(f'{k}={now[k]}' for k in moved)} (a resume takes system.* from its command line): it "
+            "continues, but not bit for bit; name them to keep the run's"
+        )
     for key in RESUME_KEYS:
         OmegaConf.update(saved, key, OmegaConf.select(given, key), merge=False)
     for key, value in kept.items():
@@ -297,6 +309,12 @@ def _saved_config_wins(cfg: Config, source: Source, overrides: list[str]) -> tup
             if OmegaConf.select(given, key) != OmegaConf.select(runs, key):
                 ignored.append(item)
     return resumed, ignored
+
+
+def _plain(value: Any) -> Any:
+    """A config value as YAML would write it (null, a list), for a one-line message."""
+    value = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else value
 
 
 def open_hf_source(cfg: Config) -> Source:
