@@ -259,7 +259,7 @@ def _sweep_job(
         "status": sweep.RUNNING,
     }
     earlier = sweep.read_record(job_dir)  # a job this sweep ran before (its command run again)
-    continuing = str(OmegaConf.select(composed, "checkpoint.load", default="")).lower().endswith("auto")
+    continuing = str(OmegaConf.select(composed, "checkpoint.load", default="")).lower() == "auto"
     if continuing and earlier is not None and earlier.get("status") == sweep.COMPLETED:
         # a stopped sweep continued: a job that completed is read as it ended, whether or not its run kept a
         # checkpoint to resume at its end (checkpoint.save=false, as the experiments' sweeps run: it trained again)

@@ -5,7 +5,8 @@ Layout (conf/hydra/output/runs.yaml):
   runs/sweeps/<hydra.job.name>-<time>/
     <num>-<overrides>/          one job, and its run directory (metrics.jsonl, config.yaml, summary.json,
                                 checkpoints/) unless logging.run_dir says otherwise; job.json: the job's number,
-                                overrides, status, final `val` loss, run directory and, when it failed, why
+                                overrides, status, final `val` loss, run directory and, when it failed, why;
+                                job.refused: the command that refused to run it again into its finished run
     sweep.json, sweep.md        every job's status, final `val` loss and the overrides that tell it from the others,
                                 the best job, and the comparison of training/compare.py (what differs between the
                                 runs, every split's final and best loss), also as comparison.md/.csv/.png
@@ -131,13 +132,10 @@ def segments_of_a_study(overrides: list[str]) -> ConfigError | None:
     chosen = [o for o in overrides if re.match(r"^\+*hydra/sweeper=", o)]
     if not segments or not chosen:
         return None
-    from hydra import compose, initialize_config_dir
-
-    from training.config.nodes import CONF_DIR
+    from training.config.compose import hydra_settings
 
     try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-            hydra = compose(config_name="config", overrides=chosen[-1:], return_hydra_config=True).hydra
+        hydra = hydra_settings(chosen[-1:])
     except (HydraException, OmegaConfBaseException):  # a sweeper that does not exist: Hydra's own run says so
         return None
     if "optuna" not in str(OmegaConf.select(hydra, "sweeper._target_", default="")).lower():

@@ -106,9 +106,15 @@ def _chosen(groups: tuple[str, ...], conf_files: tuple) -> DictConfig:
     return _compose(list(groups))
 
 
-def _compose(overrides: list[str]) -> DictConfig:
+def _compose(overrides: list[str], hydra: bool = False) -> DictConfig:
+    """conf/config.yaml with `overrides`, as Hydra's compose API gives it; `hydra`: with Hydra's own section."""
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        return compose(config_name="config", overrides=overrides)
+        return compose(config_name="config", overrides=overrides, return_hydra_config=hydra)
+
+
+def hydra_settings(overrides: list[str]) -> DictConfig:
+    """Hydra's own section (`hydra.sweeper`, `hydra.launcher`, ...) as these overrides compose it."""
+    return _compose(overrides, hydra=True).hydra
 
 
 def null_group_choice(overrides: list[str]) -> ConfigError | None:
