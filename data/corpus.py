@@ -8,9 +8,11 @@ text corpora of its sources.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from core.errors import DataError
 from data.config import DatasetConfig, TextConfig, TokenShardsConfig
 from data.note_sources import maestro_corpus, midi_files_corpus, music21_corpus
 from data.sources import MixtureCorpus, TextCorpus, hub_corpus, json_files_corpus, pystdlib_corpus, text_files_corpus
@@ -28,6 +30,14 @@ def token_shards_corpus(d: TokenShardsConfig) -> ShardCorpus:
     )
     train = shard_files(d.folder, d.train_files, d.name, hint)[: d.max_train_shards]
     val = shard_files(d.folder, d.val_files, d.name, hint)
+    if both := sorted(set(map(os.path.realpath, train)) & set(map(os.path.realpath, val))):
+        named = ", ".join(os.path.basename(f) for f in both[:3]) + (
+            f" and {len(both) - 3} more" if len(both) > 3 else ""
+        )
+        raise DataError(
+            f"dataset {d.name}: dataset.train_files={d.train_files} and dataset.val_files={d.val_files} both match "
+            f"{named}: validation would score data the model trains on; narrow one of the two patterns"
+        )
     # val_tokens targets, as the speedrun scores them: the first val_tokens + 1 tokens (a window reads one past its end)
     val_limit = None if d.val_tokens is None else d.val_tokens + 1
     return ShardCorpus(d.name, {"train": train, "val": val}, {"val": val_limit})

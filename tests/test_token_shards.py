@@ -3,12 +3,15 @@ checked, the splits read in place across shard boundaries, val cut to its tokens
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import numpy as np
 import pytest
 
 from core.errors import ConfigError, DataError
+from data.config import TokenShardsConfig
+from data.corpus import token_shards_corpus
 from data.token_shards import HEADER_BYTES, MAGIC, ShardedTokens, read_shard, write_shard
 from helpers import build, script_in_process, tiny_overrides
 
@@ -130,6 +133,19 @@ def test_missing_shards_a_foreign_tokenizer_and_bpe_are_one_line(tmp_path, data_
         build(shard_overrides(data_cache, f"dataset.folder={folder}", "dataset.tokenizer=byte"))
     with pytest.raises(ConfigError, match=r"dataset.tokenizer: token shards are tokenised already"):
         build(shard_overrides(data_cache, "dataset.tokenizer=bpe"))
+
+
+def test_a_shard_matched_by_both_splits_is_refused_in_one_line(tmp_path):
+    """A training glob wide enough to take the validation shard (`*.bin`) made validation score trained-on data."""
+    write_fineweb_like(tmp_path)
+    d = TokenShardsConfig(name="fineweb10b", folder=str(tmp_path), tokenizer="byte")
+    assert token_shards_corpus(d).files["train"] == [str(tmp_path / f"fineweb_train_00000{i}.bin") for i in (1, 2)]
+    with pytest.raises(
+        DataError,
+        match=r"^dataset fineweb10b: dataset.train_files=\*.bin and dataset.val_files=fineweb_val_\*.bin both match "
+        r"fineweb_val_000000.bin: validation would score data the model trains on; narrow one of the two patterns$",
+    ):
+        token_shards_corpus(dataclasses.replace(d, train_files="*.bin"))
 
 
 @pytest.mark.parametrize(
