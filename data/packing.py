@@ -46,11 +46,14 @@ def tokenized_corpus(
 ) -> TokenStore:
     """The corpus's token store for this tokenizer: opened when it exists, built (by all processes) when not."""
     inputs = {"corpus": corpus.fingerprint, "tokenizer": tokenizer.fingerprint(), "docs_per_chunk": d.docs_per_chunk}
-    slug = "".join(c if c.isalnum() or c in "-_." else "_" for c in corpus.label)[:40]
-    root = Path(d.cache_dir) / "tokens" / f"{slug}-{store_key(inputs)}"
-    store = open_store(root, inputs)
-    if store is not None:
-        return store
+    slug, key = "".join(c if c.isalnum() or c in "-_." else "_" for c in corpus.label)[:40], store_key(inputs)
+    stores = Path(d.cache_dir) / "tokens"
+    root = stores / f"{slug}-{key}"
+    # The label names the folder for people; the key says what it holds: the same files under another name (another
+    # dataset.name, a mixture's source name) open the store already built, not a copy tokenised again.
+    for other in [root, *sorted(p for p in stores.glob(f"*-{key}") if p != root)]:
+        if (store := open_store(other, inputs)) is not None:
+            return store
     root.mkdir(parents=True, exist_ok=True)
     # Process 0 of each run builds under a lock, so that two runs wanting the same store at once (a sweep's jobs)
     # do not build it over each other: the second waits, then opens what the first built. The lock file sits beside

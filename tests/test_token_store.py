@@ -167,6 +167,28 @@ def test_a_second_run_opens_the_store_without_reading_a_document(tmp_path):
     assert second.root == first.root and store_bytes(second) == store_bytes(first)
 
 
+@pytest.mark.parametrize("spelling", ["relative", "linked", "renamed"])
+def test_the_same_files_spelled_or_named_otherwise_open_the_store_built_first(tmp_path, monkeypatch, spelling):
+    """The same files through a relative path or a link, or under another dataset.name (a mixture's source name),
+    were tokenised again into a second store (and a second BPE): its key held the path as spelled, its folder the
+    name."""
+    write_files(tmp_path / "docs", DOCS)
+    _, first = build(text_files(tmp_path / "docs", tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "link").symlink_to(tmp_path / "docs")
+    folder, name = {
+        "relative": ("docs", []),
+        "linked": ("link", []),
+        "renamed": (tmp_path / "docs", ["dataset.name=a"]),
+    }[spelling]
+    d = load_config(text_files(folder, tmp_path / "cache", *name)).dataset
+    corpus = load_corpus(d)
+    corpus.load = lambda: pytest.fail("the documents were read again")
+    second = tokenized_corpus(corpus, ByteTokenizer(), d)
+    assert second.root == first.root and store_bytes(second) == store_bytes(first)
+    assert [p.name for p in (tmp_path / "cache" / "tokens").iterdir() if p.is_dir()] == [first.root.name]
+
+
 def test_a_stale_or_foreign_store_is_rebuilt_not_used(tmp_path):
     write_files(tmp_path / "docs", DOCS)
     overrides = text_files(tmp_path / "docs", tmp_path / "cache")
