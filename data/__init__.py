@@ -216,12 +216,16 @@ def _mixture_data(
 
 
 def _records(cfg: RunData, counts_and_makers: dict, tokenizer: Tokenizer, context: int) -> dict[str, Examples]:
-    """`counts_and_makers`: split -> (number of records, make_record); each split checked to hold a record."""
+    """`counts_and_makers`: split -> (number of records, make_record, evaluation places or None for one a record);
+    each split checked to hold a record."""
     genai = tokenizer.genai_id if cfg.loss_masking == "finetuning" else None
-    for name, (n, _) in counts_and_makers.items():
+    for name, (n, _, _) in counts_and_makers.items():
         if n == 0:
             raise DataError(f"dataset {cfg.dataset.name}: split {name!r} has no records; add data")
-    return {name: Records(n, make, context, tokenizer.pad_id, genai) for name, (n, make) in counts_and_makers.items()}
+    return {
+        name: Records(n, make, context, tokenizer.pad_id, genai, fixed)
+        for name, (n, make, fixed) in counts_and_makers.items()
+    }
 
 
 def _note_records(
@@ -242,8 +246,8 @@ def _note_records(
             d.augmentation.max_pitch_shift if train else 0,
             list(d.augmentation.speed_change_factors) if train else [],
         )
-        records[name] = (len(split), split.sequence)
-    counts = ", ".join(f"{name} {len(corpus[name])}/{n}" for name, (n, _) in records.items())
+        records[name] = (len(split), split.sequence, split.num_fixed)
+    counts = ", ".join(f"{name} {len(corpus[name])}/{n}" for name, (n, _, _) in records.items())
     what = f"tasks {', '.join(cfg.tasks)}" if cfg.tasks else "next-token"
     summary = (
         f"pieces/records: {counts} | {cfg.data.notes_per_record} notes per record, {what}, "
@@ -259,7 +263,7 @@ def _prompt_records(
     records = {}
     for name, ds in corpus.datasets.items():
         rows = tokenize_prompts(ds, tokenizer)
-        records[name] = (len(rows), lambda i, rng, rows=rows: rows[i])
-    counts = ", ".join(f"{name} {n}" for name, (n, _) in records.items())
+        records[name] = (len(rows), lambda i, rng, rows=rows: rows[i], None)
+    counts = ", ".join(f"{name} {n}" for name, (n, _, _) in records.items())
     summary = f"records: {counts} | prompt <GENAI> completion, loss masking {cfg.loss_masking}"
     return _records(cfg, records, tokenizer, context), "val", summary

@@ -168,12 +168,20 @@ def token_positions(tokens, token: int, chunk: int = 1 << 24) -> np.ndarray:
 class Records(Examples):
     """`num_records` records, each `make_record(index, rng)`: its token ids, `rng` seeded from (seed, 1, sample
     number) in training and None in evaluation (no augmentation, the same records every time). An epoch is a
-    permutation of the records drawn from (seed, epoch); an example's id is its record's index."""
+    permutation of the records drawn from (seed, epoch); an example's id is its record's index. An evaluation set's
+    places are `num_fixed` (the records, unless given: piano tasks score each record under every task), each its own
+    id, read by `make_record(place, None)`."""
 
     def __init__(
-        self, num_records: int, make_record: MakeRecord, context: int, pad_id: int, genai_id: int | None = None
+        self,
+        num_records: int,
+        make_record: MakeRecord,
+        context: int,
+        pad_id: int,
+        genai_id: int | None = None,
+        num_fixed: int | None = None,
     ) -> None:
-        self.num_examples = self.num_fixed = num_records
+        self.num_examples, self.num_fixed = num_records, num_records if num_fixed is None else num_fixed
         self.make_record, self.context, self.pad_id, self.genai_id = make_record, context, pad_id, genai_id
 
     def epoch_order(self, rng: np.random.Generator) -> Callable[[np.ndarray], np.ndarray]:

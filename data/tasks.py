@@ -108,17 +108,29 @@ class NoteRecords:
     def __len__(self) -> int:
         return len(self.index)
 
+    @property
+    def num_fixed(self) -> int:
+        """Places of an evaluation set: every record under each task in turn (task-major: place p is record
+        p mod len under task p // len), so that evenly spaced places give every task an equal share of rows and
+        each task evenly spaced records. A task drawn by the record's index instead left a set whose spacing was a
+        multiple of the number of tasks scoring one task only."""
+        return len(self) * max(len(self.tasks), 1)
+
     def notes(self, i: int) -> Notes:
         s, first, end = self.index[i]
         return self.segments[s].take(slice(first, end)).shifted_to_zero()
 
     def task_of(self, i: int, rng: np.random.Generator | None) -> str:
-        """Training draws a task by `task_weights`; evaluation cycles through the tasks by record."""
+        """Training draws a task by `task_weights` for record i; evaluation's place i names its task (`num_fixed`)."""
         if rng is None:
-            return self.tasks[i % len(self.tasks)]
+            return self.tasks[i // len(self)]
         return self.tasks[int(rng.choice(len(self.tasks), p=self.task_p))]
 
     def sequence(self, i: int, rng: np.random.Generator | None) -> list[int]:
+        """Record i's token ids: in training (`rng`, augmenting) record i under a drawn task; in evaluation (no
+        `rng`) place i of `num_fixed`."""
+        task = self.task_of(i, rng) if self.tasks else None
+        i %= len(self)
         notes = self.notes(i)
         if rng is not None:
             notes = augment(notes, rng, self.max_pitch_shift, self.speed_change_factors)
@@ -126,7 +138,6 @@ class NoteRecords:
             s, _, end = self.index[i]
             ends = end == len(self.segments[s])
             return self.tok.encode_notes(notes) + ([self.tok.eos_id] if ends else [])
-        task = self.task_of(i, rng)
         ids = task_sequence(task, notes, self.tok)
         while len(ids) > self.context + 1 and len(notes) > 2:  # a target is never cut: fewer notes instead
             notes = notes.take(slice(0, max(len(notes) * 7 // 8, 2)))

@@ -331,3 +331,29 @@ def test_a_val_split_without_pieces_says_why_and_what_fixes_it(tmp_path, bach_ch
         "dataset midi_files: the val split has no pieces; a composer holds pieces out for val and test only from 3 "
         "pieces on: add files (a file's composer is its folder)"
     )
+
+
+def test_an_evaluation_set_scores_every_task_alike(bach_chorale):
+    """Evaluation took each record's task from its index and a fixed set takes evenly spaced records: a spacing that
+    was a multiple of the number of tasks (16 records, 8 rows, two tasks) scored one task only."""
+    from data import make_data
+    from training.config import load_config
+
+    tasks = ["dynamics", "continuation"]
+    cfg = load_config(
+        [
+            "dataset=music21",
+            "stage=piano_task",
+            "init_from=runs/x",
+            f"tasks=[{','.join(tasks)}]",
+            "data.notes_per_record=4",
+        ]
+        + ["train.batch_size=4", "train.eval_iters=2"]
+    )
+    tok = NotesTokenizer()
+    piece = tok.quantise(bach_chorale).take(slice(0, 64)).as_columns()  # 16 records of 4 notes
+    data = make_data(cfg, {"train": [piece], "full": [piece]}, tok, 128, 0, 1)
+    rows = np.concatenate([b["inputs"] for b in data.evals["full"]])
+    asked = [tasks[[tok.task_ids[t] for t in tasks].index(first)] for first in rows[:, 0]]
+    assert data.train.examples.num_examples == 16
+    assert len(asked) == 8 and asked.count("dynamics") == asked.count("continuation") == 4
