@@ -90,7 +90,8 @@ class NoteRecords:
         """The records of a segment, as (first, end) note indices: runs of `notes_per_record` notes; for next-token
         records, also no more notes than fit the context with an `<EOS>`, played at the slowest speed augmentation
         may draw (what a record holds past context + 1 tokens is cut and never trained on: the next record starts
-        there instead). A task shortens its own record's notes (`sequence`)."""
+        there instead; `sequence` leaves out the rare last note that another speed's rounding pushes past it). A task
+        shortens its own record's notes (`sequence`)."""
         n, size = len(segment), self.notes_per_record
         if self.tasks:
             return [(int(a), min(int(a) + size, n)) for a in record_starts(n, size)]
@@ -136,8 +137,15 @@ class NoteRecords:
             notes = augment(notes, rng, self.max_pitch_shift, self.speed_change_factors)
         if not self.tasks:  # <EOS> only where the piece (or segment) really ends, not at every record's end
             s, _, end = self.index[i]
-            ends = end == len(self.segments[s])
-            return self.tok.encode_notes(notes) + ([self.tok.eos_id] if ends else [])
+            ids = self.tok.encode_notes(notes) + ([self.tok.eos_id] if end == len(self.segments[s]) else [])
+            # `_windows` sized the record at the slowest speed, but rounding onsets to the time step is not monotonic
+            # in the speed: a chord rolled over a few milliseconds shares a step at one speed and takes two at
+            # another, one SHIFT more. A record drawn past context + 1 tokens leaves its last notes out (and its <EOS>,
+            # which no longer ends the piece), rather than be cut inside a note.
+            while len(ids) > self.context + 1 and len(notes) > 1:
+                notes = notes.take(slice(0, len(notes) - 1))
+                ids = self.tok.encode_notes(notes)
+            return ids
         ids = task_sequence(task, notes, self.tok)
         while len(ids) > self.context + 1 and len(notes) > 2:  # a target is never cut: fewer notes instead
             notes = notes.take(slice(0, max(len(notes) * 7 // 8, 2)))

@@ -211,6 +211,31 @@ def test_next_token_records_hold_no_more_notes_than_fit_the_context(bach_chorale
     assert [len(tasks.notes(i)) for i in range(len(tasks) - 1)] == [32] * (len(tasks) - 1)
 
 
+def test_a_next_token_record_is_whole_notes_within_the_context_at_every_drawn_speed():
+    """Records are sized at the slowest speed, but rounding onsets to the time step is not monotonic in the speed:
+    chords rolled over 4-6 ms (a performance, not a score) drew records one SHIFT past context + 1 tokens at 1.0 or
+    1.1x, the row then cut inside its last note (a pitch and velocity with no duration)."""
+    from data.examples import seeded_rng
+    from data.tasks import NoteRecords
+
+    rng = np.random.default_rng(0)
+    pieces = []
+    for _ in range(5):
+        start = np.cumsum(rng.choice([0.0, 0.004, 0.006, 0.12, 0.25], size=400))
+        end = start + rng.uniform(0.05, 0.6, size=400)
+        pieces.append(Notes.from_lists(rng.integers(40, 90, 400), rng.integers(30, 110, 400), start, end).as_columns())
+    tok, context = NotesTokenizer(), 64
+    records = NoteRecords(pieces, tok, 64, 4.0, context, [], [], 0, [0.9, 1.1])
+    for i in range(len(records)):
+        for sample in range(20):
+            ids = records.sequence(i, seeded_rng(0, 1, sample))
+            played = tok.encode_notes(augment(records.notes(i), seeded_rng(0, 1, sample), 0, [0.9, 1.1]))
+            notes = ids[:-1] if ids[-1] == tok.eos_id else ids
+            next_kind = tok.token_kind(played[len(notes)])[0] if len(notes) < len(played) else "end"
+            assert len(ids) <= context + 1 and notes == played[: len(notes)], (i, sample)
+            assert next_kind in ("shift", "pitch", "end"), (i, sample)  # what is left out begins a note
+
+
 def test_a_dynamics_answer_lands_on_the_notes_it_was_asked_about():
     from data.tasks import note_prompt, notes_from_generation
 
