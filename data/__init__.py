@@ -13,7 +13,7 @@ from typing import Protocol
 
 import numpy as np
 
-from core.errors import DataError
+from core.errors import DataError, warn
 from data.batches import BatchSizes, EvalBatches, TrainBatches
 from data.config import DataConfig, DatasetConfig, TextConfig
 from data.examples import DocumentRows, Examples, Records, Windows
@@ -259,11 +259,29 @@ def _note_records(
 def _prompt_records(
     cfg: RunData, corpus: TextCorpus, tokenizer: Tokenizer, context: int
 ) -> tuple[dict[str, Examples], str, str]:
-    """One `prompt <GENAI> completion <EOS>` record per row, tokenised once (cached by datasets)."""
-    records = {}
+    """One `prompt <GENAI> completion <EOS>` record per row, tokenised once (cached by datasets). Fine-tuning counts
+    only targets after `<GENAI>`: a row whose prompt fills the context has none in its cut row, and trains (or scores)
+    nothing: said in the summary and in a warning, refused when a split has nothing else."""
+    records, blind = {}, {}
     for name, ds in corpus.datasets.items():
-        rows = tokenize_prompts(ds, tokenizer)
+        rows, genai_at = tokenize_prompts(ds, tokenizer)
         records[name] = (len(rows), lambda i, rng, rows=rows: rows[i], None)
-    counts = ", ".join(f"{name} {n}" for name, (n, _, _) in records.items())
+        blind[name] = int(np.sum(genai_at >= context)) if cfg.loss_masking == "finetuning" else 0
+        if blind[name] and blind[name] == len(rows):
+            raise DataError(
+                f"dataset {cfg.dataset.name}: every record of split {name!r} has a prompt of model.context_size="
+                f"{context} tokens or more, so no completion token is within a row; raise model.context_size or "
+                "shorten the prompts"
+            )
+        if blind[name]:
+            warn(
+                f"dataset {cfg.dataset.name}: {blind[name]} of {len(rows)} {name} records have a prompt of "
+                f"model.context_size={context} tokens or more: no completion token is within their rows, and they "
+                f"{'train' if name == 'train' else 'score'} nothing; raise model.context_size or shorten those prompts"
+            )
+    counts = ", ".join(
+        f"{name} {n}" + (f" ({blind[name]} without a target in the context)" if blind[name] else "")
+        for name, (n, _, _) in records.items()
+    )
     summary = f"records: {counts} | prompt <GENAI> completion, loss masking {cfg.loss_masking}"
     return _records(cfg, records, tokenizer, context), "val", summary

@@ -12,9 +12,11 @@ import functools
 import hashlib
 import itertools
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from core.files import exclusive
 from data.config import HfConfig, TextConfig
@@ -189,22 +191,27 @@ class _BuildProgress:
         self.bar.close()
 
 
-def tokenize_prompts(ds: datasets.Dataset, tokenizer: Tokenizer) -> list[list[int]]:
-    """Rows with `prompt` and `completion` columns -> `prompt <GENAI> completion <EOS>` id lists; cached on disk by
-    datasets under a fingerprint of the rows and the tokenizer. In this process: the tokenizers batch-encode on
-    threads of their own, and no worker is forked after JAX has started."""
-    fingerprint = hashlib.sha256(f"{ds._fingerprint}|{tokenizer.fingerprint()}|prompt-v1".encode()).hexdigest()[:16]
-    return ds.map(
+def tokenize_prompts(ds: datasets.Dataset, tokenizer: Tokenizer) -> tuple[Sequence[list[int]], np.ndarray]:
+    """Rows with `prompt` and `completion` columns -> `prompt <GENAI> completion <EOS>` id lists, and where each
+    row's `<GENAI>` is (its prompt's length in tokens); cached on disk by datasets under a fingerprint of the rows and
+    the tokenizer. In this process: the tokenizers batch-encode on threads of their own, and no worker is forked
+    after JAX has started."""
+    fingerprint = hashlib.sha256(f"{ds._fingerprint}|{tokenizer.fingerprint()}|prompt-v2".encode()).hexdigest()[:16]
+    rows = ds.map(
         _encode_prompts,
         batched=True,
         batch_size=ENCODE_BATCH_DOCS,
         remove_columns=ds.column_names,
         fn_kwargs={"tokenizer": tokenizer},
         new_fingerprint=fingerprint,
-    )["ids"]
+    )
+    return rows["ids"], rows.data.column("genai_at").to_numpy()
 
 
 def _encode_prompts(batch: dict, tokenizer: Tokenizer) -> dict:
     prompts = tokenizer.encode_batch([p or "" for p in batch["prompt"]])
     completions = tokenizer.encode_batch([c or "" for c in batch["completion"]])
-    return {"ids": [p + [tokenizer.genai_id] + c + [tokenizer.eos_id] for p, c in zip(prompts, completions)]}
+    return {
+        "ids": [p + [tokenizer.genai_id] + c + [tokenizer.eos_id] for p, c in zip(prompts, completions)],
+        "genai_at": [len(p) for p in prompts],
+    }

@@ -12,7 +12,7 @@ import mido
 import numpy as np
 import pytest
 
-from core.errors import ConfigError
+from core.errors import ConfigError, DataError
 from data.corpus import load_corpus
 from data.notes import Notes
 from helpers import build, read_metrics, run_cli, run_in_process, script_in_process, tiny_overrides
@@ -331,19 +331,24 @@ def test_an_unreachable_hub_dataset_is_one_clear_line(tmp_path, capsys):
     assert "dataset=music21" in line
 
 
-def test_text_fine_tuning_records_put_the_loss_on_the_completion_only(tmp_path, data_cache):
-    rows = [{"question": f"What is {a} plus {b}?", "answer": f"{a + b}"} for a in range(12) for b in range(12)]
-    (tmp_path / "qa.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
-    overrides = tiny_overrides(
+def qa_overrides(data_cache, jsonl) -> list[str]:
+    """Text fine-tuning on a JSON-lines file of question/answer rows, with the byte tokenizer."""
+    return tiny_overrides(
         data_cache,
         "dataset=json_files",
-        f"dataset.files=[{tmp_path / 'qa.jsonl'}]",
+        f"dataset.files=[{jsonl}]",
         "dataset.tokenizer=byte",
         "dataset.prompt_column=question",
         "dataset.completion_column=answer",
         "loss_masking=finetuning",
         "dataset.max_documents=null",
     )
+
+
+def test_text_fine_tuning_records_put_the_loss_on_the_completion_only(tmp_path, data_cache):
+    rows = [{"question": f"What is {a} plus {b}?", "answer": f"{a + b}"} for a in range(12) for b in range(12)]
+    (tmp_path / "qa.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    overrides = qa_overrides(data_cache, tmp_path / "qa.jsonl")
     parts = build(overrides)
     batch = parts.data.train.batch(0)
     tok = parts.tokenizer
@@ -355,6 +360,33 @@ def test_text_fine_tuning_records_put_the_loss_on_the_completion_only(tmp_path, 
         assert tok.decode(targets[mask > 0]) == answer + "<EOS>"
     first = [float(parts.step(s)["loss"]) for s in range(30)]
     assert np.mean(first[-5:]) < np.mean(first[:5])
+
+
+def test_records_whose_prompt_fills_the_context_are_counted_and_a_split_of_only_them_refused(
+    tmp_path, data_cache, capsys
+):
+    """A prompt of context_size tokens or more leaves no completion token in its row: such records trained nothing
+    without a word (and a split of nothing else scored a loss over no target)."""
+    rows = [
+        {"question": f"What is {a} plus {b}?" + " " * 80 * (a == 3), "answer": f"{a + b}"}
+        for a in range(8)
+        for b in range(8)
+    ]
+    (tmp_path / "qa.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    overrides = qa_overrides(data_cache, tmp_path / "qa.jsonl")
+    data = build(overrides).data
+    train = data.train.examples
+    counted = [train.batch(train.rows(np.array([i])))["loss_mask"].sum() for i in range(train.num_examples)]
+    blind = counted.count(0)
+    assert 0 < blind < train.num_examples
+    assert f"train {train.num_examples} ({blind} without a target in the context)" in data.summary
+    assert (
+        f"warning: dataset json_files: {blind} of {train.num_examples} train records have a prompt of "
+        "model.context_size=64 tokens or more: no completion token is within their rows, and they train nothing"
+    ) in capsys.readouterr().err
+    (tmp_path / "qa.jsonl").write_text("\n".join(json.dumps(r) for r in rows if len(r["question"]) >= 64))
+    with pytest.raises(DataError, match=r"^dataset json_files: every record of split 'train' has a prompt of model"):
+        build(overrides)
 
 
 def test_sample_asks_a_text_fine_tuned_model_as_its_records_do(tmp_path, data_cache, monkeypatch, capsys):
