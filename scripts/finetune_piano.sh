@@ -5,10 +5,12 @@
 #   TASK=continuation bash scripts/finetune_piano.sh                    (dynamics | continuation | lower_voices)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source activate_env.sh
 
 if [ $# -gt 0 ] && [ -d "$1" ]; then
     pretrained="$1"; shift
+elif [ $# -gt 0 ] && [[ "$1" != *=* && ( "$1" == */* || "$1" != "~"* ) ]]; then  # a path (not key=value, ~key)
+    echo "error: PRETRAIN_RUN_DIR $1: no such directory; pass a run of bash scripts/pretrain_piano.sh" >&2
+    exit 1
 else
     pretrained="$(ls -td runs/piano-pretrain-* 2>/dev/null | head -1 || true)"
 fi
@@ -17,6 +19,7 @@ if [ -z "$pretrained" ]; then
     exit 1
 fi
 task="${TASK:-dynamics}"
+source activate_env.sh
 run_dir="runs/piano-${task}-$(date +%Y%m%d-%H%M%S)"
 t0=$SECONDS
 python train_jax.py dataset=music21 model=gpt2-micro data.notes_per_record=64 \

@@ -4,6 +4,7 @@ evaluation, a generated .mid; the maestro (Hub) layout from a local folder; text
 from __future__ import annotations
 
 import json
+import subprocess
 
 import chex
 import jax
@@ -15,7 +16,17 @@ import pytest
 from core.errors import ConfigError, DataError
 from data.corpus import load_corpus
 from data.notes import Notes
-from helpers import build, read_metrics, run_cli, run_in_process, script_in_process, tiny_overrides
+from helpers import (
+    build,
+    communicate,
+    read_metrics,
+    repo_copy,
+    run_cli,
+    run_in_process,
+    script_in_process,
+    spawn,
+    tiny_overrides,
+)
 from training import config as config_lib
 from training.checkpoints.checkpointer import Checkpointer
 from training.checkpoints.resume import plan_run, restore_state
@@ -246,6 +257,35 @@ def test_init_from_with_another_notes_tokenizer_is_refused(pretrained, data_cach
     lines = result.stderr.strip().splitlines()
     assert lines[-1].startswith("error: dataset.notes_tokenizer:") and "checkpoint" in lines[-1]
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_a_piano_checkpoint_starting_a_text_run_is_refused_without_a_setting_to_try(pretrained, data_cache, capsys):
+    """The line said `set dataset.tokenizer=notes`, which a text source refuses in turn."""
+    result = run_in_process(tiny_overrides(data_cache, f"init_from={pretrained}"), capsys)
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: dataset.tokenizer: the checkpoint's model reads notes, this run's data is text (byte): start it from a "
+        "checkpoint of a text run, or from fresh weights"
+    )
+
+
+def test_finetune_piano_sh_names_a_run_directory_that_is_not_there(tmp_path):
+    """A mistyped run directory was passed on to Hydra as an override: `cannot parse the argument`, nothing said of
+    the directory."""
+    project = repo_copy(tmp_path)  # the script works in its own checkout: a copy, should it go on to train
+    for typo in ("runs/piano-pretrain-typo", "~/runs/typo"):
+        proc = spawn(
+            ["bash", str(project / "scripts" / "finetune_piano.sh"), typo, "train.max_steps=2"],
+            cwd=project,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        result = communicate(proc, timeout=30)
+        assert (result.returncode, result.stderr.strip()) == (
+            1,
+            f"error: PRETRAIN_RUN_DIR {typo}: no such directory; pass a run of bash scripts/pretrain_piano.sh",
+        )
 
 
 def write_maestro_layout(folder, pieces_per_split: dict[str, list[tuple[str, Notes]]]) -> None:

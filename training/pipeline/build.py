@@ -56,6 +56,14 @@ def init_tokenizer(cfg: Config, corpus: Corpus, source: Source | None, process_i
     d = cfg.dataset
     if source is not None:
         tokenizer = tokenizer_from_json(source.meta["tokenizer"])
+        if "notes" in (tokenizer.kind, d.tokenizer) and tokenizer.kind != d.tokenizer:  # no setting makes them meet
+            theirs, ours = (
+                ("notes", f"text ({d.tokenizer})") if tokenizer.kind == "notes" else (tokenizer.kind, "notes")
+            )
+            raise DataError(
+                f"dataset.tokenizer: the checkpoint's model reads {theirs}, this run's data is {ours}: start it from "
+                f"a checkpoint of a {ours.split()[0]} run, or from fresh weights"
+            )
         if tokenizer.kind != d.tokenizer:
             raise DataError(
                 f"dataset.tokenizer: {d.tokenizer} does not match the checkpoint's "
