@@ -90,7 +90,8 @@ def _moments(midi: mido.MidiFile, path: str | Path) -> list[tuple[float, list[mi
 
 def write_midi(notes: Notes, path: str | Path) -> Path:
     """A one-track .mid of `notes` (piano, 120 bpm) that any player opens. A note still sounding when the same key
-    is struck again ends there: MIDI cannot hold one key twice."""
+    is struck again ends there: MIDI cannot hold one key twice; struck again within its own tick (1/960 s, a
+    notes_tokenizer.time_step below it), it is left out, as it would end before it began."""
     seconds_to_ticks = TICKS_PER_BEAT * 1_000_000 / TEMPO_US_PER_BEAT
     ons = np.rint(notes.start * seconds_to_ticks).astype(np.int64)
     offs = np.maximum(np.rint(notes.end * seconds_to_ticks).astype(np.int64), ons + 1)
@@ -101,7 +102,8 @@ def write_midi(notes: Notes, path: str | Path) -> Path:
             offs[i] = min(offs[i], next_on[p])
         next_on[p] = int(ons[i])
     events = []  # (tick, order, message): note_offs sort before note_ons at the same tick
-    for p, v, on, off in zip(notes.pitch.tolist(), notes.velocity.tolist(), ons.tolist(), offs.tolist()):
+    kept = offs > ons
+    for p, v, on, off in zip(*(a[kept].tolist() for a in (notes.pitch, notes.velocity, ons, offs))):
         events.append((on, 1, mido.Message("note_on", note=p, velocity=int(v), channel=0)))
         events.append((off, 0, mido.Message("note_off", note=p, velocity=0, channel=0)))
     events.sort(key=lambda x: (x[0], x[1]))

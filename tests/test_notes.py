@@ -137,6 +137,21 @@ def test_a_key_released_as_it_is_struck_again_is_two_notes(tmp_path):
         ], name
 
 
+def test_a_key_struck_twice_within_a_tick_writes_a_valid_file(tmp_path):
+    """Below MIDI's tick (notes_tokenizer.time_step=0.0005), a key struck twice in one tick was written note_off
+    first, then two note_ons with no off between them; the file read back lost a note it should have kept."""
+    notes = Notes.from_lists([60, 60, 64], [80, 90, 70], [0.0, 0.0005, 0.0], [0.5, 0.5, 0.5])
+    messages = [
+        m for m in mido.MidiFile(write_midi(notes, tmp_path / "tick.mid")).tracks[0] if m.type.startswith("note")
+    ]
+    sounding = set()
+    for m in messages:  # every note_on meets its key silent, every note_off a key sounding
+        assert (m.note in sounding) == (m.type == "note_off"), messages
+        (sounding.add if m.type == "note_on" else sounding.discard)(m.note)
+    back = read_midi(tmp_path / "tick.mid")
+    assert sorted(zip(back.pitch.tolist(), back.velocity.tolist())) == [(60, 90), (64, 70)]
+
+
 def _header_division(path, division: int) -> None:
     """A one-track file: C4 from tick 0 to tick 480, the header's division as given."""
     track = bytes([0x00, 0x90, 60, 64, 0x83, 0x60, 0x80, 60, 0, 0x00, 0xFF, 0x2F, 0x00])
