@@ -452,6 +452,18 @@ def test_the_checks_that_need_the_device_count_wait_for_it():
         finish(composed, num_local_devices=8)
 
 
+@pytest.mark.parametrize("init_from", ["hf:hf-out", "runs/x"])
+def test_mode_eval_of_init_froms_weights_names_what_scores_them(init_from):
+    """mode=eval with init_from asked for checkpoint.load=True, which init_from then refused (`choose one`)."""
+    with pytest.raises(
+        ConfigError,
+        match=r"^config: mode: mode=eval evaluates a run's checkpoint \(checkpoint.load=True "
+        r"checkpoint.load_path=<dir>\), not init_from's weights: a run with init_from and train.eval_at_start=true "
+        r"scores those at its step 0$",
+    ):
+        load_config(["mode=eval", f"init_from={init_from}"])
+
+
 def test_the_earlier_pipelines_names_mean_what_they_meant_there(capsys, monkeypatch):
     """piano-gpt's eval_only=true and init_from=scratch_next_token and trainit's iter_<step>.ckpt read as today's
     values at the door (training/config/legacy.py): the typed config holds only today's, and each is said once."""

@@ -224,6 +224,12 @@ def check_across(cfg: Config) -> None:
             "finetuning puts the loss after <GENAI>, which only records have: set stage=piano_task "
             "or dataset.prompt_column / dataset.completion_column",
         )
+    if evaluating(cfg) and c.load == LoadMode.false and cfg.init_from:
+        fail(
+            "mode",
+            "mode=eval evaluates a run's checkpoint (checkpoint.load=True checkpoint.load_path=<dir>), not init_from's "
+            "weights: a run with init_from and train.eval_at_start=true scores those at its step 0",
+        )
     if evaluating(cfg) and c.load == LoadMode.false:
         fail("mode", "mode=eval evaluates a checkpoint: add checkpoint.load=True checkpoint.load_path=<dir>")
     if c.load == LoadMode.true and (init_from_dir(cfg) or str(cfg.init_from or "").startswith(HF_PREFIX)):
