@@ -90,6 +90,38 @@ def test_the_figure_has_a_line_per_optimizer_over_learning_rates(tmp_path):
     assert (tmp_path / "f.png").stat().st_size > 10_000
 
 
+def test_a_run_folder_without_a_config_makes_no_key_a_column(tmp_path):
+    """Its empty config made every key of the others `varying`: a table of every config key."""
+    runs = [fake_run(tmp_path, name, "adamw", lr, [5.0, 4.0]) for name, lr in [("a", 1e-3), ("b", 3e-3)]]
+    (runs[1] / "config.yaml").unlink()
+    runs.append(fake_run(tmp_path, "c", "adamw", 3e-3, [5.0, 4.2]))
+    columns, rows = table([run_record(r) for r in runs])
+    assert columns[:2] == ["run", "optimizer.lr_config.lr"] and columns[2] == "val final"
+    assert [row["optimizer.lr_config.lr"] for row in rows] == [1e-3, None, 3e-3]
+
+
+def test_the_figure_keeps_a_runs_colour_in_both_panels_and_wraps_long_labels(tmp_path, monkeypatch):
+    """Lines coloured by sorted label on the left and runs by order on the right gave one run two colours; a label
+    of many differing keys, wider than its panel, squeezed both panels and was cut."""
+    from training.reporting import compare
+
+    figures = []
+    monkeypatch.setattr(compare, "save_picture", lambda fig, *a: figures.append(fig))
+    runs = [fake_run(tmp_path, o, o, 1e-3, [5.0, 4.0], weight_decay=wd) for o, wd in [("muon", 0.0), ("adamw", 1e-4)]]
+    for run, keys in zip(runs, [range(0, 12), range(12, 24)]):  # a dozen more keys that differ between the two
+        config = yaml.safe_load((run / "config.yaml").read_text())
+        (run / "config.yaml").write_text(yaml.safe_dump({**config, "model": {f"key_{k}": k for k in keys}}))
+    plot_sweep([run_record(r) for r in runs], tmp_path / "f.png")
+    lr_ax, curve_ax = figures[0].axes
+    left = {line.get_label().split(",")[0]: line.get_color() for line in lr_ax.get_lines()}
+    right = {
+        line.get_label(): line.get_color() for line in curve_ax.get_lines() if not line.get_label().startswith("_")
+    }
+    assert left == right == {"muon": "C0", "adamw": "C1"}
+    labels = [t.get_text() for t in lr_ax.get_legend().get_texts()]
+    assert len(labels) == 2 and all(max(map(len, label.splitlines())) <= 48 < len(label) for label in labels)
+
+
 def test_the_command_writes_markdown_csv_and_a_figure_or_says_what_is_missing(tmp_path):
     fake_run(tmp_path / "sweep", "a", "adamw", 1e-3, [5.0, 4.0])
     fake_run(tmp_path / "sweep", "b", "adamw", 3e-3, [5.0, 3.0])

@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -70,9 +71,11 @@ def run_record(run_dir: Path) -> dict[str, Any]:
 
 
 def varying_keys(records: list[dict[str, Any]]) -> list[str]:
-    """The config keys whose values differ between the runs (not where each run lives)."""
-    keys = sorted({k for r in records for k in r["config"]} - set(RUN_IDENTITY_KEYS))
-    return [k for k in keys if len({json.dumps(r["config"].get(k), sort_keys=True) for r in records}) > 1]
+    """The config keys whose values differ between the runs that have a config (not where each run lives): a run
+    folder without config.yaml made every key of the others a column."""
+    configs = [r["config"] for r in records if r["config"]]
+    keys = sorted({k for c in configs for k in c} - set(RUN_IDENTITY_KEYS))
+    return [k for k in keys if len({json.dumps(c.get(k), sort_keys=True) for c in configs}) > 1]
 
 
 def table(records: list[dict[str, Any]], main: str = "val") -> tuple[list[str], list[dict[str, Any]]]:
@@ -144,9 +147,13 @@ def plot_sweep(records: list[dict[str, Any]], out: Path, split: str = "val") -> 
         lr = r["config"].get(LR_KEY)
         if final is not None and lr is not None:
             by_line.setdefault(line_label(r, others), []).append((float(lr), float(final)))
+    first_run = {}  # a line's colour is its first run's on the right (a run alone on its line: one colour for it)
+    for i, r in enumerate(records):
+        first_run.setdefault(line_label(r, others), i)
     for name, points in sorted(by_line.items()):
         points.sort()
-        lr_ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
+        colour = f"C{first_run[name] % 10}"
+        lr_ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", color=colour, label=name)
     lr_ax.set(
         xscale="log",
         xlabel="learning rate (optimizer.lr_config.lr)",
@@ -157,7 +164,15 @@ def plot_sweep(records: list[dict[str, Any]], out: Path, split: str = "val") -> 
         rows = latest_per_step(read_metrics(Path(r["run"])))
         colour = f"C{i % 10}"
         train = [x for x in rows if x["split"] == TRAIN]
-        curve_ax.plot([x["step"] for x in train], [x["loss"] for x in train], color=colour, alpha=0.4, lw=1)
+        curve_ax.plot(  # one logged interval is a point, not a line of no length
+            [x["step"] for x in train],
+            [x["loss"] for x in train],
+            color=colour,
+            alpha=0.4,
+            lw=1,
+            marker="o" if len(train) == 1 else None,
+            ms=3,
+        )
         evals = [x for x in rows if x["split"] == split]
         curve_ax.plot(
             [x["step"] for x in evals], [x["loss"] for x in evals], color=colour, marker="o", ms=3, label=label
@@ -165,8 +180,10 @@ def plot_sweep(records: list[dict[str, Any]], out: Path, split: str = "val") -> 
     curve_ax.set(xlabel="step", ylabel="loss per token", title=f"training loss (thin) and {split} loss (dots)")
     for ax in (lr_ax, curve_ax):
         ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:  # a sweep whose runs never evaluated has no points to label
-            ax.legend(fontsize=7)
+        handles, labels = ax.get_legend_handles_labels()
+        if handles:  # a sweep whose runs never evaluated has no points to label
+            # runs that differ in many keys: a label wider than its panel squeezed both panels and was cut
+            ax.legend(handles, [textwrap.fill(label, 48) for label in labels], fontsize=7)
     fig.tight_layout()
     save_picture(fig, out, "compare_runs", 100)
     plt.close(fig)
