@@ -2,6 +2,7 @@
 
 import csv
 import json
+import math
 
 import yaml
 
@@ -269,6 +270,26 @@ def test_a_nan_evaluation_is_the_runs_final_loss_in_the_summary_and_a_gap_in_the
     curves = plot_runs([run], tmp_path / "plots.png")
     steps, losses = next(v for k, v in curves.items() if k.endswith(": val"))
     assert steps == [4, 8] and losses[0] == 4.9 and math.isnan(losses[1])
+
+
+def test_plot_runs_draws_a_lone_logged_interval_and_counts_only_what_it_drew(tmp_path, monkeypatch):
+    """A run that logged one training interval (train.max_steps below train.log_interval) drew lines of no length,
+    and its tokens/s panel, with no timed interval, was counted as a curve."""
+    from training.reporting import summary
+    from training.reporting.metrics_file import MetricsFile
+
+    run = tmp_path / "short"
+    run.mkdir()
+    log = MetricsFile(run)
+    log.log(8, "train", {"loss": 4.9, "lr": 1e-3, "tokens_per_s": math.nan})
+    log.log(8, "val", {"loss": 5.0})
+    log.close()
+    figures = []
+    monkeypatch.setattr(summary, "save_picture", lambda fig, out, *a: figures.append(fig) or out)
+    curves = summary.plot_runs([run], tmp_path / "plots.png")
+    assert sorted(curves) == ["learning rate/short", "loss per token/short: train", "loss per token/short: val"]
+    drawn = [line for ax in figures[0].axes for line in ax.get_lines() if len(line.get_xdata())]
+    assert len(drawn) == 3 and all(line.get_marker() == "o" for line in drawn)
 
 
 def test_a_run_that_appends_after_a_cut_off_row_starts_on_a_line_of_its_own(tmp_path):
