@@ -19,14 +19,20 @@ if TYPE_CHECKING:
     from models.gpt import GPT
 
 
-def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
-    """Values that would sample from another distribution than asked (a negative temperature inverts it): one line."""
+def check_sampling(
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    names: tuple[str, str, str] = ("temperature", "top_k", "top_p"),
+) -> None:
+    """Values that would sample from another distribution than asked (a negative temperature inverts it): one line,
+    naming each value by `names` (a tool's flags)."""
     if not 0 <= temperature < float("inf"):  # NaN too: it drew id 0 every time
-        raise ConfigError(f"temperature: must be a finite number >= 0 (0: the most likely token); got {temperature}")
+        raise ConfigError(f"{names[0]}: must be a finite number >= 0 (0: the most likely token); got {temperature}")
     if top_k is not None and top_k < 0:
-        raise ConfigError(f"top_k: must be >= 1, or 0 / none for every token; got {top_k}")
+        raise ConfigError(f"{names[1]}: must be >= 1, or 0 / none for every token; got {top_k}")
     if top_p is not None and not 0 < top_p <= 1:
-        raise ConfigError(f"top_p: must be in (0, 1]; got {top_p}")
+        raise ConfigError(f"{names[2]}: must be in (0, 1]; got {top_p}")
 
 
 def sample_logits(

@@ -139,6 +139,28 @@ def test_sampling_options_that_change_the_distribution_are_one_line(model, optio
             decode(model, [[1, 2]], 4, **options)
 
 
+@pytest.mark.parametrize(
+    "flags, line",
+    [
+        (["--top-k", "-1"], "error: --top-k: must be >= 1, or 0 / none for every token; got -1"),
+        (
+            ["--temperature", "nan"],
+            "error: --temperature: must be a finite number >= 0 (0: the most likely token); got nan",
+        ),
+        (["--top-p", "0"], "error: --top-p: must be in (0, 1]; got 0.0"),
+        (["--top-k", "x"], "error: argument --top-k: must be an int, or none for every id; got 'x'"),
+        (["--top-k", "none"], "error: path: {missing} does not exist"),  # taken, as the line for -1 offers
+    ],
+)
+def test_sample_names_its_own_flags_before_it_loads_anything(tmp_path, monkeypatch, capsys, flags, line):
+    """The sampling tool's refusals named the library's arguments (`top_k`), and `--top-k none` was no int."""
+    from helpers import script_in_process
+
+    missing = tmp_path / "no-run"
+    result = script_in_process("scripts.tools.sample", [str(missing), *flags], monkeypatch, capsys)
+    assert result.returncode != 0 and result.stderr.strip() == line.format(missing=missing)
+
+
 def test_top_k_and_top_p_sample_only_from_the_most_likely_tokens(model):
     probabilities = np.array([0.4, 0.3, 0.15, 0.1, 0.05])
     logits = jnp.log(jnp.asarray(probabilities))[None]

@@ -24,6 +24,7 @@ from pathlib import Path
 from core.arguments import OneLineParser, at_least, seed
 from core.errors import ConfigError, DataError, PipelineError, say
 from models.decode import generate
+from models.sampling import check_sampling
 from training.checkpoints.storage import check_writable
 from training.checkpoints.trained import Trained, add_checkpoint_arguments, load_trained
 from training.config import layout
@@ -36,7 +37,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--num-samples", type=at_least(1), default=1, help="samples per prompt")
     parser.add_argument("--max-new-tokens", type=at_least(0), default=200)
     parser.add_argument("--temperature", type=float, default=0.8)
-    parser.add_argument("--top-k", type=int, default=None)
+    parser.add_argument("--top-k", type=_top_k, default=None, help="the k most likely ids (0 or none: every id)")
     parser.add_argument("--top-p", type=float, default=None)
     parser.add_argument("--seed", type=seed, default=0)
     notes = parser.add_argument_group("note models")
@@ -47,6 +48,7 @@ def main(argv: list[str]) -> int:
     notes.add_argument("--out", default=None, help="folder for the .mid files (default: <run>/samples)")
     args = parser.parse_args(argv)
     try:
+        check_sampling(args.temperature, args.top_k, args.top_p, ("--temperature", "--top-k", "--top-p"))
         trained = load_trained(args.path, args.which)
         if trained.tokenizer.kind == "notes":
             refuse_other_kinds_flags(args, ["prompt"], "a note model (notes tokenizer): it takes note prompts")
@@ -55,6 +57,14 @@ def main(argv: list[str]) -> int:
         return sample_text(trained, args)
     except PipelineError as e:
         return say(e)
+
+
+def _top_k(text: str) -> int | None:
+    """--top-k: an int, or none (every id), as the message for a negative one offers."""
+    try:
+        return None if text.lower() == "none" else int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an int, or none for every id; got {text!r}") from None
 
 
 NOTE_FLAGS = ["prompt_midi", "prompt_split", "prompt_notes", "task", "out"]
