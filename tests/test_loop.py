@@ -103,6 +103,19 @@ def test_the_time_left_is_unknown_until_a_pace_is_measured():
     assert clock.remaining(2) > 2998 * 0.01 * 0.5  # 2,998 steps at the measured pace
 
 
+def test_the_untimed_first_interval_prints_no_nan_rate():
+    """The first interval, which compiled, has no rate: its line printed `nan tok/s | nan ms/step` (every run's
+    step 1 at train.log_interval=1, and a one-step run's only line)."""
+    import math
+
+    from training.reporting.console import train_line
+
+    m = {"loss": 5.0, "lr": 1e-3, "grad_norm": 1.0, "elapsed_s": 3.0, "remaining_s": math.nan, "mfu": None}
+    line = train_line(1, {**m, "tokens_per_s": math.nan, "ms_per_step": math.nan})
+    assert "| - tok/s | - ms/step | MFU n/a |" in line and "nan" not in line
+    assert "| 25,600 tok/s | 20 ms/step |" in train_line(2, {**m, "tokens_per_s": 25600.0, "ms_per_step": 20.0})
+
+
 def test_the_time_limit_stops_the_run_with_an_evaluation_and_a_checkpoint(data_cache, tmp_path, capsys):
     """train.max_training_hours, counted from the start (set-up and compiling included): here already spent when the
     first step ends, which is not an evaluation step but is a checkpoint.save_steps one: the checkpoint is written

@@ -39,7 +39,7 @@ class Console:
     def train(self, step: int, m: dict[str, float]) -> None:
         """A training step's line, or (with the bar) its loss and throughput beside the bar."""
         if self.bar is not None:
-            self.bar.set_postfix_str(f"loss {m['loss']:.4f} | {m['tokens_per_s']:,.0f} tok/s")
+            self.bar.set_postfix_str(f"loss {m['loss']:.4f} | {_measured(m['tokens_per_s'], ',.0f')} tok/s")
         else:
             self.info(train_line(step, m))
 
@@ -51,7 +51,7 @@ class Console:
 def train_line(step: int, m: dict[str, float]) -> str:
     line = (
         f"step {step:>6} | loss {m['loss']:.4f} | lr {m['lr']:.2e} | grad {m['grad_norm']:.3f} | "
-        f"{m['tokens_per_s']:,.0f} tok/s | {m['ms_per_step']:.0f} ms/step | "
+        f"{_measured(m['tokens_per_s'], ',.0f')} tok/s | {_measured(m['ms_per_step'], '.0f')} ms/step | "
         f"MFU {'n/a' if m.get('mfu') is None else format(m['mfu'], '.1%')} | "
         f"{format_duration(m['elapsed_s'])} elapsed | {format_duration(m['remaining_s'])} remaining"
     )
@@ -68,6 +68,12 @@ def train_line(step: int, m: dict[str, float]) -> str:
     if reported:  # what the optimizer measures of itself (optimizers/reporting.py)
         line += " | " + ", ".join(reported)
     return line
+
+
+def _measured(value: float, spec: str) -> str:
+    """A rate the clock measured, or `-` where it has none: the interval of the first step, which compiled, is not
+    timed (the same NaN metrics.jsonl keeps)."""
+    return format(value, spec) if math.isfinite(value) else "-"
 
 
 def format_duration(seconds: float) -> str:
