@@ -251,6 +251,9 @@ def test_export_refuses_a_folder_in_use(exported, tmp_path):
     steps = exported / "run" / "checkpoints"
     with pytest.raises(ConfigError, match=rf"^out_dir: {steps / '12'} is in {steps}, a run's checkpoints folder"):
         check_not_among_steps(steps / "12")
+    step = next(c for c in steps.iterdir() if c.name.isdigit())  # inside a step: deleted with it when it rotates out
+    with pytest.raises(ConfigError, match=rf"^out_dir: {step / 'hf' / 'x'} is in {steps}, a run's checkpoints folder"):
+        check_not_among_steps(step / "hf" / "x")
     check_not_among_steps(exported / "run" / "export")  # beside the checkpoints folder, in the run's: no step there
 
 

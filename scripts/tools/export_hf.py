@@ -55,11 +55,16 @@ def main(argv: list[str]) -> int:
 
 
 def check_not_among_steps(out: Path) -> None:
-    """Not beside a run's checkpoints: there a folder named like a step (`checkpoints/12`) became the run's newest
-    step, which every tool and resume then failed to read."""
-    parent = out.absolute().parent
-    if parent.is_dir() and any(c.name.isdigit() and (c / META).is_dir() for c in parent.iterdir()):
-        raise ConfigError(f"out_dir: {out} is in {parent}, a run's checkpoints folder; choose a folder outside it")
+    """Not in a run's checkpoints folder, at any depth: beside the steps a folder named like one (`checkpoints/12`)
+    became the run's newest step, which every tool and resume then failed to read; inside a step (`checkpoints/8/hf`)
+    the export was deleted with the step when max_to_keep rotated it out."""
+    for parent in out.absolute().parents:
+        try:
+            steps = parent.is_dir() and any(c.name.isdigit() and (c / META).is_dir() for c in parent.iterdir())
+        except OSError:  # a folder this user may not list holds no checkpoints of theirs
+            steps = False
+        if steps:
+            raise ConfigError(f"out_dir: {out} is in {parent}, a run's checkpoints folder; choose a folder outside it")
 
 
 if __name__ == "__main__":
