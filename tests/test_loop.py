@@ -2,6 +2,7 @@
 the devices to the host (the transfer guard would raise)."""
 
 import json
+import math
 import re
 
 import jax
@@ -114,6 +115,29 @@ def test_the_untimed_first_interval_prints_no_nan_rate():
     line = train_line(1, {**m, "tokens_per_s": math.nan, "ms_per_step": math.nan})
     assert "| - tok/s | - ms/step | MFU n/a |" in line and "nan" not in line
     assert "| 25,600 tok/s | 20 ms/step |" in train_line(2, {**m, "tokens_per_s": 25600.0, "ms_per_step": 20.0})
+
+
+def test_an_interval_times_its_steps_on_both_sides_of_what_is_not_training(monkeypatch):
+    """An evaluation (or a later stage's compiling step) inside a log interval restarted its clock: the steps before
+    it were dropped from the interval's rate, and an interval that ended at a stage's first step had no rate."""
+    from training.loop import clock as clock_lib
+
+    now = [0.0]
+    monkeypatch.setattr(clock_lib.time, "perf_counter", lambda: now[0])
+    clock = clock_lib.RunClock(0.0, None, lambda step: 100 * step, max_steps=10)
+    clock.mark(1)  # after the first step, which compiled
+    now[0] = 2.0  # steps 2 and 3: 1 s each
+    clock.pause(3)
+    now[0] = 10.0  # an evaluation
+    clock.mark(3)
+    now[0] = 16.0  # steps 4 and 5: 3 s each
+    assert clock.interval(5) == (400 / 8.0, 2000.0)  # four steps in 8 s
+    clock.pause(5)
+    now[0] = 30.0  # a stage's first step, compiling
+    clock.mark(6)
+    assert [math.isnan(x) for x in clock.interval(6)] == [True, True]  # nothing timed since the last interval
+    now[0] = 31.0
+    assert clock.interval(7) == (100.0, 1000.0)
 
 
 def test_the_time_limit_stops_the_run_with_an_evaluation_and_a_checkpoint(data_cache, tmp_path, capsys):

@@ -191,6 +191,15 @@ def test_throughput_is_measured_from_each_stages_first_step_as_from_the_runs(dat
     args = tiny_overrides(data_cache, f"logging.run_dir={tmp_path}", stages, "train.log_interval=3")
     assert run_in_process(args, capsys).returncode == 0
     assert sorted(set(marks)) == [1, 4, 5, 8]  # the first step, the evaluation at 4, stage 2's first step, the end
+    # logged at stage 2's first step: the rate of the steps before it (it had none: the clock restarted there)
+    stage_start = tmp_path / "stage-start"
+    args = tiny_overrides(data_cache, f"logging.run_dir={stage_start}", stages, "train.log_interval=5")
+    assert run_in_process(args, capsys).returncode == 0
+    rows = {r["step"]: r for r in read_metrics(stage_start, "train")}
+    assert sorted(rows) == [5, 8] and all(math.isfinite(rows[s]["tokens_per_s"]) for s in (5, 8))
+    assert rows[5]["ms_per_step"] > 0 and rows[5]["tokens_per_s"] == pytest.approx(
+        4 * 64 / rows[5]["ms_per_step"] * 1e3
+    )
 
 
 def test_a_run_resumed_inside_its_stages_continues_bit_for_bit(data_cache, tmp_path, capsys):

@@ -17,25 +17,43 @@ class RunClock:
         self.deadline = None if max_hours is None else started + max_hours * 3600.0
         self.tokens_before = tokens_before  # step -> training tokens of the run's first `step` steps
         self.max_steps = max_steps
-        self._mark: tuple[float, int] | None = None
+        self._mark: tuple[float, int] | None = None  # (time, step) timing runs from; None: not timing
+        self._timed = (0.0, 0, 0)  # the open interval's timed seconds, steps and tokens
         self._seconds_per_step: float | None = None
 
     def mark(self, step: int) -> None:
-        """Start measuring from here (after the first, compiling step)."""
+        """Time from here: after a step that compiled (the run's first, a later stage's first)."""
         self._mark = (time.perf_counter(), step)
 
-    def interval(self, step: int) -> tuple[float, float]:
-        """(tokens/s, ms/step) since the last call or mark; needs the device to have finished `step`."""
-        now = time.perf_counter()
-        if self._mark is None or step <= self._mark[1]:
-            self._mark = (now, step)
-            return float("nan"), float("nan")
+    def pause(self, step: int) -> None:
+        """Stop timing after `step` (the device done with it) until the next mark, the step after it compiling (a
+        later stage's first): what was timed since the mark stays in the open interval, which the stage's first step
+        logged as no rate when it was a log step."""
+        if self._mark is not None:
+            self._add(time.perf_counter(), step)
+        self._mark = None
+
+    def _add(self, now: float, step: int) -> None:
         t0, s0 = self._mark
-        seconds_per_step = (now - t0) / (step - s0)
-        self._mark = (now, step)
-        self._seconds_per_step = seconds_per_step
-        tokens = self.tokens_before(step) - self.tokens_before(s0)
-        return tokens / (now - t0), 1000.0 * seconds_per_step
+        if step > s0:
+            seconds, steps, tokens = self._timed
+            tokens += self.tokens_before(step) - self.tokens_before(s0)
+            self._timed = (seconds + now - t0, steps + step - s0, tokens)
+
+    def interval(self, step: int) -> tuple[float, float]:
+        """(tokens/s, ms/step) over the steps timed since the last call; NaN when none was (the interval of a step
+        that compiled, before any mark); needs the device to have finished `step`."""
+        now = time.perf_counter()
+        if self._mark is not None:
+            self._add(now, step)
+            self._mark = (now, step)
+        seconds, steps, tokens = self._timed
+        self._timed = (0.0, 0, 0)
+        if not steps:
+            self._mark = self._mark or (now, step)
+            return float("nan"), float("nan")
+        self._seconds_per_step = seconds / steps
+        return tokens / seconds, 1000.0 * seconds / steps
 
     def remaining(self, step: int) -> float:
         """Time to max_steps at the measured pace, or to the deadline if sooner; NaN before a pace is measured (it

@@ -181,10 +181,11 @@ class TrainingSession:
     def actions(self, first_step: int) -> list[Action]:
         t, single = self.cfg.train, jax.process_count() == 1
         save_steps = self.cfg.checkpoint.save_steps
-        later_stages = frozenset(s.first_step + 1 for s in plan_stages(self.cfg)[1:] if s.first_step >= first_step)
+        later = [s.first_step for s in plan_stages(self.cfg)[1:]]
         return [
             Action(self.first_step_done, steps=frozenset({first_step + 1})),
-            Action(self.stage_started, steps=later_stages),
+            Action(self.stage_ending, steps=frozenset(s for s in later if s > first_step)),
+            Action(self.stage_started, steps=frozenset(s + 1 for s in later if s >= first_step)),
             Action(self.log_interval, every=t.log_interval, at_end=True),
             Action(self.evaluate_and_save, every=t.eval_interval, at_end=True),
             Action(self.agree_to_stop, every=1 if single else t.log_interval, syncs=not single),
@@ -210,10 +211,15 @@ class TrainingSession:
         )
         self.clock.mark(loop.step)
 
+    def stage_ending(self, loop: LoopState) -> None:
+        """The last step before a later stage: timed up to here, the stage's first step compiling (`stage_started`)."""
+        jax.block_until_ready(loop.pending[-1])
+        self.clock.pause(loop.step)
+
     def stage_started(self, loop: LoopState) -> None:
         """A later stage's first step, which compiled its batch's and window's programs: throughput is measured
         from here, as from the run's first step (it was counted in the interval's step time: 453 tokens/s where
-        the steps ran at 25,700)."""
+        the steps ran at 25,700; and an interval logged at this step had no rate: the steps before it are kept)."""
         jax.block_until_ready(loop.pending[-1])
         self.clock.mark(loop.step)
 
@@ -254,10 +260,13 @@ class TrainingSession:
 
     @contextlib.contextmanager
     def not_training(self, loop: LoopState) -> Iterator[None]:
-        """Evaluating, saving and measuring are no training time (`time_trained_s`); the steps dispatched before are."""
+        """Evaluating, saving and measuring are no training time (`time_trained_s`) nor throughput; the steps
+        dispatched before are both (the interval's steps up to here stay timed: a mark alone dropped them)."""
         jax.block_until_ready(loop.state)
+        self.clock.pause(loop.step)
         with self.training.paused():
             yield
+        self.clock.mark(loop.step)
 
     def evaluate_and_save(self, loop: LoopState) -> None:
         with self.not_training(loop):
@@ -291,7 +300,6 @@ class TrainingSession:
                 )
                 if not self.checkpointer.save(loop.state, meta, val_loss):
                     self.log.info(f"step {loop.step}: parameters are not finite; no checkpoint written")
-        self.clock.mark(loop.step)  # evaluating and saving are not training throughput
 
     def scheduled_save(self, loop: LoopState) -> None:
         """checkpoint.save_steps' save, unless the run stops at this step: `finish` saves then, after the evaluation
@@ -319,14 +327,12 @@ class TrainingSession:
             f"curv {loop.step:>6} | sharpness {top:.4g} (largest Hessian eigenvalue), smallest "
             f"{bottom:.4g} (Lanczos, {products} Hessian-vector products)",
         )
-        self.clock.mark(loop.step)  # measuring is not training throughput
 
     def profile(self, loop: LoopState) -> None:
         """Start or stop system.profile_steps' trace: not training throughput (stopping writes the trace's files,
         which made the interval after it log 717 ms/step against 15)."""
         with self.not_training(loop):
             self.profiler.after_step(loop.step, loop.state)
-        self.clock.mark(loop.step)
 
     def agree_to_stop(self, loop: LoopState) -> None:
         if loop.step >= self.end:
