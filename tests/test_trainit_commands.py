@@ -13,7 +13,7 @@ import chex
 import optax
 import pytest
 
-from helpers import ROOT, build, communicate, read_metrics, repo_copy, run_cli, spawn, tiny_overrides
+from helpers import ROOT, build, communicate, read_metrics, repo_copy, run_cli, run_in_process, spawn, tiny_overrides
 from training.checkpoints.checkpointer import Checkpointer
 from training.checkpoints.resume import open_source, plan_run, restore_state
 from training.config import load_config
@@ -135,6 +135,7 @@ def test_num_steps_trains_segments_that_add_up_to_the_uninterrupted_run(finished
     assert "resuming" not in first.stdout
     assert "segment    checkpoint.num_steps=5: steps 1 to 5 of train.max_steps=8" in first.stdout
     assert "trained checkpoint.num_steps=5 steps, to step 5 of train.max_steps=8" in first.stdout
+    assert f"checkpoint saved to {split / 'checkpoints'}, the same command continues" in first.stdout
     assert json.loads((split / "summary.json").read_text())["stopped"] == "checkpoint.num_steps"
     assert max(train_losses(split)) == 5 and (split / "checkpoints" / "5").is_dir()
     first_trained = json.loads((split / "summary.json").read_text())["time_trained_s"]
@@ -151,6 +152,16 @@ def test_num_steps_trains_segments_that_add_up_to_the_uninterrupted_run(finished
     assert elapsed[5] <= first_wall < elapsed[6] < elapsed[8] <= summary["wall_time_s"] + 0.05
     want, got = train_losses(finished), train_losses(split)  # `finished`: the same run, never split
     assert [got[s] for s in range(1, 9)] == [want[s] for s in range(1, 9)]
+
+
+def test_a_segment_names_the_command_that_continues_it_and_that_command_does(data_cache, tmp_path, capsys):
+    """The line said `checkpoint.load=True continues`, which then asked for checkpoint.load_path."""
+    command = tiny_overrides(data_cache, f"logging.run_dir={tmp_path}", "checkpoint.num_steps=4")
+    first = run_in_process(command, capsys)
+    said = f"checkpoint saved to {tmp_path / 'checkpoints'}, the same command with checkpoint.load=auto continues"
+    assert first.returncode == 0 and said in first.stdout
+    assert run_in_process([*command, "checkpoint.load=auto"], capsys).returncode == 0
+    assert sorted({r["step"] for r in read_metrics(tmp_path, "train")}) == list(range(1, 9))
 
 
 @pytest.mark.parametrize("log_data,logged", [("false", False), ("true", True)])

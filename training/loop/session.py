@@ -374,8 +374,9 @@ class TrainingSession:
             self.log.info(f"final evaluation at step {loop.step}:\n{eval_table(loop.results)}")
         segment_done = loop.stop is None and loop.step < self.cfg.train.max_steps
         if segment_done:
+            again = "" if self.cfg.checkpoint.load == "auto" else " with checkpoint.load=auto"
             where = (
-                f"; checkpoint saved to {self.plan.save_path}, checkpoint.load=True continues"
+                f"; checkpoint saved to {self.plan.save_path}, the same command{again} continues"
                 if self.checkpointer
                 else ""
             )
