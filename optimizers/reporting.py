@@ -78,14 +78,22 @@ def _schedule_free(state: optax.contrib.ScheduleFreeState) -> dict[str, jax.Arra
 
 
 def optimizer_metrics(opt_state: optax.OptState) -> dict[str, jax.Array]:
-    """Every registered state's numbers in the optimizer state, named by the parameter group they are in."""
-    found = jax.tree_util.tree_flatten_with_path(opt_state, is_leaf=lambda x: type(x) in READERS)[0]
-    metrics = {}
-    for path, state in found:
-        reader = READERS.get(type(state))
-        if reader is None:
-            continue
-        groups = [k.key for k in path if isinstance(k, jax.tree_util.DictKey) and isinstance(k.key, str) and k.key]
-        prefix = "optimizer/" + "".join(f"{g}/" for g in groups[-1:])
-        metrics.update({prefix + name: value for name, value in reader(state).items()})
+    """Every registered state's numbers in the optimizer state, named by the parameter group they are in; a state
+    that wraps another optimizer's (Mechanic's) is read and so are the ones inside it (the flattening stopped at the
+    wrapper: with optimizer.mechanic=true, Muon's update RMS and Prodigy's d were no longer logged)."""
+    metrics: dict[str, jax.Array] = {}
+
+    def read(node: Any, above: tuple) -> None:
+        inner = lambda x: x is not node and type(x) in READERS  # noqa: E731
+        for path, state in jax.tree_util.tree_flatten_with_path(node, is_leaf=inner)[0]:
+            reader = READERS.get(type(state))
+            if reader is None:
+                continue
+            keys = (*above, *path)
+            groups = [k.key for k in keys if isinstance(k, jax.tree_util.DictKey) and isinstance(k.key, str) and k.key]
+            prefix = "optimizer/" + "".join(f"{g}/" for g in groups[-1:])
+            metrics.update({prefix + name: value for name, value in reader(state).items()})
+            read(state, keys)
+
+    read([opt_state], ())  # in a list: the whole state may be one that is read (Kron's)
     return metrics

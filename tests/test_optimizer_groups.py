@@ -394,6 +394,12 @@ def test_mechanic_wraps_the_optimizer_and_reports_its_scale():
         grads = jax.tree.map(lambda x: jax.random.normal(jax.random.PRNGKey(i), x.shape), PARAMS)
         _, state = optimizer.update(grads, state, PARAMS)
     assert float(optimizer_metrics(state)["optimizer/mechanic_scale"]) > 0
+    # what the wrapped optimizer measures of itself is read too: the reading stopped at Mechanic's state
+    for preset, own in (("muon", "muon_update_rms"), ("prodigy", "prodigy_d")):
+        optimizer = ours(f"optimizer={preset}", "optimizer.mechanic=true")
+        assert sorted(optimizer_metrics(optimizer.init(PARAMS))) == sorted(
+            ["optimizer/mechanic_scale", f"optimizer/{own}"]
+        )
 
 
 def test_schedule_free_evaluates_and_exports_its_averaged_weights(data_cache, tmp_path, capsys):
