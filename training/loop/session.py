@@ -55,7 +55,7 @@ from training.pipeline.build import Pipeline
 from training.reporting.console import describe_run, eval_table
 from training.reporting.flops import MFU_CONVENTION, MFU_FORMULA, flops_per_token, mfu, peak_flops
 from training.reporting.logs import RunLogger
-from training.reporting.summary import finish_run, write_summary
+from training.reporting.summary import finish_run, wall_time_at, write_summary
 from training.step.state import TrainState, eval_model
 from training.step.stats import statistics_of
 
@@ -99,7 +99,14 @@ class TrainingSession:
         self.flops = flops_per_token(state.model, config_lib.context_size(cfg))
         self.peak = peak_flops(jax.devices()[0].device_kind, cfg.system.dtype, cfg.system.peak_flops)
         self.trained_before = carried_over(self.resumed, "time_trained_s", 0.0)
-        self.wall_before = carried_over(self.resumed, "wall_time_s", 0.0)
+        self.wall_before = carried_over(self.resumed, "wall_time_s", 0.0)  # when its checkpoint was saved
+        if (
+            plan.resume is not None
+            and plan.resume.reader is not None
+            and plan.resume.reader.directory == plan.save_path
+        ):
+            # this run's own segment that ended there: its end too (a rerun that trained nothing lowered the figure)
+            self.wall_before = max(self.wall_before, wall_time_at(plan.run_dir, plan.resume.step) or 0.0)
         self.first_step = int(state.step)
         self.training = TrainingTime()  # this invocation's: from the loop's start to its end, less what is not training
         self.profiler = StepProfiler(plan.run_dir, list(cfg.system.profile_steps), self.is_main)

@@ -199,6 +199,17 @@ def _lone(points: list) -> dict:
     return {"marker": "o", "ms": 3} if len(points) == 1 else {}
 
 
+def wall_time_at(run_dir: Path, step: int) -> float | None:
+    """The run's wall time in its summary.json when that summary ended at `step`, else None: a segment's summary is
+    written after its last checkpoint, and counts what came after the save (the end's evaluation log, the summary)."""
+    try:
+        summary = json.loads((Path(run_dir) / layout.SUMMARY).read_text())
+    except (OSError, ValueError):
+        return None
+    wall = summary.get("wall_time_s") if isinstance(summary, dict) and summary.get("steps") == step else None
+    return float(wall) if finite_number(wall) else None
+
+
 def finish_run(
     run_dir: Path,
     checkpointer: Checkpointer | None,
