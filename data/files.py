@@ -53,11 +53,11 @@ def _visible_files(directory: str) -> list[str]:
 
 
 def file_stamps(paths: list[str]) -> list:
-    """What identifies files' contents without reading them: path, size and modification time. The path is the
-    file's real one: another spelling of the same files (relative, absolute, through a link) is the same corpus, whose
-    token store, BPE and Arrow copy are not built again."""
+    """What identifies files' contents without reading them: path, size and modification time. The path is made
+    absolute: a relative spelling of the same files is the same corpus, whose token store, BPE and Arrow copy are not
+    built again. Links are not resolved: hosts that reach shared files through different links must still agree."""
     stamps = []
     for path in paths:
         st = os.stat(path)
-        stamps.append((os.path.realpath(path), st.st_size, st.st_mtime_ns))
+        stamps.append((os.path.abspath(path), st.st_size, st.st_mtime_ns))
     return stamps

@@ -52,8 +52,11 @@ def tokenized_corpus(
     stores = Path(d.cache_dir) / "tokens"
     root = stores / f"{slug}-{key}"
     # The label names the folder for people; the key says what it holds: the same files under another name (another
-    # dataset.name, a mixture's source name) open the store already built, not a copy tokenised again.
-    for other in [root, *sorted(p for p in stores.glob(f"*-{key}") if p != root)]:
+    # dataset.name, a mixture's source name) open the store already built, not a copy tokenised again. In a run of
+    # one process only: the processes of a run must agree on one folder, and another run's store finishing between
+    # their lookups would leave one building and the other reading elsewhere, each waiting on the other.
+    others = sorted(p for p in stores.glob(f"*-{key}") if p != root) if process_count == 1 else []
+    for other in [root, *others]:
         if (store := open_store(other, inputs)) is not None:
             return store
     root.mkdir(parents=True, exist_ok=True)
