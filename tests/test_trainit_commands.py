@@ -154,7 +154,7 @@ def test_num_steps_trains_segments_that_add_up_to_the_uninterrupted_run(finished
     assert [got[s] for s in range(1, 9)] == [want[s] for s in range(1, 9)]
 
 
-def test_a_segment_names_the_command_that_continues_it_and_that_command_does(data_cache, tmp_path, capsys):
+def test_a_segment_names_the_command_that_continues_it_and_that_command_does(data_cache, tmp_path, capsys, monkeypatch):
     """The line said `checkpoint.load=True continues`, which then asked for checkpoint.load_path."""
     command = tiny_overrides(data_cache, f"logging.run_dir={tmp_path}", "checkpoint.num_steps=4")
     first = run_in_process(command, capsys)
@@ -162,6 +162,16 @@ def test_a_segment_names_the_command_that_continues_it_and_that_command_does(dat
     assert first.returncode == 0 and said in first.stdout
     assert run_in_process([*command, "checkpoint.load=auto"], capsys).returncode == 0
     assert sorted({r["step"] for r in read_metrics(tmp_path, "train")}) == list(range(1, 9))
+    # a command that names no run directory gets runs/<name>-<time>: the same command again would start another
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    command = tiny_overrides(data_cache, "checkpoint.num_steps=4")
+    first = run_in_process(command, capsys)
+    (run_dir,) = (tmp_path / "elsewhere" / "runs").iterdir()
+    said = f"the same command with logging.run_dir={run_dir} checkpoint.load=auto continues"
+    assert first.returncode == 0 and said in first.stdout
+    assert run_in_process([*command, f"logging.run_dir={run_dir}", "checkpoint.load=auto"], capsys).returncode == 0
+    assert sorted({r["step"] for r in read_metrics(run_dir, "train")}) == list(range(1, 9))
 
 
 @pytest.mark.parametrize("log_data,logged", [("false", False), ("true", True)])

@@ -381,7 +381,13 @@ class TrainingSession:
             self.log.info(f"final evaluation at step {loop.step}:\n{eval_table(loop.results)}")
         segment_done = loop.stop is None and loop.step < self.cfg.train.max_steps
         if segment_done:
-            again = "" if self.cfg.checkpoint.load == "auto" else " with checkpoint.load=auto"
+            # a run directory of the command's own, or the one made for it (runs/<name>-<time>: named, or the same
+            # command would start another)
+            named = self.cfg.logging.run_dir or self.cfg.checkpoint.save_path
+            again = ("" if named else f" logging.run_dir={self.plan.run_dir}") + (
+                "" if self.cfg.checkpoint.load == "auto" else " checkpoint.load=auto"
+            )
+            again = f" with{again}" if again else ""
             where = (
                 f"; checkpoint saved to {self.plan.save_path}, the same command{again} continues"
                 if self.checkpointer
