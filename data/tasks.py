@@ -142,6 +142,8 @@ class NoteRecords:
             # in the speed: a chord rolled over a few milliseconds shares a step at one speed and takes two at
             # another, one SHIFT more. A record drawn past context + 1 tokens leaves its last notes out (and its <EOS>,
             # which no longer ends the piece), rather than be cut inside a note.
+            if len(ids) == self.context + 2 and ids[-1] == self.tok.eos_id:
+                return ids[:-1]  # the notes fit whole: only the <EOS> goes, as the row's cut would take it
             while len(ids) > self.context + 1 and len(notes) > 1:
                 notes = notes.take(slice(0, len(notes) - 1))
                 ids = self.tok.encode_notes(notes)

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 
 if [ $# -gt 0 ] && [ -d "$1" ]; then
     pretrained="$1"; shift
-elif [ $# -gt 0 ] && [[ "$1" != *=* && ( "$1" == */* || "$1" != "~"* ) ]]; then  # a path (not key=value, ~key)
+elif [ $# -gt 0 ] && [[ "$1" != *=* && "$1" != -* && ( "$1" == */* || "$1" != "~"* ) ]]; then  # a path (not key=value, ~key, a flag)
     echo "error: PRETRAIN_RUN_DIR $1: no such directory; pass a run of bash scripts/pretrain_piano.sh" >&2
     exit 1
 else

@@ -255,6 +255,7 @@ def test_export_refuses_a_folder_in_use(exported, tmp_path):
     with pytest.raises(ConfigError, match=rf"^out_dir: {step / 'hf' / 'x'} is in {steps}, a run's checkpoints folder"):
         check_not_among_steps(step / "hf" / "x")
     check_not_among_steps(exported / "run" / "export")  # beside the checkpoints folder, in the run's: no step there
+    check_not_among_steps(steps / ".." / "export")  # the same folder, spelled through the checkpoints folder
 
 
 # Llama: in this process, on tiny models (no run needed): our Llama-style GPT <-> transformers' LlamaForCausalLM.

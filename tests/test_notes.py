@@ -251,6 +251,18 @@ def test_a_next_token_record_is_whole_notes_within_the_context_at_every_drawn_sp
             assert next_kind in ("shift", "pitch", "end"), (i, sample)  # what is left out begins a note
 
 
+def test_a_record_whose_notes_fill_the_context_whole_loses_only_its_eos(bach_chorale):
+    """Notes of exactly context + 1 tokens at the segment's end: the <EOS> goes, not a whole note with it."""
+    from data.tasks import NoteRecords
+
+    tok = NotesTokenizer()
+    records = NoteRecords([tok.quantise(bach_chorale).as_columns()], tok, 32, 4.0, 10_000, [], [], 0, [])
+    last = len(records) - 1
+    whole = tok.encode_notes(records.notes(last))
+    records.context = len(whole) - 1  # the notes fill the row: only the <EOS> is past it
+    assert records.sequence(last, None) == whole
+
+
 def test_a_dynamics_answer_lands_on_the_notes_it_was_asked_about():
     from data.tasks import note_prompt, notes_from_generation
 

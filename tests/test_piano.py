@@ -286,6 +286,16 @@ def test_finetune_piano_sh_names_a_run_directory_that_is_not_there(tmp_path):
             1,
             f"error: PRETRAIN_RUN_DIR {typo}: no such directory; pass a run of bash scripts/pretrain_piano.sh",
         )
+    # a flag or an override is no directory: the newest pretrained run is looked for (there is none in the copy)
+    for first in ("--cfg", "train.max_steps=2"):
+        proc = spawn(
+            ["bash", str(project / "scripts" / "finetune_piano.sh"), first],
+            cwd=project,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        result = communicate(proc, timeout=30)
+        assert result.returncode == 1 and result.stderr.startswith("error: no pretrained run found"), result.stderr
 
 
 def write_maestro_layout(folder, pieces_per_split: dict[str, list[tuple[str, Notes]]]) -> None:

@@ -58,7 +58,7 @@ def check_not_among_steps(out: Path) -> None:
     """Not in a run's checkpoints folder, at any depth: beside the steps a folder named like one (`checkpoints/12`)
     became the run's newest step, which every tool and resume then failed to read; inside a step (`checkpoints/8/hf`)
     the export was deleted with the step when max_to_keep rotated it out."""
-    for parent in out.absolute().parents:
+    for parent in out.resolve().parents:  # `..` and links taken: where the files will be
         try:
             steps = parent.is_dir() and any(c.name.isdigit() and (c / META).is_dir() for c in parent.iterdir())
         except OSError:  # a folder this user may not list holds no checkpoints of theirs
