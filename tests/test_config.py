@@ -69,15 +69,6 @@ BAD_CONFIGS = [
     (["checkpoint.save_steps=true"], "checkpoint.save_steps: must be a positive int"),  # not the int 1: every step
     (["checkpoint.load=True"], "checkpoint.load_path"),
     (["checkpoint.num_steps=0"], "checkpoint.num_steps: must be >= 1 (or null for up to train.max_steps); got 0"),
-    (  # saves asked for and switched off: the steps were ignored without a word
-        ["checkpoint.save=false", "checkpoint.save_steps=[4,8]"],
-        "checkpoint.save_steps: saves at steps ([4, 8]), and checkpoint.save=false saves none: drop one",
-    ),
-    (  # a segment with nothing to continue from: the next invocation trained from step 0 again
-        ["checkpoint.save=false", "checkpoint.num_steps=3"],
-        "checkpoint.num_steps: trains a segment the next invocation continues from its checkpoint, and "
-        "checkpoint.save=false writes none",
-    ),
     (
         ["checkpoint.load_file=iter_x.ckpt"],
         "checkpoint.load_file: must be latest, best, a step number or iter_<step>.ckpt; got 'iter_x.ckpt'",

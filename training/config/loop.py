@@ -188,14 +188,6 @@ class CheckpointConfig:
                 fail("checkpoint.save_steps", f"must be a positive int, a list of positive ints, or null; got {steps}")
         if self.num_steps is not None and self.num_steps < 1:
             fail("checkpoint.num_steps", f"must be >= 1 (or null for up to train.max_steps); got {self.num_steps}")
-        if not self.save and steps is not None:
-            fail("checkpoint.save_steps", f"saves at steps ({steps}), and checkpoint.save=false saves none: drop one")
-        if not self.save and self.num_steps is not None:
-            fail(
-                "checkpoint.num_steps",
-                "trains a segment the next invocation continues from its checkpoint, and checkpoint.save=false "
-                "writes none: set checkpoint.save=true, or leave num_steps null",
-            )
         if self.max_to_keep is not None and self.max_to_keep < 1:
             fail("checkpoint.max_to_keep", f"must be >= 1 (or null to keep all); got {self.max_to_keep}")
         if not isinstance(self.load, LoadMode):
