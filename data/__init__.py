@@ -216,7 +216,7 @@ def _mixture_data(
 
 
 def _records(cfg: RunData, counts_and_makers: dict, tokenizer: Tokenizer, context: int) -> dict[str, Examples]:
-    """`counts_and_makers`: split -> (number of records, make_record, evaluation places or None for one a record);
+    """`counts_and_makers`: split -> (number of records, make_record, evaluation places, or None for one per record);
     each split checked to hold a record."""
     genai = tokenizer.genai_id if cfg.loss_masking == "finetuning" else None
     for name, (n, _, _) in counts_and_makers.items():

@@ -26,9 +26,9 @@ class RunClock:
         self._mark = (time.perf_counter(), step)
 
     def pause(self, step: int) -> None:
-        """Stop timing after `step` (the device done with it) until the next mark, the step after it compiling (a
-        later stage's first): what was timed since the mark stays in the open interval, which the stage's first step
-        logged as no rate when it was a log step."""
+        """Stop timing after `step` (the device done with it) until the next mark: what follows is not training (an
+        evaluation, a save) or compiles (a later stage's first step). What was timed since the mark stays in the open
+        interval (a mark alone dropped it: a log at a stage's first step had no rate)."""
         if self._mark is not None:
             self._add(time.perf_counter(), step)
         self._mark = None
