@@ -23,7 +23,7 @@ def find_checkpoint_dir(path: str | Path, keys: tuple[str, str] = KEYS) -> Path:
         raise CheckpointError(f"{where}: {p} does not exist")
     if not p.is_dir():
         raise CheckpointError(f"{where}: {p} is not a directory")
-    if p.name.isdigit() and (p / META).is_dir():  # one step's items: model/, opt_state/, meta/, ...
+    if is_step_dir(p):
         raise CheckpointError(
             f"{where}: {p} is one step's folder; name the folder that holds the steps and the step: "
             f"{setting(where, p.parent)} {setting(which, p.name)}"
@@ -34,6 +34,11 @@ def find_checkpoint_dir(path: str | Path, keys: tuple[str, str] = KEYS) -> Path:
     if checkpoints.is_dir() and any(c.name.isdigit() for c in checkpoints.iterdir()):
         return checkpoints
     return p
+
+
+def is_step_dir(path: Path) -> bool:
+    """One step's folder of a run's checkpoints (its items: model/, opt_state/, meta/, ...)."""
+    return path.name.isdigit() and (path / META).is_dir()
 
 
 def setting(key: str, value: object) -> str:

@@ -384,10 +384,9 @@ class TrainingSession:
             # a run directory of the command's own, or the one made for it (runs/<name>-<time>: named, or the same
             # command would start another)
             named = self.cfg.logging.run_dir or self.cfg.checkpoint.save_path
-            again = ("" if named else f" logging.run_dir={self.plan.run_dir}") + (
-                "" if self.cfg.checkpoint.load == "auto" else " checkpoint.load=auto"
-            )
-            again = f" with{again}" if again else ""
+            add = [] if named else [f"logging.run_dir={self.plan.run_dir}"]
+            add += [] if self.cfg.checkpoint.load == "auto" else ["checkpoint.load=auto"]
+            again = f" with {' '.join(add)}" if add else ""
             where = (
                 f"; checkpoint saved to {self.plan.save_path}, the same command{again} continues"
                 if self.checkpointer

@@ -18,7 +18,7 @@ from typing import Any
 from core.errors import PipelineError, first_line
 from core.pictures import save_picture
 from training.config import layout
-from training.reporting.summary import TRAIN, latest_per_step, read_metrics, run_names, summarize_metrics
+from training.reporting.summary import TRAIN, latest_per_step, lone_point, read_metrics, run_names, summarize_metrics
 
 # Keys that name where a run writes, not what it is: never a column of their own.
 RUN_IDENTITY_KEYS = ("logging.run_dir", "logging.name", "checkpoint.save_path", "checkpoint.load_path")
@@ -141,15 +141,15 @@ def plot_sweep(records: list[dict[str, Any]], out: Path, split: str = "val") -> 
 
     fig, (lr_ax, curve_ax) = plt.subplots(1, 2, figsize=(14, 5))
     by_line: dict[str, list] = {}
+    first_run: dict[str, int] = {}  # a line's colour is its first run's on the right (a run alone: one colour)
     others = [k for k in varying_keys(records) if k != LR_KEY]
-    for r in records:
+    for i, r in enumerate(records):
         final = r["summary"].get("splits", {}).get(split, {}).get("final_loss")
         lr = r["config"].get(LR_KEY)
+        label = line_label(r, others)
+        first_run.setdefault(label, i)
         if final is not None and lr is not None:
-            by_line.setdefault(line_label(r, others), []).append((float(lr), float(final)))
-    first_run = {}  # a line's colour is its first run's on the right (a run alone on its line: one colour for it)
-    for i, r in enumerate(records):
-        first_run.setdefault(line_label(r, others), i)
+            by_line.setdefault(label, []).append((float(lr), float(final)))
     for name, points in sorted(by_line.items()):
         points.sort()
         colour = f"C{first_run[name] % 10}"
@@ -170,8 +170,7 @@ def plot_sweep(records: list[dict[str, Any]], out: Path, split: str = "val") -> 
             color=colour,
             alpha=0.4,
             lw=1,
-            marker="o" if len(train) == 1 else None,
-            ms=3,
+            **lone_point(train),
         )
         evals = [x for x in rows if x["split"] == split]
         curve_ax.plot(

@@ -156,7 +156,7 @@ def plot_runs(run_dirs: list[Path], out: Path, labels: list[str] | None = None) 
             alpha=0.5,
             lw=1,
             label=f"{label}: train",
-            **_lone(train),
+            **lone_point(train),
         )
         evals = sorted({r["split"] for r in rows if r["split"] != TRAIN and "loss" in r})  # not e.g. `curvature`
         for j, split in enumerate(evals):
@@ -170,10 +170,16 @@ def plot_runs(run_dirs: list[Path], out: Path, labels: list[str] | None = None) 
                 ms=3,
                 label=f"{label}: {split}",
             )
-        lr_ax.plot([r["step"] for r in train], [r.get("lr") for r in train], color=colour, label=label, **_lone(train))
+        lr_ax.plot(
+            [r["step"] for r in train], [r.get("lr") for r in train], color=colour, label=label, **lone_point(train)
+        )
         timed = [r for r in train if finite_number(r.get("tokens_per_s"))]
         speed_ax.plot(
-            [r["step"] for r in timed], [r["tokens_per_s"] for r in timed], color=colour, label=label, **_lone(timed)
+            [r["step"] for r in timed],
+            [r["tokens_per_s"] for r in timed],
+            color=colour,
+            label=label,
+            **lone_point(timed),
         )
     for ax, title in ((loss_ax, "loss per token"), (lr_ax, "learning rate"), (speed_ax, "tokens / s")):
         ax.set_title(title)
@@ -194,7 +200,7 @@ def plot_runs(run_dirs: list[Path], out: Path, labels: list[str] | None = None) 
     return curves
 
 
-def _lone(points: list) -> dict:
+def lone_point(points: list) -> dict:
     """A curve of one point is drawn as a dot: a line of no length does not show."""
     return {"marker": "o", "ms": 3} if len(points) == 1 else {}
 
