@@ -159,3 +159,19 @@ def test_a_resume_named_into_or_out_of_fp8_or_to_another_history_length_restores
     assert out.fp8 is None and int(out.step) == 5
     into = Checkpointer(tmp_path / "bf16", read_only=True).restore(5, fp8(4))
     assert int(into.step) == 5 and into.fp8.history.shape == (1, 4, 3, 4) and not np.any(into.fp8.history)
+
+
+def test_the_reads_a_failed_restore_dropped_say_nothing_when_collected():
+    """A restore that failed part way left Orbax's pending reads unawaited; collected later, each printed Python's
+    `coroutine ... was never awaited` warning (two lines) beside the run's one error line."""
+    import subprocess
+    import sys
+
+    code = (
+        "import gc, training.checkpoints.checkpointer\n"
+        "async def _read_array_index_and_device_put(): pass\n"
+        "_read_array_index_and_device_put()\n"
+        "gc.collect()\n"
+    )
+    result = subprocess.run([sys.executable, "-W", "default", "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
