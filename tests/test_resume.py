@@ -766,6 +766,35 @@ BAD_INPUTS = [  # (name, run dir -> (arguments, what the line says), in a proces
         lambda d: ([f"logging.run_dir={d}/good", "checkpoint.save=false"], "good already holds a run that trained"),
         False,
     ),
+    (  # its config.yaml replaced the checkpoints', with which that run resumes
+        "run dir the checkpoints folder",
+        lambda d: ([f"logging.run_dir={d}/good/checkpoints"], "good/checkpoints is a run's checkpoints folder, where"),
+        False,
+    ),
+    (  # its logs were deleted with the step when max_to_keep rotated it out
+        "run dir inside a step",
+        lambda d: (
+            [f"logging.run_dir={d}/good/checkpoints/{STEPS}/logs"],
+            f"logs is in {d}/good/checkpoints, a run's checkpoints folder, where this run's logs would be read",
+        ),
+        False,
+    ),
+    (  # a folder named like a step became that run's newest step, which its resume then failed to read
+        "save path beside the steps",
+        lambda d: (
+            [f"checkpoint.save_path={d}/good/checkpoints/999"],
+            f"999 is in {d}/good/checkpoints, a run's checkpoints folder (inside or beside its steps)",
+        ),
+        False,
+    ),
+    (  # a project's own config.yaml (`logging.run_dir=.`) was replaced by the run's
+        "run dir with a file no run wrote",
+        lambda d: (
+            [f"logging.run_dir={d}/project"],
+            f"{d}/project/config.yaml is not a file a run wrote, and this run would write over it",
+        ),
+        False,
+    ),
 ]
 
 
@@ -780,6 +809,8 @@ def damaged(straight, tmp_path_factory):
             path.write_bytes(path.read_bytes()[: path.stat().st_size // 3])  # truncated array data
     subprocess.run(["cp", "-r", str(straight), str(root / "cut_metrics")], check=True)
     (root / "cut_metrics" / "checkpoints" / str(STEPS) / "metrics" / "metrics").write_text('{"val_lo')
+    (root / "project").mkdir()
+    (root / "project" / "config.yaml").write_text("learning_rate: 0.1\n")
     return root
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from core.arguments import OneLineParser
 from core.errors import ConfigError, PipelineError, say
 from models.hf import ARCHITECTURES, export_hf
-from training.checkpoints.locate import is_step_dir
+from training.checkpoints.locate import checkpoints_folder_of
 from training.checkpoints.storage import check_writable
 from training.checkpoints.trained import add_checkpoint_arguments, load_trained
 
@@ -55,14 +55,10 @@ def main(argv: list[str]) -> int:
 
 
 def check_not_among_steps(out: Path) -> None:
-    """Not in a run's checkpoints folder, at any depth: beside the steps a folder named like one (`checkpoints/12`)
-    became the run's newest step, which every tool and resume then failed to read; inside a step (`checkpoints/8/hf`)
-    the export was deleted with the step when max_to_keep rotated it out."""
-    where = out.resolve()  # `..` and links taken: where the files will be
-    step = next((p for p in where.parents if is_step_dir(p)), None)  # inside one at any depth
-    beside = where.parent.is_dir() and any(is_step_dir(c) for c in where.parent.iterdir())
-    if step is not None or beside:
-        folder = where.parent if step is None else step.parent
+    """Not in a run's checkpoints folder (locate.checkpoints_folder_of): beside the steps a folder named like one
+    (`checkpoints/12`) became the run's newest step, which every tool and resume then failed to read; inside a step
+    (`checkpoints/8/hf`) the export was deleted with the step when max_to_keep rotated it out."""
+    if (folder := checkpoints_folder_of(out)) is not None:
         raise ConfigError(f"out_dir: {out} is in {folder}, a run's checkpoints folder; choose a folder outside it")
 
 

@@ -41,6 +41,21 @@ def is_step_dir(path: Path) -> bool:
     return path.name.isdigit() and (path / META).is_dir()
 
 
+def checkpoints_folder_of(path: Path) -> Path | None:
+    """The run's checkpoints folder that `path` is, or lies in: inside a step at any depth (deleted with it when
+    max_to_keep rotates it out), or beside the steps under a step's name (a folder named like one becomes the run's
+    newest step, which resume and every tool then fail to read); None when it is in none. `..` and links are taken:
+    where files written at `path` would land."""
+    where = path.expanduser().resolve()
+    step = next((p for p in (where, *where.parents) if is_step_dir(p)), None)
+    if step is not None:
+        return step.parent
+    for folder in (where, where.parent) if where.name.isdigit() else (where,):
+        if folder.is_dir() and any(is_step_dir(c) for c in folder.iterdir()):
+            return folder
+    return None
+
+
 def setting(key: str, value: object) -> str:
     """How a command sets `key`: a config key (`a.b=v`, `init_from=v`), a tool's flag (`--which v`) or its positional
     argument (`v`)."""

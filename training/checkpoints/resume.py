@@ -29,8 +29,8 @@ from models.hf import HF_PREFIX, check_hf_config, load_hf_model, resolve_hf
 from optimizers import continue_schedule_at
 from training.checkpoints.checkpointer import PARTS, Checkpointer
 from training.checkpoints.fit import check_same_accumulation, check_same_model, eval_as_logged
-from training.checkpoints.locate import KEYS, find_checkpoint_dir, holds_checkpoints, run_dir_of
-from training.checkpoints.storage import check_writable
+from training.checkpoints.locate import KEYS, checkpoints_folder_of, find_checkpoint_dir, holds_checkpoints, run_dir_of
+from training.checkpoints.storage import check_no_foreign_file, check_writable
 from training.config import (
     Config,
     LoadMode,
@@ -223,6 +223,23 @@ def plan_run(cfg: Config, overrides: list[str], stamp: int) -> RunPlan:
             )
         restarts = True  # a branch killed before its first checkpoint: auto starts it again from the same one
     saving = not evaluating(cfg) and cfg.checkpoint.save
+    # among a run's steps, this run's logs would be read as a step (beside them) or deleted with one (inside one)
+    folder = checkpoints_folder_of(run_dir)
+    if folder is not None and folder != save_path.resolve():
+        raise ConfigError(
+            f"logging.run_dir: {run_dir} {_in_folder(run_dir, folder)}, where this run's logs would be read as a "
+            "step or deleted with one; choose a directory outside it"
+        )
+    folder = checkpoints_folder_of(save_path) if saving else None
+    if folder is not None and folder != save_path.resolve():
+        raise ConfigError(
+            f"checkpoint.save_path: {save_path} {_in_folder(save_path, folder)} (inside or beside its steps); "
+            "choose a path outside it"
+        )
+    if not evaluating(cfg) and not restarts and (resume is None or branch_of is not None):
+        check_no_foreign_file("logging.run_dir", run_dir, (layout.CONFIG, layout.SUMMARY))
+        if saving:
+            check_no_foreign_file("checkpoint.save_path", save_path, (layout.CONFIG,))
     if saving and save_path.absolute() != run_dir.absolute() and layout.is_run_dir(save_path):
         raise ConfigError(  # the checkpoints' config.yaml would replace that run's
             f"checkpoint.save_path: {save_path} is a run's directory ({layout.METRICS}), whose config.yaml the "
@@ -235,6 +252,11 @@ def plan_run(cfg: Config, overrides: list[str], stamp: int) -> RunPlan:
             f"path, or resume that run with checkpoint.load=True checkpoint.load_path={save_path}"
         )
     return RunPlan(cfg, run_dir.absolute(), save_path.absolute(), resume, init_from, ignored, restarts, branch_of)
+
+
+def _in_folder(path: Path, folder: Path) -> str:
+    where = "is" if path.resolve() == folder else f"is in {folder},"
+    return f"{where} a run's checkpoints folder"
 
 
 def has_trained(run_dir: Path) -> bool:

@@ -3,14 +3,18 @@
 `check_writable` runs while the run is planned, for every directory it will write (run directory, checkpoints):
 a file in the way, a directory that cannot be created, a read-only or full file system stop it there with one line
 naming the key and the path, and nothing written. What fills up later (a disk that runs full during a save) is an
-`OSError` with one of `DISK_FULL_ERRNOS`, which `storage_error` turns into one line.
+`OSError` with one of `DISK_FULL_ERRNOS`, which `storage_error` turns into one line. `check_no_foreign_file` keeps
+a new run from writing over a file of a run's name (config.yaml, summary.json) that no run wrote.
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import re
 from pathlib import Path
+
+import yaml
 
 from core.checks import DISK_FULL_ERRNOS, existing_ancestor, writable_ancestor
 from core.errors import ConfigError, PipelineError
@@ -36,3 +40,27 @@ def storage_error(e: OSError) -> PipelineError | None:
         f"writing{where}: {e.strerror}; free some space and rerun (checkpoint.load=auto resumes "
         "from the last complete checkpoint)"
     )
+
+
+def check_no_foreign_file(key: str, directory: Path, names: tuple[str, ...]) -> None:
+    """A new run writes its config.yaml and summary.json into its directories; a file of such a name that no run
+    wrote (a project's own config.yaml, with `logging.run_dir=.`) would be lost: ConfigError naming it."""
+    for name in names:
+        path = Path(directory).expanduser().absolute() / name
+        if path.is_file() and not _written_by_a_run(path):
+            raise ConfigError(
+                f"{key}: {path} is not a file a run wrote, and this run would write over it; choose another "
+                "directory, or move the file"
+            )
+
+
+def _written_by_a_run(path: Path) -> bool:
+    """A run's config.yaml (a mapping with its `model` or `train` section) or summary.json (an object with `steps`)."""
+    try:
+        text = path.read_text()
+        content = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError):
+        return False
+    if not isinstance(content, dict):
+        return False
+    return "steps" in content if path.suffix == ".json" else bool({"model", "train"} & set(content))
