@@ -1,8 +1,9 @@
-"""The user's JSON / JSON-lines files, when datasets' loader fails on them or reads holes: which file, which line.
+"""The user's files, when datasets' loader fails on them or reads holes: which file, which line.
 
 datasets' `json` builder reports a malformed line as "An error occurred while generating the dataset" (the file and
-line are lost inside pyarrow), and fills a key that a row lacks with null. These functions run only after such a
-failure, or over the columns a run reads, and say where: `<file> line <n>`.
+line are lost inside pyarrow), and fills a key that a row lacks with null; its `text` builder says the same of a file
+whose name promises a compression (`.gz`, `.zst`) its bytes do not hold. These functions run only after such a
+failure, or over the columns a run reads, and say where: `<file> line <n>`, `<file>`.
 """
 
 from __future__ import annotations
@@ -48,6 +49,28 @@ def first_malformed(paths: list[str]) -> DataError | None:
                         f"dataset.files: {path} line {number}: not valid JSON (column "
                         f"{e.colno}: {e.msg}); fix or remove that line"
                     )
+    return None
+
+
+def first_undecompressable(paths: list[str]) -> DataError | None:
+    """The first file whose suffix names a compression (datasets' loaders open it through that codec) that does not
+    decompress: not that format after all, or a codec whose package is not installed (`.zst` wants zstandard). None
+    when each such file opens."""
+    import fsspec
+    from datasets.utils.file_utils import _get_extraction_protocol  # the loader's own reading of a name and header
+
+    for path in paths:
+        try:
+            codec = _get_extraction_protocol(path)
+            if codec is None:
+                continue
+            with fsspec.open(path, "rb", compression=codec) as f:
+                f.read(1 << 16)  # a bad header fails in the first block
+        except Exception as e:  # each codec its own: BadGzipFile, OSError, ValueError (no such codec), LZMAError
+            return DataError(
+                f"dataset.files: {path}: read as compressed (its name or first bytes), it does not decompress "
+                f"({first_line(e)}); fix, rename or remove it"
+            )
     return None
 
 

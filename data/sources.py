@@ -253,14 +253,21 @@ def _load_text_files(
     by_split: dict[str, list[str]], d: DatasetConfig, sample_by: str, cache: str
 ) -> dict[str, datasets.Dataset]:
     """datasets' own `text` loader, one document per file, its Arrow copy in `cache` (_arrow_cache)."""
-    loaded = hf_datasets().load_dataset(
-        "text",
-        data_files=by_split,
-        sample_by=sample_by,
-        encoding_errors=TEXT_ENCODING_ERRORS,
-        writer_batch_size=FILES_PER_ARROW_WRITE,
-        cache_dir=cache,
-    )
+    from data.file_checks import first_undecompressable
+
+    try:
+        loaded = hf_datasets().load_dataset(
+            "text",
+            data_files=by_split,
+            sample_by=sample_by,
+            encoding_errors=TEXT_ENCODING_ERRORS,
+            writer_batch_size=FILES_PER_ARROW_WRITE,
+            cache_dir=cache,
+        )
+    except Exception:  # datasets says "An error occurred while generating the dataset", naming no file
+        if (bad := first_undecompressable([path for paths in by_split.values() for path in paths])) is not None:
+            raise bad from None
+        raise
     return {name: loaded[name] for name in by_split}
 
 

@@ -360,6 +360,23 @@ def test_a_files_split_is_the_same_however_its_folder_is_spelled(tmp_path, data_
     assert held_out[0] and all(h == held_out[0] for h in held_out), held_out
 
 
+def test_a_compressed_text_file_is_read_and_one_that_does_not_decompress_is_named(tmp_path, data_cache):
+    """datasets' text loader decompresses a file by its name (`.gz`) or first bytes; one that does not decompress
+    (not gzip after all, `.zst` without zstandard) was a traceback ending "An error occurred while generating the
+    dataset", naming no file."""
+    import gzip
+
+    for i in range(12):
+        (tmp_path / f"doc{i}.txt").write_text(f"document number {i}\n" * 20)
+    (tmp_path / "packed.txt.gz").write_bytes(gzip.compress(b"a packed document\n" * 20))
+    overrides = ["dataset=text_files", f"dataset.files=[{tmp_path}]", f"dataset.cache_dir={data_cache}"]
+    texts = [t for split in load_corpus(load_config(overrides).dataset).datasets.values() for t in split["text"]]
+    assert sum("a packed document" in t for t in texts) == 1 and len(texts) == 13
+    (tmp_path / "notes.gz").write_text("plain text under a gzip name\n")
+    with pytest.raises(DataError, match=rf"^dataset.files: {tmp_path}/notes.gz: read as compressed .* \(Not a gzip"):
+        _ = load_corpus(load_config(overrides).dataset).datasets
+
+
 def test_text_files_that_match_nothing_fail_clearly(tmp_path):
     cfg = load_config(["dataset=text_files", f"dataset.files=[{tmp_path}/missing/*.txt]"])
     with pytest.raises(DataError, match="matches no file"):
