@@ -399,7 +399,22 @@ def test_a_key_given_fixed_and_swept_names_the_job_directories():
     from training.cli.app import EXCLUDE_KEYS, name_jobs_by_what_varies
 
     argv = ["-m", "train.max_steps=4", "train.seed=0", "train.max_steps=2,3"]
-    assert name_jobs_by_what_varies(argv) == [*argv, f"{EXCLUDE_KEYS}=['train.seed']"]
+    assert name_jobs_by_what_varies(argv) == ["-m", f"{EXCLUDE_KEYS}=['train.seed']", *argv[1:]]
+
+
+def test_a_flag_after_the_overrides_is_read_as_hydra_reads_it_and_a_bad_one_prints_its_usage_once(capsys):
+    """`train.seed=1,2 train.max_steps=2 -m`, which Hydra takes, was refused: the job-naming override, appended after
+    `-m`, made a second run of overrides, which Hydra's parser does not take (an 'unrecognized argument' the user
+    never typed); and every mistaken flag printed Hydra's usage three times (each read of the command printed it)."""
+    from training.cli.app import EXCLUDE_KEYS, _parsed, name_jobs_by_what_varies
+
+    argv = ["train.seed=1,2", "train.max_steps=2", "-m"]
+    named = name_jobs_by_what_varies(argv)
+    assert named == [f"{EXCLUDE_KEYS}=['train.max_steps']", *argv]
+    assert _parsed(named).overrides == named[:3] and _parsed(named).multirun
+    assert train_jax.command_line(["train.seed=1", "--bogus"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("usage: ") == 1 and err.endswith("error: unrecognized arguments: --bogus\n"), err
 
 
 def test_a_sweep_of_no_job_says_so_and_exits_2(tmp_path, capsys):

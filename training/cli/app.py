@@ -13,6 +13,8 @@ job(composed, main)  inside Hydra, once per job: the composed config, finished (
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
 import re
 import signal
@@ -60,8 +62,9 @@ def _parsed(argv: list[str]) -> argparse.Namespace | None:
     from hydra._internal.utils import get_args_parser  # the parser hydra.main itself uses
 
     try:
-        return get_args_parser().parse_args(argv)
-    except SystemExit:  # Hydra's own call says what is wrong
+        with contextlib.redirect_stderr(io.StringIO()):  # argparse prints its usage before it exits
+            return get_args_parser().parse_args(argv)
+    except SystemExit:  # Hydra's own call says what is wrong, once
         return None
 
 
@@ -85,7 +88,11 @@ def name_jobs_by_what_varies(argv: list[str]) -> list[str]:
     swept = {o.key_or_group for o in parsed if o.is_sweep_override()}
     # a key both fixed and swept (a preset's value, then a sweep over it) varies: it stays in the names
     fixed = sorted({o.key_or_group for o in parsed if not o.is_sweep_override() and not o.is_hydra_override()} - swept)
-    return [*argv, f"{EXCLUDE_KEYS}=[{','.join(repr(k) for k in fixed)}]"] if fixed else argv
+    if not fixed:
+        return argv
+    # beside the command's overrides: Hydra's parser takes them as one run of arguments (`a=1,2 -m` as `-m a=1,2`)
+    at = argv.index(args.overrides[0])
+    return [*argv[:at], f"{EXCLUDE_KEYS}=[{','.join(repr(k) for k in fixed)}]", *argv[at:]]
 
 
 def execute(app: Callable[[], object], argv: list[str]) -> int:
