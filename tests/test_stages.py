@@ -234,6 +234,20 @@ def test_a_run_resumed_inside_its_stages_continues_bit_for_bit(data_cache, tmp_p
     got = {r["step"]: (r["loss"], r["tokens_seen"]) for r in read_metrics(stopped, "train")}
     assert [got[s] for s in range(5, 9)] == [want[s] for s in range(5, 9)]  # across the boundary at step 6
     assert read_metrics(stopped, "val")[-1]["loss"] == read_metrics(straight, "val")[-1]["loss"]
+    # a longer schedule moves the stages' ends (fractions of it): the checkpoint's steps 6-8 fell in stage 0 again
+    # (under a batch of 16 refused as a data position, "set train.batch_size"; under a window alone, silently)
+    longer = [*args, "checkpoint.load=True", f"checkpoint.load_path={straight}", "checkpoint.overwrite_config=True"]
+    longer += [f"logging.run_dir={tmp_path}/longer", "train.max_steps=16", "checkpoint.num_steps=1"]
+    refused = run_in_process(longer, capsys)
+    assert refused.returncode == 2 and refused.stderr == (
+        "error: config: train.stages: the checkpoint's 8 steps trained in stages starting at steps 0, 6 (their "
+        "`until` fractions of 8 schedule steps), where this run's stages over 16 start at 0 (or set another batch, "
+        "window or lr multiplier): keep the schedule at 8 steps, or give train.stages whose stages before step 8 are "
+        "the checkpoint's\n"
+    )
+    ends_kept = stages.replace("until: 0.75", "until: 0.375")  # stage 1 from step 6 of 16: the checkpoint's stages
+    assert run_in_process([*longer, ends_kept], capsys).returncode == 0
+    assert [r["step"] for r in read_metrics(tmp_path / "longer", "train")] == [9]
 
 
 def test_yarn_multiplies_the_models_attention_scores_by_its_factor(monkeypatch):

@@ -1,14 +1,17 @@
 """Whether a checkpoint fits the run that loads it, checked from its metadata before anything is restored: the same
-model (its parameters' shapes) and the same optimizer state's structure (gradient accumulation or none); and
-mode=eval's batches, the validation set the run logged."""
+model (its parameters' shapes), the same optimizer state's structure (gradient accumulation or none) and the same
+stages up to its step; and mode=eval's batches, the validation set the run logged."""
 
 from __future__ import annotations
 
 import dataclasses
 
+from omegaconf import OmegaConf
+
 from core.errors import CheckpointError, ConfigError
-from training.config import Config
-from training.config.legacy import model_arch
+from training.config import Config, finish, schedule_steps
+from training.config.legacy import model_arch, upgrade_saved
+from training.config.stages import plan_stages
 
 # Keys that fix the parameters' shapes and which parameters there are: a checkpoint only loads into a model with the
 # same values (a model without one of the checkpoint's arrays, e.g. rotary positions against a learned embedding,
@@ -64,6 +67,33 @@ def check_same_accumulation(cfg: Config, meta: dict) -> None:
             f"accumulation (above 1) keeps another optimizer state than none: keep {keep}, or start a fresh "
             "optimizer with checkpoint.overwrite_optimizer=True"
         )
+
+
+def check_same_stages(cfg: Config, meta: dict, step: int) -> None:
+    """A resumed run under its own config (checkpoint.overwrite_config=True) whose train.stages put the checkpoint's
+    steps in other stages: their ends are fractions of the schedule's steps, so a longer train.max_steps moves them
+    (steps the checkpoint trained in stage 2 fall in stage 1 again: its window and lr multiplier, silently; or its
+    batch, read as a data position the checkpoint never had). Refused, naming the stages."""
+    try:
+        saved = finish(upgrade_saved(OmegaConf.create(meta["config"])), saved=True)
+    except Exception:  # a config too old to plan: the restore says what does not fit
+        return
+    if not (cfg.train.stages or saved.train.stages):
+        return
+    before, now = ([s for s in plan_stages(c) if s.first_step < step] for c in (saved, cfg))
+    if before == now:
+        return
+
+    def starts(stages: list) -> str:
+        return ", ".join(str(s.first_step) for s in stages)
+
+    raise ConfigError(
+        f"config: train.stages: the checkpoint's {step} steps trained in stages starting at steps {starts(before)} "
+        f"(their `until` fractions of {schedule_steps(saved)} schedule steps), where this run's stages over "
+        f"{schedule_steps(cfg)} start at {starts(now)} (or set another batch, window or lr multiplier): keep the "
+        f"schedule at {schedule_steps(saved)} steps, or give train.stages whose stages before step {step} are the "
+        "checkpoint's"
+    )
 
 
 def eval_as_logged(cfg: Config, meta: dict, processes: int) -> Config:

@@ -28,7 +28,7 @@ from core.errors import CheckpointError, ConfigError, warn
 from models.hf import HF_PREFIX, check_hf_config, load_hf_model, resolve_hf
 from optimizers import continue_schedule_at
 from training.checkpoints.checkpointer import PARTS, Checkpointer
-from training.checkpoints.fit import check_same_accumulation, check_same_model, eval_as_logged
+from training.checkpoints.fit import check_same_accumulation, check_same_model, check_same_stages, eval_as_logged
 from training.checkpoints.locate import KEYS, checkpoints_folder_of, find_checkpoint_dir, holds_checkpoints, run_dir_of
 from training.checkpoints.storage import check_no_foreign_file, check_writable
 from training.config import (
@@ -175,6 +175,8 @@ def plan_run(cfg: Config, overrides: list[str], stamp: int) -> RunPlan:
             cfg, ignored = _saved_config_wins(cfg, resume, overrides)
         check_same_model(cfg, resume.meta, f"{resume.reader.directory}/{resume.step}")
         check_same_accumulation(cfg, resume.meta)
+        if cfg.checkpoint.overwrite_config:
+            check_same_stages(cfg, resume.meta, resume.step)
         if evaluating(cfg) and not cfg.checkpoint.overwrite_config:  # the saved config's batches, as logged
             cfg = eval_as_logged(cfg, resume.meta, jax.process_count())
     elif str(cfg.init_from or "").startswith(HF_PREFIX):
