@@ -273,16 +273,20 @@ def check_hf_config(folder: Path, model_cfg: ModelOptions) -> dict[str, Any]:
             raise ConfigError(f"init_from=hf:{folder}: its {key}={config[key]} is {what}, which GPT-2 does not compute")
     wanted = {"n_layer": model_cfg.n_layer, "n_head": model_cfg.n_head, "n_embd": model_cfg.n_embd}
     wrong = [f"{k}={config[k]} (run has {v})" for k, v in wanted.items() if config.get(k) != v]
+    fix = [f"model.{k}={config[k]}" for k, v in wanted.items() if config.get(k) is not None and config[k] != v]
     if not wrong and (config.get("n_inner") or 4 * cfg.n_embd) != cfg.mlp_width:
         wrong.append(f"n_inner={config.get('n_inner')} (run has model.mlp_hidden={cfg.mlp_width})")
+        fix.append(f"model.mlp_hidden={config.get('n_inner') or 4 * cfg.n_embd}")
     if not model_cfg.bias and (nonzero := _nonzero_biases(folder, model_cfg.n_layer)):
         wrong.append(f"biases ({nonzero} is not zero; run has model.bias=false)")
+        fix.append("model.bias=true")
     if config.get("n_positions", 0) < model_cfg.context_size:
         wrong.append(f"n_positions={config.get('n_positions')} < model.context_size={model_cfg.context_size}")
+        fix.append(f"model.context_size={config.get('n_positions')}")
     if wrong:
         raise ConfigError(
-            f"init_from=hf:{folder}: its {', '.join(wrong)}; choose the matching model preset "
-            "(e.g. model=gpt2) or set model.n_layer / n_head / n_embd / context_size to match"
+            f"init_from=hf:{folder}: its {', '.join(wrong)}; choose the model preset with its shape, or set "
+            f"{' '.join(fix)}"
         )
     return config
 

@@ -103,8 +103,12 @@ def test_fine_tuning_starts_from_imported_weights(exported, data_cache, tmp_path
 
 def test_a_model_that_does_not_match_the_export_is_refused(exported, data_cache, tmp_path):
     overrides = bpe_overrides(data_cache, f"init_from=hf:{exported / 'export'}", "model=gpt2-mini")
-    with pytest.raises(ConfigError, match=r"^init_from=hf:.*its n_layer=2 \(run has 6\), n_head=2 \(run has 6\)"):
+    with pytest.raises(ConfigError, match=r"^init_from=hf:.*its n_layer=2 \(run has 6\), n_head=2 \(run has 6\)") as e:
         plan_run(config_lib.load_config(overrides), overrides, 0)
+    # the keys it names to set fit the export (it said `e.g. model=gpt2`, which fits it no better)
+    fix = str(e.value).split("; choose the model preset with its shape, or set ")[1].split()
+    assert fix[:2] == ["model.n_layer=2", "model.n_head=2"]
+    plan_run(config_lib.load_config([*overrides, *fix]), [*overrides, *fix], 0)
     overrides = bpe_overrides(data_cache, f"init_from=hf:{exported / 'export'}", "model.bias=false")
     nonzero = r"biases \(transformer\.h\.0\.\S+\.bias is not zero; run has model\.bias=false\)"
     with pytest.raises(ConfigError, match=nonzero):
