@@ -341,6 +341,7 @@ def test_saved_config_wins_unless_overwrite_config(straight, data_cache, tmp_pat
     )
     note = next(line for line in result.stdout.splitlines() if line.startswith("note       ignored"))
     assert "optimizer.lr_config.lr=1.0" in note and "train.max_steps=44" in note and "the saved config wins" in note
+    assert note.count("train.max_steps=") == 1  # the value that ran: the command's earlier ones were listed too
     assert f"run        {tmp_path / 'a'}" in result.stdout  # a copied run continues where it now lives
     assert max(losses(tmp_path / "a")) == STEPS  # nothing to do: the saved max_steps (40) was reached
 

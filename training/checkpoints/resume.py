@@ -326,13 +326,14 @@ def _saved_config_wins(cfg: Config, source: Source, overrides: list[str]) -> tup
             "line's config instead)"
         ) from None
     runs = OmegaConf.create(as_dict(resumed))
-    ignored = []
+    ignored = {}  # by key: a key given twice took its last value, which is the one set aside
     for item in overrides:
         key = item.split("=", 1)[0].lstrip("+~")
         if "=" in item and "/" not in key and not any(key == k or key.startswith(k + ".") for k in RESUME_KEYS):
             if OmegaConf.select(given, key) != OmegaConf.select(runs, key):
-                ignored.append(item)
-    return resumed, ignored
+                ignored.pop(key, None)
+                ignored[key] = item
+    return resumed, list(ignored.values())
 
 
 def _plain(value: Any) -> Any:
