@@ -735,6 +735,20 @@ BAD_INPUTS = [  # (name, run dir -> (arguments, what the line says), in a proces
         ),
         False,
     ),
+    (  # Orbax's first line, without the colon that opened its listing of the trees ("do not match:; no other")
+        "other optimizer",
+        lambda d: (
+            [
+                "checkpoint.load=True",
+                f"checkpoint.load_path={d}/good",
+                "checkpoint.overwrite_config=True",
+                "optimizer=lion",
+            ],
+            "its opt_state does not restore (a different optimizer? checkpoint.overwrite_optimizer=True starts a fresh "
+            "one): User-provided restore item and on-disk value metadata tree structures do not match; no other",
+        ),
+        False,
+    ),
     (
         "save path in the way",
         lambda d: ([f"checkpoint.save_path={d}/good/checkpoints"], "already holds another run"),

@@ -296,7 +296,8 @@ class Checkpointer:
                 raise CheckpointError(
                     f"checkpoint {self.directory}/{step}: its {part} is missing (an incomplete or damaged checkpoint)"
                 ) from None
-            reason = first_line(e, 160, str(e).split(" See full TensorStore details")[0])
+            # the first line only (Orbax's tree mismatch ends it with a colon before its listing)
+            reason = first_line(e, 160, str(e).split(" See full TensorStore details")[0]).rstrip(" :")
             hint = {
                 "model": "a different model, or a corrupt/truncated checkpoint",
                 EVAL_MODEL: "a different model",
