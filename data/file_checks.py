@@ -65,7 +65,8 @@ def first_undecompressable(paths: list[str]) -> DataError | None:
             if codec is None:
                 continue
             with fsspec.open(path, "rb", compression=codec) as f:
-                f.read(1 << 16)  # a bad header fails in the first block
+                while f.read(1 << 24):  # to the end: a file cut short (a download stopped) fails only there
+                    pass
         except Exception as e:  # each codec its own: BadGzipFile, OSError, ValueError (no such codec), LZMAError
             return DataError(
                 f"dataset.files: {path}: read as compressed (its name or first bytes), it does not decompress "

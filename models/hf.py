@@ -34,6 +34,7 @@ from models.hf_llama import (
     pad_vocab_rows,
     to_llama_tensors,
 )
+from models.mlp import mlp_hidden_width
 from models.norms import LayerNorm
 
 HF_PREFIX = "hf:"
@@ -274,9 +275,11 @@ def check_hf_config(folder: Path, model_cfg: ModelOptions) -> dict[str, Any]:
     wanted = {"n_layer": model_cfg.n_layer, "n_head": model_cfg.n_head, "n_embd": model_cfg.n_embd}
     wrong = [f"{k}={config[k]} (run has {v})" for k, v in wanted.items() if config.get(k) != v]
     fix = [f"model.{k}={config[k]}" for k, v in wanted.items() if config.get(k) is not None and config[k] != v]
-    if not wrong and (config.get("n_inner") or 4 * cfg.n_embd) != cfg.mlp_width:
+    theirs = config.get("n_embd") or cfg.n_embd
+    inner = config.get("n_inner") or 4 * theirs
+    if inner != mlp_hidden_width(cfg.mlp, theirs, cfg.mlp_hidden):  # the run's MLP at the folder's width
         wrong.append(f"n_inner={config.get('n_inner')} (run has model.mlp_hidden={cfg.mlp_width})")
-        fix.append(f"model.mlp_hidden={config.get('n_inner') or 4 * cfg.n_embd}")
+        fix.append(f"model.mlp_hidden={inner}")
     if not model_cfg.bias and (nonzero := _nonzero_biases(folder, model_cfg.n_layer)):
         wrong.append(f"biases ({nonzero} is not zero; run has model.bias=false)")
         fix.append("model.bias=true")

@@ -375,6 +375,11 @@ def test_a_compressed_text_file_is_read_and_one_that_does_not_decompress_is_name
     (tmp_path / "notes.gz").write_text("plain text under a gzip name\n")
     with pytest.raises(DataError, match=rf"^dataset.files: {tmp_path}/notes.gz: read as compressed .* \(Not a gzip"):
         _ = load_corpus(load_config(overrides).dataset).datasets
+    (tmp_path / "notes.gz").unlink()  # a download stopped part way: its header reads, its end is missing
+    whole = gzip.compress(np.random.default_rng(0).bytes(300_000).hex().encode())
+    (tmp_path / "cut.txt.gz").write_bytes(whole[: len(whole) * 2 // 3])
+    with pytest.raises(DataError, match=rf"^dataset.files: {tmp_path}/cut.txt.gz: .* \(Compressed file ended before"):
+        _ = load_corpus(load_config(overrides).dataset).datasets
 
 
 def test_text_files_that_match_nothing_fail_clearly(tmp_path):

@@ -101,6 +101,23 @@ def test_fine_tuning_starts_from_imported_weights(exported, data_cache, tmp_path
     assert start["step"] == 0 and start["loss"] == pytest.approx(trained_end["loss"], abs=1e-5)
 
 
+def test_the_keys_a_gpt2_folder_of_another_shape_names_are_all_it_takes(tmp_path):
+    """A folder whose MLP width differs beside its shape: its n_inner was compared only once the shape matched, so
+    the keys named first (n_layer, n_head, n_embd) were refused again for model.mlp_hidden."""
+    from models.hf import check_hf_config
+
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    shape = {"n_layer": 2, "n_head": 2, "n_embd": 64, "n_inner": 128, "n_positions": 64}
+    (folder / "config.json").write_text(json.dumps({"model_type": "gpt2", **shape}))
+    model = config_lib.load_config(["model=gpt2-micro"]).model
+    with pytest.raises(ConfigError, match="n_inner=128") as e:
+        check_hf_config(folder, model)
+    fix = str(e.value).split("; choose the model preset with its shape, or set ")[1].split()
+    assert "model.mlp_hidden=128" in fix
+    check_hf_config(folder, config_lib.load_config(["model=gpt2-micro", *fix]).model)
+
+
 def test_a_model_that_does_not_match_the_export_is_refused(exported, data_cache, tmp_path):
     overrides = bpe_overrides(data_cache, f"init_from=hf:{exported / 'export'}", "model=gpt2-mini")
     with pytest.raises(ConfigError, match=r"^init_from=hf:.*its n_layer=2 \(run has 6\), n_head=2 \(run has 6\)") as e:

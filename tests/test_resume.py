@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import optax
 import pytest
 
+from core.errors import ConfigError
 from helpers import (
     ROOT,
     build,
@@ -813,6 +814,43 @@ BAD_INPUTS = [  # (name, run dir -> (arguments, what the line says), in a proces
 ]
 
 
+def test_a_new_run_writes_over_a_run_file_cut_short_and_never_over_another_tools(tmp_path):
+    """What a full disk left (an empty config.yaml, a summary.json cut off) must not stop the rerun that the disk
+    error suggests; another tool's config.yaml, even with a `model:` section, is refused."""
+    from training.checkpoints.storage import check_no_foreign_file
+
+    names = ("config.yaml", "summary.json")
+    (tmp_path / "config.yaml").write_text("")
+    (tmp_path / "summary.json").write_text('{\n  "steps": 40,\n  "train": {\n    "final_lo')
+    check_no_foreign_file("logging.run_dir", tmp_path, names)
+    (tmp_path / "config.yaml").write_text("mode: train\neval_only: false\nstage: next_tok")
+    check_no_foreign_file("logging.run_dir", tmp_path, names)
+    (tmp_path / "config.yaml").write_text("model:\n  class_path: my_package.Net\ntrainer:\n  max_epochs: 3\n")
+    with pytest.raises(ConfigError, match=rf"^logging.run_dir: {tmp_path}/config.yaml is not a file a run wrote"):
+        check_no_foreign_file("logging.run_dir", tmp_path, names)
+    (tmp_path / "config.yaml").write_text("")
+    (tmp_path / "summary.json").write_text('{"accuracy": 0.9}')
+    with pytest.raises(ConfigError, match=rf"^logging.run_dir: {tmp_path}/summary.json is not a file a run wrote"):
+        check_no_foreign_file("logging.run_dir", tmp_path, names)
+
+
+def test_a_run_that_saved_beside_its_logs_resumes_there_and_may_save_elsewhere(data_cache, tmp_path, capsys):
+    """checkpoint.save_path=<its run dir>: the run's directory is its checkpoints folder, which a run directory may
+    not be, but for the run that saved there (also when it now saves elsewhere); without that save path, the line
+    says how to continue it."""
+    run_dir = tmp_path / "run"
+    beside = [f"logging.run_dir={run_dir}", f"checkpoint.save_path={run_dir}", "train.max_steps=4"]
+    ok(run_in_process(tiny_overrides(data_cache, *beside), capsys))
+    more = ["checkpoint.overwrite_config=True", "train.max_steps=5", f"logging.run_dir={run_dir}"]
+    rerun = run_in_process(tiny_overrides(data_cache, "checkpoint.load=auto", *more), capsys)
+    assert rerun.returncode == 2 and rerun.stderr.strip().endswith(
+        f"or continue the run that saved there with checkpoint.save_path={run_dir} (its save path)"
+    )
+    moved = [f"checkpoint.load_path={run_dir}", f"checkpoint.save_path={tmp_path}/bigger-disk"]
+    ok(run_in_process(tiny_overrides(data_cache, "checkpoint.load=True", *more, *moved), capsys))
+    assert (tmp_path / "bigger-disk" / "5").is_dir() and max(losses(run_dir)) == 5
+
+
 @pytest.fixture(scope="module")
 def damaged(straight, tmp_path_factory):
     root = tmp_path_factory.mktemp("damaged")
@@ -825,7 +863,7 @@ def damaged(straight, tmp_path_factory):
     subprocess.run(["cp", "-r", str(straight), str(root / "cut_metrics")], check=True)
     (root / "cut_metrics" / "checkpoints" / str(STEPS) / "metrics" / "metrics").write_text('{"val_lo')
     (root / "project").mkdir()
-    (root / "project" / "config.yaml").write_text("learning_rate: 0.1\n")
+    (root / "project" / "config.yaml").write_text("model:\n  class_path: my_package.Net\ntrainer:\n  max_epochs: 3\n")
     return root
 
 

@@ -243,8 +243,12 @@ def test_a_run_resumed_inside_its_stages_continues_bit_for_bit(data_cache, tmp_p
         "error: config: train.stages: the checkpoint's 8 steps trained in stages starting at steps 0, 6 (their "
         "`until` fractions of 8 schedule steps), where this run's stages over 16 start at 0 (or set another batch, "
         "window or lr multiplier): keep the schedule at 8 steps, or give train.stages whose stages before step 8 are "
-        "the checkpoint's\n"
+        "the checkpoint's (its config.yaml has them)\n"
     )
+    # an evaluation under this command line's config trains nothing: its stages do not matter
+    scored = [*tiny_overrides(data_cache, "model=llama-tiny", "mode=eval", "checkpoint.load=True")]
+    scored += [f"checkpoint.load_path={straight}", "checkpoint.overwrite_config=True"]
+    assert run_in_process(scored, capsys).returncode == 0
     ends_kept = stages.replace("until: 0.75", "until: 0.375")  # stage 1 from step 6 of 16: the checkpoint's stages
     assert run_in_process([*longer, ends_kept], capsys).returncode == 0
     assert [r["step"] for r in read_metrics(tmp_path / "longer", "train")] == [9]

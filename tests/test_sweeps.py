@@ -415,6 +415,8 @@ def test_a_flag_after_the_overrides_is_read_as_hydra_reads_it_and_a_bad_one_prin
     assert train_jax.command_line(["train.seed=1", "--bogus"]) == 2
     err = capsys.readouterr().err
     assert err.count("usage: ") == 1 and err.endswith("error: unrecognized arguments: --bogus\n"), err
+    train_jax.command_line(["--version"])
+    assert capsys.readouterr().out.count("Hydra ") == 1  # it was printed four times
 
 
 def test_a_sweep_of_no_job_says_so_and_exits_2(tmp_path, capsys):

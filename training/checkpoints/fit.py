@@ -87,12 +87,16 @@ def check_same_stages(cfg: Config, meta: dict, step: int) -> None:
     def starts(stages: list) -> str:
         return ", ".join(str(s.first_step) for s in stages)
 
+    keep = (
+        f"keep the schedule at {schedule_steps(saved)} steps, or "
+        if schedule_steps(saved) != schedule_steps(cfg)
+        else ""
+    )
     raise ConfigError(
         f"config: train.stages: the checkpoint's {step} steps trained in stages starting at steps {starts(before)} "
         f"(their `until` fractions of {schedule_steps(saved)} schedule steps), where this run's stages over "
-        f"{schedule_steps(cfg)} start at {starts(now)} (or set another batch, window or lr multiplier): keep the "
-        f"schedule at {schedule_steps(saved)} steps, or give train.stages whose stages before step {step} are the "
-        "checkpoint's"
+        f"{schedule_steps(cfg)} start at {starts(now)} (or set another batch, window or lr multiplier): {keep}give "
+        f"train.stages whose stages before step {step} are the checkpoint's (its config.yaml has them)"
     )
 
 

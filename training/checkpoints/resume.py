@@ -175,7 +175,7 @@ def plan_run(cfg: Config, overrides: list[str], stamp: int) -> RunPlan:
             cfg, ignored = _saved_config_wins(cfg, resume, overrides)
         check_same_model(cfg, resume.meta, f"{resume.reader.directory}/{resume.step}")
         check_same_accumulation(cfg, resume.meta)
-        if cfg.checkpoint.overwrite_config:
+        if cfg.checkpoint.overwrite_config and not evaluating(cfg):
             check_same_stages(cfg, resume.meta, resume.step)
         if evaluating(cfg) and not cfg.checkpoint.overwrite_config:  # the saved config's batches, as logged
             cfg = eval_as_logged(cfg, resume.meta, jax.process_count())
@@ -225,12 +225,17 @@ def plan_run(cfg: Config, overrides: list[str], stamp: int) -> RunPlan:
             )
         restarts = True  # a branch killed before its first checkpoint: auto starts it again from the same one
     saving = not evaluating(cfg) and cfg.checkpoint.save
-    # among a run's steps, this run's logs would be read as a step (beside them) or deleted with one (inside one)
+    # among a run's steps, this run's logs would be read as a step (beside them) or deleted with one (inside one);
+    # a run that saved beside its own logs (checkpoint.save_path=<its run dir>) continues there, wherever it saves now
     folder = checkpoints_folder_of(run_dir)
-    if folder is not None and folder != save_path.resolve():
+    own = resume is not None and branch_of is None and folder == run_dir.resolve()
+    if folder is not None and folder != save_path.resolve() and not own:
+        continues = ""
+        if folder == run_dir.resolve() and layout.is_run_dir(run_dir):
+            continues = f", or continue the run that saved there with checkpoint.save_path={run_dir} (its save path)"
         raise ConfigError(
             f"logging.run_dir: {run_dir} {_in_folder(run_dir, folder)}, where this run's logs would be read as a "
-            "step or deleted with one; choose a directory outside it"
+            f"step or deleted with one; choose a directory outside it{continues}"
         )
     folder = checkpoints_folder_of(save_path) if saving else None
     if folder is not None and folder != save_path.resolve():

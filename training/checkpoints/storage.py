@@ -9,8 +9,8 @@ a new run from writing over a file of a run's name (config.yaml, summary.json) t
 
 from __future__ import annotations
 
+import dataclasses
 import errno
-import json
 import re
 from pathlib import Path
 
@@ -18,6 +18,7 @@ import yaml
 
 from core.checks import DISK_FULL_ERRNOS, existing_ancestor, writable_ancestor
 from core.errors import ConfigError, PipelineError
+from training.config import Config
 
 
 def check_writable(key: str, path: str | Path, probe: bool = True) -> None:
@@ -55,12 +56,22 @@ def check_no_foreign_file(key: str, directory: Path, names: tuple[str, ...]) -> 
 
 
 def _written_by_a_run(path: Path) -> bool:
-    """A run's config.yaml (a mapping with its `model` or `train` section) or summary.json (an object with `steps`)."""
+    """What a run writes, whole or cut short (a full disk leaves an empty or truncated file, which the rerun that
+    storage_error suggests must get past): a config.yaml whose top-level keys are a run config's, or whose first line
+    is its first key (`mode:`); a summary.json that opens with its first key (`steps`). Another tool's config.yaml
+    (its `model:` beside a `trainer:`) is not."""
     try:
         text = path.read_text()
-        content = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError):
+    except (OSError, UnicodeDecodeError):
         return False
-    if not isinstance(content, dict):
+    if not text.strip():
+        return True  # nothing to lose
+    if path.suffix == ".json":
+        return re.match(r'\{\s*"steps"', text) is not None
+    if text.startswith("mode:"):
+        return True
+    try:
+        content = yaml.safe_load(text)
+    except yaml.YAMLError:
         return False
-    return "steps" in content if path.suffix == ".json" else bool({"model", "train"} & set(content))
+    return isinstance(content, dict) and set(content) <= {f.name for f in dataclasses.fields(Config)}

@@ -62,7 +62,8 @@ def _parsed(argv: list[str]) -> argparse.Namespace | None:
     from hydra._internal.utils import get_args_parser  # the parser hydra.main itself uses
 
     try:
-        with contextlib.redirect_stderr(io.StringIO()):  # argparse prints its usage before it exits
+        # argparse prints its usage before it exits, and --version its version: Hydra's own call prints them
+        with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
             return get_args_parser().parse_args(argv)
     except SystemExit:  # Hydra's own call says what is wrong, once
         return None
