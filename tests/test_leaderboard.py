@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import pytest
 
@@ -177,6 +178,40 @@ def test_a_folder_holds_one_board_and_a_command_of_another_is_refused_before_it_
     (tmp_path / "sgdm.winner.json").write_text(json.dumps(record))
     with pytest.raises(PipelineError, match="sgdm tuned before boards recorded their settings"):
         summarize(tmp_path)
+
+
+def test_a_summarized_board_writes_its_own_docs_and_its_own_presets_only(tmp_path, monkeypatch, capsys):
+    """--summarize read the track from --track, not from the board: an optimization-track board's values went into
+    the GPT-2 presets (labelled gpt2-micro) and its table over docs/optimizer_leaderboard.md; a GPU board's (the .sh
+    passes --docs) over the CPU board's."""
+    from scripts.experiments import leaderboard_presets
+
+    shutil.copytree(board.ROOT / "conf" / "optimizer", tmp_path / "conf" / "optimizer")  # what --presets writes
+    (tmp_path / "docs").mkdir()  # what --docs writes
+    for module in (board, leaderboard_presets):
+        monkeypatch.setattr(module, "ROOT", tmp_path)
+    out = tmp_path / "board"
+    run = [*board_run("optimization", False), "train.max_steps=80", "train.eval_interval=20"]
+    fake_record(out, "adamw", board_settings(run, 80, 1024), 4.0)
+    presets = {p: p.read_text() for p in (tmp_path / "conf" / "optimizer").glob("*.yaml")}
+    assert main(["--summarize", str(out), "--presets"]) == 2
+    assert capsys.readouterr().err == (
+        f"error: --presets: {out} is the optimization track's board; the presets are tuned on GPT-2's\n"
+    )
+    assert {p: p.read_text() for p in presets} == presets
+    assert main(["--summarize", str(out), "--docs"]) == 0
+    names = ["optimizer_leaderboard_optimization_track.md", "optimizer_leaderboard_optimization_track.png"]
+    assert sorted(p.name for p in (tmp_path / "docs").iterdir()) == names
+    gpu = tmp_path / "gpu-board"
+    fake_record(gpu, "adamw", board_settings([*board_run("gpt2", True), "train.max_steps=80"], 80, 8192), 4.0)
+    assert main(["--summarize", str(gpu), "--docs"]) == 0
+    assert (tmp_path / "docs" / "optimizer_leaderboard_gpu.md").exists()
+    assert not (tmp_path / "docs" / "optimizer_leaderboard.md").exists()
+    # its presets say where they come from: that board's model and page (they said gpt2-micro whatever the board)
+    assert main(["--summarize", str(gpu), "--presets"]) == 0
+    adamw = (tmp_path / "conf" / "optimizer" / "adamw.yaml").read_text()
+    comment = " ".join(line.removeprefix("# ") for line in adamw.splitlines() if line.startswith("# "))
+    assert "  lr: 0.001\n" in adamw and "(docs/optimizer_leaderboard_gpu.md: gpt2-mini, 80 steps of 8,192" in comment
 
 
 def test_a_folder_with_no_record_or_an_only_naming_nothing_is_one_line(tmp_path, capsys):

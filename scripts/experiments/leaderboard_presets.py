@@ -5,10 +5,21 @@ the one above the schedule saying where the values come from."""
 from __future__ import annotations
 
 import math
+import statistics
 import textwrap
 from pathlib import Path
 
-from scripts.experiments.leaderboard_settings import LR, PLANS, ROOT, check_boards, loss_of, read_records, text
+from scripts.experiments.leaderboard_settings import (
+    LR,
+    PLANS,
+    ROOT,
+    board_kind,
+    check_boards,
+    docs_name,
+    loss_of,
+    read_records,
+    text,
+)
 from scripts.experiments.leaderboard_table import choice_centres, knob_points
 
 
@@ -49,10 +60,11 @@ def write_presets(out: Path) -> list[str]:
     records = read_records(out)
     board = check_boards(records, out)
     steps, tokens_per_step = board["steps"], board["tokens_per_step"]
+    model = next((o.split("=", 1)[1] for o in board["run"] if o.startswith("model=")), "its model")
     centres = choice_centres(records)
     losses = [[s["val_loss"] for s in r["seeds"]] for r in records]
-    spreads = sorted(max(x) - min(x) for x in losses if all(map(math.isfinite, x))) or [0.0]  # a failed seed: none
-    noise = spreads[len(spreads) // 2]
+    spreads = [max(x) - min(x) for x in losses if all(map(math.isfinite, x))] or [0.0]  # a failed seed: none
+    noise = statistics.median(spreads)  # as the table's (leaderboard_table.py): of two, their mean
     changed = []
     for r in records:
         name, plan = r["optimizer"], PLANS[r["optimizer"]]
@@ -63,8 +75,8 @@ def write_presets(out: Path) -> list[str]:
         points = [v for v, _ in r["step_grid"]["points"]]
         what = [f"{plan.step.removeprefix('optimizer.')}={text(step)}"]
         source = (
-            f"the leaderboard's best (docs/optimizer_leaderboard.md: gpt2-micro, {steps} steps of {tokens_per_step:,} "
-            f"tokens), of {len(points)} factor-2 points {text(min(points))}..{text(max(points))}"
+            f"the leaderboard's best (docs/{docs_name(*board_kind(board))}.md: {model}, {steps} steps of "
+            f"{tokens_per_step:,} tokens), of {len(points)} factor-2 points {text(min(points))}..{text(max(points))}"
         )
         set_value(lines, plan.step.removeprefix("optimizer."), yaml_number(step), "")
         knob_note = ""

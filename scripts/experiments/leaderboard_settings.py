@@ -113,6 +113,20 @@ def board_run(track: str, gpu: bool) -> list[str]:
     return [model if o.startswith("model=") else o for o in (GPU_RUN if gpu else CPU_RUN)]
 
 
+def board_kind(board: dict) -> tuple[str, bool]:
+    """(track, gpu) of a board's records: which of board_run's models its runs trained."""
+    model = next((o.split("=", 1)[1] for o in board["run"] if o.startswith("model=")), None)
+    return next(
+        ((track, bool(gpu)) for track, models in TRACK_MODELS.items() for gpu, m in enumerate(models) if m == model),
+        ("gpt2", False),  # a board tuned with its own model=...: GPT-2's, on the CPU's settings
+    )
+
+
+def docs_name(track: str, gpu: bool) -> str:
+    """docs/<name>.md and .png of a board: the CPU's GPT-2 board, the optimization track's, each GPU board apart."""
+    return "optimizer_leaderboard" + ("" if track == "gpt2" else f"_{track}_track") + ("_gpu" if gpu else "")
+
+
 def board_settings(run: list[str], steps: int, tokens_per_step: int) -> dict:
     """What makes two records of one board: the overrides every run shares, the steps and the tokens a step."""
     return {"run": run, "steps": steps, "tokens_per_step": tokens_per_step}

@@ -20,7 +20,9 @@ whose board differs from theirs is refused before it runs anything (another budg
 
 Written: `<out>/leaderboard.md` and `.json` (per optimizer: the mean and spread over seeds, each grid's points and
 losses, whether its best is interior, the tokens it took to reach AdamW's final loss, tokens/s) and
-`leaderboard.png` (each winner's val curve); with `--docs`, copies of the .md and .png in docs/.
+`leaderboard.png` (each winner's val curve); with `--docs`, copies of the .md and .png in docs/ under the board's
+name (`optimizer_leaderboard`, `_optimization_track` for that track's, `_gpu` for a --gpu board's), read from the
+records with `--summarize`, as `--presets` reads which board it writes from.
 
 This module runs and tunes the board; what a board is (its runs, plans, seeds and records) is in
 leaderboard_settings.py, the table and plot in leaderboard_table.py, the writing of the presets in
@@ -46,9 +48,11 @@ from scripts.experiments.leaderboard_settings import (
     ROOT,
     SEEDS,
     TRACK_MODELS,
+    board_kind,
     board_run,
     board_settings,
     check_boards,
+    docs_name,
     loss_of,
     preset_centres,
     read_records,
@@ -240,6 +244,10 @@ def main(argv: list[str]) -> int:
         records = read_records(out)
         if not args.summarize:  # before a run: a board is tuned on one budget and model
             check_boards(records, out, board)
+        # what --presets and --docs write is the board's, read from its records when summarizing one
+        track, gpu = board_kind(check_boards(records, out)) if args.summarize else (args.track, args.gpu)
+        if args.presets and track != "gpt2":
+            raise ConfigError(f"--presets: {out} is the {track} track's board; the presets are tuned on GPT-2's")
         if not args.summarize:
             out.mkdir(parents=True, exist_ok=True)
             centres = preset_centres(names)
@@ -253,7 +261,7 @@ def main(argv: list[str]) -> int:
     except PipelineError as e:
         return say(e)
     if args.docs:
-        name = "optimizer_leaderboard" + ("" if args.track == "gpt2" else f"_{args.track}_track")
+        name = docs_name(track, gpu)
         for suffix in ("md", "png"):
             shutil.copy(out / f"leaderboard.{suffix}", ROOT / "docs" / f"{name}.{suffix}")
     return 0
