@@ -141,6 +141,11 @@ def test_gpu_suite_runs_its_stages_within_the_budget_and_packs_what_it_has(tmp_p
         names = tar.getnames()
     assert "suite/summary.json" in names and "suite/logs/data.log" in names
     assert not any("/cache" in n for n in names)
+    # a second call into the same folder (a GPU session's second device call) adds to the summary: it replaced it
+    again_args = [*args[:2], "--only", "levers", "--budget", "1", "--data", data]
+    run_script("scripts.benchmarks.gpu_suite", again_args, monkeypatch, capsys)
+    again = json.loads((out / "summary.json").read_text())
+    assert again["data"]["runs"][0] == summary["data"]["runs"][0] and len(again["levers"]["runs"]) == 2
 
 
 def test_gpu_suites_levers_stage_runs_the_levers_asked_for_and_a_wrong_pick_is_one_line(tmp_path):
@@ -154,6 +159,10 @@ def test_gpu_suites_levers_stage_runs_the_levers_asked_for_and_a_wrong_pick_is_o
         gpu_suite.main(["--out", str(out), "--only", "levers", "--levers", "vocabulary"])
     assert str(e.value).startswith("error: --levers vocabulary: no lever holds any of these; the levers: ")
     assert "\n" not in str(e.value) and not out.exists()  # said before anything was written
+    with pytest.raises(SystemExit) as e:  # a misspelt stage: it ran the data stage alone and reported success
+        gpu_suite.main(["--out", str(out), "--only", "lever,tests"])
+    assert str(e.value) == f"error: --only: no stage lever; the stages: {', '.join(gpu_suite.ALL_STAGES)}"
+    assert not out.exists()
 
 
 def test_benchmarks_records_block_is_the_table_of_the_records_kept():

@@ -39,7 +39,7 @@ deterministic kernels (whose autotuning is restricted) go without it.
 Every bench.py and bench_peer.py result is kept as a record in OUT/results (scripts/benchmarks/records.py). A stage
 starts only while the budget holds its usual length; each gets what is left at most. OUT/summary.json lists each
 stage's exit code and seconds; OUT is packed into OUT.tar.gz after every stage (traces left out), so a run cut short
-keeps what it had.
+keeps what it had; a later call into the same OUT adds its runs to that summary.
 """
 
 from __future__ import annotations
@@ -80,6 +80,20 @@ FLAGS = [
     "--xla_gpu_autotune_level=0",
 ]
 SIDE_BY_SIDE = {"environment", "newcomer", "tests"}  # the stages that need no gpt2 data
+# after those and the data, one at a time, in this order
+STAGES = (
+    "profile",
+    "peer",
+    "fp8_gemm",
+    "epilogue",
+    "fp8_step",
+    "levers",
+    "big",
+    "flags",
+    "fp8_curve",
+    "fp8_deterministic",
+)
+ALL_STAGES = ("environment", "newcomer", "tests", "data", *STAGES)
 BIG = [  # scanned: unrolled, a 48-layer model's step compiles for minutes (gpt2-xl on a CPU: 212 s against 8 s)
     (  # xl: FP8 against bf16 at full remat, then what recomputes less (full remat is ~1/3 more FLOPs than MFU counts)
         "gpt2-xl",
@@ -113,7 +127,8 @@ class Suite:
         self.started = time.monotonic()
         self.only = set(args.only.split(",")) if args.only else None
         self.args = args
-        self.summary: dict[str, dict] = {}
+        # a second call into the same OUT (BENCHMARKS.md's GPU sessions make two) adds its runs to the first's
+        self.summary: dict[str, dict] = _earlier_summary(self.out / "summary.json")
         self.lock = threading.Lock()
         (self.out / "logs").mkdir(parents=True, exist_ok=True)
         data = shlex.split(args.data) if args.data is not None else GPT2_DATA
@@ -303,6 +318,16 @@ def _small(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
     return info
 
 
+def _earlier_summary(path: Path) -> dict[str, dict]:
+    """The summary an earlier call left in OUT, whose runs this call's follow; {} when there is none (or it was cut
+    short: what it held is in OUT/logs)."""
+    try:
+        earlier = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return earlier if isinstance(earlier, dict) else {}
+
+
 def main(argv: list[str]) -> int:
     p = OneLineParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="the folder for logs, records and the summary (made if missing)")
@@ -315,6 +340,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--data", help=f'their dataset overrides, one string (default "{" ".join(GPT2_DATA)}")')
     args = p.parse_args(argv)
     chosen_levers(args.levers)  # a --levers that picks nothing is said before anything runs or is written
+    unknown = sorted(set(args.only.split(",")) - {*SIDE_BY_SIDE, "data", *STAGES}) if args.only else []
+    if unknown:  # a misspelt stage ran nothing and reported success
+        raise SystemExit(f"error: --only: no stage {', '.join(unknown)}; the stages: {', '.join(ALL_STAGES)}")
     from core.errors import PipelineError, say
     from training.checkpoints.storage import check_writable
 
@@ -324,19 +352,7 @@ def main(argv: list[str]) -> int:
         return say(e)
     suite = Suite(args)
     suite.side_by_side()
-    stages = (
-        "profile",
-        "peer",
-        "fp8_gemm",
-        "epilogue",
-        "fp8_step",
-        "levers",
-        "big",
-        "flags",
-        "fp8_curve",
-        "fp8_deterministic",
-    )
-    for stage in stages:
+    for stage in STAGES:
         if suite.wanted(stage):
             getattr(suite, stage)()
     suite.say(f"done, {suite.left():.0f} s of the budget left")
