@@ -414,6 +414,11 @@ def test_a_2_process_checkpoint_continues_in_1_process(reference, data_cache, tm
     assert scored == pytest.approx(logged[0], abs=1e-5)
     with pytest.raises(ConfigError, match=r"^mode=eval: the checkpoint's run evaluated batches of 16 sequences"):
         eval_as_logged(trained.cfg, trained.meta, 3)
+    # a share the process's devices cannot split: JAX's IndivisibleError, a traceback from each process
+    launched = dataclasses.replace(trained.cfg, system=dataclasses.replace(trained.cfg.system, num_devices=None))
+    with pytest.raises(ConfigError, match=r"16 sequences .* 4 per process in 4, which its 8 devices cannot share"):
+        eval_as_logged(launched, trained.meta, 4, 8)
+    assert eval_as_logged(launched, trained.meta, 4, 4).train.batch_size == 4
     # under checkpoint.overwrite_config the command line's batch is the batch (the run's own set is not asked for)
     mine = tiny_overrides(data_cache, "mode=eval", "checkpoint.load=True", f"checkpoint.load_path={run_dir}")
     mine += ["checkpoint.overwrite_config=True", f"train.batch_size={GLOBAL_BATCH}", HEADS]

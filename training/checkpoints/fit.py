@@ -100,18 +100,27 @@ def check_same_stages(cfg: Config, meta: dict, step: int) -> None:
     )
 
 
-def eval_as_logged(cfg: Config, meta: dict, processes: int) -> Config:
+def eval_as_logged(cfg: Config, meta: dict, processes: int, local_devices: int | None = None) -> Config:
     """mode=eval in `processes` processes scores the validation batches the checkpoint's run logged: `train.batch_size`
     sequences from each of its processes, the same global batches shared out over these (in another count, the
-    per-process batch of the saved config gave another set, and another loss, without a word)."""
+    per-process batch of the saved config gave another set, and another loss, without a word). `local_devices`: each
+    process's, over which its share is split (the config's check saw the saved batch, not this share)."""
     saved = meta.get("process_count") or 1
     if saved == processes:
         return cfg
     rows = cfg.train.batch_size * saved
+    logged = f"the checkpoint's run evaluated batches of {rows} sequences ({saved} process(es) x train.batch_size="
     if rows % processes:
         raise ConfigError(
-            f"mode=eval: the checkpoint's run evaluated batches of {rows} sequences ({saved} process(es) x "
-            f"train.batch_size={cfg.train.batch_size}), which {processes} processes cannot share evenly; evaluate in "
-            f"{saved} process(es)"
+            f"mode=eval: {logged}{cfg.train.batch_size}), which {processes} processes cannot share evenly; evaluate "
+            f"in {saved} process(es)"
         )
-    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, batch_size=rows // processes))
+    share = rows // processes
+    data_devices = (cfg.system.num_devices or local_devices or 1) // cfg.system.mesh_model
+    if share % data_devices:
+        raise ConfigError(
+            f"mode=eval: {logged}{cfg.train.batch_size}), {share} per process in {processes}, which its "
+            f"{data_devices} devices cannot share evenly; evaluate in {saved} process(es), or on devices that divide "
+            f"{share} per process"
+        )
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, batch_size=share))

@@ -178,7 +178,7 @@ def plan_run(cfg: Config, overrides: list[str], stamp: int) -> RunPlan:
         if cfg.checkpoint.overwrite_config and not evaluating(cfg):
             check_same_stages(cfg, resume.meta, resume.step)
         if evaluating(cfg) and not cfg.checkpoint.overwrite_config:  # the saved config's batches, as logged
-            cfg = eval_as_logged(cfg, resume.meta, jax.process_count())
+            cfg = eval_as_logged(cfg, resume.meta, jax.process_count(), jax.local_device_count())
     elif str(cfg.init_from or "").startswith(HF_PREFIX):
         init_from = open_hf_source(cfg)
     elif init_from_dir(cfg):
