@@ -538,7 +538,11 @@ def test_test_gpu_sh_without_a_gpu_says_so_in_one_line_and_runs_no_test(tmp_path
         ("scripts.tools.state_memory", ["--devices", "0"], "argument --devices: must be >= 1; got 0"),
         # statistics' "no median for empty data" / a ZeroDivisionError after the build and compile
         ("scripts.benchmarks.bench", ["--steps", "0"], "argument --steps: must be >= 1; got 0"),
-        ("scripts.benchmarks.bench", ["--warmup", "-1"], "argument --warmup: must be >= 0; got -1"),
+        # 0 ran one warm-up step anyway (the first compiles): 4 losses for 3 timed steps, unsaid
+        ("scripts.benchmarks.bench", ["--warmup", "0"], "argument --warmup: must be >= 1; got 0"),
+        # a ZeroDivisionError (`--m % --context`), statistics' "no median for empty data"
+        ("scripts.benchmarks.gemm_epilogue", ["--context", "0"], "argument --context: must be >= 1; got 0"),
+        ("scripts.benchmarks.fp8_gemm", ["--iters", "0"], "argument --iters: must be >= 1; got 0"),
         # one configuration, no record: the variant and the record went unread
         ("scripts.benchmarks.bench", ["--compile-only", "--variant", "x=1"], "--compile-only measures the common"),
         ("scripts.benchmarks.bench", ["--loader", "--record", "d"], "--loader measures the common overrides once"),

@@ -269,7 +269,9 @@ def bench_compile(overrides: list[str], vocab: int) -> dict:
 def main(argv: list[str]) -> int:
     parser = OneLineParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=at_least(1), default=20)
-    parser.add_argument("--warmup", type=at_least(0), default=3)
+    parser.add_argument(
+        "--warmup", type=at_least(1), default=3, help="untimed steps before the timed ones, the first compiling"
+    )
     parser.add_argument("--loader", action="store_true", help="time the data path alone (no model)")
     parser.add_argument("--compile-only", action="store_true", help="compile from abstract shapes, run nothing")
     parser.add_argument("--vocab", type=int, default=50257, help="--compile-only: the vocab size to build")
@@ -300,7 +302,7 @@ def main(argv: list[str]) -> int:
                         f"--variant {variant!r}: system.xla_flags and system.deterministic go with the common "
                         "overrides (XLA reads its flags once per process); run one bench.py per set of flags"
                     )
-                result = bench(overrides + extra, args.steps, max(args.warmup, 1), first=i == 0)
+                result = bench(overrides + extra, args.steps, args.warmup, first=i == 0)
                 result = {**({"variant": variant} if args.variant else {}), **result}
                 keep(args, result, argv)
                 print(json.dumps(result), flush=True)

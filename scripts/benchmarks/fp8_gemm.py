@@ -30,7 +30,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from core.arguments import OneLineParser
+from core.arguments import OneLineParser, at_least
 from models.fp8 import E4M3, as_quantised, fp8_dot, quantize, quantize_dequantize, scaled_dot
 from scripts.benchmarks.bench import custom_calls, float8_dots
 
@@ -95,10 +95,10 @@ def measure(f: Callable, args: tuple, iters: int) -> tuple[str, float, jax.Array
 
 def main(argv: list[str]) -> int:
     p = OneLineParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--m", type=int, default=8192, help="rows of x (tokens)")
-    p.add_argument("--k", type=int, default=4096, help="the contracted width")
-    p.add_argument("--n", type=int, default=4096, help="columns of W")
-    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--m", type=at_least(1), default=8192, help="rows of x (tokens)")
+    p.add_argument("--k", type=at_least(1), default=4096, help="the contracted width")
+    p.add_argument("--n", type=at_least(1), default=4096, help="columns of W")
+    p.add_argument("--iters", type=at_least(1), default=20)
     args = p.parse_args(argv)
     kx, kw = jax.random.split(jax.random.PRNGKey(0))
     x = jax.random.normal(kx, (args.m, args.k), jnp.bfloat16)

@@ -27,7 +27,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from core.arguments import OneLineParser
+from core.arguments import OneLineParser, at_least
 from models.block import Linear
 from models.mlp import mlp_activation
 from scripts.benchmarks.bench import custom_calls, epilogues
@@ -61,11 +61,11 @@ def with_backward(f: Callable, g: jax.Array) -> Callable:
 
 def main(argv: list[str]) -> int:
     p = OneLineParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--m", type=int, default=32768, help="rows of x (tokens: gpt2's batch of 32 x 1,024)")
-    p.add_argument("--k", type=int, default=768, help="the contracted width (gpt2's n_embd)")
-    p.add_argument("--n", type=int, default=3072, help="columns of W (gpt2's MLP width)")
-    p.add_argument("--context", type=int, default=1024, help="T of the [B, T, K] form; must divide --m")
-    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--m", type=at_least(1), default=32768, help="rows of x (tokens: gpt2's batch of 32 x 1,024)")
+    p.add_argument("--k", type=at_least(1), default=768, help="the contracted width (gpt2's n_embd)")
+    p.add_argument("--n", type=at_least(1), default=3072, help="columns of W (gpt2's MLP width)")
+    p.add_argument("--context", type=at_least(1), default=1024, help="T of the [B, T, K] form; must divide --m")
+    p.add_argument("--iters", type=at_least(1), default=20)
     args = p.parse_args(argv)
     if args.m % args.context:
         print(f"error: --context {args.context} must divide --m {args.m}", file=sys.stderr)

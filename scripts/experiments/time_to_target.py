@@ -269,6 +269,12 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     if args.seeds < 1 or args.steps < 1 or args.eval_every < 1:
         p.error("--seeds, --steps and --eval-every must be at least 1")
+    chosen = variants(args.ablation or bool(args.only))
+    if args.only:  # before the folder records this comparison: a refused command leaves it as it was
+        wanted = {"baseline", *args.only.split(",")}
+        if unknown := wanted - set(chosen):
+            p.error(f"--only: no variant {', '.join(sorted(unknown))}; choose from {', '.join(chosen)}")
+        chosen = {name: overrides for name, overrides in chosen.items() if name in wanted}
     out = Path(args.out)
     try:  # before any run: folders the runs, the table and the record can go to, and the folder's own comparison
         check_writable("--out", out)
@@ -279,12 +285,6 @@ def main(argv: list[str]) -> int:
         )
     except PipelineError as e:
         return say(e)
-    chosen = variants(args.ablation or bool(args.only))
-    if args.only:
-        wanted = {"baseline", *args.only.split(",")}
-        if unknown := wanted - set(chosen):
-            p.error(f"--only: no variant {', '.join(sorted(unknown))}; choose from {', '.join(chosen)}")
-        chosen = {name: overrides for name, overrides in chosen.items() if name in wanted}
     to_run = [n for n in chosen for seed in range(args.seeds) if not finished(out / f"{n}-s{seed}", args.steps)]
     if to_run and not args.summarize:
         try:
