@@ -240,6 +240,10 @@ def resolve_hf(name: str, cache_dir: str) -> Path:
         ) from None
 
 
+# transformers' GPT2Config defaults, which a config.json leaves out
+GPT2_DEFAULTS = {"n_layer": 12, "n_head": 12, "n_embd": 768, "n_positions": 1024, "vocab_size": 50257}
+
+
 def check_hf_config(folder: Path, model_cfg: ModelOptions) -> dict[str, Any]:
     """The folder's config, checked against the run's `model` section: one line naming what differs."""
     try:
@@ -272,6 +276,7 @@ def check_hf_config(folder: Path, model_cfg: ModelOptions) -> dict[str, Any]:
     for key, (gpt2, what) in other.items():
         if config.get(key, gpt2) != gpt2:
             raise ConfigError(f"init_from=hf:{folder}: its {key}={config[key]} is {what}, which GPT-2 does not compute")
+    config = {**GPT2_DEFAULTS, **config}  # transformers' GPT2Config writes only what differs from these
     wanted = {"n_layer": model_cfg.n_layer, "n_head": model_cfg.n_head, "n_embd": model_cfg.n_embd}
     wrong = [f"{k}={config[k]} (run has {v})" for k, v in wanted.items() if config.get(k) != v]
     fix = [f"model.{k}={config[k]}" for k, v in wanted.items() if config.get(k) is not None and config[k] != v]

@@ -116,6 +116,10 @@ def test_the_keys_a_gpt2_folder_of_another_shape_names_are_all_it_takes(tmp_path
     fix = str(e.value).split("; choose the model preset with its shape, or set ")[1].split()
     assert "model.mlp_hidden=128" in fix
     check_hf_config(folder, config_lib.load_config(["model=gpt2-micro", *fix]).model)
+    # a config.json that leaves transformers' defaults out (n_embd 768) was a KeyError traceback
+    (folder / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 2, "n_head": 2}))
+    with pytest.raises(ConfigError, match=r"n_embd=768 \(run has 256\)"):
+        check_hf_config(folder, model)
 
 
 def test_a_model_that_does_not_match_the_export_is_refused(exported, data_cache, tmp_path):

@@ -190,6 +190,13 @@ def test_a_summarized_board_writes_its_own_docs_and_its_own_presets_only(tmp_pat
     (tmp_path / "docs").mkdir()  # what --docs writes
     for module in (board, leaderboard_presets):
         monkeypatch.setattr(module, "ROOT", tmp_path)
+    from scripts.experiments.leaderboard_settings import board_kind
+
+    # the model a board trains is its last model= (Hydra's reading), as `optimizer_leaderboard.py model=...` gives it
+    assert board_kind(board_settings([*board_run("gpt2", False), "model=opt-track-micro"], 80, 1024)) == (
+        "optimization",
+        False,
+    )
     out = tmp_path / "board"
     run = [*board_run("optimization", False), "train.max_steps=80", "train.eval_interval=20"]
     fake_record(out, "adamw", board_settings(run, 80, 1024), 4.0)

@@ -825,9 +825,15 @@ def test_a_new_run_writes_over_a_run_file_cut_short_and_never_over_another_tools
     check_no_foreign_file("logging.run_dir", tmp_path, names)
     (tmp_path / "config.yaml").write_text("mode: train\neval_only: false\nstage: next_tok")
     check_no_foreign_file("logging.run_dir", tmp_path, names)
-    (tmp_path / "config.yaml").write_text("model:\n  class_path: my_package.Net\ntrainer:\n  max_epochs: 3\n")
-    with pytest.raises(ConfigError, match=rf"^logging.run_dir: {tmp_path}/config.yaml is not a file a run wrote"):
-        check_no_foreign_file("logging.run_dir", tmp_path, names)
+    for theirs in (
+        "model:\n  class_path: my_package.Net\ntrainer:\n  max_epochs: 3\n",
+        "mode: production\nserver: 8080\n",
+        "model: {}\ndata: {}\ntrain: {}\n",  # names of a run config's sections, not in its order
+        "{}\n",
+    ):
+        (tmp_path / "config.yaml").write_text(theirs)
+        with pytest.raises(ConfigError, match=rf"^logging.run_dir: {tmp_path}/config.yaml is not a file a run wrote"):
+            check_no_foreign_file("logging.run_dir", tmp_path, names)
     (tmp_path / "config.yaml").write_text("")
     (tmp_path / "summary.json").write_text('{"accuracy": 0.9}')
     with pytest.raises(ConfigError, match=rf"^logging.run_dir: {tmp_path}/summary.json is not a file a run wrote"):
@@ -849,6 +855,11 @@ def test_a_run_that_saved_beside_its_logs_resumes_there_and_may_save_elsewhere(d
     moved = [f"checkpoint.load_path={run_dir}", f"checkpoint.save_path={tmp_path}/bigger-disk"]
     ok(run_in_process(tiny_overrides(data_cache, "checkpoint.load=True", *more, *moved), capsys))
     assert (tmp_path / "bigger-disk" / "5").is_dir() and max(losses(run_dir)) == 5
+    # moved: its config names the new save path, where it continues (the run directory's steps are older)
+    rerun = run_in_process(
+        tiny_overrides(data_cache, "checkpoint.load=auto", *more[:-2], "train.max_steps=6", more[-1]), capsys
+    )
+    assert rerun.stderr.strip().endswith(f"checkpoint.save_path={tmp_path}/bigger-disk (its save path)"), rerun.stderr
 
 
 @pytest.fixture(scope="module")

@@ -160,7 +160,7 @@ def test_gpu_suites_levers_stage_runs_the_levers_asked_for_and_a_wrong_pick_is_o
     assert str(e.value).startswith("error: --levers vocabulary: no lever holds any of these; the levers: ")
     assert "\n" not in str(e.value) and not out.exists()  # said before anything was written
     with pytest.raises(SystemExit) as e:  # a misspelt stage: it ran the data stage alone and reported success
-        gpu_suite.main(["--out", str(out), "--only", "lever,tests"])
+        gpu_suite.main(["--out", str(out), "--only", "lever,,tests"])
     assert str(e.value) == f"error: --only: no stage lever; the stages: {', '.join(gpu_suite.ALL_STAGES)}"
     assert not out.exists()
 

@@ -101,14 +101,22 @@ def test_the_script_runs_each_variant_once_and_writes_its_record_table_and_pictu
     assert (ROOT / "conf" / "model" / "speedrun-micro.yaml").exists()
 
 
-def test_a_refused_only_leaves_the_folder_without_a_recorded_comparison(tmp_path, capsys):
+def test_a_refused_only_leaves_the_folder_without_a_recorded_comparison(tmp_path, monkeypatch, capsys):
     """`--only nosuch` was refused after the folder had recorded the default settings as its comparison: the
     corrected command at other --steps was then refused, the folder 'holding the runs' of settings it never ran."""
+
+    def ran(*args):
+        raise AssertionError("past the refusal: it would have made data and trained")
+
+    monkeypatch.setattr(ttt, "prepare_data", ran)
     out = tmp_path / "ttt"
     with pytest.raises(SystemExit) as e:
         ttt.main(["--out", str(out), "--only", "nosuch"])
     assert e.value.code == 2 and "--only: no variant nosuch" in capsys.readouterr().err
     assert not (out / ttt.REQUEST).exists()
+    # an unknown key after `--`: refused when the data was made, after the folder had recorded it
+    assert ttt.main(["--out", str(out), "--steps", "4", "--", "train.sed=1"]) == 2
+    assert "unknown key 'train.sed'" in capsys.readouterr().err and not (out / ttt.REQUEST).exists()
 
 
 def test_a_run_that_ends_before_its_last_step_stops_the_script_in_one_line(tmp_path, monkeypatch, capsys):

@@ -125,7 +125,7 @@ class Suite:
         self.out = Path(args.out).resolve()
         self.deadline = time.monotonic() + args.budget
         self.started = time.monotonic()
-        self.only = set(args.only.split(",")) if args.only else None
+        self.only = set(filter(None, args.only.split(","))) if args.only else None
         self.args = args
         # a second call into the same OUT (BENCHMARKS.md's GPU sessions make two) adds its runs to the first's
         self.summary: dict[str, dict] = _earlier_summary(self.out / "summary.json")
@@ -340,7 +340,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--data", help=f'their dataset overrides, one string (default "{" ".join(GPT2_DATA)}")')
     args = p.parse_args(argv)
     chosen_levers(args.levers)  # a --levers that picks nothing is said before anything runs or is written
-    unknown = sorted(set(args.only.split(",")) - {*SIDE_BY_SIDE, "data", *STAGES}) if args.only else []
+    unknown = sorted(set(filter(None, args.only.split(","))) - {*SIDE_BY_SIDE, "data", *STAGES}) if args.only else []
     if unknown:  # a misspelt stage ran nothing and reported success
         raise SystemExit(f"error: --only: no stage {', '.join(unknown)}; the stages: {', '.join(ALL_STAGES)}")
     from core.errors import PipelineError, say

@@ -14,6 +14,7 @@ from scripts.experiments.leaderboard_settings import (
     PLANS,
     ROOT,
     board_kind,
+    board_model,
     check_boards,
     docs_name,
     loss_of,
@@ -60,7 +61,7 @@ def write_presets(out: Path) -> list[str]:
     records = read_records(out)
     board = check_boards(records, out)
     steps, tokens_per_step = board["steps"], board["tokens_per_step"]
-    model = next((o.split("=", 1)[1] for o in board["run"] if o.startswith("model=")), "its model")
+    model = board_model(board) or "its model"
     centres = choice_centres(records)
     losses = [[s["val_loss"] for s in r["seeds"]] for r in records]
     spreads = [max(x) - min(x) for x in losses if all(map(math.isfinite, x))] or [0.0]  # a failed seed: none

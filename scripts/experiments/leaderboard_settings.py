@@ -115,11 +115,16 @@ def board_run(track: str, gpu: bool) -> list[str]:
 
 def board_kind(board: dict) -> tuple[str, bool]:
     """(track, gpu) of a board's records: which of board_run's models its runs trained."""
-    model = next((o.split("=", 1)[1] for o in board["run"] if o.startswith("model=")), None)
+    model = board_model(board)
     return next(
         ((track, bool(gpu)) for track, models in TRACK_MODELS.items() for gpu, m in enumerate(models) if m == model),
         ("gpt2", False),  # a board tuned with its own model=...: GPT-2's, on the CPU's settings
     )
+
+
+def board_model(board: dict) -> str | None:
+    """The model a board's runs trained: its overrides' last `model=` (Hydra's reading: a later one wins)."""
+    return next((o.split("=", 1)[1] for o in reversed(board["run"]) if o.startswith("model=")), None)
 
 
 def docs_name(track: str, gpu: bool) -> str:

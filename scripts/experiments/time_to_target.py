@@ -28,6 +28,7 @@ import os
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from core.arguments import OneLineParser
@@ -111,10 +112,11 @@ def finished(run_dir: Path, steps: int) -> bool:
     return any(r["step"] == steps and r["split"] == "val" for r in rows) and all(r["step"] <= steps for r in rows)
 
 
-def check_request(out: Path, request: dict, summarize_only: bool) -> None:
+def check_request(out: Path, request: dict, summarize_only: bool, check: Callable[[], None] = lambda: None) -> None:
     """A folder holds one comparison: its runs' --steps, --eval-every and extra overrides are recorded
     (REQUEST) with the first, and a command asking for others is refused before anything runs: its runs were
-    skipped as finished, and the table named the new budget for the old runs."""
+    skipped as finished, and the table named the new budget for the old runs. `check` runs before the first is
+    recorded: a command it refuses (an unknown key after `--`) leaves the folder free for the corrected one."""
     path = out / REQUEST
     if path.exists():
         try:
@@ -127,6 +129,7 @@ def check_request(out: Path, request: dict, summarize_only: bool) -> None:
                 "choose another --out, or the same settings"
             )
     elif not summarize_only:
+        check()
         out.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(request))
 
@@ -280,9 +283,17 @@ def main(argv: list[str]) -> int:
         check_writable("--out", out)
         if args.record:
             check_writable("--record", args.record)
-        check_request(
-            out, {"steps": args.steps, "eval_every": args.eval_every, "extra_overrides": extra}, args.summarize
-        )
+
+        def composes() -> None:  # an unknown key after `--` was refused only after the folder recorded it
+            from training import config as config_lib
+
+            for overrides in chosen.values():
+                config_lib.load_config(
+                    [*run_overrides(overrides, Path("unused"), 0, args.steps, args.eval_every), *extra]
+                )
+
+        request = {"steps": args.steps, "eval_every": args.eval_every, "extra_overrides": extra}
+        check_request(out, request, args.summarize, composes)
     except PipelineError as e:
         return say(e)
     to_run = [n for n in chosen for seed in range(args.seeds) if not finished(out / f"{n}-s{seed}", args.steps)]

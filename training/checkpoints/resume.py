@@ -232,7 +232,8 @@ def plan_run(cfg: Config, overrides: list[str], stamp: int) -> RunPlan:
     if folder is not None and folder != save_path.resolve() and not own:
         continues = ""
         if folder == run_dir.resolve() and layout.is_run_dir(run_dir):
-            continues = f", or continue the run that saved there with checkpoint.save_path={run_dir} (its save path)"
+            saved_to = _saved_save_path(run_dir) or run_dir
+            continues = f", or continue the run that saved there with checkpoint.save_path={saved_to} (its save path)"
         raise ConfigError(
             f"logging.run_dir: {run_dir} {_in_folder(run_dir, folder)}, where this run's logs would be read as a "
             f"step or deleted with one; choose a directory outside it{continues}"
@@ -259,6 +260,15 @@ def plan_run(cfg: Config, overrides: list[str], stamp: int) -> RunPlan:
             f"path, or resume that run with checkpoint.load=True checkpoint.load_path={save_path}"
         )
     return RunPlan(cfg, run_dir.absolute(), save_path.absolute(), resume, init_from, ignored, restarts, branch_of)
+
+
+def _saved_save_path(run_dir: Path) -> str | None:
+    """The save path the run in `run_dir` last wrote to (its config.yaml's): where it continues, also after it moved
+    its saving away from its run directory."""
+    try:
+        return OmegaConf.select(OmegaConf.load(run_dir / layout.CONFIG), "checkpoint.save_path")
+    except Exception:  # no config.yaml, or one cut short: the run directory itself is the guess
+        return None
 
 
 def _in_folder(path: Path, folder: Path) -> str:

@@ -57,9 +57,9 @@ def check_no_foreign_file(key: str, directory: Path, names: tuple[str, ...]) -> 
 
 def _written_by_a_run(path: Path) -> bool:
     """What a run writes, whole or cut short (a full disk leaves an empty or truncated file, which the rerun that
-    storage_error suggests must get past): a config.yaml whose top-level keys are a run config's, or whose first line
-    is its first key (`mode:`); a summary.json that opens with its first key (`steps`). Another tool's config.yaml
-    (its `model:` beside a `trainer:`) is not."""
+    storage_error suggests must get past): a config.yaml whose top-level keys are the first of a run config's, in its
+    order, from `mode: train` or `mode: eval`; a summary.json that opens with its first key (`steps`). Another tool's
+    config.yaml (its `model:` beside a `trainer:`, or a `mode: production`) is not."""
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError):
@@ -68,10 +68,13 @@ def _written_by_a_run(path: Path) -> bool:
         return True  # nothing to lose
     if path.suffix == ".json":
         return re.match(r'\{\s*"steps"', text) is not None
-    if text.startswith("mode:"):
-        return True
     try:
         content = yaml.safe_load(text)
-    except yaml.YAMLError:
-        return False
-    return isinstance(content, dict) and set(content) <= {f.name for f in dataclasses.fields(Config)}
+    except yaml.YAMLError:  # cut inside a value: its first line still says whose it is
+        return text.splitlines()[0] in ("mode: train", "mode: eval")
+    fields = [f.name for f in dataclasses.fields(Config)]
+    return (
+        isinstance(content, dict)
+        and list(content) == fields[: len(content)]
+        and content.get("mode") in ("train", "eval")
+    )
