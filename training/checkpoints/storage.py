@@ -18,7 +18,6 @@ import yaml
 
 from core.checks import DISK_FULL_ERRNOS, existing_ancestor, writable_ancestor
 from core.errors import ConfigError, PipelineError
-from training.config import Config
 
 
 def check_writable(key: str, path: str | Path, probe: bool = True) -> None:
@@ -72,6 +71,8 @@ def _written_by_a_run(path: Path) -> bool:
         content = yaml.safe_load(text)
     except yaml.YAMLError:  # cut inside a value: its first line still says whose it is
         return text.splitlines()[0] in ("mode: train", "mode: eval")
+    from training.config import Config  # here: the tools that check a folder (bench_peer's parent) import no JAX
+
     fields = [f.name for f in dataclasses.fields(Config)]
     return (
         isinstance(content, dict)
