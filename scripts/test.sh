@@ -7,5 +7,7 @@ python check_env.py --test
 # Lint first: a style or import error fails in seconds, before the tests' minutes.
 ruff check .
 ruff format --check .
-# Two workers: most tests wait on subprocess start-up and compilation, which a second core overlaps.
-python -m pytest -n "${PYTEST_WORKERS:-2}" "$@"
+# Two workers: most tests wait on subprocess start-up and compilation, which a second core overlaps. The soaks (tests
+# marked `soak`: runs of several processes, whole experiment scripts) are scripts/test_soak.sh's; a `-m` given here
+# replaces this one (`bash scripts/test.sh -m ""` runs every test).
+python -m pytest -n "${PYTEST_WORKERS:-2}" -m "not soak" "$@"

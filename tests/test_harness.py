@@ -287,6 +287,7 @@ def write_tasks(folder, lm, tok) -> dict:
 
 
 @pytest.mark.e2e
+@pytest.mark.soak
 def test_script_writes_lm_evals_results_beside_the_run_and_logs_them(lm_eval, trained, finished, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -509,6 +509,7 @@ def _start_processes(n: int, args: list[str], port: int) -> list:
     ]
 
 
+@pytest.mark.soak
 def test_a_killed_process_ends_the_survivor_in_one_line_and_the_run_resumes_with_all_processes(data_cache, tmp_path):
     run_dir, timeout_s = tmp_path / "run", 10
     args = tiny_overrides(

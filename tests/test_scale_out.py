@@ -383,6 +383,7 @@ def test_2_processes_reproduce_the_1_device_curve_with_no_host_sync_between_log_
 
 
 @pytest.mark.e2e
+@pytest.mark.soak
 def test_a_2_process_checkpoint_continues_in_1_process(reference, data_cache, tmp_path):
     schedule = (f"optimizer.lr_config.max_steps={STEPS}", "train.eval_interval=3", HEADS)
     run_dir = tmp_path / "two"
@@ -441,6 +442,7 @@ def test_a_2_process_checkpoint_continues_in_1_process(reference, data_cache, tm
     np.testing.assert_allclose([got[s] for s in range(1, STEPS + 1)], reference, atol=1e-4)
 
 
+@pytest.mark.soak
 def test_a_sweep_of_2_process_runs_runs_every_job_in_both_processes(data_cache, tmp_path):
     """-m under the launcher: each job one 2-process run in the same processes. The second job joined the processes
     again (an error in both), and the non-zero process summarised the sweep before process 0 had recorded its end."""

@@ -9,6 +9,7 @@ from helpers import read_metrics, run_cli, tiny_overrides
 
 
 @pytest.mark.e2e
+@pytest.mark.soak
 def test_the_found_schedule_reproduces_the_search_from_scratch(data_cache, tmp_path):
     out = tmp_path / "search"
     overrides = [

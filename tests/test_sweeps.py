@@ -187,6 +187,7 @@ def test_a_bad_value_fails_its_job_with_one_line_while_the_other_runs_and_the_sw
 
 
 @pytest.mark.e2e
+@pytest.mark.soak
 def test_submitit_local_runs_each_job_in_a_process_of_its_own(data_cache, tmp_path):
     """The jobs' processes start elsewhere (submitit's module, the test's scratch directory) and still import the
     project's modules: with no PYTHONPATH given, the one train_jax.py sets for them."""

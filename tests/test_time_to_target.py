@@ -55,6 +55,7 @@ def test_an_evaluation_before_the_first_step_has_no_time_and_the_summary_says_so
     assert "| fast | 1 | 25.0% | no time logged |" in ttt.table(summary)
 
 
+@pytest.mark.soak
 def test_the_script_runs_each_variant_once_and_writes_its_record_table_and_picture(tmp_path, data_cache, capsys):
     out = tmp_path / "ttt"
     tiny = [
