@@ -62,8 +62,8 @@ def build_gpt(cfg: RunConfig, vocab_size: int, key: jax.Array) -> GPT:
 
 
 # One executable for the whole init instead of one per random array (0.6 s of a small run's start-up, BENCHMARKS.md
-# "Start-up of a short run"): compiled once, then read from the compilation cache.
-init_gpt = eqx.filter_jit(GPT.init)
+# "Start-up of a short run"): compiled once, then read from the compilation cache. GPT.init is that program.
+init_gpt = GPT.init
 
 
 FLOAT_OPTIONS = tuple(f.name for f in dataclasses.fields(ModelOptions) if f.type == "float")

@@ -224,7 +224,9 @@ def test_cached_decoding_equals_no_cache_decoding_for_every_option(options):
 
         tokens = jnp.asarray(np.random.default_rng(0).integers(0, 50, (2, 20)))
         chunked, whole = in_two_chunks_and_at_once(model, tokens)
-        np.testing.assert_allclose(chunked, whole, atol=1e-4)  # as in the test above: a few ulp of |h|
+        # |h| ~ 25 under the 8x weights: the two programs' sums in other orders differ by 1e-5-2.4e-4 over init keys
+        # 0-5, where a window one position wider moves h by 22
+        np.testing.assert_allclose(chunked, whole, atol=1e-3)
     prompts = [[1, 2, 3], [7], [4, 4, 4, 4, 9, 10, 11, 12, 13]]
     cached = generate(model, prompts, 12, temperature=0.0)
     assert cached == generate_no_cache(model, prompts, 12, temperature=0.0)
