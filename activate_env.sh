@@ -37,10 +37,17 @@ if [ -z "$_gpt_cuda" ]; then
     command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q "^GPU " && _gpt_cuda=1
 fi
 _gpt_stamp="$_gpt_root/.venv/.requirements-$_gpt_set.sha256"
-_gpt_want="$(cd "$_gpt_root" && { cat $_gpt_files pyproject.toml; echo "cuda=$_gpt_cuda"; } | sha256sum | cut -d' ' -f1)"
+_gpt_want="$(cd "$_gpt_root" && { cat $_gpt_files pyproject.toml; echo "cuda=$_gpt_cuda editable=compat"; } \
+    | sha256sum | cut -d' ' -f1)"
+# The editable install puts the checkout itself on sys.path (a .pth line, setuptools' `compat` mode): its default mode
+# finds the packages through an import hook that Python asks only after the path, where a folder named data/, models/
+# or core/ in the working directory (dataset.files=[data/*.jsonl]) is taken for the package (`cannot import name`).
+_gpt_editable=(--no-deps --no-build-isolation --config-settings editable_mode=compat -e "$_gpt_root")
+# Python 3.11 or newer (tomllib, the pins' wheels); a .venv of an older one is made anew
+_gpt_new_enough='import sys; sys.exit(sys.version_info < (3, 11))'
 
 _gpt_install_project() {  # this checkout, editable, without dependencies; offline (no build isolation)
-    python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e "$_gpt_root" 2>&1 \
+    python -m pip install --quiet --disable-pip-version-check "${_gpt_editable[@]}" 2>&1 \
         | grep -v "^WARNING: Location" >&2
     return "${PIPESTATUS[0]}"
 }
@@ -60,6 +67,14 @@ _gpt_install() {
 }
 
 _gpt_new_venv() {  # a .venv made (anew over a stale one), activated, the set installed
+    if ! "${PYTHON:-python3}" -c "$_gpt_new_enough" 2>/dev/null; then
+        local found
+        found="$("${PYTHON:-python3}" -c 'import platform; print(platform.python_version())' 2>/dev/null)"
+        found="${found:+is Python $found}"
+        echo "activate_env: ${PYTHON:-python3} ${found:-does not run as Python}; the project needs 3.11 or newer:" \
+            "set PYTHON to one (e.g. PYTHON=python3.11 source activate_env.sh)" >&2
+        return 2
+    fi
     "${PYTHON:-python3}" -m venv --clear "$_gpt_root/.venv" || return 1
     source "$_gpt_root/.venv/bin/activate"
     _gpt_install
@@ -71,18 +86,19 @@ _gpt_here() {  # whether $1 is this checkout's .venv (physical paths: a link to 
 
 if [ -e "$_gpt_root/.venv" ]; then
     # A .venv names its folder in `activate` and in its scripts: one moved or copied with its checkout activates the
-    # old place (or nothing), and one whose Python was removed or upgraded has no interpreter: both are made anew.
-    if "$_gpt_root/.venv/bin/python" -c '' 2>/dev/null && source "$_gpt_root/.venv/bin/activate" \
+    # old place (or nothing), and one whose Python was removed or upgraded has no interpreter: both are made anew, as
+    # is one of a Python older than 3.11 (made before PYTHON named a newer one).
+    if "$_gpt_root/.venv/bin/python" -c "$_gpt_new_enough" 2>/dev/null && source "$_gpt_root/.venv/bin/activate" \
             && _gpt_here "$VIRTUAL_ENV"; then
         if [ "$(cat "$_gpt_stamp" 2>/dev/null)" != "$_gpt_want" ]; then
             _gpt_install || return 1 2>/dev/null || exit 1
         fi
     else
-        echo "activate_env: $_gpt_root/.venv was made elsewhere (a moved or copied checkout) or its Python is" \
-            "gone; making it anew" >&2
+        echo "activate_env: $_gpt_root/.venv was made elsewhere (a moved or copied checkout), or its Python is" \
+            "gone or older than 3.11; making it anew" >&2
         declare -F deactivate >/dev/null && deactivate  # the old place's, a shell function (not a command of that name)
         _gpt_new_venv || {
-            echo "activate_env: could not make $_gpt_root/.venv anew (is PyPI reachable?)" >&2
+            [ $? -eq 2 ] || echo "activate_env: could not make $_gpt_root/.venv anew (is PyPI reachable?)" >&2
             return 1 2>/dev/null || exit 1
         }
     fi
@@ -101,21 +117,23 @@ elif "${PYTHON:-python3}" -c 'import importlib.util as u, sys; sys.exit(any(u.fi
         ":$_gpt_bin:"*) ;;
         *) export PATH="$_gpt_bin:$PATH" ;;
     esac
+    # where its gpt-jax was installed from; a copy (`pip install .`, not -e) is not this checkout, wherever it came from
     _gpt_from="$("$_gpt_python" -c 'import importlib.metadata as m, json, urllib.parse as p
 try:
-    print(p.unquote(p.urlparse(json.loads(m.distribution("gpt-jax").read_text("direct_url.json") or "{}").get("url", "")).path) or "?")
+    url = json.loads(m.distribution("gpt-jax").read_text("direct_url.json") or "{}")
+    path = p.unquote(p.urlparse(url.get("url", "")).path) or "?"
+    print(path if url.get("dir_info", {}).get("editable") else f"{path} as a copy (pip install without -e)")
 except m.PackageNotFoundError:
     pass' 2>/dev/null)"
     if [ -n "$_gpt_from" ]; then
         echo "activate_env: using $_gpt_python (it has every package of the set; nothing installed)" >&2
         [ "$(cd "$_gpt_from" 2>/dev/null && pwd -P)" = "$(cd "$_gpt_root" && pwd -P)" ] \
             || echo "activate_env: its gpt-jax is installed from ${_gpt_from}, not this checkout: outside this" \
-                "folder the project imports from there ($_gpt_python -m pip install --no-deps -e $_gpt_root" \
+                "folder the project imports from there ($_gpt_python -m pip install ${_gpt_editable[*]}" \
                 "switches)" >&2
     else
         echo "activate_env: using $_gpt_python (it has every package of the set); installing this checkout into it" >&2
-        "$_gpt_python" -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation \
-            -e "$_gpt_root" >&2 || {
+        "$_gpt_python" -m pip install --quiet --disable-pip-version-check "${_gpt_editable[@]}" >&2 || {
             echo "activate_env: pip could not install $_gpt_root into $_gpt_python; make a .venv instead:" \
                 "$_gpt_python -m venv $_gpt_root/.venv" >&2
             return 1 2>/dev/null || exit 1
@@ -125,4 +143,4 @@ else
     _gpt_new_venv || return 1 2>/dev/null || exit 1
 fi
 unset -f _gpt_install _gpt_install_project _gpt_new_venv _gpt_here
-unset _gpt_modules _gpt_stamp _gpt_want _gpt_files _gpt_set _gpt_python _gpt_cuda _gpt_from _gpt_bin
+unset _gpt_modules _gpt_editable _gpt_new_enough _gpt_stamp _gpt_want _gpt_files _gpt_set _gpt_python _gpt_cuda _gpt_from _gpt_bin

@@ -15,8 +15,7 @@ from __future__ import annotations
 import importlib.util
 import platform
 import sys
-import tomllib
-from importlib.metadata import PackageNotFoundError, version
+from importlib.metadata import PackageNotFoundError, requires, version
 from pathlib import Path
 
 PYPROJECT = Path(__file__).resolve().parent / "pyproject.toml"
@@ -66,6 +65,13 @@ def main(argv: list[str]) -> int:
     if unknown := [a for a in argv if a != "--test"]:
         print(f"error: check_env.py takes --test or nothing; got {' '.join(unknown)}", file=sys.stderr)
         return 2
+    # before anything of 3.11's (tomllib): one line, not an ImportError, in a Python older than pyproject allows
+    if sys.version_info < (3, 11):  # noqa: UP036
+        print(
+            f"error: {sys.executable} is Python {platform.python_version()}; the project needs 3.11 or newer",
+            file=sys.stderr,
+        )
+        return 1
     test = "--test" in argv
     missing = []
     print(f"python        {platform.python_version()} ({sys.executable})")
@@ -128,10 +134,16 @@ def outside_ranges() -> list[str]:
     from packaging.requirements import Requirement
     from packaging.version import Version
 
-    if not PYPROJECT.exists():
-        return []
-    project = tomllib.loads(PYPROJECT.read_text())["project"]
-    lines = [*project["dependencies"], *(r for extra in project["optional-dependencies"].values() for r in extra)]
+    if PYPROJECT.exists():
+        import tomllib  # Python 3.11's: main checks the version first
+
+        project = tomllib.loads(PYPROJECT.read_text())["project"]
+        lines = [*project["dependencies"], *(r for extra in project["optional-dependencies"].values() for r in extra)]
+    else:  # an installed copy (`pip install .`: no pyproject.toml beside it): its metadata holds the same ranges
+        try:
+            lines = requires("gpt-jax") or []
+        except PackageNotFoundError:
+            return []
     outside = {}
     for line in lines:
         wanted = Requirement(line)

@@ -351,6 +351,10 @@ def test_check_env_warns_in_one_line_of_versions_outside_pyprojects_ranges(monke
         "warning: outside pyproject.toml's ranges: jax 0.9.0 (wants <0.11,>=0.10.2); optuna 3.6.1 (wants <3,>=2.10.1)."
         " The tested versions are requirements*.txt's (source activate_env.sh installs them)"
     ]
+    # an installed copy (`pip install .`) has no pyproject.toml beside it: the ranges are read from its metadata
+    monkeypatch.setattr(check_env, "PYPROJECT", check_env.PYPROJECT.parent / "no-such-pyproject.toml")
+    assert check_env.main([]) == 0
+    assert "jax 0.9.0 (wants <0.11,>=0.10.2); optuna 3.6.1 (wants <3,>=2.10.1)" in capsys.readouterr().err
 
 
 def test_check_env_warns_in_one_line_when_a_gpu_is_here_but_jax_runs_on_the_cpu(tmp_path, monkeypatch, capsys):
@@ -443,11 +447,50 @@ def test_activate_env_makes_a_stale_venv_anew(how, tmp_path):
     result = communicate(proc, timeout=60)
     assert result.stdout.splitlines() == ["rc=1 VIRTUAL_ENV="]  # not the old place's environment
     assert result.stderr.splitlines() == [
-        f"activate_env: {here}/.venv was made elsewhere (a moved or copied checkout) or its Python is gone; making it "
-        "anew",
-        f"activate_env: could not make {here}/.venv anew (is PyPI reachable?)",
+        f"activate_env: {here}/.venv was made elsewhere (a moved or copied checkout), or its Python is gone or older "
+        "than 3.11; making it anew",
+        "activate_env: false does not run as Python; the project needs 3.11 or newer: set PYTHON to one (e.g. "
+        "PYTHON=python3.11 source activate_env.sh)",
     ]
     assert sorted(str(p.relative_to(here)) for p in (here / ".venv").rglob("*")) == before  # PYTHON=false: untouched
+
+
+def test_the_installed_project_imports_beside_folders_named_like_its_packages(tmp_path):
+    """`python -m train_jax dataset.files=[data/*.jsonl]` (docs/data.md) from a folder holding data/: setuptools'
+    default editable install finds the packages only after the path, so the folder was taken for the package
+    (`cannot import name 'Data' from 'data'`); activate_env.sh installs with the checkout itself on the path."""
+    for name in ("data", "models", "core", "training"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "data" / "a.jsonl").write_text('{"text": "hi"}\n')
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # as installed, in a fresh interpreter
+    command = [sys.executable, "-m", "train_jax", "dataset=json_files", "dataset.files=[data/*.jsonl]", "--cfg", "job"]
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "- data/*.jsonl" in result.stdout, result.stderr[-2000:]
+
+
+def test_activate_env_refuses_a_python_older_than_3_11_in_one_line_and_makes_nothing(tmp_path):
+    """PYTHON (or python3) of Python 3.10, Ubuntu 22.04's: pip's `No matching distribution found for jaxlib`, and the
+    .venv it left kept 3.10 when PYTHON then named 3.11."""
+    for name in ENV_FILES:
+        shutil.copy(ROOT / name, tmp_path / name)
+    old = tmp_path / "python3.10"
+    old.write_text('#!/bin/sh\ncase "$2" in *python_version*) echo 3.10.13;; *) exit 1;; esac\n')
+    old.chmod(0o755)
+    proc = spawn(
+        ["bash", "-c", 'source activate_env.sh; echo "rc=$?"'],
+        cwd=tmp_path,
+        env={"PYTHON": str(old), "PYTHONPATH": None, "VIRTUAL_ENV": None},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    result = communicate(proc, timeout=60)
+    assert result.stdout.splitlines() == ["rc=1"]
+    assert result.stderr.splitlines() == [
+        f"activate_env: {old} is Python 3.10.13; the project needs 3.11 or newer: set PYTHON to one (e.g. "
+        "PYTHON=python3.11 source activate_env.sh)"
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*ENV_FILES, "python3.10"])  # no .venv
 
 
 def test_activate_env_puts_the_python_it_uses_first_on_path_as_python(tmp_path):
@@ -494,7 +537,8 @@ def test_activate_env_uses_a_python_that_already_has_everything(which, hidden, t
         f"activate_env: using {python} (it has every package of the set; nothing installed)",
         # the checkout it was installed from is not this copy's: said, not changed
         f"activate_env: its gpt-jax is installed from {ROOT}, not this checkout: outside this folder the project "
-        f"imports from there ({python} -m pip install --no-deps -e {tmp_path} switches)",
+        f"imports from there ({python} -m pip install --no-deps --no-build-isolation --config-settings "
+        f"editable_mode=compat -e {tmp_path} switches)",
     ]
     assert result.stdout.split() == [f"PYTHONPATH={env['PYTHONPATH'] or ''}", "training", "models"]
     assert sorted(p.name for p in tmp_path.iterdir() if p.name != "hide") == sorted(ENV_FILES)  # no .venv
