@@ -4,6 +4,7 @@ and the whole script on tiny runs (its record, table and picture; finished runs 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -56,8 +57,11 @@ def test_an_evaluation_before_the_first_step_has_no_time_and_the_summary_says_so
 
 
 @pytest.mark.soak
-def test_the_script_runs_each_variant_once_and_writes_its_record_table_and_picture(tmp_path, data_cache, capsys):
-    out = tmp_path / "ttt"
+def test_the_script_runs_each_variant_once_and_writes_its_record_table_and_picture(
+    tmp_path, data_cache, capsys, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    out = Path("ttt")  # relative, as the README's `--out runs/ttt`: the runs went to the checkout's ttt/
     tiny = [
         "model.n_layer=2",
         "model.n_embd=64",

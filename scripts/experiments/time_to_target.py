@@ -22,7 +22,6 @@ seed's curve) into --out. Extra arguments after `--` are Hydra overrides for eve
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import statistics
@@ -39,7 +38,7 @@ from training.reporting.summary import latest_per_step, read_metrics
 # gpt2-micro with AdamW at train_lm.sh's settings (its 20 warmup steps of 320 as a fraction), and the recipe at the
 # same width, depth and MLP: the same 3.1M non-embedding parameters (its untied head and value embeddings are
 # embeddings). The recipe is conf/recipe/speedrun-micro.yaml, what `python train_jax.py recipe=speedrun-micro` runs.
-ROOT = Path(__file__).resolve().parents[2]  # where the runs start (train_jax.py), and their relative folders are
+ROOT = Path(__file__).resolve().parents[2]  # where train_jax.py is; the runs start in this command's directory
 REQUEST = "time_to_target_request.json"  # the comparison a folder holds (check_request)
 BASELINE = ["model=gpt2-micro", "optimizer=adamw", "optimizer.lr_config.lr=3e-3", "optimizer.lr_config.warmup=0.0625"]
 RECIPE = ["recipe=speedrun-micro"]
@@ -88,17 +87,16 @@ def run_overrides(overrides: list[str], run_dir: Path, seed: int, steps: int, ev
 def prepare_data(chosen: dict[str, list[str]], steps: int, eval_every: int, extra: list[str]) -> None:
     """The tokenizer and token store each variant reads, made here, before any run: the first run's seconds held
     making them (the BPE tokenizer's training, the corpus's tokenising), and the baseline's seconds are every
-    fraction's denominator. In the runs' working directory (relative cache folders), as process 0 of 1, without
-    starting JAX's backend here (on a GPU it would hold most of the memory the runs need)."""
+    fraction's denominator. In the runs' working directory, this command's (relative cache folders), as process 0 of
+    1, without starting JAX's backend here (on a GPU it would hold most of the memory the runs need)."""
     from data.corpus import load_corpus
     from training import config as config_lib
     from training.pipeline.build import init_tokenizer, load_data
 
-    with contextlib.chdir(ROOT):
-        for overrides in chosen.values():
-            cfg = config_lib.load_config([*run_overrides(overrides, Path("unused"), 0, steps, eval_every), *extra])
-            corpus = load_corpus(cfg.dataset, config_lib.mixture_sources(cfg.dataset))
-            load_data(cfg, corpus, init_tokenizer(cfg, corpus, None, process_index=0), processes=(0, 1))
+    for overrides in chosen.values():
+        cfg = config_lib.load_config([*run_overrides(overrides, Path("unused"), 0, steps, eval_every), *extra])
+        corpus = load_corpus(cfg.dataset, config_lib.mixture_sources(cfg.dataset))
+        load_data(cfg, corpus, init_tokenizer(cfg, corpus, None, process_index=0), processes=(0, 1))
 
 
 def metrics(run_dir: Path) -> list[dict]:
@@ -309,11 +307,14 @@ def main(argv: list[str]) -> int:
                 continue
             command = [
                 sys.executable,
-                "train_jax.py",
+                str(ROOT / "train_jax.py"),
                 *run_overrides(overrides, run_dir, seed, args.steps, args.eval_every),
             ]
             print(f"[{name} seed {seed}] {' '.join(command[1:])}", flush=True)
-            done = subprocess.run([*command, *extra], cwd=ROOT, env=os.environ)
+            # in this command's directory, where prepare_data made their data and `finished` reads them: a relative
+            # --out or path after `--` is one folder for all three (the runs went to the checkout's <--out>, and a
+            # non-editable install's runs and caches into site-packages)
+            done = subprocess.run([*command, *extra], env=os.environ)
             if done.returncode:
                 print(f"error: {name} seed {seed} exited {done.returncode}", file=sys.stderr)
                 return done.returncode
