@@ -310,7 +310,7 @@ def hub_corpus(d: HfConfig) -> TextCorpus:
     stamps = file_stamps(expand_files(d.files)) if d.files else []
     if stamps:  # local files through a Hub builder (json, csv, parquet): their Arrow copy per stamps (_arrow_cache)
         kwargs["cache_dir"] = _arrow_cache(d, _fingerprint("hub-files-v1", stamps))
-    corpus = _hub_call(label, d, lambda: _hub_splits(d, kwargs))
+    corpus = _hub_call(label, d, lambda: _local_splits(d, kwargs) if stamps else _hub_splits(d, kwargs))
     fingerprint = _fingerprint(
         "hub-v1", {k: v._fingerprint for k, v in sorted(corpus.items())}, d.max_documents, *([stamps] if stamps else [])
     )
@@ -335,6 +335,32 @@ def _hub_call(label: str, d: HfConfig, load: Callable, connect: bool = True):
         ) from None
 
 
+def _local_splits(d: HfConfig, kwargs: dict) -> dict[str, datasets.Dataset]:
+    """`_hub_splits` of dataset.files: a file the builder cannot read is named in one line (a compressed file that
+    does not decompress; for the json builder, an empty file or the first line that does not parse), not taken for
+    the Hub out of reach."""
+    from data.file_checks import first_malformed, first_undecompressable
+
+    datasets = hf_datasets()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # the loader's own ERROR line: said once, below
+    try:
+        return _hub_splits(d, kwargs)
+    except DataError:
+        raise
+    except Exception as e:
+        paths = expand_files(d.files)
+        named = first_undecompressable(paths)
+        if named is None and d.hf_path == "json":
+            named = first_malformed([path for path in paths if path.endswith((".json", ".jsonl"))])
+        if named is not None:
+            raise named from None
+        raise DataError(
+            f"dataset.files: the {d.hf_path} builder (dataset.hf_path) could not read them: {first_line(e)}"
+        ) from None
+    finally:
+        datasets.logging.set_verbosity_error()
+
+
 def _load_split(d: HfConfig, name: str, hf_split: str, kwargs: dict) -> datasets.Dataset:
     """One split; a split the dataset does not have (a builder over local files has only `train`) is one line
     naming the key that asked for it."""
@@ -343,9 +369,15 @@ def _load_split(d: HfConfig, name: str, hf_split: str, kwargs: dict) -> datasets
     except ValueError as e:
         if not str(e).startswith("Unknown split"):
             raise
-        held_out = (
-            f"; dataset.{name}_split=null holds out dataset.{name}_fraction of train instead" if name != "train" else ""
-        )
+        if name == "train":
+            held_out = ""
+        elif name == "val" or d.val_split is None:
+            held_out = f"; dataset.{name}_split=null holds out dataset.{name}_fraction of train instead"
+        else:  # a share of train is held out only for a source without its own validation split (_hub_splits)
+            held_out = (
+                "; dataset.test_split=null runs without a test split (dataset.test_fraction of train is held out only "
+                f"when dataset.val_split, here {d.val_split}, is null too)"
+            )
         raise DataError(f"dataset.{name}_split: {first_line(e)}{held_out}") from None
 
 

@@ -127,6 +127,46 @@ def test_a_split_local_files_do_not_have_is_one_line_naming_its_key(tmp_path):
     assert str(refused.value).endswith("; dataset.val_split=null holds out dataset.val_fraction of train instead")
 
 
+def test_a_missing_test_split_beside_the_sources_validation_split_names_what_null_does_there(tmp_path):
+    """A local dataset folder with train and validation files and no test file: `dataset.test_split=null` was said
+    to hold out test_fraction of train, where it runs without a test split (train is split only when val_split is
+    null too; test_fraction is then refused)."""
+    (tmp_path / "ds").mkdir()
+    write_jsonl(tmp_path / "ds" / "train.jsonl", 30)
+    write_jsonl(tmp_path / "ds" / "validation.jsonl", 5)
+    overrides = ["dataset=hf", f"dataset.hf_path={tmp_path / 'ds'}", f"dataset.cache_dir={tmp_path / 'cache'}"]
+    with pytest.raises(DataError) as refused:
+        load_corpus(load_config([*overrides, "dataset.val_split=validation", "dataset.test_split=test"]).dataset)
+    assert str(refused.value).startswith('dataset.test_split: Unknown split "test"'), refused.value
+    assert str(refused.value).endswith(
+        "; dataset.test_split=null runs without a test split (dataset.test_fraction of train is held out only when "
+        "dataset.val_split, here validation, is null too)"
+    )
+    corpus = load_corpus(load_config([*overrides, "dataset.val_split=validation", "dataset.test_split=null"]).dataset)
+    assert set(corpus.datasets) == {"train", "val"}  # as said
+
+
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        ('{"text": "a"}\n{"text": "b"\n', "dataset.files: {f} line 2: not valid JSON (column 13: Expecting"),
+        ("", "dataset.files: {f} is empty (no JSON row); fill it or leave it out"),
+    ],
+    ids=["malformed line", "empty"],
+)
+def test_local_json_files_through_the_hub_loader_that_do_not_parse_are_named_not_blamed_on_the_hub(
+    content, message, tmp_path, capfd
+):
+    """dataset=hf dataset.hf_path=json over local files (docs/data.md: as json_files reads them): a line that does
+    not parse was 'could not load it from the Hugging Face Hub ... Offline?', after datasets' own ERROR line."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(content)
+    with pytest.raises(DataError) as refused:
+        load_corpus(load_config(loaded(bad, tmp_path / "cache")).dataset)
+    assert str(refused.value).startswith(message.format(f=bad)), refused.value
+    assert "Hub" not in str(refused.value) and "ERROR" not in capfd.readouterr().err
+
+
 def test_a_text_column_of_numbers_is_one_line_streamed_or_not(tmp_path):
     """dataset.text_column naming a column of numbers: the tokenizer's AttributeError on an int read as a traceback."""
     write_jsonl(tmp_path / "a.jsonl", 30)
