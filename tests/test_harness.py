@@ -363,3 +363,13 @@ def test_the_results_file_is_named_by_what_sets_the_numbers():
         "step8-hellaswag+lambada_openai-5shot-limit0.5-bfloat16-seed3.json"
     )
     assert len({name(), name(dtype="bfloat16"), name(seed=1)}) == 3
+    # twelve MMLU subjects: a name over the file system's 255 bytes was a traceback (OSError: File name too long)
+    subjects = [
+        f"mmlu_{s}" for s in ("abstract_algebra", "anatomy", "astronomy", "business_ethics", "clinical_knowledge")
+    ]
+    subjects += [f"mmlu_college_{s}" for s in ("biology", "chemistry", "computer_science", "mathematics", "medicine")]
+    subjects += ["mmlu_college_physics", "mmlu_computer_security"]
+    default = argparse.Namespace(num_fewshot=None, limit=0.5, dtype="float32", seed=0)
+    long = results_name(SimpleNamespace(step=8), subjects, default)
+    assert long.startswith("step8-mmlu_abstract_algebra+11more-") and long.endswith("-limit0.5.json"), long
+    assert len(long) < 100 and long != results_name(SimpleNamespace(step=8), subjects[:-1] + ["mmlu_virology"], default)

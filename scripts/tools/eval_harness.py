@@ -15,6 +15,7 @@ pip install -r requirements-eval.txt.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import shlex
@@ -88,14 +89,23 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+NAMED_TASKS = 120  # the longest task list a results file is named by in full (results_name)
+
+
 def results_name(trained: Trained, tasks: list[str], args: argparse.Namespace) -> str:
     """step<N>-<tasks>[-<k>shot][-limit<n>][-<dtype>][-seed<s>].json: what sets the numbers, so that another
-    evaluation (bfloat16, other few-shot examples) does not replace one that differs from it."""
+    evaluation (bfloat16, other few-shot examples) does not replace one that differs from it. Tasks joined longer
+    than NAMED_TASKS characters (twelve MMLU subjects: a name over the file system's 255 bytes) are the first task,
+    their count and a hash of them all."""
     shots = "" if args.num_fewshot is None else f"-{args.num_fewshot}shot"
     limit = "" if args.limit is None else f"-limit{args.limit:g}"
     dtype = "" if args.dtype == "float32" else f"-{args.dtype}"
     seed = "" if args.seed == 0 else f"-seed{args.seed}"
-    return f"step{trained.step}-{'+'.join(tasks)}{shots}{limit}{dtype}{seed}.json"
+    named = "+".join(tasks)
+    if len(named) > NAMED_TASKS:
+        digest = hashlib.sha256("+".join(tasks).encode()).hexdigest()[:12]
+        named = f"{tasks[0][: NAMED_TASKS // 2]}+{len(tasks) - 1}more-{digest}"
+    return f"step{trained.step}-{named}{shots}{limit}{dtype}{seed}.json"
 
 
 def is_results_file(path: Path) -> bool:
