@@ -147,6 +147,31 @@ def test_the_command_writes_markdown_csv_and_a_figure_or_says_what_is_missing(tm
         assert "is a file, not a directory" in r.stderr and (tmp_path / "a-file").read_text() == "mine"
 
 
+def test_a_rerun_replaces_its_own_comparison_and_keeps_a_file_it_did_not_write(tmp_path, capsys):
+    """`--out notes` where notes/comparison.md is someone's own: it was replaced by the table (so was a picture of
+    that name another tool drew), exit 0."""
+    from scripts.tools import compare_runs
+
+    runs = [str(fake_run(tmp_path / "sweep", name, "adamw", lr, [5.0, 4.0])) for name, lr in (("a", 1e-3), ("b", 3e-3))]
+    out = tmp_path / "notes"
+    assert compare_runs.main([*runs, "--out", str(out)]) == 0
+    assert compare_runs.main([*runs[:1], "--out", str(out)]) == 0  # its own three: replaced
+    assert "1 run(s)" in capsys.readouterr().out and "| b |" not in (out / "comparison.md").read_text()
+    (out / "comparison.csv").write_text("")  # as a full disk leaves it: its own
+    assert compare_runs.main([*runs, "--out", str(out)]) == 0 and "| b |" in (out / "comparison.md").read_text()
+    for name, theirs in (("comparison.md", "# my notes\n"), ("comparison.csv", "lr,loss\n"), ("comparison.png", "png")):
+        before = {p.name: p.read_bytes() for p in out.iterdir()}
+        (out / name).write_text(theirs)
+        capsys.readouterr()
+        assert compare_runs.main([*runs, "--out", str(out)]) == 2
+        assert capsys.readouterr().err == (
+            f"error: --out: {out / name} exists and is not a comparison compare_runs wrote; choose another --out, or "
+            "move it\n"
+        )
+        assert (out / name).read_text() == theirs and {p.name for p in out.iterdir()} == set(before)
+        (out / name).write_bytes(before[name])
+
+
 def test_the_command_reads_each_runs_records_once(tmp_path, monkeypatch, capsys):
     """The splits check and the table share one reading of each run (it read metrics.jsonl and the rest twice)."""
     from collections import Counter

@@ -7,7 +7,7 @@ beside the overlaid loss curves.
     python -m scripts.tools.compare_runs SWEEP --split code/val  # the figure for another validation split
 
 Writes <out>/comparison.md, comparison.csv and comparison.png (default <out>: the first directory given) and prints
-the Markdown table.
+the Markdown table. A rerun replaces those files; one of those names that it did not write is refused, kept as it is.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import sys
 from pathlib import Path
 
 from core.arguments import OneLineParser
-from core.errors import PipelineError, say
+from core.errors import ConfigError, PipelineError, say
 from training.checkpoints.storage import check_writable
-from training.reporting.compare import find_runs, run_record, write_comparison
+from training.reporting.compare import find_runs, foreign_comparison_file, run_record, write_comparison
 
 
 def main(argv: list[str]) -> int:
@@ -47,6 +47,10 @@ def main(argv: list[str]) -> int:
     out = Path(args.out) if args.out else paths[0]
     try:
         check_writable("--out", out)  # a file in the way: one line, before anything is written
+        if (foreign := foreign_comparison_file(out)) is not None:
+            raise ConfigError(
+                f"--out: {foreign} exists and is not a comparison compare_runs wrote; choose another --out, or move it"
+            )
     except PipelineError as e:
         return say(e)
     text = write_comparison(runs, out, args.split, records)

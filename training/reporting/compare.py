@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import PipelineError, first_line
-from core.pictures import save_picture
+from core.pictures import made_by, save_picture
 from training.config import layout
 from training.reporting.summary import TRAIN, latest_per_step, lone_point, read_metrics, run_names, summarize_metrics
 
@@ -196,6 +196,36 @@ def line_label(record: dict[str, Any], varying: list[str]) -> str:
     parts = [str(config.get(OPTIMIZER_KEY))]
     parts += [f"{k}={config.get(k)}" for k in varying if k != OPTIMIZER_KEY]
     return ", ".join(parts)
+
+
+COMPARISON_FILES = ("comparison.md", "comparison.csv", "comparison.png")  # what write_comparison writes in its folder
+
+
+def foreign_comparison_file(out: Path) -> Path | None:
+    """The first of `out`'s comparison files that write_comparison did not write (a table of other columns, someone's
+    notes, another tool's picture): a rerun replaces its own files and nothing else. An empty file (a full disk's) is
+    taken as its own."""
+    heads = {
+        "comparison.md": lambda line: line.startswith("| run |"),
+        "comparison.csv": lambda line: line.split(",")[0] == "run",
+    }
+    for name in COMPARISON_FILES:
+        path = out / name
+        if not path.exists() and not path.is_symlink():
+            continue
+        if not path.is_file():
+            return path
+        if name in heads:
+            try:
+                first = path.read_text().split("\n", 1)[0]
+            except (OSError, UnicodeDecodeError):
+                return path
+            own = first == "" or heads[name](first)
+        else:
+            own = path.stat().st_size == 0 or made_by(path, "compare_runs")
+        if not own:
+            return path
+    return None
 
 
 def write_comparison(runs: list[Path], out: Path, split: str = "val", records: list[dict] | None = None) -> str:
