@@ -88,7 +88,16 @@ def _moments(midi: mido.MidiFile, path: str | Path) -> list[tuple[float, list[mi
     return moments
 
 
-def write_midi(notes: Notes, path: str | Path) -> Path:
+def written_by(path: str | Path, maker: str) -> bool:
+    """`path` is a .mid file that write_midi wrote for `maker` (its track's name)."""
+    try:
+        midi = mido.MidiFile(str(path))
+    except Exception:  # not MIDI, damaged or unreadable: not known to be the maker's, so kept
+        return False
+    return any(m.type == "track_name" and m.name == maker for track in midi.tracks for m in track)
+
+
+def write_midi(notes: Notes, path: str | Path, maker: str | None = None) -> Path:
     """A one-track .mid of `notes` (piano, 120 bpm) that any player opens. A note still sounding when the same key
     is struck again ends there: MIDI cannot hold one key twice; struck again within its own tick (1/960 s, a
     notes_tokenizer.time_step below it), it is left out, as it would end before it began."""
@@ -109,6 +118,7 @@ def write_midi(notes: Notes, path: str | Path) -> Path:
     events.sort(key=lambda x: (x[0], x[1]))
     track = mido.MidiTrack(
         [
+            *([mido.MetaMessage("track_name", name=maker, time=0)] if maker else []),  # written_by reads it
             mido.MetaMessage("set_tempo", tempo=TEMPO_US_PER_BEAT, time=0),
             mido.Message("program_change", program=0, channel=0, time=0),
         ]

@@ -8,7 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
+from core.pictures import save_picture
 from data.notes import Notes
+
+MAKER = "sample"  # scripts/tools/sample.py, which writes the piano rolls and the .mid files beside them
 
 PROMPT_COLOUR = (0.12, 0.47, 0.71)  # blue: the notes the model was given
 MODEL_COLOUR = (1.0, 0.50, 0.05)  # orange: the notes (or, for dynamics, the velocities) the model wrote
@@ -78,7 +81,6 @@ def draw_piano_roll(piece: Notes, prompt: Notes, path: str | Path, title: str = 
         ax.set_title("dynamics", fontsize=10)
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
+    save_picture(fig, path, MAKER, 90)  # its maker's name in the .png: a rerun of the sampler replaces its own
     plt.close(fig)
     return path

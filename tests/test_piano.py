@@ -4,6 +4,8 @@ evaluation, a generated .mid; the maestro (Hub) layout from a local folder; text
 from __future__ import annotations
 
 import json
+import re
+import shutil
 import subprocess
 
 import chex
@@ -139,6 +141,11 @@ def test_a_fine_tuned_model_writes_a_playable_midi(finetuned, tmp_path, monkeypa
     assert len(ons) == 12 and midi.length > 0  # the prompt's 12 notes, with the velocities the model chose
     blue, orange = roll_colours(tmp_path / "sample-0.png")  # the model's velocities, and the prompt's diagonal
     assert blue > 0 and orange > 0
+    # an answer cut short: the notes it did not reach keep the prompt's velocities, which were shown as the model's
+    args = [str(run_dir), "--max-new-tokens", "2", "--out", str(tmp_path), "--prompt-notes", "12"]
+    result = script_in_process("scripts.tools.sample", args, monkeypatch, capsys)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert re.search(r"; the model gave [0-2] of 12 velocities, the rest are the prompt's\)$", result.stdout, re.M)
     below_a_file = tmp_path / "sample-0.mid" / "more"  # one line before the sampling (mkdir's traceback after it)
     args = [str(run_dir), "--max-new-tokens", "30", "--out", str(below_a_file)]
     result = script_in_process("scripts.tools.sample", args, monkeypatch, capsys)
@@ -189,14 +196,34 @@ def test_a_pretrained_model_continues_a_midi_prompt(pretrained, tmp_path, bach_c
     from data.tasks import top_voice_mask
 
     args = [str(pretrained), "--prompt-midi", str(prompt), "--prompt-notes", "10", "--max-new-tokens", "8"]
-    result = script_in_process(
-        "scripts.tools.sample", [*args, "--task", "lower_voices", "--out", str(tmp_path / "lv")], monkeypatch, capsys
+    result = script_in_process(  # into the same folder: its own files are replaced
+        "scripts.tools.sample", [*args, "--task", "lower_voices", "--out", str(tmp_path / "out")], monkeypatch, capsys
     )
     assert result.returncode == 0, result.stderr[-2000:]
     given = NotesTokenizer().quantise(bach_chorale.take(slice(0, 10)).shifted_to_zero())
     top = int(top_voice_mask(given, NotesTokenizer()).sum())
     assert 0 < top < 10
-    assert len([m for m in mido.MidiFile(str(tmp_path / "lv" / "prompt.mid")) if m.type == "note_on"]) == top
+    assert len([m for m in mido.MidiFile(str(tmp_path / "out" / "prompt.mid")) if m.type == "note_on"]) == top
+    # a file of the names it writes that it did not write, or the prompt itself, is one line before the sampling:
+    # a user's prompt.mid given as --prompt-midi was replaced by its quantised first notes, a picture by a roll
+    mine, theirs = tmp_path / "mine", tmp_path / "theirs"
+    mine.mkdir()
+    theirs.mkdir()
+    shutil.copy(prompt, mine / "prompt.mid")
+    (theirs / "sample-0.png").write_text("my notes")
+    for given, out, message in (
+        (mine / "prompt.mid", mine, f"it would write over the prompt, {mine / 'prompt.mid'}; choose another --out"),
+        (
+            prompt,
+            theirs,
+            f"{theirs / 'sample-0.png'} exists and is not a file this command wrote; choose another --out, or move it",
+        ),
+    ):
+        before = {p.name: p.read_bytes() for p in out.iterdir()}
+        args = [str(pretrained), "--prompt-midi", str(given), "--max-new-tokens", "8", "--out", str(out)]
+        result = script_in_process("scripts.tools.sample", args, monkeypatch, capsys)
+        assert (result.returncode, result.stderr) == (2, f"error: --out: {message}\n")
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
 def roll_colours(png) -> tuple[int, int]:

@@ -12,7 +12,8 @@ model continues the first
 poses a piano task to a fine-tuned model instead (default: the task it was fine-tuned on, if any). Each sample is
 written as <out>/sample-<i>.mid with the prompt's notes and the generated ones, next to prompt.mid, each with its piano
 roll as a .png (data/piano_roll.py: the prompt's notes blue, the model's orange, shaded by velocity; for the dynamics
-task also the chosen velocities against the prompt's).
+task also the chosen velocities against the prompt's). A rerun replaces those files; one of their names that it did not
+write (the maker's name is in each), or the prompt itself, is refused before the sampling.
 """
 
 from __future__ import annotations
@@ -114,7 +115,7 @@ def _generate(trained: Trained, prompts: list[list[int]], args: argparse.Namespa
 
 def sample_notes(trained: Trained, args: argparse.Namespace) -> int:
     from data.midi import read_midi, write_midi
-    from data.piano_roll import draw_piano_roll
+    from data.piano_roll import MAKER, draw_piano_roll
     from data.task_names import DYNAMICS, LOWER_VOICES
     from data.tasks import TASKS, note_prompt, notes_from_generation, top_voice_mask
 
@@ -133,6 +134,7 @@ def sample_notes(trained: Trained, args: argparse.Namespace) -> int:
     prompt = note_prompt(task, given, tok)
     out = Path(args.out or trained.run_dir / layout.SAMPLES)
     check_writable("--out", out)  # before the sampling: a file in the way is one line
+    check_own_files(out, ["prompt", *(f"sample-{i}" for i in range(args.num_samples))], args.prompt_midi)
     generated = _generate(trained, [prompt] * args.num_samples, args)
     quantised = tok.quantise(given)
     if task == LOWER_VOICES:  # what the model is shown: the top voice (the lower ones are its answer)
@@ -140,7 +142,7 @@ def sample_notes(trained: Trained, args: argparse.Namespace) -> int:
     draw_piano_roll(
         quantised,
         quantised,
-        write_midi(quantised, out / "prompt.mid").with_suffix(".png"),
+        write_midi(quantised, out / "prompt.mid", MAKER).with_suffix(".png"),
         f"prompt: {len(given)} notes of {source}",
     )
     print(
@@ -149,7 +151,7 @@ def sample_notes(trained: Trained, args: argparse.Namespace) -> int:
     )
     for i, ids in enumerate(generated):
         piece = notes_from_generation(task, given, ids, tok)
-        path = write_midi(piece, out / f"sample-{i}.mid")
+        path = write_midi(piece, out / f"sample-{i}.mid", MAKER)
         draw_piano_roll(
             piece,
             quantised,
@@ -157,11 +159,38 @@ def sample_notes(trained: Trained, args: argparse.Namespace) -> int:
             f"sample {i}: {task or 'continuation'}, step {trained.step}",
             dynamics=task == DYNAMICS,
         )
+        answered = ""
+        if task == DYNAMICS:  # an answer cut short (--max-new-tokens, an early <EOS>): the rest keep the prompt's own
+            given_velocities = min(len(piece), sum(tok.token_kind(i)[0] == "velocity" for i in ids))
+            if given_velocities < len(piece):
+                answered = f"; the model gave {given_velocities} of {len(piece)} velocities, the rest are the prompt's"
         print(
             f"{path} (+ .png, its piano roll): {len(piece)} notes, {piece.end.max():.1f} s ({len(ids)} tokens "
-            "generated)"
+            f"generated{answered})"
         )
     return 0
+
+
+def check_own_files(out: Path, stems: list[str], prompt_midi: str | None) -> None:
+    """The .mid and .png files of `stems` in `out` that this command would write over: each must be one it wrote
+    (the maker's name in it; an empty file, a full disk's, too), and none the prompt it reads. Else one line, before
+    the sampling (a user's prompt.mid, given as --prompt-midi, was replaced by its quantised first notes)."""
+    from core.pictures import made_by
+    from data.midi import written_by
+    from data.piano_roll import MAKER
+
+    for path in (out / f"{stem}{suffix}" for stem in stems for suffix in (".mid", ".png")):
+        if prompt_midi is not None and path.exists() and path.resolve() == Path(prompt_midi).resolve():
+            raise ConfigError(f"--out: it would write over the prompt, {prompt_midi}; choose another --out")
+        if not path.exists() and not path.is_symlink():
+            continue
+        own = path.is_file() and (
+            path.stat().st_size == 0 or (written_by if path.suffix == ".mid" else made_by)(path, MAKER)
+        )
+        if not own:
+            raise ConfigError(
+                f"--out: {path} exists and is not a file this command wrote; choose another --out, or move it"
+            )
 
 
 def _first_record(cfg, tok, split: str | None):
