@@ -226,6 +226,20 @@ def test_a_pretrained_model_continues_a_midi_prompt(pretrained, tmp_path, bach_c
         assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
+def test_the_runs_own_samples_folder_is_replaced_whoever_wrote_it_but_never_the_prompt(tmp_path):
+    """<run>/samples (no --out) held files of versions before the maker's name: a rerun there replaces them; the
+    prompt read from there is still kept."""
+    from scripts.tools.sample import check_own_files
+
+    (tmp_path / "sample-0.mid").write_text("written before the maker's name")
+    (tmp_path / "sample-0.png").write_text("so was this")
+    check_own_files(tmp_path, ["prompt", "sample-0"], None, others_kept=False)
+    with pytest.raises(ConfigError, match="exists and is not a file this command wrote"):
+        check_own_files(tmp_path, ["prompt", "sample-0"], None)
+    with pytest.raises(ConfigError, match="it would write over the prompt"):
+        check_own_files(tmp_path, ["prompt", "sample-0"], str(tmp_path / "sample-0.mid"), others_kept=False)
+
+
 def roll_colours(png) -> tuple[int, int]:
     """Pixels of a piano roll in the prompt's blue and in the model's orange (each blended with white by its shade)."""
     from matplotlib.image import imread

@@ -12,8 +12,8 @@ model continues the first
 poses a piano task to a fine-tuned model instead (default: the task it was fine-tuned on, if any). Each sample is
 written as <out>/sample-<i>.mid with the prompt's notes and the generated ones, next to prompt.mid, each with its piano
 roll as a .png (data/piano_roll.py: the prompt's notes blue, the model's orange, shaded by velocity; for the dynamics
-task also the chosen velocities against the prompt's). A rerun replaces those files; one of their names that it did not
-write (the maker's name is in each), or the prompt itself, is refused before the sampling.
+task also the chosen velocities against the prompt's). A rerun replaces those files; in an --out folder, one of their
+names that it did not write (the maker's name is in each) is refused before the sampling, as is the prompt itself.
 """
 
 from __future__ import annotations
@@ -134,7 +134,10 @@ def sample_notes(trained: Trained, args: argparse.Namespace) -> int:
     prompt = note_prompt(task, given, tok)
     out = Path(args.out or trained.run_dir / layout.SAMPLES)
     check_writable("--out", out)  # before the sampling: a file in the way is one line
-    check_own_files(out, ["prompt", *(f"sample-{i}" for i in range(args.num_samples))], args.prompt_midi)
+    # a folder of the user's; the run's own samples/ holds only this command's files (some from before they carried
+    # its name): there, only the prompt itself is kept
+    stems = ["prompt", *(f"sample-{i}" for i in range(args.num_samples))]
+    check_own_files(out, stems, args.prompt_midi, others_kept=args.out is not None)
     generated = _generate(trained, [prompt] * args.num_samples, args)
     quantised = tok.quantise(given)
     if task == LOWER_VOICES:  # what the model is shown: the top voice (the lower ones are its answer)
@@ -171,10 +174,11 @@ def sample_notes(trained: Trained, args: argparse.Namespace) -> int:
     return 0
 
 
-def check_own_files(out: Path, stems: list[str], prompt_midi: str | None) -> None:
-    """The .mid and .png files of `stems` in `out` that this command would write over: each must be one it wrote
-    (the maker's name in it; an empty file, a full disk's, too), and none the prompt it reads. Else one line, before
-    the sampling (a user's prompt.mid, given as --prompt-midi, was replaced by its quantised first notes)."""
+def check_own_files(out: Path, stems: list[str], prompt_midi: str | None, others_kept: bool = True) -> None:
+    """The .mid and .png files of `stems` in `out` that this command would write over: none may be the prompt it
+    reads, and (`others_kept`) each must be one it wrote (the maker's name in it; an empty file, a full disk's,
+    too). Else one line, before the sampling (a user's prompt.mid, given as --prompt-midi, was replaced by its
+    quantised first notes)."""
     from core.pictures import made_by
     from data.midi import written_by
     from data.piano_roll import MAKER
@@ -182,7 +186,7 @@ def check_own_files(out: Path, stems: list[str], prompt_midi: str | None) -> Non
     for path in (out / f"{stem}{suffix}" for stem in stems for suffix in (".mid", ".png")):
         if prompt_midi is not None and path.exists() and path.resolve() == Path(prompt_midi).resolve():
             raise ConfigError(f"--out: it would write over the prompt, {prompt_midi}; choose another --out")
-        if not path.exists() and not path.is_symlink():
+        if not others_kept or not path.exists() and not path.is_symlink():
             continue
         own = path.is_file() and (
             path.stat().st_size == 0 or (written_by if path.suffix == ".mid" else made_by)(path, MAKER)
