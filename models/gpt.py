@@ -118,7 +118,8 @@ class GPT(eqx.Module):
         program per config instead of one per random array and shape (a 2-layer model of width 64's first init: 1.2 s
         against 2.6 s, one of width 96 then 0.9 s against 1.4 s, on the 2-core Xeon), and the same numbers as a run's
         init (models.build_gpt), which an eager draw matches only to the last bit of float32."""
-        return _init(cfg, key)
+        # hashed into the program: a list (as ModelOptions holds model.yarn_windows) is not hashable
+        return _init(dataclasses.replace(cfg, yarn_windows=tuple(cfg.yarn_windows)), key)
 
     @staticmethod
     def _draw(cfg: GPTConfig, key: jax.Array) -> GPT:
