@@ -354,8 +354,12 @@ def _local_splits(d: HfConfig, kwargs: dict) -> dict[str, datasets.Dataset]:
             named = first_malformed([path for path in paths if path.endswith((".json", ".jsonl"))])
         if named is not None:
             raise named from None
+        cause = e  # datasets' 'An error occurred while generating the dataset' wraps the reader's own reason
+        while cause.__cause__ is not None or cause.__context__ is not None:
+            cause = cause.__cause__ or cause.__context__
+        which = paths[0] if len(paths) == 1 else f"{len(paths)} files"
         raise DataError(
-            f"dataset.files: the {d.hf_path} builder (dataset.hf_path) could not read them: {first_line(e)}"
+            f"dataset.files: the {d.hf_path} builder (dataset.hf_path) could not read {which}: {first_line(cause)}"
         ) from None
     finally:
         datasets.logging.set_verbosity_error()

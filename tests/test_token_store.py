@@ -167,6 +167,19 @@ def test_local_json_files_through_the_hub_loader_that_do_not_parse_are_named_not
     assert "Hub" not in str(refused.value) and "ERROR" not in capfd.readouterr().err
 
 
+def test_a_local_csv_the_hub_loader_cannot_read_is_one_line_naming_it_and_the_readers_reason(tmp_path):
+    """Another builder than json (csv): its reader's reason (a quote left open) is said with the file, not datasets'
+    'An error occurred while generating the dataset', which names neither."""
+    bad = tmp_path / "bad.csv"
+    bad.write_text('text\n"an open quote\n')
+    overrides = ["dataset=hf", "dataset.hf_path=csv", f"dataset.files=[{bad}]", "dataset.streaming=false"]
+    overrides += ["dataset.val_split=null", "dataset.test_split=null", f"dataset.cache_dir={tmp_path / 'cache'}"]
+    with pytest.raises(DataError) as refused:
+        load_corpus(load_config(overrides).dataset)
+    assert str(refused.value).startswith(f"dataset.files: the csv builder (dataset.hf_path) could not read {bad}: ")
+    assert "EOF inside string" in str(refused.value), refused.value
+
+
 def test_a_text_column_of_numbers_is_one_line_streamed_or_not(tmp_path):
     """dataset.text_column naming a column of numbers: the tokenizer's AttributeError on an int read as a traceback."""
     write_jsonl(tmp_path / "a.jsonl", 30)
