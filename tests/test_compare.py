@@ -150,6 +150,7 @@ def test_the_command_writes_markdown_csv_and_a_figure_or_says_what_is_missing(tm
 def test_a_rerun_replaces_its_own_comparison_and_keeps_a_file_it_did_not_write(tmp_path, capsys):
     """`--out notes` where notes/comparison.md is someone's own: it was replaced by the table (so was a picture of
     that name another tool drew), exit 0."""
+    from core.pictures import made_by
     from scripts.tools import compare_runs
 
     runs = [str(fake_run(tmp_path / "sweep", name, "adamw", lr, [5.0, 4.0])) for name, lr in (("a", 1e-3), ("b", 3e-3))]
@@ -170,6 +171,11 @@ def test_a_rerun_replaces_its_own_comparison_and_keeps_a_file_it_did_not_write(t
         )
         assert (out / name).read_text() == theirs and {p.name for p in out.iterdir()} == set(before)
         (out / name).write_bytes(before[name])
+    # no --out: the first path's own folder, whose comparison files (some written before a picture carried its
+    # maker's name) are replaced as before
+    (tmp_path / "sweep" / "comparison.png").write_text("an older version's picture")
+    assert compare_runs.main([str(tmp_path / "sweep")]) == 0
+    assert made_by(tmp_path / "sweep" / "comparison.png", "compare_runs")
 
 
 def test_the_command_reads_each_runs_records_once(tmp_path, monkeypatch, capsys):

@@ -7,7 +7,8 @@ beside the overlaid loss curves.
     python -m scripts.tools.compare_runs SWEEP --split code/val  # the figure for another validation split
 
 Writes <out>/comparison.md, comparison.csv and comparison.png (default <out>: the first directory given) and prints
-the Markdown table. A rerun replaces those files; one of those names that it did not write is refused, kept as it is.
+the Markdown table. A rerun replaces those files; in an --out folder, one of those names that it did not write is
+refused, kept as it is.
 """
 
 from __future__ import annotations
@@ -47,7 +48,9 @@ def main(argv: list[str]) -> int:
     out = Path(args.out) if args.out else paths[0]
     try:
         check_writable("--out", out)  # a file in the way: one line, before anything is written
-        if (foreign := foreign_comparison_file(out)) is not None:
+        # a folder the user named; the first path's own comparison files (a sweep's, an earlier run of this command's,
+        # some from before a picture carried its maker's name) are replaced, as before
+        if args.out and (foreign := foreign_comparison_file(out)) is not None:
             raise ConfigError(
                 f"--out: {foreign} exists and is not a comparison compare_runs wrote; choose another --out, or move it"
             )
