@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test suite, exactly as CI runs it. Extra arguments go to pytest, e.g.: bash scripts/test.sh -k resume
+# The test suite as CI runs it first, all but the soaks (scripts/test_soak.sh, which CI runs after it). Extra arguments
+# go to pytest, e.g.: bash scripts/test.sh -k resume (the soaks too: bash scripts/test.sh -m "" -k resume)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source activate_env.sh test  # training's packages + requirements-test.txt (torch, transformers, pytest, ...)

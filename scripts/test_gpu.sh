@@ -2,7 +2,8 @@
 # The tests whose behaviour depends on the backend (`pytest -m gpu`), on this machine's GPU: bf16, float16 and FP8
 # numerics (and cuBLASLt's FP8 GEMMs), cuDNN's attention against XLA's, the chunked LM head against the dense one,
 # remat and scanned layers, the step's donation and its one-device mesh, exact resume, checkpoints of device arrays.
-# The whole suite is `bash scripts/test.sh` (on the CPU, also on a GPU machine). Extra arguments go to pytest.
+# The whole suite is `bash scripts/test.sh` and `bash scripts/test_soak.sh` (on the CPU, also on a GPU machine). Extra
+# arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source activate_env.sh  # training's packages; on a machine whose nvidia-smi lists a GPU, JAX's CUDA build
