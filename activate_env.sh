@@ -37,8 +37,10 @@ if [ -z "$_gpt_cuda" ]; then
     command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q "^GPU " && _gpt_cuda=1
 fi
 _gpt_stamp="$_gpt_root/.venv/.requirements-$_gpt_set.sha256"
-_gpt_want="$(cd "$_gpt_root" && { cat $_gpt_files pyproject.toml; echo "cuda=$_gpt_cuda editable=compat"; } \
-    | sha256sum | cut -d' ' -f1)"
+_gpt_want_of() {  # a set's stamp: its requirement files, pyproject.toml, the CUDA choice and the install's mode
+    (cd "$_gpt_root" && { cat "$@" pyproject.toml; echo "cuda=$_gpt_cuda editable=compat"; } | sha256sum | cut -d' ' -f1)
+}
+_gpt_want="$(_gpt_want_of $_gpt_files)"
 # The editable install puts the checkout itself on sys.path (a .pth line, setuptools' `compat` mode): its default mode
 # finds the packages through an import hook that Python asks only after the path, where a folder named data/, models/
 # or core/ in the working directory (dataset.files=[data/*.jsonl]) is taken for the package (`cannot import name`).
@@ -64,6 +66,10 @@ _gpt_install() {
     [ "$rc" -eq 0 ] || return "$rc"
     _gpt_install_project || return 1
     echo "$_gpt_want" > "$_gpt_stamp"
+    # the test set holds training's pins (requirements-test.txt reads requirements.txt): a later `source
+    # activate_env.sh` (train_lm.sh, launch_multihost.sh) in this .venv has nothing to install
+    [ "$_gpt_set" = test ] && _gpt_want_of requirements.txt > "$_gpt_root/.venv/.requirements-training.sha256"
+    return 0
 }
 
 _gpt_new_venv() {  # a .venv made (anew over a stale one), activated, the set installed
@@ -142,5 +148,5 @@ except m.PackageNotFoundError:
 else
     _gpt_new_venv || return 1 2>/dev/null || exit 1
 fi
-unset -f _gpt_install _gpt_install_project _gpt_new_venv _gpt_here
+unset -f _gpt_install _gpt_install_project _gpt_new_venv _gpt_here _gpt_want_of
 unset _gpt_modules _gpt_editable _gpt_new_enough _gpt_stamp _gpt_want _gpt_files _gpt_set _gpt_python _gpt_cuda _gpt_from _gpt_bin
