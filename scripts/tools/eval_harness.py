@@ -103,7 +103,7 @@ def results_name(trained: Trained, tasks: list[str], args: argparse.Namespace) -
     seed = "" if args.seed == 0 else f"-seed{args.seed}"
     named = "+".join(tasks)
     if len(named) > NAMED_TASKS:
-        digest = hashlib.sha256("+".join(tasks).encode()).hexdigest()[:12]
+        digest = hashlib.sha256(named.encode()).hexdigest()[:12]
         named = f"{tasks[0][: NAMED_TASKS // 2]}+{len(tasks) - 1}more-{digest}"
     return f"step{trained.step}-{named}{shots}{limit}{dtype}{seed}.json"
 
